@@ -1,0 +1,74 @@
+"""Rendering: the Jinja environment, template families, and their fingerprints.
+
+StrictUndefined turns a missing template variable into an error instead of an empty string in
+CUDA source. The fingerprint hashes everything that decides the generated code for a family, so
+a tuning record made before a template or its launch geometry changed is never reused.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+# Bumped when the way configs map to code changes in a way no file hash would notice.
+RENDER_VERSION = 1
+
+
+@functools.lru_cache(maxsize=1)
+def templates_dir() -> Path:
+    try:
+        from importlib.resources import files
+
+        path = Path(str(files("autocnn.templates")))
+        if (path / "_common.cuh.j2").exists():
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    here = Path(__file__).resolve().parent.parent / "templates"
+    if not (here / "_common.cuh.j2").exists():
+        raise FileNotFoundError(f"autocnn's templates are missing (looked in {here})")
+    return here
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def family_files(family: str) -> list[Path]:
+    """The family's template and every shared include (all of them: cheap and never stale)."""
+    root = templates_dir()
+    main = root / f"{family}.cu.j2"
+    if not main.exists():
+        raise FileNotFoundError(f"no template for family {family!r} in {root}")
+    shared = sorted(p for p in root.glob("_*.j2"))
+    return [main, *shared]
+
+
+@functools.lru_cache(maxsize=None)
+def template_fingerprint(family: str, op_class: type | None = None) -> str:
+    h = hashlib.sha256()
+    h.update(f"render-version:{RENDER_VERSION}\n".encode())
+    for path in family_files(family):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    if op_class is not None:
+        # The operation module decides launch geometry and template variables: part of the kernel.
+        h.update(inspect.getsource(inspect.getmodule(op_class)).encode())
+    return h.hexdigest()[:16]
+
+
+def render_family(family: str, context: dict[str, Any], fingerprint: str) -> str:
+    template = environment().get_template(f"{family}.cu.j2")
+    return template.render(fingerprint=fingerprint, **context)

@@ -1,0 +1,203 @@
+"""CUDA compilation: nvcc -cubin with the ptxas resource report, or NVRTC through CuPy.
+
+nvcc runs anywhere it is installed (CI compiles every family for sm_80 and sm_90 without a GPU)
+and reports registers, shared memory and spills before any GPU time is spent. NVRTC needs only
+CuPy, which is what a user of the training library has. Both cache by a hash of the source and
+the options; a compiler failure comes back as CompileError with the compiler's log.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import CompileError
+
+NVCC_FLAGS = ("-std=c++17", "-O3")
+NVRTC_FLAGS = ("-std=c++17",)
+COMPILE_TIMEOUT_S = 300
+
+
+def cache_root() -> Path:
+    """autocnn's cache directory (compiled kernels, tuning studies); AUTOCNN_CACHE_DIR overrides."""
+    env = os.environ.get("AUTOCNN_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "autocnn"
+
+
+@dataclass(frozen=True)
+class ResourceReport:
+    """ptxas's account of one kernel (or the loaded function's attributes under NVRTC)."""
+
+    kernel: str
+    registers: int
+    static_shared_bytes: int = 0
+    stack_bytes: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    barriers: int = 0
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_stores > 0 or self.spill_loads > 0
+
+
+@dataclass(frozen=True)
+class CompiledModule:
+    source_hash: str
+    arch: str
+    compiler: str                     # "nvcc" or "nvrtc"
+    cubin_path: str | None            # nvcc output on disk (loaded by CuPy on the GPU)
+    reports: dict[str, ResourceReport] = field(default_factory=dict)
+    seconds: float = 0.0
+    log: str = ""
+
+
+def source_hash(source: str, *parts: str) -> str:
+    h = hashlib.sha256(source.encode())
+    for p in parts:
+        h.update(b"\0" + p.encode())
+    return h.hexdigest()
+
+
+_FUNC_RE = re.compile(r"Function properties for (\S+)")
+_STACK_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED_RE = re.compile(r"Used (\d+) registers")
+_BARRIERS_RE = re.compile(r"used (\d+) barriers")
+_SMEM_RE = re.compile(r"(\d+) bytes smem")
+_ENTRY_RE = re.compile(r"Compiling entry function '(\S+)'")
+
+
+def parse_ptxas_report(log: str) -> dict[str, ResourceReport]:
+    """Parse ``ptxas -v`` output into one report per kernel (entry function)."""
+    reports: dict[str, ResourceReport] = {}
+    current: str | None = None
+    stack = (0, 0, 0)
+    for line in log.splitlines():
+        m = _ENTRY_RE.search(line) or _FUNC_RE.search(line)
+        if m:
+            if current != m.group(1):
+                stack = (0, 0, 0)
+            current = m.group(1)
+            continue
+        m = _STACK_RE.search(line)
+        if m and current:
+            stack = tuple(int(g) for g in m.groups())  # type: ignore[assignment]
+            continue
+        m = _USED_RE.search(line)
+        if m and current:
+            barriers = _BARRIERS_RE.search(line)
+            smem = _SMEM_RE.search(line)
+            reports[current] = ResourceReport(
+                kernel=current, registers=int(m.group(1)),
+                static_shared_bytes=int(smem.group(1)) if smem else 0,
+                stack_bytes=stack[0], spill_stores=stack[1], spill_loads=stack[2],
+                barriers=int(barriers.group(1)) if barriers else 0)
+    return reports
+
+
+def nvcc_path() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for candidate in ("/usr/local/cuda/bin/nvcc",):
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+class NvccCompiler:
+    """``nvcc -cubin`` for one architecture, cached on disk by source hash."""
+
+    def __init__(self, arch: str = "sm_90", nvcc: str | None = None, cache_dir: Path | None = None):
+        self.arch = arch
+        self.nvcc = nvcc or nvcc_path()
+        if self.nvcc is None:
+            raise CompileError("nvcc was not found on PATH; install the CUDA toolkit or compile with NVRTC")
+        self.cache_dir = (cache_dir or cache_root() / "cubin") / arch
+        self._version = self._nvcc_version()
+
+    def _nvcc_version(self) -> str:
+        try:
+            out = subprocess.run([self.nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise CompileError(f"nvcc at {self.nvcc} does not run: {exc}") from exc
+        return out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+    def compile(self, source: str, config: Any = None) -> CompiledModule:
+        digest = source_hash(source, self.arch, *NVCC_FLAGS, self._version)
+        cubin = self.cache_dir / f"{digest}.cubin"
+        meta = self.cache_dir / f"{digest}.json"
+        if cubin.exists() and meta.exists():
+            try:
+                data = json.loads(meta.read_text())
+                reports = {k: ResourceReport(**v) for k, v in data["reports"].items()}
+                return CompiledModule(digest, self.arch, "nvcc", str(cubin), reports, 0.0, data.get("log", ""))
+            except (ValueError, KeyError, TypeError):
+                pass  # a damaged cache entry is rebuilt below
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="autocnn-nvcc-") as tmp:
+            src = Path(tmp) / "kernel.cu"
+            out = Path(tmp) / "kernel.cubin"
+            src.write_text(source)
+            cmd = [self.nvcc, "-cubin", f"-arch={self.arch}", *NVCC_FLAGS, "-Xptxas", "-v", "-o", str(out), str(src)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise CompileError(f"nvcc ran past {COMPILE_TIMEOUT_S} s", config=config) from None
+            log = (proc.stdout or "") + (proc.stderr or "")
+            if proc.returncode != 0 or not out.exists():
+                raise CompileError(f"nvcc failed for {self.arch} (exit {proc.returncode})", log=log, config=config)
+            # Write then rename, so a concurrent reader never sees half a cubin.
+            tmp_cubin = cubin.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(out, tmp_cubin)
+            os.replace(tmp_cubin, cubin)
+        reports = parse_ptxas_report(log)
+        seconds = time.perf_counter() - start
+        tmp_meta = meta.with_suffix(f".{os.getpid()}.tmp")
+        tmp_meta.write_text(json.dumps({"reports": {k: asdict(v) for k, v in reports.items()}, "log": log}))
+        os.replace(tmp_meta, meta)
+        return CompiledModule(digest, self.arch, "nvcc", str(cubin), reports, seconds, log)
+
+
+class NvrtcCompiler:
+    """NVRTC through CuPy; modules are cached in memory by source hash (CuPy caches on disk)."""
+
+    def __init__(self) -> None:
+        from .gpu import require_cupy
+
+        self.cp = require_cupy()
+        self._modules: dict[str, Any] = {}
+
+    def load(self, source: str, config: Any = None) -> Any:
+        digest = source_hash(source, *NVRTC_FLAGS)
+        module = self._modules.get(digest)
+        if module is not None:
+            return module
+        try:
+            module = self.cp.RawModule(code=source, options=NVRTC_FLAGS)
+            module.compile()
+        except self.cp.cuda.compiler.CompileException as exc:
+            raise CompileError("NVRTC failed", log=str(exc), config=config) from None
+        self._modules[digest] = module
+        return module
+
+
+def function_report(function: Any, name: str) -> ResourceReport:
+    """Resource usage of a loaded CuPy function (what ptxas would have said)."""
+    attrs = function.attributes
+    local = int(attrs.get("local_size_bytes", 0))
+    return ResourceReport(kernel=name, registers=int(attrs.get("num_regs", 0)),
+                          static_shared_bytes=int(attrs.get("shared_size_bytes", 0)),
+                          stack_bytes=local, spill_stores=0, spill_loads=0)

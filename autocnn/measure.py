@@ -1,0 +1,203 @@
+"""Verification against the float64 reference, and the timing protocol.
+
+Verification: fresh random inputs for every check, outputs poisoned with NaN before the run (an
+element the kernel never wrote stays NaN, and NaN never passes), and the relative error
+||out - ref|| / ||ref|| of every output within ``error_bound`` of its reduction length.
+
+Timing: CUDA events around the launches; warm-up first; repetitions chosen by a time budget so
+that short kernels get many; L2 flushed between repetitions by overwriting a buffer twice the
+size of L2; the median and the interquartile spread reported.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
+
+from .errors import WrongResultError
+from .gpu import require_cupy
+from .ops import reference
+
+BASE_BOUND = 1e-5
+BASE_TERMS = 1024
+
+
+def error_bound(reduction_length: int) -> float:
+    """The largest relative error a float32 kernel may show against the float64 reference.
+
+    1e-5 for reductions of up to 1,024 terms; beyond that the bound grows with the square root of the
+    length, as the rounding error of a float32 sum of random terms does (the weight gradient sums
+    N*P*Q terms per weight).
+    """
+    return BASE_BOUND * math.sqrt(max(1.0, reduction_length / BASE_TERMS))
+
+
+@dataclass(frozen=True)
+class Verification:
+    passed: bool
+    errors: dict[str, float]
+    bounds: dict[str, float]
+    unwritten: dict[str, int]
+    message: str
+
+    def raise_if_failed(self) -> None:
+        if not self.passed:
+            worst = max(self.errors, key=lambda k: self.errors[k] / self.bounds[k] if self.bounds[k] else 0)
+            raise WrongResultError(self.message, self.errors[worst], self.bounds[worst])
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p25_us: float
+    p75_us: float
+    min_us: float
+    reps: int
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range relative to the median."""
+        return (self.p75_us - self.p25_us) / self.median_us if self.median_us > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "spread": self.spread}
+
+
+def random_inputs(problem: Any, xp: Any, seed: int | None = None) -> dict[str, Any]:
+    """Standard-normal float32 inputs (never zeros: they hide unwritten outputs and wrong indexing)."""
+    shapes = reference.input_shapes(problem)
+    if xp.__name__ == "cupy":
+        gen = xp.random.default_rng(seed) if hasattr(xp.random, "default_rng") else xp.random
+    else:
+        gen = xp.random.default_rng(seed)
+    return {name: gen.standard_normal(shape, dtype=xp.float32) for name, shape in shapes.items()}
+
+
+def reference_outputs(problem: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The float64 reference, computed with the inputs' array module (NumPy, or CuPy on the GPU)."""
+    xp = _xp(next(iter(inputs.values())))
+    return reference.run_problem(problem, {k: v.astype(xp.float64) for k, v in inputs.items()})
+
+
+def verify_outputs(problem: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
+                   ref: Mapping[str, Any] | None = None) -> Verification:
+    """Compare float32 outputs with the float64 reference; every element is checked."""
+    xp = _xp(next(iter(inputs.values())))
+    if ref is None:
+        ref = reference_outputs(problem, inputs)
+    errors, bounds, unwritten = {}, {}, {}
+    problems = []
+    for name, expected in ref.items():
+        got = outputs[name]
+        nan = int(xp.count_nonzero(~xp.isfinite(got)))
+        diff = got.astype(xp.float64) - expected
+        ref_norm = float(xp.linalg.norm(expected.ravel()))
+        err_norm = float(xp.linalg.norm(xp.nan_to_num(diff, nan=0.0).ravel()))
+        rel = err_norm / ref_norm if ref_norm > 0 else err_norm
+        if nan:
+            rel = float("nan")
+        bound = error_bound(reference.reduction_length(problem, name))
+        errors[name], bounds[name], unwritten[name] = rel, bound, nan
+        if nan:
+            problems.append(f"{name}: {nan} elements not finite (unwritten or NaN)")
+        elif not rel <= bound:
+            problems.append(f"{name}: relative error {rel:.3g} exceeds {bound:.3g}")
+    passed = not problems
+    return Verification(passed, errors, bounds, unwritten, "; ".join(problems) or "ok")
+
+
+def _xp(array: Any) -> Any:
+    if type(array).__module__.startswith("cupy"):
+        return require_cupy()
+    import numpy
+
+    return numpy
+
+
+class L2Flusher:
+    """Overwrites a buffer of twice the L2 size, so every repetition starts with a cold cache."""
+
+    def __init__(self, l2_bytes: int):
+        cp = require_cupy()
+        self.nbytes = max(2 * l2_bytes, 8 * 1024 * 1024)
+        self.buffer = cp.empty(self.nbytes // 4, dtype=cp.float32)
+
+    def __call__(self, stream: Any) -> None:
+        cp = require_cupy()
+        cp.cuda.runtime.memsetAsync(self.buffer.data.ptr, 0, self.nbytes, stream.ptr)
+
+
+def time_callable(run: Callable[[], None], *, flusher: L2Flusher | None = None, budget_s: float = 0.25,
+                  warmup: int = 3, min_reps: int = 10, max_reps: int = 500) -> Timing:
+    """Median time of ``run`` (which enqueues work on the current stream) under the timing protocol."""
+    cp = require_cupy()
+    stream = cp.cuda.get_current_stream()
+    for _ in range(warmup):
+        if flusher:
+            flusher(stream)
+        run()
+    stream.synchronize()
+    # One timed probe sets the repetition count for the budget.
+    probe = _time_once(run, flusher, stream)
+    reps = int(min(max_reps, max(min_reps, budget_s * 1e6 / max(probe, 1.0))))
+    samples = []
+    events = []
+    for _ in range(reps):
+        if flusher:
+            flusher(stream)
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        run()
+        end.record(stream)
+        events.append((start, end))
+    stream.synchronize()
+    for start, end in events:
+        samples.append(cp.cuda.get_elapsed_time(start, end) * 1000.0)
+    samples.sort()
+    q = statistics.quantiles(samples, n=4) if len(samples) >= 4 else [samples[0], samples[len(samples) // 2], samples[-1]]
+    return Timing(median_us=statistics.median(samples), p25_us=q[0], p75_us=q[2], min_us=samples[0], reps=len(samples))
+
+
+def _time_once(run: Callable[[], None], flusher: L2Flusher | None, stream: Any) -> float:
+    cp = require_cupy()
+    if flusher:
+        flusher(stream)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(stream)
+    run()
+    end.record(stream)
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) * 1000.0
+
+
+@dataclass(frozen=True)
+class CandidateCheck:
+    verification: Verification
+    timing: Timing | None
+
+
+def check_candidate(loaded: Any, problem: Any, *, seed: int | None = None, time_it: bool = True,
+                    flusher: L2Flusher | None = None, budget_s: float = 0.25) -> CandidateCheck:
+    """Verify a loaded plan on fresh random inputs and, if it is right, time it.
+
+    The outputs are verified once before timing and once more after the timed runs: a result that
+    changes between runs of the same inputs is a race, and fails like any wrong result.
+    """
+    cp = require_cupy()
+    inputs = random_inputs(problem, cp, seed)
+    outputs = {name: cp.full(shape, cp.nan, dtype=cp.float32)
+               for name, shape in reference.output_shapes(problem).items()}
+    buffers = {**inputs, **outputs, **loaded.workspaces()}
+    loaded(buffers)
+    cp.cuda.get_current_stream().synchronize()
+    ref = reference_outputs(problem, inputs)
+    first = verify_outputs(problem, inputs, outputs, ref)
+    if not first.passed or not time_it:
+        return CandidateCheck(first, None)
+    timing = time_callable(lambda: loaded(buffers), flusher=flusher, budget_s=budget_s)
+    again = verify_outputs(problem, inputs, outputs, ref)
+    if not again.passed:
+        return CandidateCheck(Verification(False, again.errors, again.bounds, again.unwritten,
+                                           "result changed across repeated runs (a race): " + again.message), None)
+    return CandidateCheck(first, timing)

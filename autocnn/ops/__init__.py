@@ -1,0 +1,40 @@
+"""The five operations: problems, search spaces, launch geometry and references."""
+from __future__ import annotations
+
+from .problem import (  # noqa: F401
+    ACTIVATIONS,
+    OP_NAMES,
+    AvgPoolBwdProblem,
+    AvgPoolFwdProblem,
+    ConvBwdDataProblem,
+    ConvFwdProblem,
+    ConvProblem,
+    ConvWgradProblem,
+    PoolProblem,
+    parse_shape,
+    problem_from_dict,
+    problem_type,
+)
+
+from .avgpool import AvgPoolBwd, AvgPoolFwd
+from .base import KernelPlan, Launch, Operation
+from .conv_bwd_data import ConvBwdData
+from .conv_fwd import ConvFwd
+from .conv_wgrad import ConvWgrad
+
+OPERATIONS: dict[str, Operation] = {
+    op.name: op for op in (ConvFwd(), ConvBwdData(), ConvWgrad(), AvgPoolFwd(), AvgPoolBwd())
+}
+
+
+def get_operation(name: str) -> Operation:
+    from ..errors import InvalidProblemError
+
+    try:
+        return OPERATIONS[name]
+    except KeyError:
+        raise InvalidProblemError("autocnn", "op", name, f"one of {', '.join(OPERATIONS)}") from None
+
+
+def operation_for(problem) -> Operation:
+    return get_operation(problem.op)

@@ -1,0 +1,426 @@
+"""Layer shapes: one frozen, validated dataclass per operation.
+
+A problem is everything the generated code is specialised on. Construction validates every field,
+so an object that exists is a shape some kernel can compute; a bad shape raises
+InvalidProblemError naming the field, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from ..errors import InvalidProblemError
+
+# Generated kernels index with 32-bit signed integers; every tensor (and every product the index
+# arithmetic forms) must stay below this.
+INDEX_LIMIT = 2**31 - 1
+DTYPES = ("float32",)
+ACTIVATIONS = ("none", "relu", "tanh", "logistic")
+
+
+def _pair(op: str, name: str, value: Any) -> tuple[int, int]:
+    if isinstance(value, (list, tuple)):
+        vals = tuple(value)
+    else:
+        vals = (value,)
+    if len(vals) == 1:
+        vals = vals * 2
+    if len(vals) != 2:
+        raise InvalidProblemError(op, name, value, "one integer or two (height, width)")
+    for v in vals:
+        _check_int(op, name, v, minimum=1)
+    return vals  # type: ignore[return-value]
+
+
+def _padding(op: str, value: Any) -> tuple[int, int, int, int]:
+    if isinstance(value, (list, tuple)):
+        vals = tuple(value)
+    else:
+        vals = (value,)
+    if len(vals) == 1:
+        vals = vals * 4
+    elif len(vals) == 2:  # (height, width) as in most frameworks
+        vals = (vals[0], vals[1], vals[0], vals[1])
+    if len(vals) != 4:
+        raise InvalidProblemError(
+            op, "padding", value, "one integer, two (height, width) or four (top, left, bottom, right)")
+    for v in vals:
+        _check_int(op, "padding", v, minimum=0)
+    return vals  # type: ignore[return-value]
+
+
+def _check_int(op: str, name: str, value: Any, minimum: int) -> None:
+    # bool is an int in Python; a shape field given True is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidProblemError(op, name, value, f"an integer >= {minimum}")
+    if value < minimum:
+        raise InvalidProblemError(op, name, value, f"an integer >= {minimum}")
+
+
+def _check_elements(op: str, what: str, shape: tuple[int, ...]) -> None:
+    count = 1
+    for s in shape:
+        count *= s
+    if count > INDEX_LIMIT:
+        raise InvalidProblemError(
+            op, what, "x".join(map(str, shape)),
+            f"at most {INDEX_LIMIT} elements ({count} given): kernels index with 32-bit integers")
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """Geometry shared by the three convolution operations (forward, backward-data, weight gradient).
+
+    X is N x C x H x W, the filters K x C x R x S, Y is N x K x P x Q with
+    P = (H + pad_top + pad_bottom - R) // stride_h + 1 (and likewise Q).
+    """
+
+    N: int
+    C: int
+    H: int
+    W: int
+    K: int
+    R: int
+    S: int
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
+    dtype: str = "float32"
+
+    op: ClassVar[str] = "conv"
+
+    def __post_init__(self) -> None:
+        op = self.op
+        for name in ("N", "C", "H", "W", "K", "R", "S"):
+            _check_int(op, name, getattr(self, name), minimum=1)
+        object.__setattr__(self, "stride", _pair(op, "stride", self.stride))
+        object.__setattr__(self, "padding", _padding(op, self.padding))
+        if self.dtype not in DTYPES:
+            raise InvalidProblemError(op, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        pt, pl, pb, pr = self.padding
+        if pt >= self.R or pb >= self.R:
+            raise InvalidProblemError(
+                op, "padding", self.padding,
+                f"top and bottom padding smaller than the filter height R={self.R}")
+        if pl >= self.S or pr >= self.S:
+            raise InvalidProblemError(
+                op, "padding", self.padding,
+                f"left and right padding smaller than the filter width S={self.S}")
+        if self.H + pt + pb < self.R:
+            raise InvalidProblemError(
+                op, "R", self.R, f"at most the padded height H+pad_top+pad_bottom={self.H + pt + pb}")
+        if self.W + pl + pr < self.S:
+            raise InvalidProblemError(
+                op, "S", self.S, f"at most the padded width W+pad_left+pad_right={self.W + pl + pr}")
+        _check_elements(op, "input N*C*H*W", (self.N, self.C, self.H, self.W))
+        _check_elements(op, "filters K*C*R*S", (self.K, self.C, self.R, self.S))
+        _check_elements(op, "output N*K*P*Q", (self.N, self.K, self.P, self.Q))
+        _check_elements(op, "unrolled input N*P*Q*C*R*S", (self.N, self.P, self.Q, self.C, self.R, self.S))
+
+    # -- derived sizes -------------------------------------------------------------------------
+    @property
+    def P(self) -> int:
+        return (self.H + self.padding[0] + self.padding[2] - self.R) // self.stride[0] + 1
+
+    @property
+    def Q(self) -> int:
+        return (self.W + self.padding[1] + self.padding[3] - self.S) // self.stride[1] + 1
+
+    @property
+    def x_shape(self) -> tuple[int, int, int, int]:
+        return (self.N, self.C, self.H, self.W)
+
+    @property
+    def w_shape(self) -> tuple[int, int, int, int]:
+        return (self.K, self.C, self.R, self.S)
+
+    @property
+    def y_shape(self) -> tuple[int, int, int, int]:
+        return (self.N, self.K, self.P, self.Q)
+
+    @property
+    def macs(self) -> int:
+        """Multiply-adds of the direct convolution (the same count for all three operations)."""
+        return self.N * self.K * self.P * self.Q * self.C * self.R * self.S
+
+    # -- conversions ---------------------------------------------------------------------------
+    def geometry(self) -> dict[str, Any]:
+        return {
+            "N": self.N, "C": self.C, "H": self.H, "W": self.W, "K": self.K, "R": self.R, "S": self.S,
+            "stride": self.stride, "padding": self.padding, "dtype": self.dtype,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def shape_string(self) -> str:
+        sh, sw = self.stride
+        stride = f"{sh}" if sh == sw else f"{sh},{sw}"
+        pad = ",".join(map(str, self.padding))
+        if len(set(self.padding)) == 1:
+            pad = str(self.padding[0])
+        text = (f"N={self.N},C={self.C},H={self.H},W={self.W},K={self.K},R={self.R},S={self.S},"
+                f"stride={stride},pad={pad}")
+        return text + self._epilogue_string()
+
+    def _epilogue_string(self) -> str:
+        return ""
+
+    def with_op(self, op: str, **extra: Any) -> "ConvProblem":
+        """The same geometry as another convolution operation (a layer needs all three)."""
+        cls = PROBLEM_TYPES[op]
+        if not issubclass(cls, ConvProblem):
+            raise InvalidProblemError(self.op, "op", op, "a convolution operation")
+        return cls(**self.geometry(), **extra)
+
+
+@dataclass(frozen=True)
+class ConvFwdProblem(ConvProblem):
+    """Y = act(conv(X, W) + b): the forward convolution with an optional fused bias and activation."""
+
+    bias: bool = False
+    activation: str = "none"
+    op: ClassVar[str] = "conv_fwd"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.bias, bool):
+            raise InvalidProblemError(self.op, "bias", self.bias, "true or false")
+        if self.activation not in ACTIVATIONS:
+            raise InvalidProblemError(self.op, "activation", self.activation,
+                                      f"one of {', '.join(ACTIVATIONS)}")
+
+    def _epilogue_string(self) -> str:
+        text = ""
+        if self.bias:
+            text += ",bias=1"
+        if self.activation != "none":
+            text += f",act={self.activation}"
+        return text
+
+
+@dataclass(frozen=True)
+class ConvBwdDataProblem(ConvProblem):
+    """dX from dY and W: the error pushed back through the convolution."""
+
+    op: ClassVar[str] = "conv_bwd_data"
+
+
+@dataclass(frozen=True)
+class ConvWgradProblem(ConvProblem):
+    """dW (and, with bias, db) from X and dY: a reduction over N*P*Q terms per weight."""
+
+    bias: bool = True
+    op: ClassVar[str] = "conv_wgrad"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.bias, bool):
+            raise InvalidProblemError(self.op, "bias", self.bias, "true or false")
+
+    def _epilogue_string(self) -> str:
+        return "" if self.bias else ",bias=0"
+
+
+@dataclass(frozen=True)
+class PoolProblem:
+    """Average pooling geometry: X is N x C x H x W, Y is N x C x P x Q.
+
+    ``count_pad`` says whether padded positions count in the divisor (True: always kh*kw, as
+    PyTorch's count_include_pad; False: only the positions inside the image).
+    """
+
+    N: int
+    C: int
+    H: int
+    W: int
+    window: tuple[int, int] = (2, 2)
+    stride: tuple[int, int] | None = None
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
+    count_pad: bool = True
+    dtype: str = "float32"
+
+    op: ClassVar[str] = "pool"
+
+    def __post_init__(self) -> None:
+        op = self.op
+        for name in ("N", "C", "H", "W"):
+            _check_int(op, name, getattr(self, name), minimum=1)
+        object.__setattr__(self, "window", _pair(op, "window", self.window))
+        stride = self.window if self.stride is None else self.stride
+        object.__setattr__(self, "stride", _pair(op, "stride", stride))
+        object.__setattr__(self, "padding", _padding(op, self.padding))
+        if not isinstance(self.count_pad, bool):
+            raise InvalidProblemError(op, "count_pad", self.count_pad, "true or false")
+        if self.dtype not in DTYPES:
+            raise InvalidProblemError(op, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        kh, kw = self.window
+        pt, pl, pb, pr = self.padding
+        if pt >= kh or pb >= kh:
+            raise InvalidProblemError(op, "padding", self.padding,
+                                      f"top and bottom padding smaller than the window height {kh}")
+        if pl >= kw or pr >= kw:
+            raise InvalidProblemError(op, "padding", self.padding,
+                                      f"left and right padding smaller than the window width {kw}")
+        if self.H + pt + pb < kh:
+            raise InvalidProblemError(op, "window", self.window,
+                                      f"height at most the padded height {self.H + pt + pb}")
+        if self.W + pl + pr < kw:
+            raise InvalidProblemError(op, "window", self.window,
+                                      f"width at most the padded width {self.W + pl + pr}")
+        _check_elements(op, "input N*C*H*W", (self.N, self.C, self.H, self.W))
+        _check_elements(op, "output N*C*P*Q", (self.N, self.C, self.P, self.Q))
+
+    @property
+    def P(self) -> int:
+        return (self.H + self.padding[0] + self.padding[2] - self.window[0]) // self.stride[0] + 1
+
+    @property
+    def Q(self) -> int:
+        return (self.W + self.padding[1] + self.padding[3] - self.window[1]) // self.stride[1] + 1
+
+    @property
+    def x_shape(self) -> tuple[int, int, int, int]:
+        return (self.N, self.C, self.H, self.W)
+
+    @property
+    def y_shape(self) -> tuple[int, int, int, int]:
+        return (self.N, self.C, self.P, self.Q)
+
+    def geometry(self) -> dict[str, Any]:
+        return {"N": self.N, "C": self.C, "H": self.H, "W": self.W, "window": self.window,
+                "stride": self.stride, "padding": self.padding, "count_pad": self.count_pad,
+                "dtype": self.dtype}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def shape_string(self) -> str:
+        kh, kw = self.window
+        sh, sw = self.stride
+        win = f"{kh}" if kh == kw else f"{kh},{kw}"
+        stride = f"{sh}" if sh == sw else f"{sh},{sw}"
+        pad = str(self.padding[0]) if len(set(self.padding)) == 1 else ",".join(map(str, self.padding))
+        text = f"N={self.N},C={self.C},H={self.H},W={self.W},window={win},stride={stride},pad={pad}"
+        return text + ("" if self.count_pad else ",count_pad=0")
+
+    def with_op(self, op: str) -> "PoolProblem":
+        cls = PROBLEM_TYPES[op]
+        if not issubclass(cls, PoolProblem):
+            raise InvalidProblemError(self.op, "op", op, "a pooling operation")
+        return cls(**self.geometry())
+
+
+@dataclass(frozen=True)
+class AvgPoolFwdProblem(PoolProblem):
+    """Averaging (the 2009 report's subsampling): each output is the mean of its window."""
+
+    op: ClassVar[str] = "avgpool_fwd"
+
+
+@dataclass(frozen=True)
+class AvgPoolBwdProblem(PoolProblem):
+    """Supersampling: each input position gathers the gradients of the windows that cover it."""
+
+    op: ClassVar[str] = "avgpool_bwd"
+
+
+Problem = ConvProblem | PoolProblem
+
+PROBLEM_TYPES: dict[str, type] = {
+    "conv_fwd": ConvFwdProblem,
+    "conv_bwd_data": ConvBwdDataProblem,
+    "conv_wgrad": ConvWgradProblem,
+    "avgpool_fwd": AvgPoolFwdProblem,
+    "avgpool_bwd": AvgPoolBwdProblem,
+}
+OP_NAMES = tuple(PROBLEM_TYPES)
+
+
+def problem_type(op: str) -> type:
+    try:
+        return PROBLEM_TYPES[op]
+    except KeyError:
+        raise InvalidProblemError("autocnn", "op", op, f"one of {', '.join(OP_NAMES)}") from None
+
+
+def problem_from_dict(data: Mapping[str, Any]) -> Any:
+    """Rebuild a problem from ``to_dict`` output (as stored in the tuning database)."""
+    if not isinstance(data, Mapping) or "op" not in data:
+        raise InvalidProblemError("autocnn", "problem", data, "a mapping with an 'op' key")
+    cls = problem_type(data["op"])
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names - {"op"})
+    if unknown:
+        raise InvalidProblemError(data["op"], unknown[0], data[unknown[0]],
+                                  f"fields are {', '.join(sorted(names))}")
+    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k != "op"}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a missing required field
+        raise InvalidProblemError(data["op"], "fields", sorted(data), str(exc)) from None
+
+
+_SHAPE_ALIASES = {"pad": "padding", "act": "activation", "k": "K", "n": "N", "c": "C", "h": "H",
+                  "w": "W", "r": "R", "s": "S", "win": "window"}
+
+
+def parse_shape(op: str, text: str) -> Any:
+    """Parse the command line's shape syntax, e.g. ``N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3``.
+
+    Bare numbers after a key continue that key's list, so ``pad=4,4,3,3`` is one field.
+    """
+    cls = problem_type(op)
+    fields: dict[str, list[str]] = {}
+    current: str | None = None
+    for token in (t.strip() for t in text.split(",")):
+        if not token:
+            continue
+        if "=" in token:
+            key, _, value = token.partition("=")
+            key = key.strip()
+            key = _SHAPE_ALIASES.get(key, key)
+            if key in fields:
+                raise InvalidProblemError(op, key, text, "each field once")
+            fields[key] = [value.strip()]
+            current = key
+        elif current is None:
+            raise InvalidProblemError(op, "shape", text, "comma-separated key=value pairs, e.g. N=128,C=3")
+        else:
+            fields[current].append(token)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, values in fields.items():
+        if key not in names:
+            raise InvalidProblemError(op, key, ",".join(values), f"fields are {', '.join(sorted(names))}")
+        if key in ("activation", "dtype"):
+            kwargs[key] = values[0]
+            continue
+        try:
+            nums = [int(v) for v in values]
+        except ValueError:
+            raise InvalidProblemError(op, key, ",".join(values), "integers") from None
+        if key in ("bias", "count_pad"):
+            if nums[0] not in (0, 1) or len(nums) != 1:
+                raise InvalidProblemError(op, key, ",".join(values), "0 or 1")
+            kwargs[key] = bool(nums[0])
+        elif key in ("stride", "padding", "window"):
+            kwargs[key] = tuple(nums)
+        else:
+            if len(nums) != 1:
+                raise InvalidProblemError(op, key, ",".join(values), "one integer")
+            kwargs[key] = nums[0]
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        missing = [r for r in required if r not in kwargs]
+        raise InvalidProblemError(op, "shape", text, f"missing {', '.join(missing)}") from exc

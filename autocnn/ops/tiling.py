@@ -1,0 +1,144 @@
+"""Parameters and static constraints of the two convolution cores (direct tiled, implicit GEMM).
+
+conv_fwd and conv_bwd_data search both cores; conv_wgrad searches the GEMM core with a split
+reduction. The constraints here are the ones the templates' static_asserts and the device's
+limits impose, plus pruning of tiles far larger than the problem (they only add idle threads).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..device import DeviceLimits
+from ..space import Constraint, Param
+from .base import GRID_YZ_LIMIT, at_most, next_pow2, smem_rule, threads_rule
+
+FORMULATION_DIRECT = "direct"
+FORMULATION_IGEMM = "igemm"
+FULL_UNROLL = 0   # an unroll value of 0 renders as a plain "#pragma unroll" (unroll completely)
+
+
+@dataclass(frozen=True)
+class CorrelationEnvelope:
+    """The largest geometry among the correlations one kernel runs (one, or one per stride phase)."""
+
+    CI: int
+    CO: int
+    OH: int
+    OW: int
+    R: int
+    S: int
+    STH: int
+    STW: int
+    grid_z: int          # blocks along z: images (times phases)
+
+
+@dataclass(frozen=True)
+class GemmEnvelope:
+    GM: int
+    GN: int
+    GK: int
+    grid_z: int = 1
+
+
+def direct_params(when: tuple[str, tuple] | None = None) -> list[Param]:
+    cond = (when,) if when else ()
+    return [
+        Param("KB", (4, 8, 16, 32, 64), "output channels per block (target maps per block)", cond),
+        Param("KPT", (1, 2, 4, 8), "output channels per thread", cond),
+        Param("TP", (1, 2, 4, 8, 16, 32), "output rows per block", cond),
+        Param("TQ", (4, 8, 16, 32, 64), "output columns per block", cond),
+        Param("PPT", (1, 2, 4), "output rows per thread", cond),
+        Param("QPT", (1, 2, 4, 8), "output columns per thread (register window along a row)", cond),
+        Param("CB", (1, 2, 4, 8, 16), "input channels staged in shared memory per step", cond),
+        Param("PAD", (0, 1, 2), "floats of padding per shared-memory input row (bank conflicts)", cond),
+        Param("UNROLL_R", (1, FULL_UNROLL), "unrolling of the filter-row loop (0: complete)", cond),
+    ]
+
+
+def direct_smem_bytes(env: CorrelationEnvelope, KB: int, TP: int, TQ: int, CB: int, PAD: int) -> int:
+    iht = (TP - 1) * env.STH + env.R
+    iwt = (TQ - 1) * env.STW + env.S
+    return 4 * (CB * iht * (iwt + PAD) + CB * env.R * env.S * KB)
+
+
+def direct_constraints(env: CorrelationEnvelope, limits: DeviceLimits) -> list[Constraint]:
+    return [
+        Constraint(("KB", "KPT"), lambda kb, kpt: None if kb % kpt == 0 else f"KPT={kpt} does not divide KB={kb}"),
+        Constraint(("TP", "PPT"), lambda tp, ppt: None if tp % ppt == 0 else f"PPT={ppt} does not divide TP={tp}"),
+        Constraint(("TQ", "QPT"), lambda tq, qpt: None if tq % qpt == 0 else f"QPT={qpt} does not divide TQ={tq}"),
+        at_most("KB", max(4, next_pow2(env.CO)), f"only {env.CO} output channels"),
+        at_most("TP", max(1, next_pow2(env.OH)), f"only {env.OH} output rows"),
+        at_most("TQ", max(4, next_pow2(env.OW)), f"only {env.OW} output columns"),
+        at_most("CB", max(1, next_pow2(env.CI)), f"only {env.CI} input channels"),
+        threads_rule(limits, ("KB", "KPT", "TP", "PPT", "TQ", "QPT"),
+                     lambda kb, kpt, tp, ppt, tq, qpt: (kb // kpt) * (tp // ppt) * (tq // qpt)),
+        Constraint(("KPT", "PPT", "QPT"),
+                   lambda kpt, ppt, qpt: None if kpt * ppt * qpt <= 64
+                   else f"{kpt * ppt * qpt} accumulators per thread exceed 64 (registers)"),
+        Constraint(("QPT",), lambda qpt: None if (qpt - 1) * env.STW + env.S <= 48
+                   else "the register window along a row exceeds 48 floats"),
+        Constraint(("KPT", "PPT", "QPT", "UNROLL_R"),
+                   lambda kpt, ppt, qpt, ur: None
+                   if kpt * ppt * qpt * env.S * (env.R if ur == FULL_UNROLL else 1) <= 16384
+                   else "the unrolled loop body exceeds 16384 multiply-adds (code size)"),
+        smem_rule(limits, ("KB", "TP", "TQ", "CB", "PAD"),
+                  lambda kb, tp, tq, cb, pad: direct_smem_bytes(env, kb, tp, tq, cb, pad)),
+        Constraint(("KB",), lambda kb: None if -(-env.CO // kb) <= GRID_YZ_LIMIT
+                   else f"{-(-env.CO // kb)} blocks along y exceed {GRID_YZ_LIMIT}"),
+        Constraint(("KB",), lambda kb: None if env.grid_z <= GRID_YZ_LIMIT
+                   else f"{env.grid_z} blocks along z exceed {GRID_YZ_LIMIT} (batch too large for direct)"),
+    ]
+
+
+def igemm_params(bm: tuple[int, ...], bn: tuple[int, ...], bk: tuple[int, ...],
+                 when: tuple[str, tuple] | None = None) -> list[Param]:
+    cond = (when,) if when else ()
+    return [
+        Param("BM", bm, "GEMM rows per block", cond),
+        Param("BN", bn, "GEMM columns per block", cond),
+        Param("BK", bk, "reduction step staged in shared memory", cond),
+        Param("TM", (2, 4, 8), "GEMM rows per thread", cond),
+        Param("TN", (2, 4, 8), "GEMM columns per thread", cond),
+        Param("PAD_A", (0, 1, 4), "floats of padding per shared-memory row of A (bank conflicts)", cond),
+        Param("PAD_B", (0, 1, 4), "floats of padding per shared-memory row of B (bank conflicts)", cond),
+        Param("UNROLL_K", (1, 2, 4, FULL_UNROLL), "unrolling of the inner reduction loop (0: complete)", cond),
+    ]
+
+
+def igemm_smem_bytes(BM: int, BN: int, BK: int, PAD_A: int, PAD_B: int) -> int:
+    return 4 * 2 * BK * (BM + PAD_A + BN + PAD_B)
+
+
+def igemm_constraints(env: GemmEnvelope, limits: DeviceLimits, min_bm: int, min_bn: int,
+                      min_bk: int) -> list[Constraint]:
+    def threads(bm, tm, bn, tn):
+        return (bm // tm) * (bn // tn)
+
+    def even_loads(bm, tm, bn, tn, bk):
+        n = threads(bm, tm, bn, tn)
+        if (bm * bk) % n or (bn * bk) % n:
+            return f"a {bm}x{bk} / {bn}x{bk} tile does not split evenly over {n} threads"
+        return None
+
+    def registers(bm, tm, bn, tn, bk):
+        n = threads(bm, tm, bn, tn)
+        la, lb = bm * bk // n, bn * bk // n
+        estimate = tm * tn + tm + tn + 6 * la + 4 * lb + 16
+        return None if estimate <= 224 else f"about {estimate} registers per thread (limit 224)"
+
+    return [
+        Constraint(("BM", "TM"), lambda bm, tm: None if bm % tm == 0 else f"TM={tm} does not divide BM={bm}"),
+        Constraint(("BN", "TN"), lambda bn, tn: None if bn % tn == 0 else f"TN={tn} does not divide BN={bn}"),
+        at_most("BM", max(min_bm, next_pow2(env.GM)), f"only {env.GM} GEMM rows"),
+        at_most("BN", max(min_bn, next_pow2(env.GN)), f"only {env.GN} GEMM columns"),
+        at_most("BK", max(min_bk, next_pow2(env.GK)), f"a reduction of only {env.GK} terms"),
+        threads_rule(limits, ("BM", "TM", "BN", "TN"), threads),
+        Constraint(("BM", "TM", "BN", "TN", "BK"), even_loads),
+        Constraint(("TM", "TN"), lambda tm, tn: None if tm * tn <= 64
+                   else f"{tm * tn} accumulators per thread exceed 64 (registers)"),
+        Constraint(("BM", "TM", "BN", "TN", "BK"), registers),
+        smem_rule(limits, ("BM", "BN", "BK", "PAD_A", "PAD_B"), igemm_smem_bytes),
+        Constraint(("BK", "UNROLL_K"), lambda bk, u: None if u <= bk else f"UNROLL_K={u} exceeds BK={bk}"),
+        Constraint(("BN",), lambda bn: None if -(-env.GN // bn) <= GRID_YZ_LIMIT
+                   else f"{-(-env.GN // bn)} blocks along y exceed {GRID_YZ_LIMIT}"),
+    ]

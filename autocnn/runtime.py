@@ -1,0 +1,95 @@
+"""Loading compiled kernel plans and launching them on the current CUDA device (through CuPy)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .compiler import NvrtcCompiler
+from .errors import CompileError, DeviceError, LaunchError
+from .gpu import require_cupy
+from .ops.base import KernelPlan
+
+# Shared memory a block may use without opting in to more (CUDA's static limit).
+DEFAULT_DYNAMIC_SMEM = 48 * 1024
+
+
+class LoadedPlan:
+    """A KernelPlan whose kernels are loaded; calling it runs every launch in order."""
+
+    def __init__(self, plan: KernelPlan, module: Any):
+        self.cp = require_cupy()
+        self.plan = plan
+        self.functions: dict[str, Any] = {}
+        for name in plan.kernel_names:
+            try:
+                fn = module.get_function(name)
+            except Exception as exc:  # CuPy raises CUDADriverError / CompileException
+                raise CompileError(f"kernel {name} is not in the compiled module: {exc}") from exc
+            need = max(l.shared_bytes for l in plan.launches if l.kernel == name)
+            if need > DEFAULT_DYNAMIC_SMEM:
+                try:
+                    fn.max_dynamic_shared_size_bytes = need
+                except Exception as exc:
+                    raise LaunchError(f"{name}: cannot raise dynamic shared memory to {need} bytes: {exc}") from exc
+            self.functions[name] = fn
+        # Absent optional buffers (no bias, no workspace) are passed as this one-float placeholder.
+        self._placeholder = self.cp.zeros(1, dtype=self.cp.float32)
+
+    def workspaces(self) -> dict[str, Any]:
+        return {name: self.cp.empty(max(1, n), dtype=self.cp.float32) for name, n in self.plan.workspaces}
+
+    def __call__(self, buffers: Mapping[str, Any], stream: Any = None) -> None:
+        cp = self.cp
+        for name in self.plan.zero_first:
+            buf = buffers.get(name)
+            if buf is not None:
+                cp.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes,
+                                            (stream or cp.cuda.get_current_stream()).ptr)
+        for launch in self.plan.launches:
+            args = tuple(buffers.get(a) if buffers.get(a) is not None else self._placeholder for a in launch.args)
+            try:
+                self.functions[launch.kernel](launch.grid, launch.block, args,
+                                              shared_mem=launch.shared_bytes, stream=stream)
+            except cp.cuda.driver.CUDADriverError as exc:
+                text = str(exc)
+                if "OUT_OF_RESOURCES" in text or "INVALID_VALUE" in text:
+                    # A refused launch leaves the context usable; anything else is a device error.
+                    raise LaunchError(f"{launch.kernel} launch refused: {text}") from exc
+                raise DeviceError(f"{launch.kernel}: {text}") from exc
+
+
+class KernelLoader:
+    """Turns plans into loaded kernels: from an nvcc cubin when one is given, else through NVRTC."""
+
+    def __init__(self) -> None:
+        self.cp = require_cupy()
+        self._nvrtc: NvrtcCompiler | None = None
+        self._cubins: dict[str, Any] = {}
+
+    def load(self, plan: KernelPlan, cubin_path: str | None = None) -> LoadedPlan:
+        if cubin_path is not None:
+            module = self._cubins.get(cubin_path)
+            if module is None:
+                try:
+                    module = self.cp.RawModule(path=cubin_path)
+                except Exception as exc:
+                    raise CompileError(f"cannot load {cubin_path}: {exc}", config=plan.config) from exc
+                self._cubins[cubin_path] = module
+        else:
+            if self._nvrtc is None:
+                self._nvrtc = NvrtcCompiler()
+            module = self._nvrtc.load(plan.source, config=plan.config)
+        return LoadedPlan(plan, module)
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    name: str
+    shape: tuple[int, ...]
+
+
+def output_specs(plan: KernelPlan) -> list[BufferSpec]:
+    from .ops import reference
+
+    shapes = reference.output_shapes(plan.problem)
+    return [BufferSpec(name, tuple(shape)) for name, shape in shapes.items()]

@@ -1,0 +1,110 @@
+"""The seed shape suite: the layer shapes of the five source documents plus two modern ones.
+
+Tests compile every family on these, the benchmark times them, and the shipped tuning database
+holds records for them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .ops.problem import PROBLEM_TYPES
+
+CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
+POOL_OPS = ("avgpool_fwd", "avgpool_bwd")
+
+
+@dataclass(frozen=True)
+class SeedShape:
+    name: str
+    kind: str            # "conv" or "pool"
+    geometry: tuple[tuple[str, Any], ...]
+    source: str
+
+    def problem(self, op: str) -> Any:
+        ops = CONV_OPS if self.kind == "conv" else POOL_OPS
+        if op not in ops:
+            raise ValueError(f"{self.name} is a {self.kind} shape; {op} is not one of {', '.join(ops)}")
+        return PROBLEM_TYPES[op](**dict(self.geometry))
+
+
+def _conv(name: str, source: str, N: int, C: int, H: int, W: int, K: int, R: int, S: int,
+          stride: int, pad: tuple[int, int, int, int]) -> SeedShape:
+    geo = (("N", N), ("C", C), ("H", H), ("W", W), ("K", K), ("R", R), ("S", S),
+           ("stride", (stride, stride)), ("padding", pad))
+    return SeedShape(name, "conv", geo, source)
+
+
+def _pool(name: str, source: str, N: int, C: int, H: int, W: int, window: int, stride: int,
+          pad: tuple[int, int, int, int], count_pad: bool) -> SeedShape:
+    geo = (("N", N), ("C", C), ("H", H), ("W", W), ("window", (window, window)),
+           ("stride", (stride, stride)), ("padding", pad), ("count_pad", count_pad))
+    return SeedShape(name, "pool", geo, source)
+
+
+SEED_SHAPES: tuple[SeedShape, ...] = (
+    _conv("kriz09", "Krizhevsky 2009", 128, 3, 32, 32, 64, 8, 8, 1, (4, 4, 3, 3)),
+    _conv("scherer10_l1", "Scherer et al. 2010", 60, 4, 256, 256, 16, 8, 8, 2, (3, 3, 3, 3)),
+    _conv("scherer10_l2", "Scherer et al. 2010", 60, 16, 128, 128, 64, 8, 8, 2, (3, 3, 3, 3)),
+    _conv("scherer10_l3", "Scherer et al. 2010", 60, 64, 64, 64, 64, 8, 8, 2, (3, 3, 3, 3)),
+    _conv("convnet18_c1", "cuda-convnet layers-18pct", 128, 3, 32, 32, 32, 5, 5, 1, (2, 2, 2, 2)),
+    _conv("convnet18_c2", "cuda-convnet layers-18pct", 128, 32, 16, 16, 32, 5, 5, 1, (2, 2, 2, 2)),
+    _conv("convnet18_c3", "cuda-convnet layers-18pct", 128, 32, 8, 8, 64, 5, 5, 1, (2, 2, 2, 2)),
+    _conv("sweep_3x3", "filter sweep", 128, 64, 32, 32, 64, 3, 3, 1, (1, 1, 1, 1)),
+    _conv("sweep_7x7", "filter sweep", 128, 64, 32, 32, 64, 7, 7, 1, (3, 3, 3, 3)),
+    _conv("sweep_11x11", "filter sweep", 128, 64, 32, 32, 64, 11, 11, 1, (5, 5, 5, 5)),
+    _conv("chellapilla06_c1", "Chellapilla et al. 2006", 128, 1, 29, 29, 5, 5, 5, 2, (0, 0, 0, 0)),
+    _conv("chellapilla06_c2", "Chellapilla et al. 2006", 128, 5, 13, 13, 50, 5, 5, 2, (0, 0, 0, 0)),
+    _conv("modern_56", "modern 3x3", 64, 64, 56, 56, 64, 3, 3, 1, (1, 1, 1, 1)),
+    _conv("modern_14", "modern 3x3", 64, 256, 14, 14, 256, 3, 3, 1, (1, 1, 1, 1)),
+    _pool("kriz09_pool", "Krizhevsky 2009", 128, 64, 32, 32, 4, 4, (0, 0, 0, 0), True),
+    _pool("convnet18_pool", "cuda-convnet layers-18pct", 128, 32, 32, 32, 3, 2, (1, 1, 1, 1), False),
+    _pool("modern_pool", "modern 2x2", 64, 256, 56, 56, 2, 2, (0, 0, 0, 0), True),
+)
+
+
+# Shapes that divide nothing evenly: odd sizes, K not a multiple of 8, batch 1 and 3, non-square
+# images and filters, asymmetric padding, stride 3, strides larger than the filter, 1x1 filters.
+ODD_SHAPES: tuple[SeedShape, ...] = (
+    SeedShape("odd_a", "conv", (("N", 3), ("C", 5), ("H", 13), ("W", 11), ("K", 7), ("R", 3), ("S", 5),
+                                ("stride", (1, 1)), ("padding", (1, 2, 1, 2))), "odd"),
+    SeedShape("odd_b", "conv", (("N", 1), ("C", 3), ("H", 17), ("W", 23), ("K", 13), ("R", 5), ("S", 5),
+                                ("stride", (3, 3)), ("padding", (2, 1, 0, 2))), "odd"),
+    SeedShape("odd_c", "conv", (("N", 3), ("C", 7), ("H", 9), ("W", 31), ("K", 10), ("R", 4), ("S", 3),
+                                ("stride", (2, 1)), ("padding", (3, 0, 1, 2))), "odd"),
+    SeedShape("odd_d", "conv", (("N", 2), ("C", 1), ("H", 15), ("W", 15), ("K", 9), ("R", 7), ("S", 7),
+                                ("stride", (2, 2)), ("padding", (3, 3, 2, 2))), "odd"),
+    SeedShape("odd_e", "conv", (("N", 5), ("C", 17), ("H", 6), ("W", 10), ("K", 3), ("R", 2), ("S", 2),
+                                ("stride", (3, 3)), ("padding", (0, 0, 0, 0))), "odd"),
+    SeedShape("odd_f", "conv", (("N", 1), ("C", 9), ("H", 33), ("W", 7), ("K", 15), ("R", 1), ("S", 1),
+                                ("stride", (1, 1)), ("padding", (0, 0, 0, 0))), "odd"),
+    _pool("odd_pool_a", "odd", 3, 5, 13, 11, 3, 2, (1, 1, 1, 1), False),
+    SeedShape("odd_pool_b", "pool", (("N", 1), ("C", 7), ("H", 9), ("W", 17), ("window", (2, 3)),
+                                     ("stride", (3, 3)), ("padding", (0, 0, 0, 0)), ("count_pad", True)), "odd"),
+    _pool("odd_pool_c", "odd", 3, 3, 31, 29, 4, 4, (1, 2, 1, 1), False),
+    _pool("odd_pool_d", "odd", 2, 10, 7, 7, 7, 1, (0, 0, 0, 0), True),
+    _pool("odd_pool_e", "odd", 5, 4, 16, 20, 2, 1, (0, 0, 0, 0), True),
+    SeedShape("odd_pool_f", "pool", (("N", 1), ("C", 1), ("H", 5), ("W", 4), ("window", (5, 4)),
+                                     ("stride", (1, 1)), ("padding", (4, 3, 0, 0)), ("count_pad", False)), "odd"),
+)
+
+
+def odd_problems(op: str) -> list[tuple[str, Any]]:
+    kind = "conv" if op in CONV_OPS else "pool"
+    return [(s.name, s.problem(op)) for s in ODD_SHAPES if s.kind == kind]
+
+
+def seed_shapes(kind: str | None = None) -> list[SeedShape]:
+    return [s for s in SEED_SHAPES if kind is None or s.kind == kind]
+
+
+def seed_problems(op: str) -> list[tuple[str, Any]]:
+    kind = "conv" if op in CONV_OPS else "pool"
+    return [(s.name, s.problem(op)) for s in seed_shapes(kind)]
+
+
+def seed_shape(name: str) -> SeedShape:
+    for s in SEED_SHAPES:
+        if s.name == name:
+            return s
+    raise KeyError(f"no seed shape {name!r}; known: {', '.join(s.name for s in SEED_SHAPES)}")

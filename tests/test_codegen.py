@@ -1,0 +1,142 @@
+"""Rendering and compilation on the CPU: every family renders for every seed and odd shape, and a
+sample of valid configs compiles with nvcc for sm_80 and sm_90, with the ptxas report parsed."""
+from __future__ import annotations
+
+import os
+import re
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import jinja2
+import pytest
+
+from autocnn import codegen
+from autocnn.compiler import NvccCompiler, nvcc_path, parse_ptxas_report
+from autocnn.device import DeviceLimits
+from autocnn.errors import CompileError
+from autocnn.ops import OPERATIONS, ConvFwdProblem, operation_for
+from autocnn.suite import odd_problems, seed_problems
+
+ARCHES = ("sm_80", "sm_90")
+needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+
+
+def all_problems(op):
+    return seed_problems(op) + odd_problems(op)
+
+
+@pytest.mark.parametrize("op", sorted(OPERATIONS))
+def test_every_family_renders_for_every_shape(op):
+    limits = DeviceLimits.for_arch("sm_90")
+    rng = random.Random()
+    for name, problem in all_problems(op):
+        operation = operation_for(problem)
+        for config in [operation.default_config(problem, limits), *operation.space(problem, limits).sample(rng, 4)]:
+            plan = operation.plan(problem, config)
+            assert f'extern "C" __global__' in plan.source
+            assert all(re.search(rf"\b{k}\(", plan.source) for k in plan.kernel_names), name
+            # every problem size is a compile-time constant in the source
+            assert f"N = {problem.N}" in plan.source or f"NC = {problem.N * problem.C}" in plan.source
+            assert "{{" not in plan.source and "{%" not in plan.source
+
+
+def test_missing_template_variable_is_an_error_not_empty_text():
+    env = codegen.environment()
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("constexpr int X = {{ missing }};").render()
+
+
+def test_fingerprint_depends_on_family_and_changes_with_the_template(tmp_path, monkeypatch):
+    fwd = OPERATIONS["conv_fwd"].fingerprint()
+    assert fwd != OPERATIONS["conv_wgrad"].fingerprint()
+    assert fwd == OPERATIONS["conv_fwd"].fingerprint()
+    # A copy of the templates with one changed line must give another fingerprint.
+    for path in codegen.templates_dir().glob("*.j2"):
+        (tmp_path / path.name).write_text(path.read_text())
+    (tmp_path / "conv_fwd.cu.j2").write_text((tmp_path / "conv_fwd.cu.j2").read_text() + "\n// changed\n")
+    codegen.template_fingerprint.cache_clear()
+    codegen.templates_dir.cache_clear()
+    monkeypatch.setattr(codegen, "templates_dir", lambda: tmp_path)
+    try:
+        assert codegen.template_fingerprint("conv_fwd", type(OPERATIONS["conv_fwd"])) != fwd
+    finally:
+        codegen.template_fingerprint.cache_clear()
+
+
+PTXAS_LOG = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'conv_wgrad' for 'sm_90'
+ptxas info    : Function properties for conv_wgrad
+    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'conv_wgrad_reduce' for 'sm_90'
+ptxas info    : Function properties for conv_wgrad_reduce
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 29 registers, used 0 barriers, 384 bytes cmem[0]
+"""
+
+
+def test_ptxas_report_parsing():
+    reports = parse_ptxas_report(PTXAS_LOG)
+    assert set(reports) == {"conv_wgrad", "conv_wgrad_reduce"}
+    big = reports["conv_wgrad"]
+    assert (big.registers, big.stack_bytes, big.spill_stores, big.spill_loads, big.static_shared_bytes,
+            big.barriers) == (255, 24, 8, 12, 1024, 1)
+    assert big.spills and not reports["conv_wgrad_reduce"].spills
+    assert reports["conv_wgrad_reduce"].registers == 29
+
+
+@needs_nvcc
+def test_compile_error_carries_the_log_and_config(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    with pytest.raises(CompileError) as err:
+        compiler.compile('extern "C" __global__ void k() { undeclared_name = 1; }', config={"X": 1})
+    assert "undeclared_name" in err.value.log
+    assert err.value.config == {"X": 1}
+    assert err.value.failure_class.value == "compile_error"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ARCHES)
+def test_sampled_configs_compile_on_every_seed_shape(arch, tmp_path):
+    """Every family on every seed shape (the default and two sampled configs) and every odd shape (the
+    default and one sample) builds with nvcc, and ptxas reports every kernel of the plan."""
+    limits = DeviceLimits.for_arch(arch)
+    compiler = NvccCompiler(arch, cache_dir=tmp_path)
+    rng = random.Random()
+    jobs = []
+    expected = 0
+    for op in sorted(OPERATIONS):
+        for shapes, samples in ((seed_problems(op), 2), (odd_problems(op), 1)):
+            for name, problem in shapes:
+                operation = operation_for(problem)
+                configs = [operation.default_config(problem, limits),
+                           *operation.space(problem, limits).sample(rng, samples)]
+                jobs += [(op, name, c, operation.plan(problem, c)) for c in configs]
+                expected += 1 + samples
+
+    def build(job):
+        op, name, config, plan = job
+        try:
+            module = compiler.compile(plan.source, config=config)
+        except CompileError as exc:
+            return f"{op} {name} {config}: {exc}"
+        missing = [k for k in plan.kernel_names if k not in module.reports]
+        if missing:
+            return f"{op} {name} {config}: no ptxas report for {missing}"
+        for k, rep in module.reports.items():
+            if not 0 < rep.registers <= 255:
+                return f"{op} {name} {config}: {rep.registers} registers for {k}"
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        failures = [f for f in pool.map(build, jobs) if f]
+    assert not failures, "\n".join(failures[:10])
+    assert len(jobs) == expected >= 3 * (14 * 3 + 3 * 2)
+
+
+def test_config_of_another_operation_cannot_plan():
+    p = ConvFwdProblem(N=1, C=1, H=5, W=5, K=1, R=3, S=3)
+    limits = DeviceLimits.for_arch("sm_90")
+    wgrad_config = OPERATIONS["conv_wgrad"].default_config(p.with_op("conv_wgrad"), limits)
+    with pytest.raises(ValueError):
+        OPERATIONS["conv_fwd"].plan(p, wgrad_config)

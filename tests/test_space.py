@@ -1,0 +1,103 @@
+"""Search spaces: configs are validated before anything is rendered; nothing outside the space passes."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autocnn.device import DeviceLimits
+from autocnn.errors import FailureClass, InfeasibleConfigError, InvalidConfigError
+from autocnn.ops import OPERATIONS, operation_for
+from autocnn.space import Config, Constraint, Param, SearchSpace
+from autocnn.suite import seed_problems
+
+SM90 = DeviceLimits.for_arch("sm_90")
+SM80 = DeviceLimits.for_arch("sm_80")
+
+
+def toy_space() -> SearchSpace:
+    return SearchSpace("toy", [
+        Param("mode", ("a", "b")),
+        Param("X", (1, 2, 4), active_if=(("mode", ("a",)),)),
+        Param("Y", (1, 2, 4)),
+    ], [Constraint(("X", "Y"), lambda x, y: None if x * y <= 4 else "X*Y > 4")])
+
+
+def test_toy_space_enumerates_exactly_the_feasible_configs():
+    space = toy_space()
+    got = {c.key() for c in space.enumerate()}
+    want = set()
+    for y in (1, 2, 4):
+        want.add(Config("toy", (("mode", "b"), ("Y", y))).key())
+        for x in (1, 2, 4):
+            if x * y <= 4:
+                want.add(Config("toy", (("mode", "a"), ("X", x), ("Y", y))).key())
+    assert got == want and space.size() == len(want) == 9
+
+
+def test_inactive_parameter_is_rejected_and_active_one_required():
+    space = toy_space()
+    with pytest.raises(InvalidConfigError, match="applies only when"):
+        space.validate({"mode": "b", "X": 1, "Y": 1})
+    with pytest.raises(InvalidConfigError, match="required"):
+        space.validate({"mode": "a", "Y": 1})
+
+
+@pytest.mark.parametrize("bad", [
+    {"mode": "a", "X": 3, "Y": 1},                       # not a choice
+    {"mode": "a", "X": 2.0, "Y": 1},                     # right value, wrong type
+    {"mode": "a", "X": "2", "Y": 1},                     # text instead of a number
+    {"mode": "a", "X": True, "Y": 1},                    # bool is not the int 1
+    {"mode": "a}; __global__ void evil() {", "X": 1, "Y": 1},   # text meant for the CUDA source
+    {"mode": "a", "X": 1, "Y": 1, "Z": 1},               # unknown parameter
+])
+def test_values_outside_the_space_are_rejected(bad):
+    with pytest.raises(InvalidConfigError) as err:
+        toy_space().validate(bad)
+    assert err.value.failure_class is FailureClass.INVALID_CONFIG
+
+
+def test_constraint_violation_is_infeasible_with_reason():
+    with pytest.raises(InfeasibleConfigError, match="X\\*Y > 4") as err:
+        toy_space().validate({"mode": "a", "X": 4, "Y": 2})
+    assert err.value.failure_class is FailureClass.INFEASIBLE
+
+
+def test_sampling_returns_distinct_feasible_configs():
+    space = toy_space()
+    got = space.sample(random.Random(), 9)
+    assert len({c.key() for c in got}) == 9
+    assert all(space.is_feasible(c) for c in got)
+    assert space.sample(random.Random(), 5, exclude=got) == []
+
+
+@pytest.mark.parametrize("op", sorted(OPERATIONS))
+@pytest.mark.parametrize("limits", [SM80, SM90], ids=["sm_80", "sm_90"])
+def test_default_and_samples_are_valid_on_every_seed_shape(op, limits):
+    rng = random.Random()
+    for name, problem in seed_problems(op):
+        operation = operation_for(problem)
+        space = operation.space(problem, limits)
+        default = operation.default_config(problem, limits)
+        assert space.validate(default.as_dict()) == default, name
+        for config in space.sample(rng, 8):
+            assert space.validate(config.as_dict()) == config, (name, config)
+            plan = operation.plan(problem, config)
+            launch = plan.launches[0]
+            assert 32 <= launch.threads <= limits.max_threads_per_block
+            assert plan.max_shared_bytes <= limits.max_smem_per_block
+            assert launch.grid[1] <= 65535 and launch.grid[2] <= 65535
+
+
+def test_device_limits_shape_the_space():
+    from autocnn.ops import ConvFwdProblem
+
+    p = ConvFwdProblem(N=8, C=64, H=64, W=64, K=64, R=11, S=11, padding=5)
+    big = {"formulation": "direct", "KB": 64, "KPT": 8, "TP": 32, "TQ": 8, "PPT": 4, "QPT": 2,
+           "CB": 16, "PAD": 0, "UNROLL_R": 1}
+    space90 = operation_for(p).space(p, SM90)
+    tiny = DeviceLimits("sm_90", max_smem_per_block=48 * 1024)
+    with pytest.raises(InfeasibleConfigError, match="shared memory"):
+        operation_for(p).space(p, tiny).validate(big)
+    with pytest.raises(InfeasibleConfigError):
+        space90.validate(big)   # 256 accumulators per thread are over the register budget too
