@@ -201,3 +201,46 @@ def function_report(function: Any, name: str) -> ResourceReport:
     return ResourceReport(kernel=name, registers=int(attrs.get("num_regs", 0)),
                           static_shared_bytes=int(attrs.get("shared_size_bytes", 0)),
                           stack_bytes=local, spill_stores=0, spill_loads=0)
+
+
+def resource_violations(module: CompiledModule, plan: Any, regs_per_sm: int = 65536,
+                        max_smem_per_block: int = 227 * 1024, allow_spills: bool = False) -> list[str]:
+    """Why a compiled plan cannot run well or at all, from the ptxas report (empty when it can)."""
+    reasons = []
+    for launch in plan.launches:
+        rep = module.reports.get(launch.kernel)
+        if rep is None:
+            continue
+        if rep.registers * launch.threads > regs_per_sm:
+            reasons.append(f"{launch.kernel}: {rep.registers} registers x {launch.threads} threads exceed "
+                           f"the {regs_per_sm} registers of a multiprocessor")
+        if rep.static_shared_bytes + launch.shared_bytes > max_smem_per_block:
+            reasons.append(f"{launch.kernel}: {rep.static_shared_bytes + launch.shared_bytes} bytes of shared "
+                           f"memory exceed {max_smem_per_block}")
+        if rep.spills and not allow_spills:
+            reasons.append(f"{launch.kernel}: spills registers ({rep.spill_stores} bytes stored, "
+                           f"{rep.spill_loads} loaded)")
+    return reasons
+
+
+class CompilePool:
+    """Compiles plans ahead of the GPU: nvcc processes driven from a thread pool."""
+
+    def __init__(self, arch: str, workers: int | None = None, cache_dir: Path | None = None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.compiler = NvccCompiler(arch, cache_dir=cache_dir)
+        self.executor = ThreadPoolExecutor(max_workers=workers or max(1, os.cpu_count() or 1))
+
+    def submit(self, plan: Any):
+        """A future of the CompiledModule; its exception is the CompileError."""
+        return self.executor.submit(self.compiler.compile, plan.source, plan.config)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> "CompilePool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -58,7 +58,8 @@ def direct_params(when: tuple[str, tuple] | None = None) -> list[Param]:
 def direct_smem_bytes(env: CorrelationEnvelope, KB: int, TP: int, TQ: int, CB: int, PAD: int) -> int:
     iht = (TP - 1) * env.STH + env.R
     iwt = (TQ - 1) * env.STW + env.S
-    return 4 * (CB * iht * (iwt + PAD) + CB * env.R * env.S * KB)
+    in_floats = (CB * iht * (iwt + PAD) + 3) // 4 * 4   # aligned like the template's IN_FLOATS
+    return 4 * (in_floats + CB * env.R * env.S * KB)
 
 
 def direct_constraints(env: CorrelationEnvelope, limits: DeviceLimits) -> list[Constraint]:
