@@ -238,6 +238,22 @@ class SearchSpace:
                 return None   # dead end: every value of this parameter violates a rule
         return Config(self.op, tuple((p.name, assigned[p.name]) for p in self.params if p.name in assigned))
 
+    def restrict(self, fixed: Mapping[str, Value]) -> "SearchSpace":
+        """The subspace with some parameters held at one value (each must be one of its choices)."""
+        params = []
+        for p in self.params:
+            if p.name in fixed:
+                v = fixed[p.name]
+                if not any(_same_value(v, c) for c in p.choices):
+                    raise InvalidConfigError(self.op, p.name, v, f"one of {list(p.choices)}")
+                params.append(Param(p.name, (v,), p.doc, p.active_if))
+            else:
+                params.append(p)
+        unknown = sorted(set(fixed) - set(self._index))
+        if unknown:
+            raise InvalidConfigError(self.op, unknown[0], fixed[unknown[0]], f"parameters are {', '.join(self._index)}")
+        return SearchSpace(self.op, params, self.constraints)
+
     def describe(self) -> list[dict[str, Any]]:
         return [{"name": p.name, "choices": list(p.choices), "doc": p.doc,
                  "when": _describe_condition(p) if p.active_if else ""} for p in self.params]

@@ -16,8 +16,8 @@ from .base import Launch, Operation, cdiv
 from .conv_fwd import IGEMM_BK, IGEMM_BM, IGEMM_BN, unroll_context
 from .problem import ConvBwdDataProblem
 from .tiling import (FORMULATION_DIRECT, FORMULATION_IGEMM, CorrelationEnvelope, GemmEnvelope,
-                     direct_constraints, direct_params, direct_smem_bytes, igemm_constraints,
-                     igemm_params, igemm_smem_bytes)
+                     direct_constraints, direct_default_candidates, direct_params, direct_smem_bytes,
+                     igemm_constraints, igemm_default_candidates, igemm_params, igemm_smem_bytes)
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,13 @@ class ConvBwdData(Operation):
         return SearchSpace(self.name, params, constraints)
 
     def default_candidates(self, problem: ConvBwdDataProblem) -> Sequence[dict[str, Any]]:
-        gemm = {"formulation": FORMULATION_IGEMM, "PAD_A": 0, "PAD_B": 0, "UNROLL_K": 0}
-        return [
-            {**gemm, "BM": 128, "BN": 64, "BK": 8, "TM": 8, "TN": 4},
-            {**gemm, "BM": 64, "BN": 32, "BK": 8, "TM": 4, "TN": 4},
-            {**gemm, "BM": 32, "BN": 16, "BK": 4, "TM": 2, "TN": 4},
-        ]
+        # Per stride phase the direct core is dense; it won on strided, large-filter and few-channel
+        # shapes on an H200, the GEMM core on wide stride-1 layers.
+        phases = stride_phases(problem)
+        direct = direct_default_candidates(correlation_envelope(problem, phases))
+        gemm = igemm_default_candidates(gemm_envelope(problem, phases), pad_b=0)
+        prefer_direct = problem.C <= 32 or max(problem.stride) > 1 or problem.R >= 7
+        return direct + gemm if prefer_direct else gemm[:-1] + direct + gemm[-1:]
 
     def _context(self, problem: ConvBwdDataProblem, config: Config) -> dict[str, Any]:
         return {"phases": [asdict(ph) for ph in stride_phases(problem)], **unroll_context(config)}

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from ..device import DeviceLimits
 from ..space import Config, Constraint, Param, SearchSpace
-from .base import GRID_YZ_LIMIT, Launch, Operation, cdiv
+from .base import GRID_YZ_LIMIT, Launch, Operation, cdiv, next_pow2
 from .conv_fwd import unroll_context
 from .problem import ConvWgradProblem
 from .tiling import GemmEnvelope, igemm_constraints, igemm_params, igemm_smem_bytes
@@ -60,14 +60,16 @@ class ConvWgrad(Operation):
 
     def default_candidates(self, problem: ConvWgradProblem) -> Sequence[dict[str, Any]]:
         env = gemm_envelope(problem)
-        tiles = cdiv(env.GM, 64) * cdiv(env.GN, 64)
-        # Enough splits for about two blocks per multiprocessor of a large GPU, while each split keeps
-        # a few dozen reduction steps.
-        want = max(1, min(2 * 132 // max(1, tiles), cdiv(env.GK, 16 * 32)))
+        bm = max(16, min(64, next_pow2(env.GM)))
+        bn = max(16, min(64, next_pow2(env.GN)))
+        tm, tn = (4 if bm >= 32 else 2), (4 if bn >= 32 else 2)
+        tiles = cdiv(env.GM, bm) * cdiv(env.GN, bn)
+        # About two blocks per multiprocessor of a large GPU, each split keeping >= 16 steps of 16.
+        want = max(1, min(2 * 132 // max(1, tiles), cdiv(env.GK, 16 * 16)))
         split = max(s for s in SPLITS if s <= want)
         gemm = {"formulation": ATOMIC, "PAD_A": 1, "PAD_B": 1, "UNROLL_K": 0}
         return [
-            {**gemm, "SPLITK": split, "BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4},
+            {**gemm, "SPLITK": split, "BM": bm, "BN": bn, "BK": 16, "TM": tm, "TN": tn},
             {**gemm, "SPLITK": split, "BM": 32, "BN": 32, "BK": 16, "TM": 2, "TN": 4},
             {**gemm, "SPLITK": 1, "BM": 16, "BN": 16, "BK": 8, "TM": 2, "TN": 2},
         ]

@@ -143,3 +143,33 @@ def igemm_constraints(env: GemmEnvelope, limits: DeviceLimits, min_bm: int, min_
         Constraint(("BN",), lambda bn: None if -(-env.GN // bn) <= GRID_YZ_LIMIT
                    else f"{-(-env.GN // bn)} blocks along y exceed {GRID_YZ_LIMIT}"),
     ]
+
+
+def direct_default_candidates(env: CorrelationEnvelope) -> list[dict]:
+    """Direct-tiling configs in order of preference: several output channels and a 4x4-ish register
+    tile per thread, block tiles no larger than the output."""
+    kb = max(4, min(16, next_pow2(env.CO)))
+    out = []
+    for tp, ppt in ((8, 2), (4, 2), (2, 1), (1, 1)):
+        for tq in (32, 16, 8, 4):
+            if tq > max(4, next_pow2(env.OW)) or tp > max(1, next_pow2(env.OH)):
+                continue
+            qpt = min(4, tq)
+            kpt = 4 if kb >= 8 else 2
+            out.append({"formulation": FORMULATION_DIRECT, "KB": kb, "KPT": kpt, "TP": tp, "TQ": tq,
+                        "PPT": ppt, "QPT": qpt, "CB": min(4, max(1, next_pow2(env.CI))), "PAD": 1,
+                        "UNROLL_R": 1})
+    return out
+
+
+def igemm_default_candidates(env: GemmEnvelope, pad_b: int) -> list[dict]:
+    """Implicit-GEMM configs in order of preference, sized to the GEMM's columns; the last fits any problem."""
+    gemm = {"formulation": FORMULATION_IGEMM, "PAD_A": 0, "PAD_B": pad_b, "UNROLL_K": 0}
+    bn = max(16, min(64, next_pow2(env.GN)))
+    tn = 4 if bn >= 32 else 2
+    return [
+        {**gemm, "BM": 128, "BN": bn, "BK": 8, "TM": 8, "TN": tn},
+        {**gemm, "BM": 64, "BN": bn, "BK": 8, "TM": 4, "TN": tn},
+        {**gemm, "BM": 64, "BN": 32, "BK": 8, "TM": 4, "TN": 4},
+        {**gemm, "BM": 32, "BN": 16, "BK": 4, "TM": 2, "TN": 4, "PAD_B": 0},
+    ]

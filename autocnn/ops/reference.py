@@ -1,0 +1,474 @@
+"""Exact reference implementations of the five operations, for NumPy and CuPy arrays alike.
+
+They serve twice: in float64 they are the ground truth a generated kernel is checked against, and
+in float32 they are the CPU backend of the training library. So they compute in the dtype they
+are given, and never in a wider one behind the caller's back.
+
+Convolutions use "shift and accumulate": the input is zero-padded once and, for every filter
+offset (r, s), the strided view of the padded input that offset reads is multiplied by the
+(K x C) slice W[:, :, r, s] with one matrix product. That keeps BLAS (or cuBLAS) doing the
+arithmetic while the memory stays a few times the input, where a full im2col matrix would be
+R*S times the input and does not fit for the larger layers.
+
+Layouts: activations NCHW, filters KCRS, padding (top, left, bottom, right), stride (sh, sw).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy
+
+from ..errors import InvalidProblemError
+from .problem import ACTIVATIONS
+
+# numpy.ndarray or cupy.ndarray: CuPy is optional, so it cannot appear in the annotations.
+Array = Any
+
+# Elements of the largest per-chunk temporary. On the CPU the batch is cut into chunks so that
+# the accumulator and the copied view of one chunk stay in cache across the R*S passes (measured:
+# 2-3x faster than whole-batch passes for the large layers); on a GPU every pass is a kernel
+# launch, so chunks are made large enough that launches do not dominate.
+_CPU_CHUNK_ELEMENTS = 1 << 18
+_GPU_CHUNK_ELEMENTS = 1 << 24
+
+
+def array_module(a: Array) -> Any:
+    """``cupy`` for a CuPy array, otherwise ``numpy``; CuPy is imported only when one is passed."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy  # type: ignore[import-not-found]
+
+        return cupy
+    return numpy
+
+
+# -- argument checks ----------------------------------------------------------------------------
+
+def _ints(op: str, name: str, value: Any, sizes: Sequence[int], minimum: int, meaning: str) -> tuple[int, ...]:
+    """Normalise an int or a tuple of ints to a tuple; ``sizes`` lists the accepted lengths, the
+    first being the full one (a shorter one is repeated, as frameworks spell "the same everywhere")."""
+    vals = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    full = sizes[0]
+    if len(vals) not in sizes:
+        raise InvalidProblemError(op, name, value, meaning)
+    # bool is an int in Python, and numpy integers are not: accept the latter, refuse the former.
+    if any(isinstance(v, bool) or not isinstance(v, (int, numpy.integer)) or v < minimum for v in vals):
+        raise InvalidProblemError(op, name, value, f"{meaning}, each an integer >= {minimum}")
+    vals = tuple(int(v) for v in vals)
+    if len(vals) == 1:
+        vals = vals * full
+    elif len(vals) == 2 and full == 4:  # (height, width) means top=bottom, left=right
+        vals = (vals[0], vals[1], vals[0], vals[1])
+    return vals
+
+
+def _pair(op: str, name: str, value: Any) -> tuple[int, int]:
+    return _ints(op, name, value, (2, 1), 1, "one integer or two (height, width)")  # type: ignore[return-value]
+
+
+def _padding(op: str, value: Any) -> tuple[int, int, int, int]:
+    return _ints(op, "padding", value, (4, 1, 2), 0,  # type: ignore[return-value]
+                 "one integer, two (height, width) or four (top, left, bottom, right)")
+
+
+def _check_array(op: str, name: str, a: Any, layout: str) -> None:
+    ndim = len(layout.split(","))
+    shape = getattr(a, "shape", None)
+    if shape is None or not hasattr(a, "dtype"):
+        raise InvalidProblemError(op, name, type(a).__name__, "a NumPy or CuPy array")
+    if len(shape) != ndim:
+        raise InvalidProblemError(op, f"{name}.shape", tuple(shape), f"{ndim} dimensions ({layout})")
+    if numpy.dtype(a.dtype).kind != "f":
+        raise InvalidProblemError(op, f"{name}.dtype", str(a.dtype), "a floating-point dtype")
+
+
+def _check_same_kind(op: str, first: tuple[str, Array], *others: tuple[str, Array | None]) -> Any:
+    """All arrays share the first one's dtype and array module; returns that module.
+
+    A mixed-dtype call would make NumPy promote silently, and the float32 backend would then run
+    (and return) float64 without anyone noticing.
+    """
+    name0, a0 = first
+    xp = array_module(a0)
+    for name, a in others:
+        if a is None:
+            continue
+        if a.dtype != a0.dtype:
+            raise InvalidProblemError(op, f"{name}.dtype", str(a.dtype), f"{a0.dtype}, the dtype of {name0}")
+        if array_module(a) is not xp:
+            raise InvalidProblemError(op, name, type(a).__module__ + "." + type(a).__name__,
+                                      f"an array of the same library as {name0} ({xp.__name__})")
+    return xp
+
+
+def _out_size(op: str, name: str, size: int, pad_lo: int, pad_hi: int, k: int, stride: int) -> int:
+    if size + pad_lo + pad_hi < k:
+        raise InvalidProblemError(op, name, k, f"at most the padded size {size}+{pad_lo}+{pad_hi}")
+    return (size + pad_lo + pad_hi - k) // stride + 1
+
+
+def _check_activation(op: str, name: str) -> None:
+    if name not in ACTIVATIONS:
+        raise InvalidProblemError(op, "activation", name, f"one of {', '.join(ACTIVATIONS)}")
+
+
+def _chunk(xp: Any, n: int, per_image: int) -> int:
+    target = _CPU_CHUNK_ELEMENTS if xp is numpy else _GPU_CHUNK_ELEMENTS
+    return max(1, min(n, target // max(1, per_image)))
+
+
+def _buffers(xp: Any, dtype: Any, *shapes: tuple[int, ...]) -> tuple[Array, ...]:
+    # Scratch arrays reused by every filter offset. Allocating the copied view and the product
+    # afresh each time costs more than the matrix product itself where the OS hands out
+    # freshly zeroed pages (measured 4x in a VM), and adds allocator churn on a GPU.
+    return tuple(xp.empty(shape, dtype=dtype) for shape in shapes)
+
+
+def _padded_nhwc(xp: Any, x: Array, padding: tuple[int, int, int, int]) -> Array:
+    # Channels last, so that each strided view gathers contiguous C-vectors and reshapes into the
+    # (pixels x C) operand of one matrix product.
+    n, c, h, w = x.shape
+    pt, pl, pb, pr = padding
+    xpad = xp.zeros((n, h + pt + pb, w + pl + pr, c), dtype=x.dtype)
+    xpad[:, pt:pt + h, pl:pl + w, :] = x.transpose(0, 2, 3, 1)
+    return xpad
+
+
+def _window(start: int, stride: int, count: int) -> slice:
+    # The rows (or columns) that output positions 0..count-1 read at one filter offset.
+    return slice(start, start + stride * (count - 1) + 1, stride)
+
+
+# -- activations --------------------------------------------------------------------------------
+
+def activation(z: Array, name: str) -> Array:
+    """The elementwise activation ``name`` of ``z``, in ``z``'s dtype."""
+    _check_activation("activation", name)
+    return _activate(z, name)
+
+
+def _activate(z: Array, name: str) -> Array:
+    # Separate from ``activation`` because conv_fwd's keyword argument of that name hides it.
+    xp = array_module(z)
+    if name == "none":
+        return z.copy()
+    if name == "relu":
+        return xp.maximum(z, 0)
+    if name == "tanh":
+        return xp.tanh(z)
+    # exp(-|z|) never overflows, and both branches are accurate where they are used; the naive
+    # 1/(1+exp(-z)) overflows (with a warning) for z below about -710 in float64, -88 in float32.
+    e = xp.exp(-xp.abs(z))
+    return xp.where(z >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def activation_grad(y: Array, dy: Array, name: str) -> Array:
+    """The gradient with respect to the pre-activation, from the activation's OUTPUT ``y``.
+
+    Kernels keep only y, not z, so the derivative is written in terms of y: relu dy*(y>0),
+    tanh dy*(1-y^2), logistic dy*y*(1-y).
+    """
+    _check_activation("activation_grad", name)
+    if tuple(y.shape) != tuple(dy.shape):
+        raise InvalidProblemError("activation_grad", "dy.shape", tuple(dy.shape), f"y's shape {tuple(y.shape)}")
+    _check_same_kind("activation_grad", ("y", y), ("dy", dy))
+    if name == "none":
+        return dy.copy()
+    if name == "relu":
+        return dy * (y > 0)
+    if name == "tanh":
+        return dy * (1 - y * y)
+    return dy * y * (1 - y)
+
+
+# -- convolution --------------------------------------------------------------------------------
+
+def conv_fwd(x: Array, w: Array, *, stride: Any, padding: Any, bias: Array | None = None,
+             activation: str = "none") -> Array:
+    """y = act(conv(x, w) + bias): x (N,C,H,W), w (K,C,R,S), bias (K,) -> y (N,K,P,Q)."""
+    op = "conv_fwd"
+    _check_array(op, "x", x, "N,C,H,W")
+    _check_array(op, "w", w, "K,C,R,S")
+    N, C, H, W = x.shape
+    K, Cw, R, S = w.shape
+    if Cw != C:
+        raise InvalidProblemError(op, "w.shape", tuple(w.shape), f"(K, C, R, S) with C={C} as in x")
+    if bias is not None:
+        _check_array(op, "bias", bias, "K")
+        if tuple(bias.shape) != (K,):
+            raise InvalidProblemError(op, "bias.shape", tuple(bias.shape), f"({K},): one value per filter")
+    _check_activation(op, activation)
+    xp = _check_same_kind(op, ("x", x), ("w", w), ("bias", bias))
+    sh, sw = _pair(op, "stride", stride)
+    pad = _padding(op, padding)
+    P = _out_size(op, "R", H, pad[0], pad[2], R, sh)
+    Q = _out_size(op, "S", W, pad[1], pad[3], S, sw)
+
+    xpad = _padded_nhwc(xp, x, pad)
+    wt = xp.ascontiguousarray(w.transpose(2, 3, 1, 0))  # (R, S, C, K)
+    out = xp.zeros((N, P, Q, K), dtype=x.dtype)
+    step = _chunk(xp, N, P * Q * max(C, K))
+    cols, prod = _buffers(xp, x.dtype, (step, P, Q, C), (step * P * Q, K))
+    for n0 in range(0, N, step):
+        n = min(step, N - n0)
+        m = n * P * Q
+        acc = out[n0:n0 + n].reshape(m, K)  # a view: accumulating into it fills ``out``
+        for r in range(R):
+            for s in range(S):
+                cols[:n] = xpad[n0:n0 + n, _window(r, sh, P), _window(s, sw, Q), :]
+                xp.matmul(cols[:n].reshape(m, C), wt[r, s], out=prod[:m])
+                acc += prod[:m]
+    if bias is not None:
+        out += bias
+    y = xp.ascontiguousarray(out.transpose(0, 3, 1, 2))
+    if activation == "none":
+        return y
+    return _activate(y, activation)
+
+
+def conv_bwd_data(dy: Array, w: Array, *, input_hw: Any, stride: Any, padding: Any) -> Array:
+    """dx = the gradient of sum(conv(x, w) * dy) with respect to x: dy (N,K,P,Q) -> dx (N,C,H,W).
+
+    Computed as the exact adjoint of conv_fwd's shift-and-accumulate: every offset's product is
+    added back onto the strided positions it was read from. Padding positions are then cut off,
+    and rows or columns no window reaches keep their zero.
+    """
+    op = "conv_bwd_data"
+    _check_array(op, "dy", dy, "N,K,P,Q")
+    _check_array(op, "w", w, "K,C,R,S")
+    xp = _check_same_kind(op, ("dy", dy), ("w", w))
+    H, W = _pair(op, "input_hw", input_hw)
+    sh, sw = _pair(op, "stride", stride)
+    pad = _padding(op, padding)
+    pt, pl, pb, pr = pad
+    N, K, P, Q = dy.shape
+    Kw, C, R, S = w.shape
+    expect = (N, Kw, _out_size(op, "R", H, pt, pb, R, sh), _out_size(op, "S", W, pl, pr, S, sw))
+    if tuple(dy.shape) != expect:
+        raise InvalidProblemError(
+            op, "dy.shape", tuple(dy.shape),
+            f"the conv output shape (N, K, P, Q) = {expect} for w {tuple(w.shape)}, input_hw {(H, W)}, "
+            f"stride {(sh, sw)}, padding {pad}")
+
+    dy2 = xp.ascontiguousarray(dy.transpose(0, 2, 3, 1))  # (N, P, Q, K): row blocks of dy per chunk
+    wt = xp.ascontiguousarray(w.transpose(2, 3, 0, 1))   # (R, S, K, C)
+    dxpad = xp.zeros((N, H + pt + pb, W + pl + pr, C), dtype=dy.dtype)
+    step = _chunk(xp, N, P * Q * max(C, K))
+    (prod,) = _buffers(xp, dy.dtype, (step * P * Q, C))
+    for n0 in range(0, N, step):
+        n = min(step, N - n0)
+        m = n * P * Q
+        g = dy2[n0:n0 + n].reshape(m, K)
+        for r in range(R):
+            for s in range(S):
+                xp.matmul(g, wt[r, s], out=prod[:m])
+                # Through a named view: ``a[idx] += b`` would also write the view back onto itself.
+                target = dxpad[n0:n0 + n, _window(r, sh, P), _window(s, sw, Q), :]
+                target += prod[:m].reshape(n, P, Q, C)
+    return xp.ascontiguousarray(dxpad[:, pt:pt + H, pl:pl + W, :].transpose(0, 3, 1, 2))
+
+
+def conv_wgrad(x: Array, dy: Array, *, kernel_hw: Any, stride: Any, padding: Any,
+               bias: bool = True) -> tuple[Array, Array | None]:
+    """(dw, db): the gradients of sum((conv(x, w) + b) * dy) with respect to w (K,C,R,S) and b (K,).
+
+    ``db`` is None when ``bias`` is false.
+    """
+    op = "conv_wgrad"
+    _check_array(op, "x", x, "N,C,H,W")
+    _check_array(op, "dy", dy, "N,K,P,Q")
+    xp = _check_same_kind(op, ("x", x), ("dy", dy))
+    R, S = _pair(op, "kernel_hw", kernel_hw)
+    sh, sw = _pair(op, "stride", stride)
+    pad = _padding(op, padding)
+    N, C, H, W = x.shape
+    K = dy.shape[1]
+    expect = (N, K, _out_size(op, "kernel_hw", H, pad[0], pad[2], R, sh),
+              _out_size(op, "kernel_hw", W, pad[1], pad[3], S, sw))
+    if tuple(dy.shape) != expect:
+        raise InvalidProblemError(
+            op, "dy.shape", tuple(dy.shape),
+            f"the conv output shape (N, K, P, Q) = {expect} for x {tuple(x.shape)}, kernel_hw {(R, S)}, "
+            f"stride {(sh, sw)}, padding {pad}")
+    P, Q = expect[2], expect[3]
+
+    xpad = _padded_nhwc(xp, x, pad)
+    dy2 = xp.ascontiguousarray(dy.transpose(0, 2, 3, 1))  # (N, P, Q, K)
+    dw = xp.zeros((R, S, K, C), dtype=x.dtype)
+    step = _chunk(xp, N, P * Q * max(C, K))
+    cols, prod = _buffers(xp, x.dtype, (step, P, Q, C), (K, C))
+    for n0 in range(0, N, step):
+        n = min(step, N - n0)
+        m = n * P * Q
+        gT = dy2[n0:n0 + n].reshape(m, K).T
+        for r in range(R):
+            for s in range(S):
+                cols[:n] = xpad[n0:n0 + n, _window(r, sh, P), _window(s, sw, Q), :]
+                xp.matmul(gT, cols[:n].reshape(m, C), out=prod)
+                dw[r, s] += prod
+    dw = xp.ascontiguousarray(dw.transpose(2, 3, 0, 1))
+    db = dy.sum(axis=(0, 2, 3)) if bias else None
+    return dw, db
+
+
+# -- average pooling ----------------------------------------------------------------------------
+
+def _pool_geometry(op: str, hw: tuple[int, int], window: Any, stride: Any, padding: Any
+                   ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int], int, int]:
+    kh, kw = _pair(op, "window", window)
+    sh, sw = _pair(op, "stride", stride)
+    pad = _padding(op, padding)
+    # A window entirely in the padding would average nothing (a division by zero without
+    # count_pad); the problem classes refuse it for the same reason.
+    if max(pad[0], pad[2]) >= kh or max(pad[1], pad[3]) >= kw:
+        raise InvalidProblemError(op, "padding", pad, f"each side smaller than the window {(kh, kw)}")
+    P = _out_size(op, "window", hw[0], pad[0], pad[2], kh, sh)
+    Q = _out_size(op, "window", hw[1], pad[1], pad[3], kw, sw)
+    return (kh, kw), (sh, sw), pad, P, Q
+
+
+def _pool_divisor(xp: Any, dtype: Any, hw: tuple[int, int], window: tuple[int, int],
+                  stride: tuple[int, int], pad: tuple[int, int, int, int], P: int, Q: int,
+                  count_pad: bool) -> Any:
+    """kh*kw, or the (P, Q) array of how many window positions fall inside the image."""
+    if count_pad:
+        return window[0] * window[1]
+
+    def inside(size: int, k: int, s: int, lo: int, count: int) -> Array:
+        start = xp.arange(count) * s - lo
+        return xp.minimum(start + k, size) - xp.maximum(start, 0)
+
+    rows = inside(hw[0], window[0], stride[0], pad[0], P)
+    cols = inside(hw[1], window[1], stride[1], pad[1], Q)
+    return (rows[:, None] * cols[None, :]).astype(dtype)
+
+
+def avgpool_fwd(x: Array, *, window: Any, stride: Any, padding: Any, count_pad: bool) -> Array:
+    """y (N,C,P,Q): the mean of each window of x (N,C,H,W); see ``count_pad`` in PoolProblem."""
+    op = "avgpool_fwd"
+    _check_array(op, "x", x, "N,C,H,W")
+    xp = array_module(x)
+    N, C, H, W = x.shape
+    (kh, kw), (sh, sw), pad, P, Q = _pool_geometry(op, (H, W), window, stride, padding)
+    pt, pl, pb, pr = pad
+    xpad = xp.zeros((N, C, H + pt + pb, W + pl + pr), dtype=x.dtype)
+    xpad[:, :, pt:pt + H, pl:pl + W] = x
+    acc = xp.zeros((N, C, P, Q), dtype=x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            acc += xpad[:, :, _window(i, sh, P), _window(j, sw, Q)]
+    return acc / _pool_divisor(xp, x.dtype, (H, W), (kh, kw), (sh, sw), pad, P, Q, count_pad)
+
+
+def avgpool_bwd(dy: Array, *, input_hw: Any, window: Any, stride: Any, padding: Any,
+                count_pad: bool) -> Array:
+    """dx (N,C,H,W): the exact adjoint of avgpool_fwd applied to dy (N,C,P,Q)."""
+    op = "avgpool_bwd"
+    _check_array(op, "dy", dy, "N,C,P,Q")
+    xp = array_module(dy)
+    H, W = _pair(op, "input_hw", input_hw)
+    N, C = dy.shape[:2]
+    (kh, kw), (sh, sw), pad, P, Q = _pool_geometry(op, (H, W), window, stride, padding)
+    if tuple(dy.shape) != (N, C, P, Q):
+        raise InvalidProblemError(
+            op, "dy.shape", tuple(dy.shape),
+            f"the pooling output shape (N, C, P, Q) = {(N, C, P, Q)} for input_hw {(H, W)}, "
+            f"window {(kh, kw)}, stride {(sh, sw)}, padding {pad}")
+    pt, pl, pb, pr = pad
+    g = dy / _pool_divisor(xp, dy.dtype, (H, W), (kh, kw), (sh, sw), pad, P, Q, count_pad)
+    dxpad = xp.zeros((N, C, H + pt + pb, W + pl + pr), dtype=dy.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            dxpad[:, :, _window(i, sh, P), _window(j, sw, Q)] += g
+    return xp.ascontiguousarray(dxpad[:, :, pt:pt + H, pl:pl + W])
+
+
+# -- problem-level wrappers ---------------------------------------------------------------------
+
+def input_shapes(problem: Any) -> dict[str, tuple[int, ...]]:
+    """The arrays ``run_problem`` takes for ``problem``, by name, with their shapes."""
+    op = problem.op
+    if op == "conv_fwd":
+        shapes = {"x": problem.x_shape, "w": problem.w_shape}
+        if problem.bias:
+            shapes["bias"] = (problem.K,)
+        return shapes
+    if op == "conv_bwd_data":
+        return {"dy": problem.y_shape, "w": problem.w_shape}
+    if op == "conv_wgrad":
+        return {"x": problem.x_shape, "dy": problem.y_shape}
+    if op == "avgpool_fwd":
+        return {"x": problem.x_shape}
+    if op == "avgpool_bwd":
+        return {"dy": problem.y_shape}
+    raise InvalidProblemError("reference", "op", op, "a problem from autocnn.ops.problem")
+
+
+def output_shapes(problem: Any) -> dict[str, tuple[int, ...]]:
+    """The arrays ``run_problem`` returns for ``problem``, by name, with their shapes."""
+    op = problem.op
+    if op == "conv_fwd":
+        return {"y": problem.y_shape}
+    if op == "conv_bwd_data":
+        return {"dx": problem.x_shape}
+    if op == "conv_wgrad":
+        return {"dw": problem.w_shape, **({"db": (problem.K,)} if problem.bias else {})}
+    if op == "avgpool_fwd":
+        return {"y": problem.y_shape}
+    if op == "avgpool_bwd":
+        return {"dx": problem.x_shape}
+    raise InvalidProblemError("reference", "op", op, "a problem from autocnn.ops.problem")
+
+
+def run_problem(problem: Any, inputs: Mapping[str, Array]) -> dict[str, Array]:
+    """Compute ``problem``'s outputs from ``inputs`` (named as in ``input_shapes``).
+
+    The computation runs in the inputs' dtype, not ``problem.dtype``: verification passes float64
+    copies of the float32 data the kernel saw.
+    """
+    expected = input_shapes(problem)
+    if set(inputs) != set(expected):
+        raise InvalidProblemError(problem.op, "inputs", sorted(inputs), f"exactly {sorted(expected)}")
+    for name, shape in expected.items():
+        got = tuple(getattr(inputs[name], "shape", ()))
+        if got != shape:
+            raise InvalidProblemError(problem.op, f"{name}.shape", got, f"{shape} for {problem.shape_string()}")
+
+    op = problem.op
+    geo = {"stride": problem.stride, "padding": problem.padding}
+    if op == "conv_fwd":
+        return {"y": conv_fwd(inputs["x"], inputs["w"], bias=inputs.get("bias"),
+                              activation=problem.activation, **geo)}
+    if op == "conv_bwd_data":
+        return {"dx": conv_bwd_data(inputs["dy"], inputs["w"], input_hw=(problem.H, problem.W), **geo)}
+    if op == "conv_wgrad":
+        dw, db = conv_wgrad(inputs["x"], inputs["dy"], kernel_hw=(problem.R, problem.S),
+                            bias=problem.bias, **geo)
+        return {"dw": dw, "db": db} if problem.bias else {"dw": dw}
+    pool = {"window": problem.window, "count_pad": problem.count_pad, **geo}
+    if op == "avgpool_fwd":
+        return {"y": avgpool_fwd(inputs["x"], **pool)}
+    return {"dx": avgpool_bwd(inputs["dy"], input_hw=(problem.H, problem.W), **pool)}
+
+
+def reduction_length(problem: Any, output_name: str) -> int:
+    """How many products are summed into one element of output ``output_name``.
+
+    Error bounds for verification scale with this. For the backward operations it is the largest
+    count over the output (border elements sum fewer terms).
+    """
+    op = problem.op
+    outputs = output_shapes(problem)
+    if output_name not in outputs:
+        raise InvalidProblemError(op, "output_name", output_name, f"one of {', '.join(outputs)}")
+    sh, sw = problem.stride
+    if op == "conv_fwd":
+        return problem.C * problem.R * problem.S
+    if op == "conv_bwd_data":
+        return math.ceil(problem.R / sh) * math.ceil(problem.S / sw) * problem.K
+    if op == "conv_wgrad":
+        return problem.N * problem.P * problem.Q
+    kh, kw = problem.window
+    if op == "avgpool_fwd":
+        return kh * kw
+    return math.ceil(kh / sh) * math.ceil(kw / sw)
