@@ -1,0 +1,49 @@
+"""autocnn.nn: a small CNN training library running on the tuned kernels (or numpy on the CPU).
+
+    from autocnn import nn
+    model = nn.build_network("lenet5", seed=0)
+    data = nn.load_fashion_mnist()
+    history = model.fit(data.x_train, data.y_train, epochs=5, batch_size=128,
+                        optimizer=nn.Adam(1e-3), validation_data=(data.x_test, data.y_test))
+    print(model.dispatch_report())
+"""
+from __future__ import annotations
+
+from .backend import (  # noqa: F401
+    Backend,
+    BackendUnavailableError,
+    KernelDispatch,
+    NumpyBackend,
+    get_backend,
+)
+from .blas import get_blas_threads, set_blas_threads  # noqa: F401
+from .data import (  # noqa: F401
+    ImageDataset,
+    fit_to_input,
+    load_cifar10,
+    load_fashion_mnist,
+    load_mnist,
+    read_cifar10_batch,
+    read_idx,
+    resize,
+    to_channels,
+)
+from .layers import Activation, AvgPool2d, Conv2d, Dense, Flatten, Layer  # noqa: F401
+from .losses import SoftmaxCrossEntropy, accuracy, softmax  # noqa: F401
+from .model import History, Sequential, StepResult  # noqa: F401
+from .optim import RPROP, SGD, Adam, Optimizer, get_optimizer  # noqa: F401
+from .training import TrainingReport, load_dataset, train  # noqa: F401
+from .zoo import NETWORKS, build_network, input_shape, load_network, network_from_json  # noqa: F401
+
+__all__ = [
+    "Backend", "BackendUnavailableError", "KernelDispatch", "NumpyBackend", "get_backend",
+    "get_blas_threads", "set_blas_threads",
+    "ImageDataset", "fit_to_input", "load_cifar10", "load_fashion_mnist", "load_mnist", "read_cifar10_batch",
+    "read_idx", "resize", "to_channels",
+    "Activation", "AvgPool2d", "Conv2d", "Dense", "Flatten", "Layer",
+    "SoftmaxCrossEntropy", "accuracy", "softmax",
+    "History", "Sequential", "StepResult",
+    "RPROP", "SGD", "Adam", "Optimizer", "get_optimizer",
+    "TrainingReport", "load_dataset", "train",
+    "NETWORKS", "build_network", "input_shape", "load_network", "network_from_json",
+]

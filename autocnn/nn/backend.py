@@ -1,0 +1,336 @@
+"""Backends: where the arrays live and what computes the five kernel operations.
+
+A backend owns the array module (numpy or cupy) and the dtype, and runs every convolution and
+pooling of a training step into output buffers the caller allocated beforehand. Layers allocate
+all their buffers in ``build`` through ``Backend.zeros``; the training step itself only writes
+into them, so a GPU backend can run a whole step without allocating activation memory.
+
+Contract for a backend implementation (e.g. the CUDA backend):
+
+* subclass ``Backend`` and call ``super().__init__(xp, dtype)``;
+* implement ``prepare`` and the five ``_conv_fwd`` ... ``_avgpool_bwd`` hooks; the public
+  methods (``conv_fwd`` ...) check shapes and dtypes, count the call in ``kernel_calls`` and then
+  call the hook, so every backend is checked and counted the same way;
+* override ``to_numpy``/``upload``/``synchronize`` where the array module needs it; the
+  element-wise helpers (activations, matmul) work for any numpy-compatible ``xp`` and may be
+  overridden with fused kernels.
+"""
+from __future__ import annotations
+
+import abc
+import collections
+import importlib
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from ..errors import DeviceError
+from ..ops.problem import (
+    ACTIVATIONS,
+    AvgPoolBwdProblem,
+    AvgPoolFwdProblem,
+    ConvBwdDataProblem,
+    ConvFwdProblem,
+    ConvWgradProblem,
+)
+
+Array = Any  # numpy.ndarray or cupy.ndarray
+KernelProblem = Any  # one of the five frozen problem dataclasses of autocnn.ops.problem
+
+NUMPY_SOURCE = "numpy reference (CPU)"
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested backend cannot run here (no CuPy, no GPU, backend not installed)."""
+
+
+@dataclass(frozen=True)
+class KernelDispatch:
+    """Which implementation a backend will run for one kernel problem.
+
+    ``source`` is a short category ("numpy reference (CPU)", "tuned", "default config", ...);
+    ``detail`` says more (the function, the tuned config, the database record).
+    """
+
+    problem: KernelProblem
+    source: str
+    detail: str = ""
+
+
+def array_module(array: Array) -> Any:
+    """numpy or cupy, whichever ``array`` belongs to (without importing cupy for numpy arrays)."""
+    if type(array).__module__.split(".")[0] == "cupy":
+        return importlib.import_module("cupy")
+    return np
+
+
+class Backend(abc.ABC):
+    """Array module, dtype and the five kernel operations, run into preallocated outputs."""
+
+    name: ClassVar[str] = "abstract"
+
+    def __init__(self, xp: Any, dtype: Any):
+        self.xp = xp
+        self.dtype = np.dtype(dtype)
+        # op name -> number of calls; tests and profiling read it, nothing else depends on it.
+        self.kernel_calls: collections.Counter[str] = collections.Counter()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dtype={self.dtype.name})"
+
+    # -- memory --------------------------------------------------------------------------------
+    def zeros(self, shape: Sequence[int], dtype: Any = None) -> Array:
+        return self.xp.zeros(tuple(shape), dtype=self.dtype if dtype is None else dtype)
+
+    def asarray(self, a: Any, dtype: Any = None) -> Array:
+        """``a`` as an array of this backend (in the backend's float dtype unless ``dtype`` says)."""
+        return self.xp.asarray(a, dtype=self.dtype if dtype is None else dtype)
+
+    def to_numpy(self, a: Array) -> np.ndarray:
+        return np.asarray(a)
+
+    def upload(self, host: np.ndarray, out: Array) -> Array:
+        """Copy a host array into an existing backend buffer of the same shape."""
+        out[...] = self.xp.asarray(host)
+        return out
+
+    def synchronize(self) -> None:
+        """Wait for queued work (a no-op on the CPU); called before timing an epoch."""
+
+    # -- kernel problems -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def prepare(self, problems: Sequence[KernelProblem]) -> list[KernelDispatch]:
+        """Get ready to run these problems; one KernelDispatch per problem, in the same order.
+
+        Called by ``Sequential.build`` with every (deduplicated) problem of the model at the
+        built batch size, before any kernel runs.
+        """
+
+    # -- the five kernel operations (checked, counted, then run by the hooks) ------------------
+    def conv_fwd(self, problem: ConvFwdProblem, x: Array, w: Array, bias: Array | None, out: Array) -> Array:
+        """out = activation(conv(x, w) + bias); bias is used only when ``problem.bias``."""
+        self._expect(problem, "x", x, problem.x_shape)
+        self._expect(problem, "w", w, problem.w_shape)
+        self._expect(problem, "out", out, problem.y_shape)
+        if problem.bias:
+            if bias is None:
+                raise ValueError(f"{problem.op}: the problem has bias=True but no bias array was given")
+            self._expect(problem, "bias", bias, (problem.K,))
+        self.kernel_calls[problem.op] += 1
+        self._conv_fwd(problem, x, w, bias if problem.bias else None, out)
+        return out
+
+    def conv_bwd_data(self, problem: ConvBwdDataProblem, dy: Array, w: Array, out: Array) -> Array:
+        """out = dX, the gradient of the convolution's input."""
+        self._expect(problem, "dy", dy, problem.y_shape)
+        self._expect(problem, "w", w, problem.w_shape)
+        self._expect(problem, "out", out, problem.x_shape)
+        self.kernel_calls[problem.op] += 1
+        self._conv_bwd_data(problem, dy, w, out)
+        return out
+
+    def conv_wgrad(self, problem: ConvWgradProblem, x: Array, dy: Array, dw_out: Array,
+                   db_out: Array | None) -> Array:
+        """dw_out = dW and (when ``problem.bias``) db_out = db, summed over the batch."""
+        self._expect(problem, "x", x, problem.x_shape)
+        self._expect(problem, "dy", dy, problem.y_shape)
+        self._expect(problem, "dw_out", dw_out, problem.w_shape)
+        if problem.bias:
+            if db_out is None:
+                raise ValueError(f"{problem.op}: the problem has bias=True but no db_out buffer was given")
+            self._expect(problem, "db_out", db_out, (problem.K,))
+        elif db_out is not None:
+            raise ValueError(f"{problem.op}: the problem has bias=False but a db_out buffer was given")
+        self.kernel_calls[problem.op] += 1
+        self._conv_wgrad(problem, x, dy, dw_out, db_out)
+        return dw_out
+
+    def avgpool_fwd(self, problem: AvgPoolFwdProblem, x: Array, out: Array) -> Array:
+        self._expect(problem, "x", x, problem.x_shape)
+        self._expect(problem, "out", out, problem.y_shape)
+        self.kernel_calls[problem.op] += 1
+        self._avgpool_fwd(problem, x, out)
+        return out
+
+    def avgpool_bwd(self, problem: AvgPoolBwdProblem, dy: Array, out: Array) -> Array:
+        self._expect(problem, "dy", dy, problem.y_shape)
+        self._expect(problem, "out", out, problem.x_shape)
+        self.kernel_calls[problem.op] += 1
+        self._avgpool_bwd(problem, dy, out)
+        return out
+
+    @abc.abstractmethod
+    def _conv_fwd(self, problem: ConvFwdProblem, x: Array, w: Array, bias: Array | None, out: Array) -> None: ...
+
+    @abc.abstractmethod
+    def _conv_bwd_data(self, problem: ConvBwdDataProblem, dy: Array, w: Array, out: Array) -> None: ...
+
+    @abc.abstractmethod
+    def _conv_wgrad(self, problem: ConvWgradProblem, x: Array, dy: Array, dw_out: Array,
+                    db_out: Array | None) -> None: ...
+
+    @abc.abstractmethod
+    def _avgpool_fwd(self, problem: AvgPoolFwdProblem, x: Array, out: Array) -> None: ...
+
+    @abc.abstractmethod
+    def _avgpool_bwd(self, problem: AvgPoolBwdProblem, dy: Array, out: Array) -> None: ...
+
+    def _expect(self, problem: KernelProblem, what: str, array: Array, shape: tuple[int, ...]) -> None:
+        # Cheap checks that turn a wiring mistake into a message instead of a wrong result or a crash.
+        if tuple(array.shape) != tuple(shape):
+            raise ValueError(f"{problem.op} ({problem.shape_string()}): {what} has shape "
+                             f"{tuple(array.shape)}, expected {tuple(shape)}")
+        if array.dtype != self.dtype:
+            raise TypeError(f"{problem.op}: {what} has dtype {array.dtype}, the {self.name} backend "
+                            f"runs in {self.dtype.name}")
+
+    # -- dense layers and element-wise work (generic over xp) ----------------------------------
+    def matmul(self, a: Array, b: Array, out: Array | None = None) -> Array:
+        """a @ b (numpy: BLAS; cupy: cuBLAS), into ``out`` when given."""
+        return self.xp.matmul(a, b, out=out)
+
+    def activation(self, name: str, z: Array, out: Array) -> Array:
+        """out = act(z); ``out`` may be ``z`` (in place)."""
+        xp = self.xp
+        if name == "none":
+            if out is not z:
+                xp.copyto(out, z)
+        elif name == "relu":
+            xp.maximum(z, 0, out=out)
+        elif name == "tanh":
+            xp.tanh(z, out=out)
+        elif name == "logistic":
+            # exp(-|z|) never overflows: sigma(z) = 1/(1+e) for z >= 0 and e/(1+e) below 0.
+            e = xp.exp(-xp.abs(z))
+            numerator = xp.where(z >= 0, 1.0, e)
+            e += 1.0
+            xp.divide(numerator, e, out=out)
+        else:
+            raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
+        return out
+
+    def activation_grad(self, name: str, y: Array, dy: Array, out: Array) -> Array:
+        """out = dL/dz given the activation's OUTPUT y and dL/dy; ``out`` may be ``dy``."""
+        xp = self.xp
+        if name == "none":
+            if out is not dy:
+                xp.copyto(out, dy)
+        elif name == "relu":
+            xp.multiply(dy, y > 0, out=out)
+        elif name == "tanh":
+            xp.multiply(dy, 1.0 - y * y, out=out)
+        elif name == "logistic":
+            xp.multiply(dy, y * (1.0 - y), out=out)
+        else:
+            raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
+        return out
+
+
+class NumpyBackend(Backend):
+    """The CPU backend: numpy arrays, the kernel operations computed by ``autocnn.ops.reference``.
+
+    float32 by default; float64 is allowed so that finite-difference gradient checks are exact
+    enough (kernel problems still say float32: they describe the GPU kernels, which this
+    backend does not use).
+    """
+
+    name: ClassVar[str] = "numpy"
+    DTYPES: ClassVar[tuple[str, ...]] = ("float32", "float64")
+
+    def __init__(self, dtype: Any = np.float32, blas_threads: int | None = None):
+        """``blas_threads``: set numpy's OpenBLAS to this many threads (process-wide; see
+        autocnn.nn.blas for why 1 is often fastest on small VMs); None leaves it as it is."""
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            dt = None
+        if dt is None or dt.name not in self.DTYPES:
+            raise ValueError(f"NumpyBackend dtype must be float32 (training) or float64 (gradient "
+                             f"checks); got {dtype!r}")
+        super().__init__(np, dt)
+        self._reference = None
+        self.blas_threads = blas_threads
+        if blas_threads is not None:
+            from .blas import set_blas_threads
+
+            set_blas_threads(blas_threads)
+
+    @property
+    def reference(self) -> Any:
+        # Imported on first use so that importing autocnn.nn never depends on it.
+        if self._reference is None:
+            self._reference = importlib.import_module("autocnn.ops.reference")
+        return self._reference
+
+    def prepare(self, problems: Sequence[KernelProblem]) -> list[KernelDispatch]:
+        return [KernelDispatch(p, NUMPY_SOURCE, f"autocnn.ops.reference.{p.op}") for p in problems]
+
+    def _conv_fwd(self, problem, x, w, bias, out):
+        out[...] = self.reference.conv_fwd(x, w, stride=problem.stride, padding=problem.padding,
+                                           bias=bias, activation=problem.activation)
+
+    def _conv_bwd_data(self, problem, dy, w, out):
+        out[...] = self.reference.conv_bwd_data(dy, w, input_hw=(problem.H, problem.W),
+                                                stride=problem.stride, padding=problem.padding)
+
+    def _conv_wgrad(self, problem, x, dy, dw_out, db_out):
+        dw, db = self.reference.conv_wgrad(x, dy, kernel_hw=(problem.R, problem.S), stride=problem.stride,
+                                           padding=problem.padding, bias=problem.bias)
+        dw_out[...] = dw
+        if db_out is not None:
+            db_out[...] = db
+
+    def _avgpool_fwd(self, problem, x, out):
+        out[...] = self.reference.avgpool_fwd(x, window=problem.window, stride=problem.stride,
+                                              padding=problem.padding, count_pad=problem.count_pad)
+
+    def _avgpool_bwd(self, problem, dy, out):
+        out[...] = self.reference.avgpool_bwd(dy, input_hw=(problem.H, problem.W), window=problem.window,
+                                              stride=problem.stride, padding=problem.padding,
+                                              count_pad=problem.count_pad)
+
+
+BACKEND_NAMES = ("numpy", "cuda")
+
+
+def get_backend(name_or_backend: str | Backend = "numpy", dtype: Any = None) -> Backend:
+    """A backend by name ("numpy" or "cuda"), or the given Backend instance itself.
+
+    ``dtype`` None means float32 (or, for an instance, whatever it has); a dtype that disagrees
+    with a given instance is an error rather than a silent choice.
+    """
+    if isinstance(name_or_backend, Backend):
+        if dtype is not None and np.dtype(dtype) != name_or_backend.dtype:
+            raise ValueError(f"dtype={np.dtype(dtype).name} disagrees with the given backend "
+                             f"{name_or_backend!r}")
+        return name_or_backend
+    if not isinstance(name_or_backend, str):
+        raise TypeError(f"backend must be one of {', '.join(BACKEND_NAMES)} or a Backend instance; "
+                        f"got {name_or_backend!r}")
+    name = name_or_backend.lower()
+    dtype = np.float32 if dtype is None else dtype
+    if name == "numpy":
+        return NumpyBackend(dtype=dtype)
+    if name == "cuda":
+        return _cuda_backend(dtype)
+    raise ValueError(f"unknown backend {name_or_backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
+
+
+def _cuda_backend(dtype: Any) -> Backend:
+    try:
+        module = importlib.import_module("autocnn.nn.cuda_backend")
+        cls = module.CudaBackend
+    except (ImportError, AttributeError) as exc:
+        raise BackendUnavailableError(
+            f"the cuda backend is not available ({exc}); install CuPy with "
+            f"pip install 'autocnn[cuda12]' (or [cuda13]) on a machine with an NVIDIA GPU, "
+            f"or use backend='numpy'") from exc
+    try:
+        return cls(dtype=dtype)
+    except BackendUnavailableError:
+        raise
+    except (ImportError, RuntimeError, OSError, DeviceError) as exc:
+        # No CuPy, no driver, no device: CuPy's CUDA errors are RuntimeErrors, ours DeviceError.
+        raise BackendUnavailableError(f"the cuda backend cannot start: {exc}; use backend='numpy' "
+                                      f"to train on the CPU") from exc

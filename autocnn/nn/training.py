@@ -1,0 +1,122 @@
+"""End-to-end training of a network on a data set: what ``autocnn train`` runs.
+
+``train`` loads the data set, fits the images to the network's input (resizing, channels),
+trains with the test split as validation data, and returns a TrainingReport with the history,
+the test accuracy after every epoch, the wall time and the kernel dispatch table.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .backend import Backend
+from .data import ImageDataset, load_cifar10, load_fashion_mnist, load_mnist
+from .model import History, Sequential
+from .optim import Optimizer, get_optimizer
+from .zoo import load_network
+
+
+def _fashion(root: str | Path | None) -> ImageDataset:
+    return load_fashion_mnist() if root is None else load_fashion_mnist(root)
+
+
+def _needs_root(name: str, loader: Callable[[Any], ImageDataset]) -> Callable[[str | Path | None], ImageDataset]:
+    def load(root: str | Path | None) -> ImageDataset:
+        if root is None:
+            raise ValueError(f"the {name} data set has no default location: pass data_root=")
+        return loader(root)
+
+    return load
+
+
+DATASETS: dict[str, Callable[[str | Path | None], ImageDataset]] = {
+    "fashion-mnist": _fashion,
+    "mnist": _needs_root("mnist", load_mnist),
+    "cifar10": _needs_root("cifar10", load_cifar10),
+}
+
+
+@dataclass
+class TrainingReport:
+    """What a training run did and reached."""
+
+    network: str
+    dataset: str
+    backend: str
+    optimizer: str
+    epochs: int
+    batch_size: int
+    train_samples: int
+    test_samples: int
+    history: History
+    test_accuracy: list[float]
+    seconds: float
+    dispatch_report: str
+
+    @property
+    def final_test_accuracy(self) -> float:
+        return self.test_accuracy[-1]
+
+    def summary(self) -> str:
+        lines = [f"{self.network} on {self.dataset} ({self.train_samples} train / {self.test_samples} test "
+                 f"samples), {self.backend} backend, {self.optimizer}, batch {self.batch_size}"]
+        for e in range(self.history.epochs):
+            lines.append(f"  epoch {e + 1}: loss {self.history.loss[e]:.4f}, train acc "
+                         f"{self.history.accuracy[e]:.4f}, test loss {self.history.val_loss[e]:.4f}, "
+                         f"test acc {self.test_accuracy[e]:.4f} ({self.history.seconds[e]:.1f} s)")
+        lines.append(f"final test accuracy {self.final_test_accuracy:.4f} in {self.seconds:.1f} s")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"network": self.network, "dataset": self.dataset, "backend": self.backend,
+                "optimizer": self.optimizer, "epochs": self.epochs, "batch_size": self.batch_size,
+                "train_samples": self.train_samples, "test_samples": self.test_samples,
+                "history": self.history.to_dict(), "test_accuracy": list(self.test_accuracy),
+                "seconds": self.seconds, "dispatch_report": self.dispatch_report}
+
+
+def load_dataset(name: str, root: str | Path | None = None) -> ImageDataset:
+    """A data set by name (see DATASETS); ``root`` overrides its default location."""
+    if not isinstance(name, str) or name.lower() not in DATASETS:
+        raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}")
+    return DATASETS[name.lower()](root)
+
+
+def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epochs: int = 10,
+          batch_size: int = 128, backend: str | Backend = "numpy", optimizer: str | Optimizer = "adam",
+          lr: float | None = None, seed: int | None = None, data_root: str | Path | None = None,
+          limit: int | None = None, verbose: bool = True, memory_limit_gib: float = 8.0) -> TrainingReport:
+    """Train ``network`` (a seed network name, a .json file or a Sequential) on ``dataset``.
+
+    ``limit`` keeps the first ``limit`` samples of each split (quick runs). The fitted images
+    are held in memory; a run that would need more than ``memory_limit_gib`` (scherer10's
+    256x256 inputs: 256 KiB per image) is refused with the number, so pass ``limit``.
+    ``backend`` and ``seed`` apply when the network is given by name or file.
+    """
+    model = network if isinstance(network, Sequential) else load_network(network, backend=backend, seed=seed)
+    network_name = "model" if isinstance(network, Sequential) else str(network)
+    opt = get_optimizer(optimizer, lr)
+    data = load_dataset(dataset, data_root).limit(limit)
+    if data.num_classes != model.num_classes:
+        raise ValueError(f"{network_name} has {model.num_classes} outputs but {data.name} has "
+                         f"{data.num_classes} classes")
+    samples = len(data.x_train) + len(data.x_test)
+    needed = samples * math.prod(model.input_shape) * 4 / 2**30
+    if needed > memory_limit_gib:
+        raise ValueError(f"{data.name} fitted to {network_name}'s input {model.input_shape} needs {needed:.1f} GiB "
+                         f"for {samples} images, over memory_limit_gib={memory_limit_gib}; pass limit= (e.g. "
+                         f"limit={int(len(data.x_train) * memory_limit_gib / needed)}) or raise the limit")
+    data = data.fit_to(model.input_shape)
+
+    start = time.perf_counter()
+    history = model.fit(data.x_train, data.y_train, epochs=epochs, batch_size=batch_size, optimizer=opt,
+                        validation_data=(data.x_test, data.y_test), verbose=verbose)
+    seconds = time.perf_counter() - start
+    return TrainingReport(
+        network=network_name, dataset=data.name, backend=model.backend.name, optimizer=repr(opt),
+        epochs=epochs, batch_size=batch_size, train_samples=len(data.x_train), test_samples=len(data.x_test),
+        history=history, test_accuracy=[float(a) for a in history.val_accuracy],  # type: ignore[arg-type]
+        seconds=seconds, dispatch_report=model.dispatch_report())

@@ -1,0 +1,255 @@
+"""The seed networks, and networks described in JSON.
+
+Seed networks (input -> output shapes):
+
+* kriz09 -- Krizhevsky's 2009 report: 3x32x32, Conv2d 3->64 8x8 pad (4,4,3,3) logistic
+  -> 64x32x32, AvgPool2d(4) -> 64x8x8, Flatten, Dense(4096, 10).
+* scherer10 -- Scherer, Schulz & Behnke 2010, Table 1 first row: 1x256x256, three Conv2d 8x8
+  stride 2 pad 3 tanh with 8 maps each (256 -> 128 -> 64 -> 32), Flatten, Dense(8192, 100, tanh),
+  Dense(100, 10).
+* convnet18 -- cuda-convnet's layers-18pct: 3x32x32, three times Conv2d 5x5 pad 2 relu (32, 32,
+  64 maps) + AvgPool2d(3, stride 2, padding (0,0,1,1), count_pad=False) (32 -> 16 -> 8 -> 4),
+  Flatten, Dense(1024, 10).
+* chellapilla06 -- Chellapilla, Puri & Simard 2006: 1x29x29, Conv2d 1->5 5x5 stride 2 tanh
+  -> 5x13x13, Conv2d 5->50 5x5 stride 2 tanh -> 50x5x5, Flatten, Dense(1250, 100, tanh),
+  Dense(100, 10).
+* lenet5 -- for Fashion-MNIST: 1x28x28, Conv2d 1->6 5x5 pad 2 relu, AvgPool2d(2), Conv2d 6->16
+  5x5 relu, AvgPool2d(2), Flatten, Dense(400, 120, relu), Dense(120, 84, relu), Dense(84, 10).
+
+JSON networks (``network_from_json``)::
+
+    {
+      "name": "my-net",                       (optional, as is "description")
+      "input_shape": [1, 28, 28],
+      "layers": [
+        {"type": "conv2d", "out_channels": 6, "kernel_size": 5, "padding": 2, "activation": "relu"},
+        {"type": "avgpool2d", "window": 2},
+        {"type": "flatten"},
+        {"type": "dense", "out_features": 10}
+      ]
+    }
+
+Layer types and keys (the constructor arguments of the layer classes):
+
+* conv2d: out_channels, kernel_size (required); in_channels, stride, padding, bias, activation
+* avgpool2d: window (required); stride, padding, count_pad
+* dense: out_features (required); in_features, bias, activation
+* flatten: (none)
+* activation: activation (required)
+
+in_channels / in_features may be left out: they are taken from the previous layer's output
+(and checked when given). Sizes are integers or lists of integers; padding is one integer,
+[height, width] or [top, left, bottom, right]; activation is none, relu, tanh or logistic.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .backend import Backend
+from .layers import Activation, AvgPool2d, Conv2d, Dense, Flatten, Layer
+from .model import Sequential
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    name: str
+    input_shape: tuple[int, int, int]
+    description: str
+    make_layers: Callable[[], list[Layer]]
+
+
+def _kriz09() -> list[Layer]:
+    return [Conv2d(3, 64, 8, padding=(4, 4, 3, 3), activation="logistic"), AvgPool2d(4), Flatten(),
+            Dense(4096, 10)]
+
+
+def _scherer10() -> list[Layer]:
+    return [Conv2d(1, 8, 8, stride=2, padding=3, activation="tanh"),
+            Conv2d(8, 8, 8, stride=2, padding=3, activation="tanh"),
+            Conv2d(8, 8, 8, stride=2, padding=3, activation="tanh"),
+            Flatten(), Dense(8192, 100, activation="tanh"), Dense(100, 10)]
+
+
+def _convnet18() -> list[Layer]:
+    def pool() -> AvgPool2d:
+        return AvgPool2d(3, stride=2, padding=(0, 0, 1, 1), count_pad=False)
+
+    return [Conv2d(3, 32, 5, padding=2, activation="relu"), pool(),
+            Conv2d(32, 32, 5, padding=2, activation="relu"), pool(),
+            Conv2d(32, 64, 5, padding=2, activation="relu"), pool(),
+            Flatten(), Dense(1024, 10)]
+
+
+def _chellapilla06() -> list[Layer]:
+    return [Conv2d(1, 5, 5, stride=2, activation="tanh"), Conv2d(5, 50, 5, stride=2, activation="tanh"),
+            Flatten(), Dense(1250, 100, activation="tanh"), Dense(100, 10)]
+
+
+def _lenet5() -> list[Layer]:
+    return [Conv2d(1, 6, 5, padding=2, activation="relu"), AvgPool2d(2),
+            Conv2d(6, 16, 5, activation="relu"), AvgPool2d(2), Flatten(),
+            Dense(400, 120, activation="relu"), Dense(120, 84, activation="relu"), Dense(84, 10)]
+
+
+SPECS: dict[str, NetworkSpec] = {s.name: s for s in (
+    NetworkSpec("kriz09", (3, 32, 32), "Krizhevsky 2009: one 8x8 logistic conv layer, 4x4 averaging", _kriz09),
+    NetworkSpec("scherer10", (1, 256, 256), "Scherer et al. 2010, Table 1 row 1: three 8x8 stride-2 tanh convs",
+                _scherer10),
+    NetworkSpec("convnet18", (3, 32, 32), "cuda-convnet layers-18pct: three 5x5 relu convs with 3x3 pooling",
+                _convnet18),
+    NetworkSpec("chellapilla06", (1, 29, 29), "Chellapilla et al. 2006: two 5x5 stride-2 tanh convs",
+                _chellapilla06),
+    NetworkSpec("lenet5", (1, 28, 28), "LeNet-5 style for Fashion-MNIST: two 5x5 relu convs, 2x2 averaging",
+                _lenet5),
+)}
+NETWORKS: tuple[str, ...] = tuple(SPECS)
+
+
+def _spec(name: str) -> NetworkSpec:
+    if not isinstance(name, str) or name.lower() not in SPECS:
+        raise ValueError(f"unknown network {name!r}; known: {', '.join(NETWORKS)} (or a .json file)")
+    return SPECS[name.lower()]
+
+
+def input_shape(name: str) -> tuple[int, int, int]:
+    """The (C, H, W) input of a seed network."""
+    return _spec(name).input_shape
+
+
+def build_network(name: str, backend: str | Backend = "numpy", seed: int | None = None, dtype: Any = None
+                  ) -> Sequential:
+    """A fresh, unbuilt Sequential for the seed network ``name`` (see NETWORKS)."""
+    spec = _spec(name)
+    return Sequential(spec.make_layers(), spec.input_shape, backend=backend, seed=seed, dtype=dtype)
+
+
+# -- JSON ----------------------------------------------------------------------------------------------
+
+# type -> (required keys, optional keys)
+_JSON_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "conv2d": (("out_channels", "kernel_size"), ("in_channels", "stride", "padding", "bias", "activation", "name")),
+    "avgpool2d": (("window",), ("stride", "padding", "count_pad", "name")),
+    "dense": (("out_features",), ("in_features", "bias", "activation", "name")),
+    "flatten": ((), ("name",)),
+    "activation": (("activation",), ("name",)),
+}
+_INT_KEYS = {"out_channels", "in_channels", "out_features", "in_features"}
+_SIZE_KEYS = {"kernel_size", "stride", "window", "padding"}
+_BOOL_KEYS = {"bias", "count_pad"}
+_STR_KEYS = {"activation", "name"}
+
+
+def _json_value(where: str, key: str, value: Any) -> Any:
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if key in _INT_KEYS and not is_int(value):
+        raise ValueError(f"{where}: {key} must be an integer, got {value!r}")
+    if key in _SIZE_KEYS:
+        if isinstance(value, list) and value and all(is_int(v) for v in value):
+            return tuple(value)
+        if not is_int(value):
+            raise ValueError(f"{where}: {key} must be an integer or a list of integers, got {value!r}")
+    if key in _BOOL_KEYS and not isinstance(value, bool):
+        raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
+    if key in _STR_KEYS and not isinstance(value, str):
+        raise ValueError(f"{where}: {key} must be a string, got {value!r}")
+    return value
+
+
+def network_from_dict(spec: Any, backend: str | Backend = "numpy", seed: int | None = None, dtype: Any = None,
+                      source: str = "network") -> Sequential:
+    """A Sequential from the JSON structure documented in this module (already parsed)."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{source}: the top level must be an object with input_shape and layers")
+    unknown = sorted(set(spec) - {"name", "input_shape", "layers", "description"})
+    if unknown:
+        raise ValueError(f"{source}: unknown top-level key(s) {', '.join(unknown)}; "
+                         f"allowed: name, description, input_shape, layers")
+    shape = spec.get("input_shape")
+    if not isinstance(shape, list) or not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0
+                                                              for s in shape):
+        raise ValueError(f"{source}: input_shape must be a list of positive integers like [1, 28, 28], got {shape!r}")
+    entries = spec.get("layers")
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{source}: layers must be a non-empty list of layer objects")
+    current: tuple[int, ...] = tuple(shape)
+    layers: list[Layer] = []
+    for i, entry in enumerate(entries):
+        where = f"{source}: layers[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+            raise ValueError(f"{where}: each layer must be an object with a \"type\" "
+                             f"(one of {', '.join(_JSON_KEYS)})")
+        kind = entry["type"].lower()
+        if kind not in _JSON_KEYS:
+            raise ValueError(f"{where}: unknown type {entry['type']!r}; known: {', '.join(_JSON_KEYS)}")
+        where = f"{where} ({kind})"
+        required, optional = _JSON_KEYS[kind]
+        args = {k: v for k, v in entry.items() if k != "type"}
+        unknown = sorted(set(args) - set(required) - set(optional))
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: "
+                             f"{', '.join(required + optional)}")
+        missing = [k for k in required if k not in args]
+        if missing:
+            raise ValueError(f"{where}: missing required key(s) {', '.join(missing)}")
+        args = {k: _json_value(where, k, v) for k, v in args.items()}
+        layer = _layer_from_json(where, kind, args, current)
+        try:
+            current = layer.compute_output_shape(current)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        layers.append(layer)
+    try:
+        return Sequential(layers, tuple(shape), backend=backend, seed=seed, dtype=dtype)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def _layer_from_json(where: str, kind: str, args: dict[str, Any], current: tuple[int, ...]) -> Layer:
+    try:
+        if kind == "conv2d":
+            if len(current) != 3:
+                raise ValueError(f"conv2d needs a (C, H, W) input, the previous layer gives {current}")
+            args.setdefault("in_channels", current[0])
+            return Conv2d(**args)
+        if kind == "dense":
+            if len(current) != 1:
+                raise ValueError(f"dense needs a flat input, the previous layer gives {current}: "
+                                 f"add {{\"type\": \"flatten\"}} before it")
+            args.setdefault("in_features", current[0])
+            return Dense(**args)
+        if kind == "avgpool2d":
+            return AvgPool2d(**args)
+        if kind == "flatten":
+            return Flatten(**args)
+        return Activation(**args)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def network_from_json(path: str | Path, backend: str | Backend = "numpy", seed: int | None = None,
+                      dtype: Any = None) -> Sequential:
+    """A Sequential from a JSON file in the format documented in this module's docstring."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no network file at {path}") from None
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    return network_from_dict(spec, backend=backend, seed=seed, dtype=dtype, source=str(path))
+
+
+def load_network(name_or_path: str | Path, backend: str | Backend = "numpy", seed: int | None = None,
+                 dtype: Any = None) -> Sequential:
+    """A seed network by name, or a JSON network by path (anything ending in .json)."""
+    if isinstance(name_or_path, Path) or str(name_or_path).lower().endswith(".json"):
+        return network_from_json(name_or_path, backend=backend, seed=seed, dtype=dtype)
+    return build_network(str(name_or_path), backend=backend, seed=seed, dtype=dtype)
+
