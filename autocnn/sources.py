@@ -74,7 +74,7 @@ class GpuSource:
         from .worker import MeasureJob
 
         operation = get_operation(op)
-        plans = [operation.plan(problem, c) for c in configs]
+        plans = [self.plan_for(operation, problem, c) for c in configs]
         futures = [self.pool.submit(p) for p in plans]
         for config, plan, fut in zip(configs, plans, futures):
             exc = fut.exception()
@@ -93,6 +93,10 @@ class GpuSource:
                              seed=self.rng.randrange(2**31), budget_s=self.budget_s)
             r = self.worker.run(job)
             yield TrialResult(config, r.ok, r.median_us, r.failure_class, r.message, r.timing, resources)
+
+    def plan_for(self, operation: Any, problem: Any, config: Config) -> Any:
+        """The plan to compile for a config (a hook: the fault-injection run plants bad kernels here)."""
+        return operation.plan(problem, config)
 
     def close(self) -> None:
         self.pool.close()
@@ -127,7 +131,14 @@ class ReplayFile:
 
     @staticmethod
     def load(path: Path) -> "ReplayFile":
-        data = json.loads(Path(path).read_text())
+        path = Path(path)
+        if path.suffix == ".gz":
+            import gzip
+
+            with gzip.open(path, "rt") as fh:
+                data = json.load(fh)
+        else:
+            data = json.loads(path.read_text())
         if data.get("format") != REPLAY_FORMAT:
             raise ValueError(f"{path}: replay format {data.get('format')!r}, expected {REPLAY_FORMAT}")
         op = data["op"]

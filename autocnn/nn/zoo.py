@@ -74,8 +74,10 @@ def _scherer10() -> list[Layer]:
 
 
 def _convnet18() -> list[Layer]:
+    # Overlapping 3x3 stride-2 averaging that halves the map; padding 1 on every side with the
+    # divisor counting only real pixels, as the seed suite's convnet18_pool (PyTorch can express it).
     def pool() -> AvgPool2d:
-        return AvgPool2d(3, stride=2, padding=(0, 0, 1, 1), count_pad=False)
+        return AvgPool2d(3, stride=2, padding=1, count_pad=False)
 
     return [Conv2d(3, 32, 5, padding=2, activation="relu"), pool(),
             Conv2d(32, 32, 5, padding=2, activation="relu"), pool(),

@@ -1,0 +1,344 @@
+"""The command line: ``autocnn tune | db | bench | train | report``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import AutocnnError
+
+EXAMPLES = """examples:
+  autocnn tune --op conv_fwd --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3 --trials 100
+  autocnn tune --network kriz09 --batch 128 --trials 400
+  autocnn db list
+  autocnn train --network lenet5 --epochs 10 --backend cuda
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except AutocnnError as exc:
+        print(f"autocnn: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"autocnn: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("autocnn: interrupted; finished trials are kept in the study, re-run the same command to resume",
+              file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autocnn", description="Generated, tuned CUDA kernels for CNNs.",
+                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(title="commands")
+
+    t = sub.add_parser("tune", help="search the fastest verified kernel for a layer shape or a network",
+                       description="Search each kernel's parameters with Optuna on this GPU and store the "
+                                   "fastest verified variant in the tuning database.",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = t.add_mutually_exclusive_group(required=True)
+    what.add_argument("--op", help="operation: conv_fwd, conv_bwd_data, conv_wgrad, avgpool_fwd, avgpool_bwd")
+    what.add_argument("--network", help="a zoo network (kriz09, scherer10, convnet18, chellapilla06, lenet5) "
+                                        "or a network JSON file: tunes every kernel it needs, forward and backward")
+    t.add_argument("--shape", help="with --op: N=..,C=..,H=..,W=..,K=..,R=..,S=..,stride=..,pad=t,l,b,r "
+                                   "(pooling: N,C,H,W,window,stride,pad,count_pad)")
+    t.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")
+    t.add_argument("--trials", type=int, default=100,
+                   help="measured trials per kernel (with --network: for the whole network; default 100). "
+                        "A re-run continues the same study up to this total.")
+    t.add_argument("--timeout", type=float, default=None, help="wall-clock seconds per kernel (network: in all)")
+    t.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    t.add_argument("--storage", default=None,
+                   help="Optuna storage: an RDB URL (sqlite:///path, postgresql://...) or a journal file "
+                        "(*.log). Default: SQLite in the autocnn cache directory. Point several processes at "
+                        "one storage to share the work of one study.")
+    t.add_argument("--sampler", default="tpe", choices=("tpe", "random", "grid", "cmaes", "gp"),
+                   help="search strategy (default tpe; grid is exhaustive)")
+    t.add_argument("--seed", type=int, default=None, help="sampler seed")
+    t.add_argument("--fix", default="", help="parameters held at one value, e.g. formulation=direct,PAD=1")
+    t.add_argument("--replay", nargs="+", type=Path, default=None,
+                   help="answer from recorded GPU measurements instead of a GPU (replay files)")
+    t.add_argument("--json", action="store_true", help="print the results as JSON")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(func=cmd_tune)
+
+    d = sub.add_parser("db", help="list, show, export, import or remove tuned records")
+    dsub = d.add_subparsers(title="database commands")
+    dl = dsub.add_parser("list", help="one line per tuned kernel")
+    _db_filters(dl)
+    dl.add_argument("--json", action="store_true")
+    dl.set_defaults(func=cmd_db_list)
+    ds = dsub.add_parser("show", help="every field of the matching records")
+    _db_filters(ds)
+    ds.add_argument("--shape", help="shape string of the problem (with --op)")
+    ds.set_defaults(func=cmd_db_show)
+    de = dsub.add_parser("export", help="write matching records to a JSON file")
+    de.add_argument("path", type=Path)
+    _db_filters(de)
+    de.set_defaults(func=cmd_db_export)
+    di = dsub.add_parser("import", help="validate and add the records of a JSON file")
+    di.add_argument("path", type=Path)
+    di.set_defaults(func=cmd_db_import)
+    dr = dsub.add_parser("remove", help="remove matching user records (shipped records stay)")
+    _db_filters(dr)
+    dr.add_argument("--shape", help="shape string of the problem (with --op)")
+    dr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    dr.set_defaults(func=cmd_db_remove)
+    dc = dsub.add_parser("check", help="report unreadable files and records that are skipped")
+    dc.set_defaults(func=cmd_db_check)
+
+    b = sub.add_parser("bench", help="benchmark the kernel families against cuDNN on the seed shapes")
+    b.add_argument("args", nargs=argparse.REMAINDER, help="arguments of scripts/bench_kernels.py")
+    b.set_defaults(func=cmd_bench)
+
+    tr = sub.add_parser("train", help="train a zoo network on tuned kernels")
+    tr.add_argument("--network", required=True, help="kriz09, scherer10, convnet18, chellapilla06, lenet5 or a JSON file")
+    tr.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist (default), mnist or cifar10")
+    tr.add_argument("--data-root", default=None, help="folder of the data set files")
+    tr.add_argument("--epochs", type=int, default=10)
+    tr.add_argument("--batch-size", type=int, default=128)
+    tr.add_argument("--backend", default="cuda", choices=("cuda", "numpy"))
+    tr.add_argument("--optimizer", default="adam", help="sgd, adam or rprop")
+    tr.add_argument("--lr", type=float, default=None)
+    tr.add_argument("--seed", type=int, default=None)
+    tr.add_argument("--limit", type=int, default=None, help="use only this many training images")
+    tr.add_argument("--save", type=Path, default=None, help="write the trained weights (.npz)")
+    tr.add_argument("--json", action="store_true")
+    tr.set_defaults(func=cmd_train)
+
+    r = sub.add_parser("report", help="an HTML and Markdown report of tuning results")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="arguments of scripts/tuning_report.py")
+    r.set_defaults(func=cmd_report)
+    return parser
+
+
+def _db_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", default=None, help="only GPUs whose name contains this text")
+    p.add_argument("--op", default=None, help="only this operation")
+
+
+# -- tune -------------------------------------------------------------------------------------------
+
+def _parse_fixed(text: str) -> dict[str, Any]:
+    fixed: dict[str, Any] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--fix takes name=value pairs, not {item!r}")
+        value = value.strip()
+        fixed[key.strip()] = int(value) if value.lstrip("-").isdigit() else value
+    return fixed
+
+
+def _make_source(args: argparse.Namespace):
+    if args.replay:
+        from .sources import ReplayFile, ReplaySource
+
+        return ReplaySource([ReplayFile.load(p) for p in args.replay])
+    from .sources import GpuSource
+
+    return GpuSource(args.device)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .db import TuningDatabase
+    from .ops import parse_shape
+    from .tuner import TuneSettings, Tuner, tune_problems
+
+    if args.op and not args.shape:
+        raise ValueError("--op needs --shape, e.g. --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3")
+    if args.network and args.shape:
+        raise ValueError("--shape goes with --op; a network's shapes come from the network and --batch")
+    settings = TuneSettings(trials=args.trials, timeout_s=args.timeout if args.op else None,
+                            sampler=args.sampler, seed=args.seed, storage=args.storage,
+                            fixed=_parse_fixed(args.fix))
+    log = (lambda text: print(text, file=sys.stderr)) if not args.json else None
+    source = _make_source(args)
+    try:
+        tuner = Tuner(source, TuningDatabase(), settings, progress=not (args.no_progress or args.json), log=log)
+        if args.op:
+            outcomes = [tuner.tune(args.op, parse_shape(args.op, args.shape))]
+        else:
+            from .nn.zoo import load_network
+
+            if args.batch < 1:
+                raise ValueError(f"--batch must be at least 1, not {args.batch}")
+            model = load_network(args.network)
+            outcomes = tune_problems(tuner, model.problems(args.batch), args.trials, timeout_s=args.timeout, log=log)
+    finally:
+        source.close()
+    rows = [_outcome_row(o) for o in outcomes]
+    if args.json:
+        print(json.dumps({"device": source.device.to_dict(), "results": rows}, indent=2))
+    else:
+        print(_outcome_table(rows))
+    return 0 if all(r["tuned_us"] is not None for r in rows) else 1
+
+
+def _outcome_row(o) -> dict[str, Any]:
+    return {
+        "op": o.op, "shape": o.problem.shape_string(),
+        "default_us": o.default.time_us if o.default and o.default.ok else None,
+        "tuned_us": o.best.time_us if o.best else None,
+        "speedup": o.speedup, "config": o.best.config.as_dict() if o.best else None,
+        "measured": o.measured, "infeasible": o.infeasible, "reused": o.reused,
+        "failures": dict(o.failures), "seconds": round(o.seconds, 2), "stopped": o.stopped_because,
+        "study": o.study_name, "stored": o.record is not None,
+    }
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _outcome_table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'op':14s} {'shape':52s} {'default us':>10s} {'tuned us':>10s} {'speed-up':>8s} {'trials':>6s} "
+             f"{'failed':>6s}  stopped after"]
+    for r in rows:
+        failed = sum(r["failures"].values())
+        lines.append(f"{r['op']:14s} {r['shape'][:52]:52s} {_fmt(r['default_us']):>10s} {_fmt(r['tuned_us']):>10s} "
+                     f"{_fmt(r['speedup'], '.2f'):>8s} {r['measured']:6d} {failed:6d}  {r['stopped']}")
+    return "\n".join(lines)
+
+
+# -- db ---------------------------------------------------------------------------------------------
+
+def _matching(db, args: argparse.Namespace, shape: str | None = None):
+    out = []
+    for rec in db.records():
+        if args.gpu and args.gpu.lower() not in rec.key.gpu.lower():
+            continue
+        if args.op and rec.key.op != args.op:
+            continue
+        if shape is not None:
+            from .ops import problem_from_dict
+
+            if problem_from_dict(rec.key.problem).shape_string() != shape:
+                continue
+        out.append(rec)
+    return out
+
+
+def cmd_db_list(args: argparse.Namespace) -> int:
+    from .db import TuningDatabase
+
+    db = TuningDatabase()
+    rows = [r for r in db.summary_rows() if (not args.gpu or args.gpu.lower() in r.gpu.lower())
+            and (not args.op or r.op == args.op)]
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps([asdict(r) for r in rows], indent=2))
+        return 0
+    if not rows:
+        print("no tuned records (run autocnn tune first)")
+        return 0
+    print(f"{'gpu':22s} {'op':14s} {'shape':50s} {'tuned us':>9s} {'default us':>10s} {'speed-up':>8s}")
+    for r in rows:
+        print(f"{r.gpu[:22]:22s} {r.op:14s} {r.shape[:50]:50s} {_fmt(r.time_us):>9s} {_fmt(r.default_time_us):>10s} "
+              f"{_fmt(r.speedup, '.2f'):>8s}")
+    return 0
+
+
+def cmd_db_show(args: argparse.Namespace) -> int:
+    from .db import TuningDatabase
+
+    recs = _matching(TuningDatabase(), args, args.shape)
+    if not recs:
+        print("no matching record")
+        return 1
+    print(json.dumps([r.to_dict() for r in recs], indent=2))
+    return 0
+
+
+def cmd_db_export(args: argparse.Namespace) -> int:
+    from .db import TuningDatabase
+
+    db = TuningDatabase()
+    recs = _matching(db, args)
+    db.export(args.path, recs)
+    print(f"wrote {len(recs)} records to {args.path}")
+    return 0
+
+
+def cmd_db_import(args: argparse.Namespace) -> int:
+    from .db import TuningDatabase
+
+    report = TuningDatabase().import_file(args.path)
+    print(f"imported {len(report.accepted)} records from {args.path}")
+    for reason in report.rejected:
+        print(f"  rejected: {reason}")
+    return 0 if not report.rejected else 1
+
+
+def cmd_db_remove(args: argparse.Namespace) -> int:
+    from .db import TuningDatabase
+
+    db = TuningDatabase()
+    recs = _matching(db, args, args.shape)
+    if not recs:
+        print("no matching record")
+        return 1
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ValueError(f"{len(recs)} records match; add --yes to remove them without a prompt")
+        answer = input(f"remove {len(recs)} records? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            return 1
+    removed = db.remove(lambda rec: any(rec.key == r.key for r in recs))
+    print(f"removed {removed} records")
+    return 0
+
+
+def cmd_db_check(args: argparse.Namespace) -> int:
+    from .db import TuningDatabase
+
+    problems = TuningDatabase().check()
+    for p in problems:
+        print(p)
+    if not problems:
+        print("the tuning database is consistent")
+    return 0 if not problems else 1
+
+
+# -- bench, train, report ------------------------------------------------------------------------
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .benchmark import main as bench_main
+
+    return bench_main(args.args)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .nn.training import train
+
+    report = train(args.network, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
+                   backend=args.backend, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
+                   data_root=args.data_root, limit=args.limit, verbose=not args.json)
+    if args.save:
+        report.model.save(args.save) if hasattr(report, "model") and report.model is not None else None
+    if args.json:
+        print(json.dumps(report.to_dict() if hasattr(report, "to_dict") else str(report), indent=2, default=str))
+    else:
+        print(report)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import main as report_main
+
+    return report_main(args.args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
