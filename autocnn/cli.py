@@ -31,6 +31,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"autocnn: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (autocnn db list | head): nothing left to say.
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("autocnn: interrupted; finished trials are kept in the study, re-run the same command to resume",
               file=sys.stderr)
@@ -48,11 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = t.add_mutually_exclusive_group(required=True)
     what.add_argument("--op", help="operation: conv_fwd, conv_bwd_data, conv_wgrad, avgpool_fwd, avgpool_bwd")
+    what.add_argument("--suite", choices=("seed",),
+                      help="every seed shape of the five source documents (with --ops to choose operations)")
     what.add_argument("--network", help="a zoo network (kriz09, scherer10, convnet18, chellapilla06, lenet5) "
                                         "or a network JSON file: tunes every kernel it needs, forward and backward")
     t.add_argument("--shape", help="with --op: N=..,C=..,H=..,W=..,K=..,R=..,S=..,stride=..,pad=t,l,b,r "
                                    "(pooling: N,C,H,W,window,stride,pad,count_pad)")
     t.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")
+    t.add_argument("--ops", default=None, help="with --suite: comma-separated operations (default: all five)")
     t.add_argument("--trials", type=int, default=100,
                    help="measured trials per kernel (with --network: for the whole network; default 100). "
                         "A re-run continues the same study up to this total.")
@@ -68,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--fix", default="", help="parameters held at one value, e.g. formulation=direct,PAD=1")
     t.add_argument("--replay", nargs="+", type=Path, default=None,
                    help="answer from recorded GPU measurements instead of a GPU (replay files)")
+    t.add_argument("--cudnn", action="store_true",
+                   help="also time PyTorch/cuDNN (FP32, TF32 off) on each shape and keep it in the record")
     t.add_argument("--json", action="store_true", help="print the results as JSON")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_tune)
@@ -159,7 +168,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ValueError("--op needs --shape, e.g. --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3")
     if args.network and args.shape:
         raise ValueError("--shape goes with --op; a network's shapes come from the network and --batch")
-    settings = TuneSettings(trials=args.trials, timeout_s=args.timeout if args.op else None,
+    settings = TuneSettings(trials=args.trials, timeout_s=args.timeout if not args.network else None,
                             sampler=args.sampler, seed=args.seed, storage=args.storage,
                             fixed=_parse_fixed(args.fix))
     log = (lambda text: print(text, file=sys.stderr)) if not args.json else None
@@ -168,6 +177,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
         tuner = Tuner(source, TuningDatabase(), settings, progress=not (args.no_progress or args.json), log=log)
         if args.op:
             outcomes = [tuner.tune(args.op, parse_shape(args.op, args.shape))]
+        elif args.suite:
+            from .ops import OPERATIONS
+            from .suite import seed_problems
+
+            ops = [o.strip() for o in (args.ops or ",".join(OPERATIONS)).split(",") if o.strip()]
+            unknown = [o for o in ops if o not in OPERATIONS]
+            if unknown:
+                raise ValueError(f"--ops: unknown operation(s) {unknown}; choose from {', '.join(OPERATIONS)}")
+            outcomes = []
+            for op in ops:
+                for name, problem in seed_problems(op):
+                    if log:
+                        log(f"{op} {name}")
+                    outcomes.append(tuner.tune(op, problem))
         else:
             from .nn.zoo import load_network
 
@@ -177,6 +200,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             outcomes = tune_problems(tuner, model.problems(args.batch), args.trials, timeout_s=args.timeout, log=log)
     finally:
         source.close()
+    if args.cudnn and not args.replay:
+        _add_cudnn_times(outcomes, TuningDatabase())
     rows = [_outcome_row(o) for o in outcomes]
     if args.json:
         print(json.dumps({"device": source.device.to_dict(), "results": rows}, indent=2))
@@ -185,12 +210,36 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0 if all(r["tuned_us"] is not None for r in rows) else 1
 
 
+def _add_cudnn_times(outcomes, db) -> None:
+    """Time PyTorch/cuDNN on each tuned shape (same protocol) and keep it in the stored record."""
+    import dataclasses
+
+    from .baselines import cudnn_runner, torch_available
+    from .device import current_device
+    from .measure import L2Flusher, time_callable
+
+    if not torch_available():
+        print("autocnn: --cudnn needs PyTorch with CUDA; cuDNN times were not taken", file=sys.stderr)
+        return
+    flusher = L2Flusher(current_device().l2_bytes)
+    for o in outcomes:
+        runner = cudnn_runner(o.op, o.problem)
+        if runner is None:
+            continue
+        o.cudnn_us = time_callable(runner, flusher=flusher, budget_s=0.2).median_us
+        if o.record is not None:
+            o.record = dataclasses.replace(o.record, cudnn_time_us=o.cudnn_us)
+            db.put(o.record)
+
+
 def _outcome_row(o) -> dict[str, Any]:
     return {
         "op": o.op, "shape": o.problem.shape_string(),
         "default_us": o.default.time_us if o.default and o.default.ok else None,
         "tuned_us": o.best.time_us if o.best else None,
-        "speedup": o.speedup, "config": o.best.config.as_dict() if o.best else None,
+        "speedup": o.speedup, "cudnn_us": getattr(o, "cudnn_us", None),
+        "vs_cudnn": (o.cudnn_us / o.best.time_us) if getattr(o, "cudnn_us", None) and o.best else None,
+        "config": o.best.config.as_dict() if o.best else None,
         "measured": o.measured, "infeasible": o.infeasible, "reused": o.reused,
         "failures": dict(o.failures), "seconds": round(o.seconds, 2), "stopped": o.stopped_because,
         "study": o.study_name, "stored": o.record is not None,
@@ -202,12 +251,13 @@ def _fmt(v: Any, spec: str = ".1f") -> str:
 
 
 def _outcome_table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'op':14s} {'shape':52s} {'default us':>10s} {'tuned us':>10s} {'speed-up':>8s} {'trials':>6s} "
-             f"{'failed':>6s}  stopped after"]
+    lines = [f"{'op':14s} {'shape':52s} {'default us':>10s} {'tuned us':>10s} {'speed-up':>8s} {'cuDNN us':>9s} "
+             f"{'vs cuDNN':>8s} {'trials':>6s} {'failed':>6s} {'seconds':>7s}  stopped after"]
     for r in rows:
         failed = sum(r["failures"].values())
         lines.append(f"{r['op']:14s} {r['shape'][:52]:52s} {_fmt(r['default_us']):>10s} {_fmt(r['tuned_us']):>10s} "
-                     f"{_fmt(r['speedup'], '.2f'):>8s} {r['measured']:6d} {failed:6d}  {r['stopped']}")
+                     f"{_fmt(r['speedup'], '.2f'):>8s} {_fmt(r['cudnn_us']):>9s} {_fmt(r['vs_cudnn'], '.2f'):>8s} "
+                     f"{r['measured']:6d} {failed:6d} {r['seconds']:7.1f}  {r['stopped']}")
     return "\n".join(lines)
 
 
@@ -326,11 +376,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                    backend=args.backend, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                    data_root=args.data_root, limit=args.limit, verbose=not args.json)
     if args.save:
-        report.model.save(args.save) if hasattr(report, "model") and report.model is not None else None
+        report.model.save(args.save)
     if args.json:
-        print(json.dumps(report.to_dict() if hasattr(report, "to_dict") else str(report), indent=2, default=str))
+        print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
-        print(report)
+        print(report.summary())
+        print(report.dispatch_report)
+        if args.save:
+            print(f"weights written to {args.save}")
     return 0
 
 

@@ -55,7 +55,7 @@ class MeasurementSource(Protocol):
 class GpuSource:
     """Measures on a CUDA device: nvcc in a compile pool, verification and timing in a worker process."""
 
-    def __init__(self, device_id: int = 0, timeout_s: float = 60.0, budget_s: float = 0.25,
+    def __init__(self, device_id: int = 0, timeout_s: float = 60.0, budget_s: float = 0.1,
                  compile_workers: int | None = None, allow_spills: bool = False):
         from .compiler import CompilePool
         from .worker import MeasureWorker

@@ -144,21 +144,21 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     # Multivariate TPE, brute force and GP are marked experimental by Optuna; they are what we want.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", FutureWarning)
         return _make_sampler(name, seed)
 
 
 def _make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
-                                          n_startup_trials=10, warn_independent_sampling=False)
+                                          n_startup_trials=10)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
         return optuna.samplers.BruteForceSampler(seed=seed)
     if name == "cmaes":
         # CMA-ES models the ordinal parameters; formulation branches fall back to independent sampling.
-        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False,
-                                            independent_sampler=optuna.samplers.TPESampler(seed=seed))
+        return optuna.samplers.CmaEsSampler(seed=seed, independent_sampler=optuna.samplers.TPESampler(seed=seed))
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     raise ValueError(f"sampler {name!r} is not one of {', '.join(SAMPLERS)}")
@@ -245,7 +245,7 @@ class Tuner:
             self._enqueue(study, space, [default, *self._neighbour_winners(op, problem, space)])
 
         outcome = TuneOutcome(op, problem, name, None, None)
-        known = self._known_results(study)
+        known = self._known_results(study, space)
         start = time.perf_counter()
         measured = sum(1 for r in known.values() if r.measured)
         bar = _progress_bar(self.progress, trials, f"{op} {problem.shape_string()}", measured)
@@ -345,16 +345,19 @@ class Tuner:
         else:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
-    def _known_results(self, study) -> dict[str, TrialResult]:
+    def _known_results(self, study, space: SearchSpace) -> dict[str, TrialResult]:
         """Finished trials of the study (earlier runs, other processes), by config key."""
         known: dict[str, TrialResult] = {}
-        op = study.user_attrs.get("op", "")
         for t in study.get_trials(deepcopy=False):
             cfg = t.user_attrs.get(CONFIG_ATTR)
             result = t.user_attrs.get(RESULT_ATTR, {})
             if cfg is None or result.get("reused"):
                 continue
-            config = Config(op, tuple(cfg.items()))
+            try:
+                # Through the space: canonical parameter order, and nothing foreign gets in.
+                config = space.validate(cfg, check_feasible=False)
+            except InvalidConfigError:
+                continue
             if t.state == optuna.trial.TrialState.COMPLETE:
                 known[config.key()] = TrialResult(config, True, t.value, timing=result.get("timing"))
             elif t.state == optuna.trial.TrialState.FAIL and result.get("failure"):

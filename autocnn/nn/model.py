@@ -213,6 +213,35 @@ class Sequential:
         return self._collect_problems(layer.make_problems(shape, batch_size)
                                       for layer, shape in zip(self.layers, inputs))
 
+    def tune(self, batch_size: int, trials: int = 200, timeout_s: float | None = None, device: int = 0,
+             storage: str | None = None, sampler: str = "tpe", progress: bool = True) -> list[Any]:
+        """Tune every kernel this model runs at ``batch_size`` on a GPU and keep the winners.
+
+        ``trials`` is the budget for the whole model, spent where the model spends its time. The
+        winners go to the tuning database; a model built on the cuda backend picks them up at once.
+        Returns one ``autocnn.tuner.TuneOutcome`` per kernel problem.
+        """
+        from ..db import TuningDatabase
+        from ..sources import GpuSource
+        from ..tuner import TuneSettings, Tuner, tune_problems
+
+        problems = self.problems(batch_size)
+        source = GpuSource(device)
+        try:
+            tuner = Tuner(source, TuningDatabase(), TuneSettings(trials=max(1, trials), sampler=sampler,
+                                                                 storage=storage), progress=progress)
+            outcomes = tune_problems(tuner, problems, trials, timeout_s=timeout_s)
+        finally:
+            source.close()
+        if self.backend.name == "cuda" and self.batch_size is not None:
+            # Forget the kernels chosen before tuning, then build again so the winners are used.
+            reset = getattr(self.backend, "forget", None)
+            if reset is not None:
+                reset(problems)
+            size, self.batch_size = self.batch_size, None
+            self.build(size)
+        return outcomes
+
     def dispatch_report(self) -> str:
         """Which implementation runs each kernel of each layer, as a table."""
         self._require_built()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -55,6 +55,7 @@ class TrainingReport:
     test_accuracy: list[float]
     seconds: float
     dispatch_report: str
+    model: Sequential | None = field(default=None, repr=False, compare=False)   # the trained model
 
     @property
     def final_test_accuracy(self) -> float:
@@ -119,4 +120,4 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
         network=network_name, dataset=data.name, backend=model.backend.name, optimizer=repr(opt),
         epochs=epochs, batch_size=batch_size, train_samples=len(data.x_train), test_samples=len(data.x_test),
         history=history, test_accuracy=[float(a) for a in history.val_accuracy],  # type: ignore[arg-type]
-        seconds=seconds, dispatch_report=model.dispatch_report())
+        seconds=seconds, dispatch_report=model.dispatch_report(), model=model)

@@ -4,11 +4,13 @@ They serve twice: in float64 they are the ground truth a generated kernel is che
 in float32 they are the CPU backend of the training library. So they compute in the dtype they
 are given, and never in a wider one behind the caller's back.
 
-Convolutions use "shift and accumulate": the input is zero-padded once and, for every filter
-offset (r, s), the strided view of the padded input that offset reads is multiplied by the
-(K x C) slice W[:, :, r, s] with one matrix product. That keeps BLAS (or cuBLAS) doing the
-arithmetic while the memory stays a few times the input, where a full im2col matrix would be
-R*S times the input and does not fit for the larger layers.
+Convolutions use "shift and accumulate": the input is zero-padded once; filter offset (r, s)
+reads the strided view xpad[:, :, r::sh, s::sw] (P x Q positions of it), and its contribution
+is that view times the (C x K) slice W[:, :, r, s]. The S views of one filter row r are copied
+side by side into a scratch block and multiplied by W[:, :, r, :] in one matrix product, over a
+chunk of the batch at a time. That keeps BLAS (or cuBLAS) doing the arithmetic on products
+large enough to use it well, while memory stays a few times the input; a full im2col matrix
+would be R*S times the input and does not fit for the larger layers.
 
 Layouts: activations NCHW, filters KCRS, padding (top, left, bottom, right), stride (sh, sw).
 """
@@ -205,19 +207,20 @@ def conv_fwd(x: Array, w: Array, *, stride: Any, padding: Any, bias: Array | Non
     Q = _out_size(op, "S", W, pad[1], pad[3], S, sw)
 
     xpad = _padded_nhwc(xp, x, pad)
-    wt = xp.ascontiguousarray(w.transpose(2, 3, 1, 0))  # (R, S, C, K)
+    wt = xp.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(R, S * C, K)
     out = xp.zeros((N, P, Q, K), dtype=x.dtype)
-    step = _chunk(xp, N, P * Q * max(C, K))
-    cols, prod = _buffers(xp, x.dtype, (step, P, Q, C), (step * P * Q, K))
+    step = _chunk(xp, N, P * Q * max(S * C, K))
+    cols, prod = _buffers(xp, x.dtype, (step, P, Q, S, C), (step * P * Q, K))
     for n0 in range(0, N, step):
         n = min(step, N - n0)
         m = n * P * Q
         acc = out[n0:n0 + n].reshape(m, K)  # a view: accumulating into it fills ``out``
         for r in range(R):
+            rows = _window(r, sh, P)
             for s in range(S):
-                cols[:n] = xpad[n0:n0 + n, _window(r, sh, P), _window(s, sw, Q), :]
-                xp.matmul(cols[:n].reshape(m, C), wt[r, s], out=prod[:m])
-                acc += prod[:m]
+                cols[:n, :, :, s, :] = xpad[n0:n0 + n, rows, _window(s, sw, Q), :]
+            xp.matmul(cols[:n].reshape(m, S * C), wt[r], out=prod[:m])
+            acc += prod[:m]
     if bias is not None:
         out += bias
     y = xp.ascontiguousarray(out.transpose(0, 3, 1, 2))
@@ -229,9 +232,9 @@ def conv_fwd(x: Array, w: Array, *, stride: Any, padding: Any, bias: Array | Non
 def conv_bwd_data(dy: Array, w: Array, *, input_hw: Any, stride: Any, padding: Any) -> Array:
     """dx = the gradient of sum(conv(x, w) * dy) with respect to x: dy (N,K,P,Q) -> dx (N,C,H,W).
 
-    Computed as the exact adjoint of conv_fwd's shift-and-accumulate: every offset's product is
-    added back onto the strided positions it was read from. Padding positions are then cut off,
-    and rows or columns no window reaches keep their zero.
+    Computed as the exact adjoint of conv_fwd's shift-and-accumulate: each offset's part of the
+    product dy @ W[:, :, r, :] is added back onto the strided positions conv_fwd read it from.
+    Padding positions are then cut off, and rows or columns no window reaches keep their zero.
     """
     op = "conv_bwd_data"
     _check_array(op, "dy", dy, "N,K,P,Q")
@@ -251,20 +254,22 @@ def conv_bwd_data(dy: Array, w: Array, *, input_hw: Any, stride: Any, padding: A
             f"stride {(sh, sw)}, padding {pad}")
 
     dy2 = xp.ascontiguousarray(dy.transpose(0, 2, 3, 1))  # (N, P, Q, K): row blocks of dy per chunk
-    wt = xp.ascontiguousarray(w.transpose(2, 3, 0, 1))   # (R, S, K, C)
+    wt = xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(R, K, S * C)
     dxpad = xp.zeros((N, H + pt + pb, W + pl + pr, C), dtype=dy.dtype)
-    step = _chunk(xp, N, P * Q * max(C, K))
-    (prod,) = _buffers(xp, dy.dtype, (step * P * Q, C))
+    step = _chunk(xp, N, P * Q * max(S * C, K))
+    (prod,) = _buffers(xp, dy.dtype, (step * P * Q, S * C))
     for n0 in range(0, N, step):
         n = min(step, N - n0)
         m = n * P * Q
         g = dy2[n0:n0 + n].reshape(m, K)
         for r in range(R):
+            rows = _window(r, sh, P)
+            xp.matmul(g, wt[r], out=prod[:m])
+            parts = prod[:m].reshape(n, P, Q, S, C)
             for s in range(S):
-                xp.matmul(g, wt[r, s], out=prod[:m])
                 # Through a named view: ``a[idx] += b`` would also write the view back onto itself.
-                target = dxpad[n0:n0 + n, _window(r, sh, P), _window(s, sw, Q), :]
-                target += prod[:m].reshape(n, P, Q, C)
+                target = dxpad[n0:n0 + n, rows, _window(s, sw, Q), :]
+                target += parts[:, :, :, s, :]
     return xp.ascontiguousarray(dxpad[:, pt:pt + H, pl:pl + W, :].transpose(0, 3, 1, 2))
 
 
@@ -294,19 +299,20 @@ def conv_wgrad(x: Array, dy: Array, *, kernel_hw: Any, stride: Any, padding: Any
 
     xpad = _padded_nhwc(xp, x, pad)
     dy2 = xp.ascontiguousarray(dy.transpose(0, 2, 3, 1))  # (N, P, Q, K)
-    dw = xp.zeros((R, S, K, C), dtype=x.dtype)
-    step = _chunk(xp, N, P * Q * max(C, K))
-    cols, prod = _buffers(xp, x.dtype, (step, P, Q, C), (K, C))
+    dw = xp.zeros((R, K, S * C), dtype=x.dtype)
+    step = _chunk(xp, N, P * Q * max(S * C, K))
+    cols, prod = _buffers(xp, x.dtype, (step, P, Q, S, C), (K, S * C))
     for n0 in range(0, N, step):
         n = min(step, N - n0)
         m = n * P * Q
         gT = dy2[n0:n0 + n].reshape(m, K).T
         for r in range(R):
+            rows = _window(r, sh, P)
             for s in range(S):
-                cols[:n] = xpad[n0:n0 + n, _window(r, sh, P), _window(s, sw, Q), :]
-                xp.matmul(gT, cols[:n].reshape(m, C), out=prod)
-                dw[r, s] += prod
-    dw = xp.ascontiguousarray(dw.transpose(2, 3, 0, 1))
+                cols[:n, :, :, s, :] = xpad[n0:n0 + n, rows, _window(s, sw, Q), :]
+            xp.matmul(gT, cols[:n].reshape(m, S * C), out=prod)
+            dw[r] += prod
+    dw = xp.ascontiguousarray(dw.reshape(R, K, S, C).transpose(1, 3, 0, 2))
     db = dy.sum(axis=(0, 2, 3)) if bias else None
     return dw, db
 
@@ -465,7 +471,7 @@ def reduction_length(problem: Any, output_name: str) -> int:
     if op == "conv_fwd":
         return problem.C * problem.R * problem.S
     if op == "conv_bwd_data":
-        return math.ceil(problem.R / sh) * math.ceil(problem.S / sw) * problem.K
+        return (problem.R // sh) * math.ceil(problem.S / sw) * problem.K
     if op == "conv_wgrad":
         return problem.N * problem.P * problem.Q
     kh, kw = problem.window
