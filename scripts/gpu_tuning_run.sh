@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A tuning session on a GPU host, one step after another, each under its own time limit.
+# Results accumulate in RUN (default .data/run): the Optuna storage run/optuna.db and the tuning
+# database run/db/; logs and recorded replay files go to OUT. Usage:
+#   scripts/gpu_tuning_run.sh replay faults trials100 suite:conv_fwd suite:conv_bwd_data ...
+set -uo pipefail
+run=${RUN:-.data/run}; out=${OUT:-out}
+mkdir -p "$run/db" "$out"
+export AUTOCNN_TUNING_DB="$PWD/$run/db" PYTHONUNBUFFERED=1
+storage="sqlite:///$PWD/$run/optuna.db"
+kriz=N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3
+for step in "$@"; do
+  echo "=== $step $(date +%T)"
+  case "$step" in
+    replay)
+      rm -rf "$run/replay"
+      for op in avgpool_fwd avgpool_bwd; do
+        timeout 120 python3 scripts/record_replay.py --op $op --shapes kriz09_pool,convnet18_pool,modern_pool \
+          --out "$run/replay" 2>&1 | tee -a "$out/replay.log" | tail -3
+      done
+      timeout 200 python3 scripts/record_replay.py --op conv_wgrad --shapes scherer10_l1,convnet18_c1,chellapilla06_c2 \
+        --fix formulation=atomic,PAD_A=1,PAD_B=1,UNROLL_K=0,BK=16 --out "$run/replay" 2>&1 | tee -a "$out/replay.log" | tail -3
+      tar czf "$out/replay.tar.gz" -C "$run" replay ;;
+    faults)
+      timeout 150 python3 scripts/fault_injection.py --op conv_fwd --shape kriz09 --trials 24 2>&1 | tee "$out/faults.log" | tail -12 ;;
+    trials100)
+      # One shape, 100 measured trials, wall time measured around the whole command.
+      t0=$(date +%s.%N)
+      timeout 120 python3 -m autocnn.cli tune --op conv_fwd --shape $kriz --trials 100 \
+        --storage "$storage" --cudnn --no-progress 2>&1 | tee "$out/trials100.log" | tail -4
+      echo "wall time of the whole command: $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s" | tee -a "$out/trials100.log" ;;
+    suite:*)
+      op=${step#suite:}
+      timeout ${SUITE_TIMEOUT:-240} python3 -m autocnn.cli tune --suite seed --ops $op --trials ${TRIALS:-30} \
+        --storage "$storage" --cudnn --no-progress 2>&1 | tee -a "$out/suite.log" | tail -16 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+cp "$run/optuna.db" "$out/optuna.db" 2>/dev/null
+cp "$run"/db/*.json "$out/" 2>/dev/null
+ls -la "$out"
