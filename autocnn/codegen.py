@@ -57,16 +57,29 @@ def family_files(family: str) -> list[Path]:
 
 
 @functools.lru_cache(maxsize=None)
-def template_fingerprint(family: str, op_class: type | None = None) -> str:
+def template_fingerprint(family: str, code_sources: tuple[str, ...] = ()) -> str:
+    """A hash of everything that decides the code generated for a config: the family's templates and
+    the Python that turns a (problem, config) into template variables and launch geometry.
+
+    The search space is deliberately not part of it: changing which configs may be tried does not
+    change the kernel of a config, and stored configs are re-validated against the space anyway.
+    """
     h = hashlib.sha256()
     h.update(f"render-version:{RENDER_VERSION}\n".encode())
     for path in family_files(family):
         h.update(path.name.encode())
         h.update(path.read_bytes())
-    if op_class is not None:
-        # The operation module decides launch geometry and template variables: part of the kernel.
-        h.update(inspect.getsource(inspect.getmodule(op_class)).encode())
+    for text in code_sources:
+        h.update(b"\0")
+        h.update(text.encode())
     return h.hexdigest()[:16]
+
+
+def code_source(obj: object) -> str:
+    """Source text of a function or method (for fingerprints), or repr for a constant."""
+    if inspect.isfunction(obj) or inspect.ismethod(obj) or inspect.isclass(obj):
+        return inspect.getsource(obj)
+    return repr(obj)
 
 
 def render_family(family: str, context: dict[str, Any], fingerprint: str) -> str:

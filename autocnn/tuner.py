@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import random
 import statistics
 import time
 import warnings
@@ -34,6 +35,8 @@ CONFIG_ATTR = "config"
 RESULT_ATTR = "result"          # timing, registers, failure class and message of a told trial
 # A RUNNING trial older than this belongs to a process that died (no measurement takes so long).
 STALE_TRIAL_S = 900
+# Feasible random configs that start a model-based search (TPE's own startup draws are independent).
+STARTUP_TRIALS = 10
 
 
 @dataclass(frozen=True)
@@ -241,11 +244,19 @@ class Tuner:
         study.set_user_attr("fingerprint", fingerprint)
 
         default = operation.default_config(problem, device.limits())
+        known = self._known_results(study, space)
+        rng = random.Random(s.seed)
         if s.warm_start:
             self._enqueue(study, space, [default, *self._neighbour_winners(op, problem, space)])
+        if s.sampler in ("tpe", "cmaes", "gp") and sum(1 for r in known.values() if r.ok) < STARTUP_TRIALS:
+            # Model-based samplers begin with independent random draws, which on a small layer are
+            # almost all infeasible; feasible random configs from the space's own walk start them.
+            pending = {c.key() for c in [default]} | set(known)
+            startup = space.sample(rng, min(STARTUP_TRIALS, max(2, trials // 4)),
+                                   exclude=[r.config for r in known.values()] + [default])
+            self._enqueue(study, space, [c for c in startup if c.key() not in pending])
 
         outcome = TuneOutcome(op, problem, name, None, None)
-        known = self._known_results(study, space)
         start = time.perf_counter()
         measured = sum(1 for r in known.values() if r.measured)
         bar = _progress_bar(self.progress, trials, f"{op} {problem.shape_string()}", measured)
@@ -255,7 +266,14 @@ class Tuner:
                 if timeout_s is not None and time.perf_counter() - start > timeout_s:
                     outcome.stopped_because = f"timeout of {timeout_s:.0f} s"
                     break
-                batch, duplicates = self._propose(study, space, known, outcome, min(s.batch, trials - measured))
+                if outcome.infeasible > max(1000, 50 * trials):
+                    outcome.stopped_because = f"the sampler proposed {outcome.infeasible} infeasible configs"
+                    break
+                want = min(s.batch, trials - measured)
+                if s.sampler == "random":
+                    # Random search over the feasible configs: draws from the space's walk, enqueued.
+                    self._enqueue(study, space, space.sample(rng, want, exclude=[r.config for r in known.values()]))
+                batch, duplicates = self._propose(study, space, known, outcome, want)
                 if not batch and not duplicates:
                     idle += 1
                     if idle * max(1, s.batch) >= MAX_IDLE_PROPOSALS:

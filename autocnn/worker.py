@@ -153,8 +153,6 @@ class MeasureWorker:
 
     def run(self, job: MeasureJob, timeout_s: float | None = None) -> MeasureResult:
         if self._proc is None or not self._proc.is_alive():
-            if self._proc is not None:
-                self.restarts += 1
             self._stop()
             self._start()
         limit = self.timeout_s if timeout_s is None else timeout_s
@@ -175,6 +173,7 @@ class MeasureWorker:
                                  seconds=time.perf_counter() - start)
         if result.failure == FailureClass.DEVICE_ERROR.value:
             self._stop()   # the worker exits after a sticky error; reap it now
+            self.restarts += 1
         return result
 
     def close(self) -> None:

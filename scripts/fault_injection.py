@@ -25,7 +25,8 @@ FAULTS = {
     # An illegal address: poisons the CUDA context, so the worker must be restarted.
     "out_of_bounds": "if (threadIdx.x == 0 && blockIdx.x == 0) { *reinterpret_cast<volatile float*>(16) = 1.0f; }",
     # Never finishes: only the parent's timeout can end it.
-    "hang": "if (threadIdx.x == 0) { volatile int spin = 1; while (spin) { } }",
+    # clock64() is an asm volatile read, so the compiler cannot drop the loop; it never ends in practice.
+    "hang": "if (threadIdx.x == 0) { const long long t0 = clock64(); while (clock64() - t0 >= 0) { __nanosleep(1000); } }",
 }
 
 

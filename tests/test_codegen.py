@@ -58,9 +58,20 @@ def test_fingerprint_depends_on_family_and_changes_with_the_template(tmp_path, m
     codegen.templates_dir.cache_clear()
     monkeypatch.setattr(codegen, "templates_dir", lambda: tmp_path)
     try:
-        assert codegen.template_fingerprint("conv_fwd", type(OPERATIONS["conv_fwd"])) != fwd
+        assert OPERATIONS["conv_fwd"].fingerprint() != fwd
     finally:
         codegen.template_fingerprint.cache_clear()
+
+
+def test_fingerprint_follows_code_generation_not_the_search_space():
+    fwd = OPERATIONS["conv_fwd"]
+    base = fwd.fingerprint()
+    # The Python that computes launch geometry is part of the kernel...
+    assert codegen.template_fingerprint("conv_fwd", ("def _launches(): return 1",)) != \
+        codegen.template_fingerprint("conv_fwd", ("def _launches(): return 2",))
+    # ...while which configs the space offers is not: records survive a change of choices.
+    assert "def space(" not in "".join(codegen.code_source(p) for p in (fwd._context, fwd._launches))
+    assert fwd.fingerprint() == base
 
 
 PTXAS_LOG = """ptxas info    : 0 bytes gmem

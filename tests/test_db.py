@@ -227,7 +227,7 @@ BAD_RECORDS = [
     ("CUDA text", _cfg(KB='16; asm("trap;");'), "trap", InvalidRecordWarning),
     ("extra parameter", _cfg(EVIL=1), "EVIL", InvalidRecordWarning),
     ("float for an int", _cfg(KB=16.0), "KB=16.0", InvalidRecordWarning),
-    ("infeasible for its arch", _cfg(KB=64, KPT=1, TP=32, PPT=1, TQ=64, QPT=1), "infeasible",
+    ("infeasible for its arch", _cfg(KB=64, KPT=1, TP=32, PPT=1, TQ=32, QPT=1), "infeasible",
      InvalidRecordWarning),
     ("malicious runner-up", lambda d: d.update(runner_up={"config": {**d["config"], "PAD": "1]; evil();//"},
                                                             "time_us": 12.0}),

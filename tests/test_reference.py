@@ -6,10 +6,8 @@ forward operations, and the adjoint identities that tie the backward operations 
 """
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
-import time
 import tracemalloc
 import warnings
 
@@ -215,6 +213,21 @@ def test_conv_bwd_data_zero_where_no_window_reaches(rng):
     assert (terms == 0).any() and (terms > 0).any()
     assert np.all(dx[:, :, terms == 0] == 0)
     assert np.all(dx[:, :, terms > 0] != 0)
+
+
+@pytest.mark.parametrize("images_per_chunk", [1, 2])
+def test_conv_batch_chunks_match_loops(rng, monkeypatch, images_per_chunk):
+    # The small cases above fit in one chunk; force several, with a short last one (3 = 2 + 1).
+    N, C, H, W, K, R, S, stride, pad = 3, 2, 8, 6, 5, 3, 2, (2, 1), (2, 1, 0, 1)
+    x, w, b, dy = conv_case_arrays(rng, N, C, H, W, K, R, S, stride, pad)
+    P, Q = dy.shape[2:]
+    monkeypatch.setattr(ref, "_CPU_CHUNK_ELEMENTS", images_per_chunk * P * Q * max(S * C, K))
+    np.testing.assert_allclose(ref.conv_fwd(x, w, stride=stride, padding=pad, bias=b),
+                               loop_conv_fwd(x, w, b, stride, pad), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ref.conv_bwd_data(dy, w, input_hw=(H, W), stride=stride, padding=pad),
+                               loop_conv_bwd_data(dy, w, (H, W), stride, pad)[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ref.conv_wgrad(x, dy, kernel_hw=(R, S), stride=stride, padding=pad)[0],
+                               loop_conv_wgrad(x, dy, (R, S), stride, pad)[0], rtol=1e-12, atol=1e-12)
 
 
 def test_conv_wgrad_without_bias_returns_no_db(rng):
@@ -649,8 +662,12 @@ def test_importing_the_reference_does_not_import_cupy():
 
 
 @pytest.mark.gpu
-def test_cupy_matches_numpy(rng):
+@pytest.mark.parametrize("gpu_chunk", [None, 1], ids=["one-chunk", "image-chunks"])
+def test_cupy_matches_numpy(rng, monkeypatch, gpu_chunk):
     import cupy
+
+    if gpu_chunk is not None:
+        monkeypatch.setattr(ref, "_GPU_CHUNK_ELEMENTS", gpu_chunk)
 
     stride, pad = (2, 1), (2, 1, 0, 1)
     x, w, b, dy = conv_case_arrays(rng, 3, 2, 8, 6, 5, 3, 2, stride, pad)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..codegen import render_family, template_fingerprint
+from ..codegen import code_source, render_family, template_fingerprint
 from ..device import DeviceLimits
-from ..errors import InfeasibleConfigError
+from ..errors import InfeasibleConfigError, InvalidConfigError
 from ..space import Config, Constraint, SearchSpace
 
 GRID_YZ_LIMIT = 65535
@@ -118,11 +118,19 @@ class Operation:
                 return space.validate(candidate)
             except InfeasibleConfigError as exc:
                 reasons.extend(exc.reasons)
+            except InvalidConfigError as exc:   # a tile the space leaves out for this problem
+                reasons.append(str(exc))
         # Reaching this is a bug in the candidate list, which tests check for every seed shape.
         raise InfeasibleConfigError(self.name, ["no default candidate fits: " + "; ".join(reasons)])
 
+    def _codegen_helpers(self) -> tuple:
+        """Functions and constants, besides _context, _launches and _buffers, that decide the
+        generated code or its launch (they are hashed into the fingerprint)."""
+        return ()
+
     def fingerprint(self) -> str:
-        return template_fingerprint(self.family, type(self))
+        parts = [self._context, self._launches, self._buffers, Operation.plan, *self._codegen_helpers()]
+        return template_fingerprint(self.family, tuple(code_source(p) for p in parts))
 
     def plan(self, problem: Any, config: Config) -> KernelPlan:
         """Render the kernel for a validated config and describe how to launch it."""

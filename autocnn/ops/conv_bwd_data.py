@@ -76,8 +76,8 @@ class ConvBwdData(Operation):
         igemm = ("formulation", (FORMULATION_IGEMM,))
         params = [Param("formulation", (FORMULATION_DIRECT, FORMULATION_IGEMM),
                         "direct tiled correlation or implicit GEMM, per stride phase")]
-        params += direct_params(direct)
-        params += igemm_params(IGEMM_BM, IGEMM_BN, IGEMM_BK, igemm)
+        params += direct_params(correlation_envelope(problem, phases), direct)
+        params += igemm_params(IGEMM_BM, IGEMM_BN, IGEMM_BK, gemm_envelope(problem, phases), igemm)
         constraints = direct_constraints(correlation_envelope(problem, phases), limits)
         constraints += igemm_constraints(gemm_envelope(problem, phases), limits, min_bm=32, min_bn=16, min_bk=4)
         return SearchSpace(self.name, params, constraints)
@@ -108,6 +108,10 @@ class ConvBwdData(Operation):
         smem = igemm_smem_bytes(c["BM"], c["BN"], c["BK"], c["PAD_A"], c["PAD_B"])
         grid = (max(cdiv(p.N * ph.Ha * ph.Wb, c["BM"]) for ph in phases), cdiv(p.C, c["BN"]), len(phases))
         return (Launch("conv_bwd_data", grid, (threads, 1, 1), smem, args),)
+
+    def _codegen_helpers(self) -> tuple:
+        return (stride_phases, StridePhase, correlation_envelope, CorrelationEnvelope, unroll_context,
+                direct_smem_bytes, igemm_smem_bytes)
 
     def flops(self, p: ConvBwdDataProblem) -> int:
         return 2 * p.macs

@@ -42,8 +42,8 @@ class ConvFwd(Operation):
         igemm = ("formulation", (FORMULATION_IGEMM,))
         params = [Param("formulation", (FORMULATION_DIRECT, FORMULATION_IGEMM),
                         "direct tiled correlation or implicit GEMM")]
-        params += direct_params(direct)
-        params += igemm_params(IGEMM_BM, IGEMM_BN, IGEMM_BK, igemm)
+        params += direct_params(correlation_envelope(problem), direct)
+        params += igemm_params(IGEMM_BM, IGEMM_BN, IGEMM_BK, gemm_envelope(problem), igemm)
         constraints = direct_constraints(correlation_envelope(problem), limits)
         constraints += igemm_constraints(gemm_envelope(problem), limits, min_bm=32, min_bn=16, min_bk=4)
         return SearchSpace(self.name, params, constraints)
@@ -69,6 +69,10 @@ class ConvFwd(Operation):
         smem = igemm_smem_bytes(c["BM"], c["BN"], c["BK"], c["PAD_A"], c["PAD_B"])
         grid = (cdiv(p.N * p.P * p.Q, c["BM"]), cdiv(p.K, c["BN"]), 1)
         return (Launch("conv_fwd", grid, (threads, 1, 1), smem, args),)
+
+    def _codegen_helpers(self) -> tuple:
+        return (ACTIVATIONS, unroll_context, direct_smem_bytes, igemm_smem_bytes, correlation_envelope,
+                CorrelationEnvelope)
 
     def flops(self, p: ConvFwdProblem) -> int:
         return 2 * p.macs

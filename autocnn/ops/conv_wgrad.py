@@ -41,7 +41,7 @@ class ConvWgrad(Operation):
                   "how split partial sums are combined: atomics, or a workspace and a second pass"),
             Param("SPLITK", SPLITS, "blocks sharing one output tile's reduction"),
         ]
-        params += igemm_params((16, 32, 64, 128), (16, 32, 64, 128), (8, 16, 32))
+        params += igemm_params((16, 32, 64, 128), (16, 32, 64, 128), (8, 16, 32), env)
         steps = cdiv(env.GK, 8)
         constraints = igemm_constraints(env, limits, min_bm=16, min_bn=16, min_bk=8)
         constraints += [
@@ -97,6 +97,9 @@ class ConvWgrad(Operation):
         if c["SPLITK"] > 1:
             return ("dw", "db"), ()
         return (), ()
+
+    def _codegen_helpers(self) -> tuple:
+        return (gemm_envelope, GemmEnvelope, unroll_context, igemm_smem_bytes, REDUCE_THREADS, ATOMIC, TWO_PASS)
 
     def flops(self, p: ConvWgradProblem) -> int:
         return 2 * p.macs

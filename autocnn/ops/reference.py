@@ -28,9 +28,9 @@ from .problem import ACTIVATIONS
 Array = Any
 
 # Elements of the largest per-chunk temporary. On the CPU the batch is cut into chunks so that
-# the accumulator and the copied view of one chunk stay in cache across the R*S passes (measured:
-# 2-3x faster than whole-batch passes for the large layers); on a GPU every pass is a kernel
-# launch, so chunks are made large enough that launches do not dominate.
+# the accumulator and the scratch block of one chunk stay in cache across the R passes (measured
+# 2-3x faster than whole-batch passes on the large layers of the brief); on a GPU every pass is
+# a few kernel launches, so chunks are made large enough that launches do not dominate.
 _CPU_CHUNK_ELEMENTS = 1 << 18
 _GPU_CHUNK_ELEMENTS = 1 << 24
 
@@ -120,9 +120,9 @@ def _chunk(xp: Any, n: int, per_image: int) -> int:
 
 
 def _buffers(xp: Any, dtype: Any, *shapes: tuple[int, ...]) -> tuple[Array, ...]:
-    # Scratch arrays reused by every filter offset. Allocating the copied view and the product
-    # afresh each time costs more than the matrix product itself where the OS hands out
-    # freshly zeroed pages (measured 4x in a VM), and adds allocator churn on a GPU.
+    # Scratch arrays reused by every filter row and chunk. Allocating the gathered block and the
+    # product afresh each time cost more than the matrix product itself where the OS hands out
+    # freshly zeroed pages (4x slower, measured in a VM), and adds allocator churn on a GPU.
     return tuple(xp.empty(shape, dtype=dtype) for shape in shapes)
 
 
@@ -385,7 +385,8 @@ def avgpool_bwd(dy: Array, *, input_hw: Any, window: Any, stride: Any, padding: 
     dxpad = xp.zeros((N, C, H + pt + pb, W + pl + pr), dtype=dy.dtype)
     for i in range(kh):
         for j in range(kw):
-            dxpad[:, :, _window(i, sh, P), _window(j, sw, Q)] += g
+            target = dxpad[:, :, _window(i, sh, P), _window(j, sw, Q)]  # a view, as in conv_bwd_data
+            target += g
     return xp.ascontiguousarray(dxpad[:, :, pt:pt + H, pl:pl + W])
 
 
@@ -471,7 +472,7 @@ def reduction_length(problem: Any, output_name: str) -> int:
     if op == "conv_fwd":
         return problem.C * problem.R * problem.S
     if op == "conv_bwd_data":
-        return (problem.R // sh) * math.ceil(problem.S / sw) * problem.K
+        return math.ceil(problem.R / sh) * math.ceil(problem.S / sw) * problem.K
     if op == "conv_wgrad":
         return problem.N * problem.P * problem.Q
     kh, kw = problem.window

@@ -40,16 +40,28 @@ class GemmEnvelope:
     grid_z: int = 1
 
 
-def direct_params(when: tuple[str, tuple] | None = None) -> list[Param]:
+def _upto(choices: tuple[int, ...], bound: int) -> tuple[int, ...]:
+    """The choices not above ``bound`` (the smallest always stays)."""
+    kept = tuple(c for c in choices if c <= bound)
+    return kept or choices[:1]
+
+
+def direct_params(env: CorrelationEnvelope, when: tuple[str, tuple] | None = None) -> list[Param]:
+    # Tiles larger than the problem only add idle threads; leaving them out of the choices (rather
+    # than rejecting them later) keeps random and TPE proposals mostly feasible on small layers.
     cond = (when,) if when else ()
+    kb = _upto((4, 8, 16, 32, 64), max(4, next_pow2(env.CO)))
+    tp = _upto((1, 2, 4, 8, 16, 32), max(1, next_pow2(env.OH)))
+    tq = _upto((4, 8, 16, 32, 64), max(4, next_pow2(env.OW)))
     return [
-        Param("KB", (4, 8, 16, 32, 64), "output channels per block (target maps per block)", cond),
-        Param("KPT", (1, 2, 4, 8), "output channels per thread", cond),
-        Param("TP", (1, 2, 4, 8, 16, 32), "output rows per block", cond),
-        Param("TQ", (4, 8, 16, 32, 64), "output columns per block", cond),
-        Param("PPT", (1, 2, 4), "output rows per thread", cond),
-        Param("QPT", (1, 2, 4, 8), "output columns per thread (register window along a row)", cond),
-        Param("CB", (1, 2, 4, 8, 16), "input channels staged in shared memory per step", cond),
+        Param("KB", kb, "output channels per block (target maps per block)", cond),
+        Param("KPT", _upto((1, 2, 4, 8), max(kb)), "output channels per thread", cond),
+        Param("TP", tp, "output rows per block", cond),
+        Param("TQ", tq, "output columns per block", cond),
+        Param("PPT", _upto((1, 2, 4), max(tp)), "output rows per thread", cond),
+        Param("QPT", _upto((1, 2, 4, 8), max(tq)), "output columns per thread (register window along a row)", cond),
+        Param("CB", _upto((1, 2, 4, 8, 16), max(1, next_pow2(env.CI))),
+              "input channels staged in shared memory per step", cond),
         Param("PAD", (0, 1, 2), "floats of padding per shared-memory input row (bank conflicts)", cond),
         Param("UNROLL_R", (1, FULL_UNROLL), "unrolling of the filter-row loop (0: complete)", cond),
     ]
@@ -91,15 +103,18 @@ def direct_constraints(env: CorrelationEnvelope, limits: DeviceLimits) -> list[C
     ]
 
 
-def igemm_params(bm: tuple[int, ...], bn: tuple[int, ...], bk: tuple[int, ...],
+def igemm_params(bm: tuple[int, ...], bn: tuple[int, ...], bk: tuple[int, ...], env: GemmEnvelope,
                  when: tuple[str, tuple] | None = None) -> list[Param]:
     cond = (when,) if when else ()
+    bm = _upto(bm, max(bm[0], next_pow2(env.GM)))
+    bn = _upto(bn, max(bn[0], next_pow2(env.GN)))
+    bk = _upto(bk, max(bk[0], next_pow2(env.GK)))
     return [
         Param("BM", bm, "GEMM rows per block", cond),
         Param("BN", bn, "GEMM columns per block", cond),
         Param("BK", bk, "reduction step staged in shared memory", cond),
-        Param("TM", (2, 4, 8), "GEMM rows per thread", cond),
-        Param("TN", (2, 4, 8), "GEMM columns per thread", cond),
+        Param("TM", _upto((2, 4, 8), max(bm)), "GEMM rows per thread", cond),
+        Param("TN", _upto((2, 4, 8), max(bn)), "GEMM columns per thread", cond),
         Param("PAD_A", (0, 1, 4), "floats of padding per shared-memory row of A (bank conflicts)", cond),
         Param("PAD_B", (0, 1, 4), "floats of padding per shared-memory row of B (bank conflicts)", cond),
         Param("UNROLL_K", (1, 2, 4, FULL_UNROLL), "unrolling of the inner reduction loop (0: complete)", cond),
