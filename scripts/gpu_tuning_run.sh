@@ -32,7 +32,8 @@ for step in "$@"; do
     suite:*)
       op=${step#suite:}
       timeout ${SUITE_TIMEOUT:-240} python3 -m autocnn.cli tune --suite seed --ops $op --trials ${TRIALS:-30} \
-        --storage "$storage" --cudnn --no-progress 2>&1 | tee -a "$out/suite.log" | tail -16 ;;
+        ${TUNE_TIMEOUT:+--timeout $TUNE_TIMEOUT} --storage "$storage" --cudnn --no-progress 2>&1 \
+        | tee -a "$out/suite.log" | grep -v "^\(conv\|avgpool\)_[a-z_]* [a-z]" | tail -16 ;;
     *) echo "unknown step $step" ;;
   esac
 done
