@@ -85,6 +85,29 @@ def init_weights(rng: np.random.Generator, shape: Shape, fan_in: int, fan_out: i
     return rng.uniform(-limit, limit, size=shape)
 
 
+def activation_grad(backend: Backend, name: str, y: Array, dy: Array, out: Array) -> Array:
+    """out = dL/dz from the activation's output ``y`` and dL/dy, as ``backend.activation_grad``.
+
+    With the generic element-wise code (a backend that does not override activation_grad) this
+    writes every intermediate into ``out`` instead of temporaries, with the same results bit for
+    bit; a backend's own (e.g. fused) implementation is used as it is. ``out`` must not be ``y``.
+    """
+    if (type(backend).activation_grad is not Backend.activation_grad or out is dy or out is y
+            or name not in ("relu", "tanh", "logistic")):
+        return backend.activation_grad(name, y, dy, out=out)
+    xp = backend.xp
+    if name == "relu":
+        xp.greater(y, 0, out=out)        # 1.0 where y > 0, else 0.0: dy * (y > 0)
+    elif name == "tanh":
+        xp.multiply(y, y, out=out)
+        xp.subtract(1.0, out, out=out)   # 1 - y*y
+    else:
+        xp.subtract(1.0, y, out=out)
+        out *= y                         # y * (1 - y)
+    out *= dy
+    return out
+
+
 # -- base class -------------------------------------------------------------------------------------
 
 class Layer(abc.ABC):
@@ -333,7 +356,7 @@ class Conv2d(Layer):
         self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
         dz = dy
         if self._dz is not None:
-            dz = backend.activation_grad(self.activation, self._y, dy, out=self._dz)
+            dz = activation_grad(backend, self.activation, self._y, dy, out=self._dz)
         backend.conv_wgrad(self.wgrad_problem, self._x, dz, self._grads["weight"], self._grads.get("bias"))
         if not self.needs_input_grad:
             return None
@@ -487,7 +510,7 @@ class Dense(Layer):
         self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
         dz = dy
         if self._dz is not None:
-            dz = backend.activation_grad(self.activation, self._y, dy, out=self._dz)
+            dz = activation_grad(backend, self.activation, self._y, dy, out=self._dz)
         backend.matmul(self._x.T, dz, out=self._grads["weight"])
         if self.use_bias:
             backend.xp.sum(dz, axis=0, out=self._grads["bias"])
@@ -555,7 +578,7 @@ class Activation(Layer):
         self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
         if not self.needs_input_grad:
             return None
-        return backend.activation_grad(self.activation, self._y, dy, out=self._dx)
+        return activation_grad(backend, self.activation, self._y, dy, out=self._dx)
 
 
 LAYER_TYPES: dict[str, type[Layer]] = {

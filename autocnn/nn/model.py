@@ -8,6 +8,12 @@ they count for nothing in the loss, the gradients and the metrics.
 
 Asking for another batch size (``build(n)``, ``fit(batch_size=n)``, ``evaluate(..., n)``)
 rebuilds the buffers and problems; parameters, their gradients and the optimizer state stay.
+
+A training step never waits for a GPU: loss and accuracy stay on the device as 0-d arrays
+(``StepResult`` reads them when asked), ``fit`` keeps its data on the device when it fits there
+and gathers each batch on the device, and reads its metrics only when the progress bar is
+refreshed and at the end of an epoch. Device arrays given to ``train_step``, ``evaluate`` and
+``predict`` are used as they are, without the host checks that host arrays get.
 """
 from __future__ import annotations
 
@@ -22,21 +28,91 @@ from tqdm.auto import tqdm
 
 from .backend import Array, Backend, KernelDispatch, KernelProblem, get_backend
 from .layers import Layer
-from .losses import SoftmaxCrossEntropy, accuracy, softmax
+from .losses import Accuracy, SoftmaxCrossEntropy, softmax
 from .optim import Adam, Optimizer, get_optimizer
 from .validation import check_batch_size, check_images, check_labels, check_weights
 
 DEFAULT_BATCH_SIZE = 32
 FILE_FORMAT = "autocnn.nn.Sequential/1"
+# fit keeps its data on a GPU when it takes at most this share of the free device memory.
+DEVICE_DATA_FRACTION = 0.25
+# fit reads the running metrics from the device (a wait) every this many batches, with verbose.
+PROGRESS_EVERY = 20
 
 
-@dataclass(frozen=True)
 class StepResult:
-    """One training step: the batch's loss and accuracy, over ``samples`` (the sum of the weights)."""
+    """One training step: the batch's loss and accuracy, over ``samples`` (the sum of the weights).
 
-    loss: float
-    accuracy: float
-    samples: float
+    The step leaves loss and accuracy on the device, as 0-d arrays (``loss_array``,
+    ``accuracy_array``), and returns without waiting for it. ``loss`` and ``accuracy`` read them as
+    floats on first use: that read waits for the device to finish the step, on purpose, and only
+    when a caller asks.
+    """
+
+    __slots__ = ("loss_array", "accuracy_array", "samples", "_values")
+
+    def __init__(self, loss: Array, accuracy: Array, samples: float) -> None:
+        self.loss_array = loss
+        self.accuracy_array = accuracy
+        self.samples = float(samples)
+        self._values: tuple[float, float] | None = None
+
+    def _read(self) -> tuple[float, float]:
+        if self._values is None:
+            self._values = (float(self.loss_array), float(self.accuracy_array))
+        return self._values
+
+    @property
+    def loss(self) -> float:
+        return self._read()[0]
+
+    @property
+    def accuracy(self) -> float:
+        return self._read()[1]
+
+    def __repr__(self) -> str:
+        return f"StepResult(loss={self.loss:.6g}, accuracy={self.accuracy:.6g}, samples={self.samples:g})"
+
+
+class _Totals:
+    """Running sums of an epoch (or an evaluation) over batches of the given sizes.
+
+    The per-batch loss and accuracy sit in device arrays (one slot per batch); ``read`` copies the
+    slots not read yet to the host, which waits for the device to get that far.
+    """
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = sizes
+        self.done = 0
+        self.loss_sum = self.correct_sum = self.seen = 0.0
+
+    def read(self, backend: Backend, losses: Array, accs: Array, upto: int) -> None:
+        if upto <= self.done:
+            return
+        loss_values = backend.to_numpy(losses[self.done:upto])
+        acc_values = backend.to_numpy(accs[self.done:upto])
+        for i in range(upto - self.done):
+            samples = float(self.sizes[self.done + i])
+            self.loss_sum += float(loss_values[i]) * samples
+            self.correct_sum += float(acc_values[i]) * samples
+            self.seen += samples
+        self.done = upto
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.seen
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct_sum / self.seen
+
+    def text(self) -> str:
+        return f"loss={self.loss:.4f} acc={self.accuracy:.4f}"
+
+
+def _host(a: Any) -> Any:
+    # A CuPy array's host copy (numpy refuses to convert one implicitly); anything else as it is.
+    return a.get() if type(a).__module__.split(".")[0] == "cupy" else a
 
 
 @dataclass
@@ -118,6 +194,8 @@ class Sequential:
         for layer in layers:
             layer._model = self
         self.loss = SoftmaxCrossEntropy()
+        self.metric = Accuracy()
+        self._weights_n: int | None = None  # the weight buffer holds n ones, then zeros (None: other)
         self.optimizer: Optimizer | None = None
         self.batch_size: int | None = None
         self.dispatch: list[KernelDispatch] = []
@@ -183,6 +261,7 @@ class Sequential:
         self._x_buf = be.zeros((batch_size, *self.input_shape))
         self._labels_buf = be.zeros((batch_size,), dtype=np.int64)
         self._weights_buf = be.zeros((batch_size,))
+        self._weights_n = None
         self._dlogits = be.zeros((batch_size, self.num_classes))
         problems = self._collect_problems(layer.problems() for layer in self.layers)
         dispatch = list(be.prepare(problems))
@@ -287,28 +366,123 @@ class Sequential:
             self.optimizer.setup(params)
         return self.optimizer
 
+    # -- where the data lives ------------------------------------------------------------------
+    def _device_array(self, a: Any) -> bool:
+        """Whether ``a`` is an array on the backend's device (a CuPy array on the cuda backend).
+
+        Never true on the numpy backend, whose arrays are host arrays and get validated; tests
+        patch this method to send numpy arrays down the device-array path.
+        """
+        xp = self.backend.xp
+        return xp is not np and isinstance(a, xp.ndarray)
+
+    def _device_images(self, x: Any) -> bool:
+        # A device array the model stages as it is: its dtype, its per-sample shape, not empty.
+        return (self._device_array(x) and x.dtype == self.dtype and x.ndim == len(self.input_shape) + 1
+                and tuple(x.shape[1:]) == self.input_shape and x.shape[0] > 0)
+
+    def _device_labels(self, y: Any, n: int) -> bool:
+        return self._device_array(y) and y.ndim == 1 and y.shape[0] == n and np.dtype(y.dtype).kind in "iu"
+
+    def _images(self, x: Any, what: str) -> Array:
+        """``x`` as it is when it is a device array of the model's dtype and input shape (unchecked:
+        device-resident inputs are the caller's responsibility), else validated on the host."""
+        return x if self._device_images(x) else check_images(x, self.input_shape, self.dtype, what)
+
+    def _labels(self, y: Any, n: int, what: str) -> Array:
+        """``y`` as it is when it is a device array of n integer labels (unchecked), else validated."""
+        return y if self._device_labels(y, n) else check_labels(y, n, self.num_classes, what)
+
+    def _device_data_fits(self, nbytes: int) -> bool:
+        """Whether fit keeps a data set of ``nbytes`` on the device (``fit(device_data=None)``).
+
+        Never on the numpy backend (its data already is in the memory it computes from); on a GPU
+        when the data takes at most DEVICE_DATA_FRACTION of the free device memory, counting the
+        memory that CuPy's pool holds unused as free.
+        """
+        xp = self.backend.xp
+        if xp is np:
+            return False
+        try:
+            free, _total = xp.cuda.runtime.memGetInfo()
+            free += xp.get_default_memory_pool().free_bytes()
+        except (AttributeError, RuntimeError, OSError):
+            return False
+        return nbytes <= DEVICE_DATA_FRACTION * free
+
     # -- computation ---------------------------------------------------------------------------
-    def _stage(self, xb: np.ndarray, yb: np.ndarray | None, weights: np.ndarray | None) -> int:
-        """Copy a (possibly short) batch into the input buffers, zero-padded; returns its size."""
+    def _stage(self, xb: Array, yb: Array | None, weights: np.ndarray | None) -> int:
+        """Copy a (possibly short) batch into the input buffers, zero-padded; returns its size.
+
+        Host arrays (validated by the caller) are uploaded; device arrays are copied on the
+        device. ``yb`` None leaves the label buffer as it is (predict reads no labels).
+        """
         bs = self._require_built()
         n = len(xb)
         if n > bs:
             raise ValueError(f"a batch of {n} samples does not fit the model built for batch size {bs}")
         be = self.backend
-        if n == bs:
+        if self._device_array(xb):
+            self._copy_rows(self._x_buf, xb, n)
+        elif n == bs:
             be.upload(xb, self._x_buf)
         else:
             padded = np.zeros((bs, *self.input_shape), dtype=self.dtype)
             padded[:n] = xb
             be.upload(padded, self._x_buf)
-        w = np.zeros(bs, dtype=self.dtype)
-        w[:n] = 1.0 if weights is None else weights
-        be.upload(w, self._weights_buf)
-        labels = np.zeros(bs, dtype=np.int64)
         if yb is not None:
-            labels[:n] = yb
-        be.upload(labels, self._labels_buf)
+            if self._device_array(yb):
+                self._copy_rows(self._labels_buf, yb, n)
+            else:
+                labels = np.zeros(bs, dtype=np.int64)
+                labels[:n] = yb
+                be.upload(labels, self._labels_buf)
+        self._stage_weights(n, weights)
         return n
+
+    def _copy_rows(self, buf: Array, src: Array, n: int) -> None:
+        # Device to device: the first n rows from src, zeros after them.
+        xp = self.backend.xp
+        if n == len(buf):
+            xp.copyto(buf, src)
+        else:
+            xp.copyto(buf[:n], src)
+            buf[n:].fill(0)
+
+    def _stage_rows(self, x: Array, y: Array, rows: slice | Array) -> int:
+        """Stage rows of device-resident x and y: a slice (copies) or device indices (a gather)."""
+        if isinstance(rows, slice):
+            return self._stage(x[rows], y[rows], None)
+        bs = self._require_built()
+        n = len(rows)
+        if n > bs:
+            raise ValueError(f"a batch of {n} samples does not fit the model built for batch size {bs}")
+        xp = self.backend.xp
+        if n == bs:
+            xp.take(x, rows, axis=0, out=self._x_buf)
+            xp.take(y, rows, axis=0, out=self._labels_buf)
+        else:
+            xp.take(x, rows, axis=0, out=self._x_buf[:n])
+            xp.take(y, rows, axis=0, out=self._labels_buf[:n])
+            self._x_buf[n:].fill(0)
+            self._labels_buf[n:].fill(0)
+        self._stage_weights(n, None)
+        return n
+
+    def _stage_weights(self, n: int, weights: np.ndarray | None) -> None:
+        # Weight 1 for the batch's n samples (or the given weights) and 0 for the padding. The
+        # unweighted case is filled on the device, and only when n changes.
+        if weights is None:
+            if self._weights_n != n:
+                self._weights_buf[:n].fill(1)
+                if n < len(self._weights_buf):
+                    self._weights_buf[n:].fill(0)
+                self._weights_n = n
+            return
+        w = np.zeros(len(self._weights_buf), dtype=self.dtype)
+        w[:n] = weights
+        self.backend.upload(w, self._weights_buf)
+        self._weights_n = None
 
     def _forward(self) -> Array:
         out = self._x_buf
@@ -325,59 +499,97 @@ class Sequential:
             if grad is None:
                 break
 
-    def _gradients(self, xb: np.ndarray, yb: np.ndarray, weights: np.ndarray | None) -> tuple[float, float]:
-        """Forward and backward on one batch: fills every layer's grads(); returns (loss, accuracy)."""
-        self._stage(xb, yb, weights)
+    def _forward_backward(self, loss_out: Array | None = None, acc_out: Array | None = None) -> tuple[Array, Array]:
+        """Forward and backward on the staged batch: fills every layer's grads().
+
+        Returns (loss, accuracy) as 0-d device arrays (written into ``loss_out``/``acc_out`` when
+        given, else new ones) without waiting for the device.
+        """
         logits = self._forward()
         loss, _ = self.loss.loss_and_grad(logits, self._labels_buf, self._weights_buf, out=self._dlogits,
-                                          check=False)
-        acc = accuracy(logits, self._labels_buf, self._weights_buf)
+                                          loss_out=loss_out, check=False)
+        acc = self.metric(logits, self._labels_buf, self._weights_buf, out=acc_out)
         self._backward(self._dlogits)
         return loss, acc
 
-    def _train_batch(self, xb: np.ndarray, yb: np.ndarray, weights: np.ndarray | None) -> StepResult:
+    def _gradients(self, xb: Array, yb: Array, weights: np.ndarray | None) -> tuple[Array, Array]:
+        """Stage one batch, then forward and backward; returns (loss, accuracy) as 0-d arrays."""
+        self._stage(xb, yb, weights)
+        return self._forward_backward()
+
+    def _train_batch(self, xb: Array, yb: Array, weights: np.ndarray | None) -> StepResult:
         optimizer = self._ready_optimizer()
         loss, acc = self._gradients(xb, yb, weights)
         optimizer.step(self.params(), self.grads())
         samples = float(len(xb)) if weights is None else float(np.sum(weights))
-        return StepResult(loss=loss, accuracy=acc, samples=samples)
+        return StepResult(loss, acc, samples)
 
     def train_step(self, xb: Any, yb: Any, weights: Any = None) -> StepResult:
-        """One forward, backward and update on a batch of at most the built batch size."""
+        """One forward, backward and update on a batch of at most the built batch size.
+
+        Returns without waiting for the device: the StepResult's ``loss`` and ``accuracy`` are
+        read (which waits for the step to finish) when first asked for.
+
+        Host arrays are checked (shape, dtype, finite values, labels in range) and uploaded. A
+        device array (CuPy, on the cuda backend) of the model's dtype and input shape is copied
+        into the input buffer on the device *without any check*, and so are device labels:
+        device-resident inputs are the caller's responsibility (``fit`` validates its data once,
+        before uploading it). Device arrays of another dtype or shape take the host path, with
+        its checks and error messages.
+        """
         self._require_built()
         xb, yb, w = self._check_batch(xb, yb, weights)
         return self._train_batch(xb, yb, w)
 
+    def train_step_async(self, xb: Any, yb: Any, weights: Any = None) -> StepResult:
+        """``train_step``, named for loops that must never wait for the device.
+
+        Nothing in it reads a value back: use ``StepResult.loss_array``/``accuracy_array`` (0-d
+        device arrays) to keep the metrics on the device; reading ``.loss`` or ``.accuracy``
+        synchronises. With device-resident ``xb``/``yb`` nothing is copied from the host either.
+        """
+        return self.train_step(xb, yb, weights)
+
     def loss_and_gradients(self, xb: Any, yb: Any, weights: Any = None) -> float:
         """The batch's loss, with every parameter's gradient left in grads(); no update.
 
-        For gradient checks and custom training loops.
+        For gradient checks and custom training loops (returns a float: waits for the device).
         """
         self._require_built()
         xb, yb, w = self._check_batch(xb, yb, weights)
-        return self._gradients(xb, yb, w)[0]
+        return float(self._gradients(xb, yb, w)[0])
 
-    def _check_batch(self, xb: Any, yb: Any, weights: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        xb = check_images(xb, self.input_shape, self.dtype, "xb")
-        yb = check_labels(yb, len(xb), self.num_classes, "yb")
-        w = None if weights is None else check_weights(weights, len(xb), self.dtype)
+    def _check_batch(self, xb: Any, yb: Any, weights: Any) -> tuple[Array, Array, np.ndarray | None]:
+        xb = self._images(xb, "xb")
+        yb = self._labels(yb, len(xb), "yb")
+        w = None if weights is None else check_weights(_host(weights), len(xb), self.dtype)
         return xb, yb, w
 
-    def _batches(self, n: int, batch_size: int, order: np.ndarray | None = None) -> Iterator[slice | np.ndarray]:
+    def _batches(self, n: int, batch_size: int, order: Array | None = None) -> Iterator[slice | Array]:
         for start in range(0, n, batch_size):
             yield slice(start, start + batch_size) if order is None else order[start:start + batch_size]
 
     def fit(self, x: Any, y: Any, epochs: int = 1, batch_size: int = DEFAULT_BATCH_SIZE,
             optimizer: str | Optimizer | None = None, validation_data: tuple[Any, Any] | None = None,
-            shuffle: bool = True, verbose: bool = True) -> History:
+            shuffle: bool = True, verbose: bool = True, device_data: bool | None = None) -> History:
         """Train for ``epochs`` passes over (x, y); returns the per-epoch History.
 
         ``optimizer``: a name ("adam", "sgd", "rprop") or an Optimizer; None keeps the compiled
         one (Adam when there is none). ``validation_data``: (x_val, y_val), evaluated after
         every epoch.
+
+        The data is validated once, up front. ``device_data``: True keeps it on the device for
+        the whole fit (uploaded once; each batch gathered there by the epoch's shuffled indices,
+        uploaded once per epoch), False uploads every batch from the host, None (default) keeps
+        it on a GPU when training and validation data take at most DEVICE_DATA_FRACTION of the
+        free device memory, never on the numpy backend. The results are the same either way. The
+        metrics stay on the device and are read when the progress bar is refreshed (every
+        PROGRESS_EVERY batches, with verbose) and at the end of each epoch.
         """
         if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
             raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
+        if device_data is not None and not isinstance(device_data, bool):
+            raise ValueError(f"device_data must be True, False or None, got {device_data!r}")
         x = check_images(x, self.input_shape, self.dtype, "x")
         y = check_labels(y, len(x), self.num_classes, "y")
         val = None
@@ -392,30 +604,53 @@ class Sequential:
         elif self.optimizer is None:
             self.optimizer = Adam()
 
+        be = self.backend
+        if device_data is None:
+            nbytes = x.nbytes + y.nbytes + (val[0].nbytes + val[1].nbytes if val is not None else 0)
+            device_data = self._device_data_fits(nbytes)
+        if device_data:
+            # One upload per fit; from here on the data is only read on the device.
+            x, y = be.asarray(x), be.asarray(y, dtype=np.int64)
+            if val is not None:
+                val = (be.asarray(val[0]), be.asarray(val[1], dtype=np.int64))
+
+        opt = self._ready_optimizer()
+        params, grads = self.params(), self.grads()
         history = History()
         n = len(x)
-        n_batches = -(-n // self.batch_size)  # type: ignore[operator]
+        bs: int = self.batch_size  # type: ignore[assignment]
+        sizes = [min(bs, n - start) for start in range(0, n, bs)]
+        n_batches = len(sizes)
+        # One slot per batch: each step writes its loss and accuracy there, on the device.
+        losses = be.zeros((n_batches,))
+        accs = be.zeros((n_batches,), dtype=np.float64)
         for epoch in range(1, int(epochs) + 1):
             start = time.perf_counter()
             order = self._shuffle_rng.permutation(n) if shuffle else None
-            loss_sum = correct_sum = seen = 0.0
+            if device_data and order is not None:
+                order = be.asarray(order, dtype=np.int64)  # one upload per epoch
+            totals = _Totals(sizes)
             with tqdm(total=n_batches, desc=f"epoch {epoch}/{epochs}", unit="batch", disable=not verbose,
                       leave=True, dynamic_ncols=True) as bar:
-                for idx in self._batches(n, self.batch_size, order):  # type: ignore[arg-type]
-                    step = self._train_batch(x[idx], y[idx], None)
-                    loss_sum += step.loss * step.samples
-                    correct_sum += step.accuracy * step.samples
-                    seen += step.samples
-                    bar.set_postfix_str(f"loss={loss_sum / seen:.4f} acc={correct_sum / seen:.4f}", refresh=False)
+                for i, rows in enumerate(self._batches(n, bs, order)):
+                    if device_data:
+                        self._stage_rows(x, y, rows)
+                    else:
+                        self._stage(x[rows], y[rows], None)
+                    self._forward_backward(losses[i, ...], accs[i, ...])
+                    opt.step(params, grads)
+                    if verbose and ((i + 1) % PROGRESS_EVERY == 0 or i + 1 == n_batches):
+                        totals.read(be, losses, accs, i + 1)  # waits for the device to get here
+                        bar.set_postfix_str(totals.text(), refresh=False)
                     bar.update(1)
-                self.backend.synchronize()
+                totals.read(be, losses, accs, n_batches)
+                be.synchronize()
                 seconds = time.perf_counter() - start
                 val_loss = val_acc = None
                 if val is not None:
                     val_loss, val_acc = self._evaluate(*val)
-                    bar.set_postfix_str(f"loss={loss_sum / seen:.4f} acc={correct_sum / seen:.4f} "
-                                        f"val_loss={val_loss:.4f} val_acc={val_acc:.4f}")
-            history.append(loss_sum / seen, correct_sum / seen, val_loss, val_acc, seconds)
+                    bar.set_postfix_str(f"{totals.text()} val_loss={val_loss:.4f} val_acc={val_acc:.4f}")
+            history.append(totals.loss, totals.accuracy, val_loss, val_acc, seconds)
         return history
 
     def _inference_batch_size(self, batch_size: int | None) -> None:
@@ -424,31 +659,44 @@ class Sequential:
         elif not self.built:
             self.build(DEFAULT_BATCH_SIZE)
 
-    def _evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        loss_sum = correct_sum = 0.0
-        for idx in self._batches(len(x), self.batch_size):  # type: ignore[arg-type]
-            n = self._stage(x[idx], y[idx], None)
+    def _evaluate(self, x: Array, y: Array) -> tuple[float, float]:
+        be = self.backend
+        bs: int = self.batch_size  # type: ignore[assignment]
+        sizes = [min(bs, len(x) - start) for start in range(0, len(x), bs)]
+        losses = be.zeros((len(sizes),))
+        accs = be.zeros((len(sizes),), dtype=np.float64)
+        for i, idx in enumerate(self._batches(len(x), bs)):
+            self._stage(x[idx], y[idx], None)
             logits = self._forward()
-            loss_sum += self.loss.loss(logits, self._labels_buf, self._weights_buf, check=False) * n
-            correct_sum += accuracy(logits, self._labels_buf, self._weights_buf) * n
-        return loss_sum / len(x), correct_sum / len(x)
+            self.loss.loss_array(logits, self._labels_buf, self._weights_buf, out=losses[i, ...], check=False)
+            self.metric(logits, self._labels_buf, self._weights_buf, out=accs[i, ...])
+        totals = _Totals(sizes)
+        totals.read(be, losses, accs, len(sizes))  # the one wait for the device
+        return totals.loss, totals.accuracy
 
     def evaluate(self, x: Any, y: Any, batch_size: int | None = None) -> tuple[float, float]:
-        """(mean loss, accuracy) over (x, y); batch_size defaults to the built one."""
-        x = check_images(x, self.input_shape, self.dtype, "x")
-        y = check_labels(y, len(x), self.num_classes, "y")
+        """(mean loss, accuracy) over (x, y); batch_size defaults to the built one.
+
+        Device arrays of the model's dtype and input shape (and device labels) are used as they
+        are, unchecked, like in ``train_step``.
+        """
+        x = self._images(x, "x")
+        y = self._labels(y, len(x), "y")
         self._inference_batch_size(batch_size)
         return self._evaluate(x, y)
 
     def predict(self, x: Any, batch_size: int | None = None) -> np.ndarray:
-        """Class probabilities, shape (n, classes), as a host array."""
-        x = check_images(x, self.input_shape, self.dtype, "x")
+        """Class probabilities, shape (n, classes), as a host array.
+
+        A device array of the model's dtype and input shape is used as it is, unchecked.
+        """
+        x = self._images(x, "x")
         self._inference_batch_size(batch_size)
-        out = np.empty((len(x), self.num_classes), dtype=self.dtype)
+        out = self.backend.zeros((len(x), self.num_classes))
         for idx in self._batches(len(x), self.batch_size):  # type: ignore[arg-type]
             n = self._stage(x[idx], None, None)
-            out[idx] = self.backend.to_numpy(softmax(self._forward()[:n]))
-        return out
+            out[idx] = softmax(self._forward()[:n])
+        return self.backend.to_numpy(out)
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

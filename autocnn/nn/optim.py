@@ -4,12 +4,18 @@ An optimizer works on named parameters: ``setup(params)`` allocates its state on
 the parameters' own array module, so state lives on the GPU with a GPU model), and
 ``step(params, grads)`` updates every parameter in place. Weight decay is classic L2, added to
 the gradient before the update (as PyTorch's SGD and Adam do).
+
+The updates allocate nothing: every intermediate goes into state buffers made by ``setup``
+(per-parameter scratch, and buffers shared by all parameters, sized for the largest one), with
+``out=`` arguments, so a step is a fixed sequence of kernels on fixed buffers.
 """
 from __future__ import annotations
 
 import abc
 import math
 from typing import Any, Mapping
+
+import numpy as np
 
 from .backend import Array, array_module
 
@@ -38,6 +44,8 @@ class Optimizer(abc.ABC):
     def __init__(self) -> None:
         self._state: dict[str, dict[str, Array]] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
+        # name -> (dtype, array module name) -> one flat buffer of the largest parameter's size
+        self._shared: dict[str, dict[tuple[str, str], Array]] = {}
         self.iterations = 0
 
     @property
@@ -54,6 +62,14 @@ class Optimizer(abc.ABC):
             raise ValueError(f"{type(self).__name__}: no parameters to optimize")
         self._shapes = {name: tuple(p.shape) for name, p in params.items()}
         self._state = {name: self._init_state(p) for name, p in params.items()}
+        self._shared = {}
+        for buffer, dtype in self._shared_buffers().items():
+            sizes: dict[tuple[str, str], tuple[Any, int]] = {}
+            for p in params.values():
+                xp = array_module(p)
+                key = (np.dtype(p.dtype if dtype is None else dtype).str, xp.__name__)
+                sizes[key] = (xp, max(sizes.get(key, (xp, 0))[1], int(p.size)))
+            self._shared[buffer] = {key: xp.empty(size, dtype=key[0]) for key, (xp, size) in sizes.items()}
         self.iterations = 0
 
     def step(self, params: Params, grads: Params) -> None:
@@ -76,6 +92,16 @@ class Optimizer(abc.ABC):
 
     @abc.abstractmethod
     def _init_state(self, p: Array) -> dict[str, Array]: ...
+
+    def _shared_buffers(self) -> dict[str, Any]:
+        """Work buffers shared by every parameter's update: name -> dtype (None: the parameter's)."""
+        return {}
+
+    def _buffer(self, name: str, p: Array, dtype: Any = None) -> Array:
+        """The shared work buffer ``name`` as an array of ``p``'s shape (contents undefined)."""
+        xp = array_module(p)
+        flat = self._shared[name][(np.dtype(p.dtype if dtype is None else dtype).str, xp.__name__)]
+        return flat[:p.size].reshape(p.shape)
 
     @abc.abstractmethod
     def _update(self, p: Array, g: Array, state: dict[str, Array]) -> None: ...
@@ -121,6 +147,9 @@ class SGD(Optimizer):
             state["velocity"] = xp.zeros_like(p)
         return state
 
+    def _shared_buffers(self) -> dict[str, Any]:
+        return {"tmp": None} if self.nesterov else {}
+
     def _update(self, p: Array, g: Array, state: dict[str, Array]) -> None:
         xp = array_module(p)
         d = self._effective_grad(xp, p, g, self.weight_decay, state["scratch"])
@@ -129,7 +158,7 @@ class SGD(Optimizer):
             v *= self.momentum
             v += d
             if self.nesterov:
-                d += self.momentum * v
+                d += xp.multiply(v, self.momentum, out=self._buffer("tmp", p))
             else:
                 xp.copyto(d, v)
         d *= self.lr
@@ -156,13 +185,16 @@ class Adam(Optimizer):
         xp = array_module(p)
         return {"m": xp.zeros_like(p), "v": xp.zeros_like(p), "scratch": xp.zeros_like(p)}
 
+    def _shared_buffers(self) -> dict[str, Any]:
+        return {"tmp": None}
+
     def _update(self, p: Array, g: Array, state: dict[str, Array]) -> None:
         xp = array_module(p)
         t = self.iterations
         m, v, d = state["m"], state["v"], state["scratch"]
         self._effective_grad(xp, p, g, self.weight_decay, d)
         m *= self.beta1
-        m += (1.0 - self.beta1) * d
+        m += xp.multiply(d, 1.0 - self.beta1, out=self._buffer("tmp", p))
         v *= self.beta2
         d *= d
         d *= 1.0 - self.beta2
@@ -209,16 +241,26 @@ class RPROP(Optimizer):
         return {"step": xp.full_like(p, self.step_init), "prev_grad": xp.zeros_like(p),
                 "scratch": xp.zeros_like(p)}
 
+    def _shared_buffers(self) -> dict[str, Any]:
+        return {"factor": None, "same_sign": np.bool_, "flipped": np.bool_}
+
     def _update(self, p: Array, g: Array, state: dict[str, Array]) -> None:
         xp = array_module(p)
         step, prev, agreement = state["step"], state["prev_grad"], state["scratch"]
+        same_sign = self._buffer("same_sign", p, np.bool_)
+        flipped = self._buffer("flipped", p, np.bool_)
+        factor = self._buffer("factor", p)
         xp.multiply(g, prev, out=agreement)
-        same_sign = agreement > 0
-        flipped = agreement < 0
-        step *= xp.where(same_sign, self.eta_plus, xp.where(flipped, self.eta_minus, 1.0)).astype(step.dtype)
+        xp.greater(agreement, 0, out=same_sign)
+        xp.less(agreement, 0, out=flipped)
+        # factor = eta_plus where the sign held, eta_minus where it flipped, 1 elsewhere
+        xp.copyto(factor, 1.0)
+        xp.copyto(factor, self.eta_minus, where=flipped)
+        xp.copyto(factor, self.eta_plus, where=same_sign)
+        step *= factor
         xp.clip(step, self.step_min, self.step_max, out=step)
         xp.copyto(prev, g)
-        prev[flipped] = 0
+        xp.copyto(prev, 0.0, where=flipped)
         xp.sign(prev, out=agreement)
         agreement *= step
         p -= agreement
