@@ -119,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--backend", default="cuda", choices=("cuda", "numpy"))
     tr.add_argument("--optimizer", default="adam", help="sgd, adam or rprop")
     tr.add_argument("--lr", type=float, default=None)
+    tr.add_argument("--lr-schedule", default="cosine", choices=("cosine", "none"),
+                    help="learning-rate schedule over the epochs (default cosine; RPROP ignores it)")
+    tr.add_argument("--no-standardize", action="store_true",
+                    help="keep pixel values in [0, 1] instead of zero mean and unit variance")
     tr.add_argument("--seed", type=int, default=None)
     tr.add_argument("--limit", type=int, default=None, help="use only this many training images")
     tr.add_argument("--save", type=Path, default=None, help="write the trained weights (.npz)")
@@ -315,9 +319,9 @@ def cmd_db_export(args: argparse.Namespace) -> int:
     from .db import TuningDatabase
 
     db = TuningDatabase()
-    recs = _matching(db, args)
-    db.export(args.path, recs)
-    print(f"wrote {len(recs)} records to {args.path}")
+    keys = {r.key for r in _matching(db, args)}
+    count = db.export(args.path, lambda rec: rec.key in keys)
+    print(f"wrote {count} records to {args.path}")
     return 0
 
 
@@ -374,7 +378,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     report = train(args.network, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
                    backend=args.backend, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
-                   data_root=args.data_root, limit=args.limit, verbose=not args.json)
+                   data_root=args.data_root, limit=args.limit, verbose=not args.json,
+                   standardize=not args.no_standardize,
+                   lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule)
     if args.save:
         report.model.save(args.save)
     if args.json:

@@ -95,6 +95,8 @@ def default_storage_url() -> str:
 def open_storage(url: str | None) -> Any:
     """An Optuna storage from a URL (any RDB URL) or a journal file path (``*.log``, ``journal:PATH``)."""
     url = url or default_storage_url()
+    if url == "memory":
+        return optuna.storages.InMemoryStorage()   # nothing kept: studies of replay experiments
     if url.startswith("journal:") or url.endswith((".log", ".journal", ".jsonl")):
         path = url[len("journal:"):] if url.startswith("journal:") else url
         from optuna.storages import JournalStorage
@@ -143,6 +145,25 @@ def study_name(device: DeviceInfo, op: str, problem: Any, fingerprint: str, fixe
     return text
 
 
+class ExhaustiveSampler(optuna.samplers.BruteForceSampler):
+    """Optuna's brute-force sampler, which ends ``study.optimize`` when every config was tried; with
+    ask-and-tell there is no optimize loop to end, so exhaustion is kept as a flag the tuner reads."""
+
+    exhausted = False
+
+    def after_trial(self, study, trial, state, values) -> None:  # noqa: ANN001
+        stop = study.stop
+
+        def mark_exhausted() -> None:
+            self.exhausted = True
+
+        study.stop = mark_exhausted   # type: ignore[method-assign]
+        try:
+            super().after_trial(study, trial, state, values)
+        finally:
+            study.stop = stop   # type: ignore[method-assign]
+
+
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     # Multivariate TPE, brute force and GP are marked experimental by Optuna; they are what we want.
     with warnings.catch_warnings():
@@ -158,7 +179,7 @@ def _make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        return optuna.samplers.BruteForceSampler(seed=seed)
+        return ExhaustiveSampler(seed=seed)
     if name == "cmaes":
         # CMA-ES models the ordinal parameters; formulation branches fall back to independent sampling.
         return optuna.samplers.CmaEsSampler(seed=seed, independent_sampler=optuna.samplers.TPESampler(seed=seed))
@@ -236,25 +257,30 @@ class Tuner:
         fingerprint = operation.fingerprint()
         name = study_name(device, op, problem, fingerprint, s.fixed)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(study_name=name, storage=self.storage, direction="minimize",
-                                    sampler=make_sampler(s.sampler, s.seed), load_if_exists=True)
-        study.set_user_attr("op", op)
-        study.set_user_attr("problem", problem.to_dict())
-        study.set_user_attr("device", device.to_dict())
-        study.set_user_attr("fingerprint", fingerprint)
-
         default = operation.default_config(problem, device.limits())
-        known = self._known_results(study, space)
         rng = random.Random(s.seed)
-        if s.warm_start:
-            self._enqueue(study, space, [default, *self._neighbour_winners(op, problem, space)])
-        if s.sampler in ("tpe", "cmaes", "gp") and sum(1 for r in known.values() if r.ok) < STARTUP_TRIALS:
-            # Model-based samplers begin with independent random draws, which on a small layer are
-            # almost all infeasible; feasible random configs from the space's own walk start them.
-            pending = {c.key() for c in [default]} | set(known)
-            startup = space.sample(rng, min(STARTUP_TRIALS, max(2, trials // 4)),
-                                   exclude=[r.config for r in known.values()] + [default])
-            self._enqueue(study, space, [c for c in startup if c.key() not in pending])
+        # Creating the storage and the study, and queueing the first configs, under the same lock
+        # as proposals: processes that start together would otherwise race on all three.
+        with _proposal_lock(s.storage or default_storage_url()):
+            study = optuna.create_study(study_name=name, storage=self.storage, direction="minimize",
+                                        sampler=make_sampler(s.sampler, s.seed), load_if_exists=True)
+            if study.user_attrs.get("op") != op:
+                study.set_user_attr("op", op)
+                study.set_user_attr("problem", problem.to_dict())
+                study.set_user_attr("device", device.to_dict())
+                study.set_user_attr("fingerprint", fingerprint)
+            known = self._known_results(study, space)
+            queued = {self._config_of(t, space) for t in study.get_trials(
+                deepcopy=False, states=(optuna.trial.TrialState.WAITING,))}
+            first: list[Config] = []
+            if s.warm_start:
+                first += [default, *self._neighbour_winners(op, problem, space)]
+            if s.sampler in ("tpe", "cmaes", "gp") and sum(1 for r in known.values() if r.ok) < STARTUP_TRIALS:
+                # Model-based samplers begin with independent random draws, which on a small layer
+                # are almost all infeasible; feasible random configs from the space's walk start them.
+                first += space.sample(rng, min(STARTUP_TRIALS, max(2, trials // 4)),
+                                      exclude=[r.config for r in known.values()] + [default])
+            self._enqueue(study, space, [c for c in first if c.key() not in known and c.key() not in queued])
 
         outcome = TuneOutcome(op, problem, name, None, None)
         start = time.perf_counter()
@@ -265,6 +291,15 @@ class Tuner:
             while measured < trials:
                 if timeout_s is not None and time.perf_counter() - start > timeout_s:
                     outcome.stopped_because = f"timeout of {timeout_s:.0f} s"
+                    break
+                for key, result in self._known_results(study, space).items():
+                    known.setdefault(key, result)
+                measured = sum(1 for r in known.values() if r.measured)
+                if measured >= trials:
+                    outcome.stopped_because = f"{trials} measured trials (in the whole study)"
+                    break
+                if getattr(study.sampler, "exhausted", False):
+                    outcome.stopped_because = "the search space is exhausted"
                     break
                 if outcome.infeasible > max(1000, 50 * trials):
                     outcome.stopped_because = f"the sampler proposed {outcome.infeasible} infeasible configs"
@@ -285,7 +320,6 @@ class Tuner:
                     known[config.key()] = result
                     self._tell(study, trial, result)
                     if result.measured:
-                        measured += 1
                         outcome.measured += 1
                     if not result.ok:
                         outcome.failures[result.failure.value if result.failure else "unknown"] += 1
@@ -315,10 +349,23 @@ class Tuner:
 
     # -- the pieces ---------------------------------------------------------------------------
     def _propose(self, study, space, known, outcome, want):
+        # Processes sharing a local storage take turns proposing, so that a config's "in flight" mark
+        # is committed before another process can propose it. (A remote RDB shared by machines has
+        # no such lock: two machines may, rarely, measure the same config at the same moment.)
+        lock = _proposal_lock(self.settings.storage or default_storage_url())
+        with lock:
+            return self._propose_locked(study, space, known, outcome, want)
+
+    def _propose_locked(self, study, space, known, outcome, want):
         batch: list[tuple[Any, Config]] = []
         duplicates: list[tuple[Any, Config]] = []
         keys = set()
+        # Read what the study holds now, under the lock: results another process finished since our
+        # last look are answers, not configs to measure again. In-flight first: a trial that finishes
+        # between the two reads then shows up in the second one instead of in neither.
         in_flight = self._in_flight(study)
+        for key, result in self._known_results(study, space).items():
+            known.setdefault(key, result)
         asks = 0
         while len(batch) < want and asks < MAX_IDLE_PROPOSALS:
             asks += 1
@@ -400,6 +447,23 @@ class Tuner:
                 keys.add(Config(op, tuple(cfg.items())).key())
         return keys
 
+    @staticmethod
+    def _config_of(trial, space: SearchSpace) -> str | None:
+        """The config key a queued trial will produce (from its fixed parameters)."""
+        fixed = trial.system_attrs.get("fixed_params") or {}
+        values = {}
+        for p in space.params:
+            if p.name in fixed:
+                v = fixed[p.name]
+                ints = all(isinstance(c, int) and not isinstance(c, bool) for c in p.choices)
+                values[p.name] = sorted(p.choices)[int(v)] if ints and len(p.choices) > 1 else v
+            elif len(p.choices) == 1 and p.is_active(values):
+                values[p.name] = p.choices[0]
+        try:
+            return space.validate(values, check_feasible=False).key()
+        except InvalidConfigError:
+            return None
+
     def _enqueue(self, study, space, configs: Sequence[Config]) -> None:
         for config in configs:
             try:
@@ -466,6 +530,24 @@ class Tuner:
             self.db.put(record)
             outcome.record = record
         return outcome
+
+
+def _proposal_lock(url: str):
+    """A file lock beside a local storage (SQLite file or journal), or a no-op for remote databases."""
+    import contextlib
+
+    from filelock import FileLock
+
+    path = None
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+    elif url.startswith("journal:"):
+        path = url[len("journal:"):]
+    elif url.endswith((".log", ".journal", ".jsonl")):
+        path = url
+    if not path or path == ":memory:":
+        return contextlib.nullcontext()
+    return FileLock(path + ".propose.lock", timeout=600)
 
 
 def _best(results: Iterable[TrialResult]) -> TrialResult | None:

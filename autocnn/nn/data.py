@@ -66,6 +66,17 @@ class ImageDataset:
         return ImageDataset(self.name, self.x_train[:n], self.y_train[:n], self.x_test[:n], self.y_test[:n],
                             self.class_names)
 
+    def standardize(self) -> "ImageDataset":
+        """Both splits shifted and scaled per channel to zero mean and unit variance, with the
+        statistics of the training split only (the test split must not inform training)."""
+        axes = (0, 2, 3) if self.x_train.ndim == 4 else (0,)
+        mean = self.x_train.mean(axis=axes, keepdims=True, dtype=np.float64)
+        std = self.x_train.std(axis=axes, keepdims=True, dtype=np.float64)
+        std = np.where(std > 0, std, 1.0)
+        scale = lambda x: ((x - mean) / std).astype(self.x_train.dtype)  # noqa: E731
+        return ImageDataset(self.name, scale(self.x_train), self.y_train, scale(self.x_test), self.y_test,
+                            self.class_names)
+
     def fit_to(self, input_shape: Sequence[int]) -> "ImageDataset":
         """Both splits resized and channel-adapted to a network's (C, H, W) input."""
         return ImageDataset(self.name, fit_to_input(self.x_train, input_shape), self.y_train,

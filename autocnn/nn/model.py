@@ -18,6 +18,7 @@ refreshed and at the end of an epoch. Device arrays given to ``train_step``, ``e
 from __future__ import annotations
 
 import collections
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -571,8 +572,12 @@ class Sequential:
 
     def fit(self, x: Any, y: Any, epochs: int = 1, batch_size: int = DEFAULT_BATCH_SIZE,
             optimizer: str | Optimizer | None = None, validation_data: tuple[Any, Any] | None = None,
-            shuffle: bool = True, verbose: bool = True, device_data: bool | None = None) -> History:
+            shuffle: bool = True, verbose: bool = True, device_data: bool | None = None,
+            lr_schedule: str | None = None) -> History:
         """Train for ``epochs`` passes over (x, y); returns the per-epoch History.
+
+        ``lr_schedule``: None keeps the optimizer's learning rate; "cosine" anneals it over the
+        epochs from its value at the start of fit to zero (half a cosine, set at each epoch start).
 
         ``optimizer``: a name ("adam", "sgd", "rprop") or an Optimizer; None keeps the compiled
         one (Adam when there is none). ``validation_data``: (x_val, y_val), evaluated after
@@ -588,6 +593,8 @@ class Sequential:
         """
         if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
             raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
+        if lr_schedule not in (None, "none", "cosine"):
+            raise ValueError(f"lr_schedule must be None, 'none' or 'cosine', got {lr_schedule!r}")
         if device_data is not None and not isinstance(device_data, bool):
             raise ValueError(f"device_data must be True, False or None, got {device_data!r}")
         x = check_images(x, self.input_shape, self.dtype, "x")
@@ -615,6 +622,9 @@ class Sequential:
                 val = (be.asarray(val[0]), be.asarray(val[1], dtype=np.int64))
 
         opt = self._ready_optimizer()
+        if lr_schedule == "cosine" and not hasattr(opt, "lr"):
+            raise ValueError(f"{type(opt).__name__} has no learning rate to schedule (RPROP adapts its own steps)")
+        base_lr = getattr(opt, "lr", None)
         params, grads = self.params(), self.grads()
         history = History()
         n = len(x)
@@ -625,6 +635,8 @@ class Sequential:
         losses = be.zeros((n_batches,))
         accs = be.zeros((n_batches,), dtype=np.float64)
         for epoch in range(1, int(epochs) + 1):
+            if lr_schedule == "cosine":
+                opt.lr = base_lr * 0.5 * (1.0 + math.cos(math.pi * (epoch - 1) / epochs))
             start = time.perf_counter()
             order = self._shuffle_rng.permutation(n) if shuffle else None
             if device_data and order is not None:

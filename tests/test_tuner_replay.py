@@ -1,0 +1,222 @@
+"""The search, the database and the command line on recorded GPU measurements (replay), on the CPU.
+
+The replay files under tests/data/replay were recorded on an H200 with scripts/record_replay.py:
+every config of a (restricted) search space verified and timed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+
+from autocnn.db import TuningDatabase
+from autocnn.errors import FailureClass
+from autocnn.sources import ReplayFile, ReplaySource, TrialResult
+from autocnn.tuner import TuneSettings, Tuner
+
+REPLAY = Path(__file__).parent / "data" / "replay"
+POOL_FILE = REPLAY / "avgpool_bwd__modern_pool.json.gz"
+WGRAD_FILE = REPLAY / "conv_wgrad__convnet18_c1.json.gz"
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
+    return TuningDatabase(user_dir=tmp_path / "db", shipped_dir=tmp_path / "shipped")
+
+
+def storage(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'optuna.db'}"
+
+
+def tuner_for(files, db, tmp_path, **settings) -> tuple[Tuner, ReplaySource]:
+    source = ReplaySource([ReplayFile.load(f) for f in files])
+    fixed = ReplayFile.load(files[0]).space_filter
+    s = TuneSettings(storage=storage(tmp_path), fixed=fixed, **settings)
+    return Tuner(source, db, s, progress=False), source
+
+
+def test_replay_files_are_real_and_exhaustive():
+    files = sorted(REPLAY.glob("*.json.gz"))
+    assert len(files) >= 9
+    ops = {}
+    for f in files:
+        rf = ReplayFile.load(f)
+        assert rf.exhaustive and rf.device.compute_capability == "9.0"
+        ops.setdefault(rf.op, 0)
+        ops[rf.op] += 1
+        from autocnn.ops import get_operation
+
+        space = get_operation(rf.op).space(rf.problem, rf.device.limits())
+        if rf.space_filter:
+            space = space.restrict(rf.space_filter)
+        # every config of the (restricted) space was recorded, each with a time or a failure class
+        assert {c.key() for c in space.feasible_configs()} <= set(rf.results)
+        assert all(r.ok == (r.time_us is not None) for r in rf.results.values())
+    assert len(ops) >= 3 and all(n >= 3 for n in ops.values())
+
+
+def test_search_honours_constraints_and_never_remeasures(db, tmp_path):
+    tuner, source = tuner_for([WGRAD_FILE], db, tmp_path, trials=40, batch=8)
+    rf = source.files[0]
+    outcome = tuner.tune(rf.op, rf.problem)
+    space = tuner.space_for(rf.op, rf.problem)
+    searched = source.measured_keys[: outcome.measured]
+    assert outcome.measured == 40
+    assert len(searched) == len(set(searched)), "a config was measured twice during the search"
+    for key in searched:
+        assert space.is_feasible(rf.results[key].config)
+    assert outcome.best is not None and outcome.best.ok
+    # the stored winner is a recorded, verified config and its time is the re-timed median
+    record = db.lookup(rf.device, rf.problem)
+    assert record.source == "exact" and record.config.key() == outcome.best.config.key()
+    assert record.record.time_us == pytest.approx(rf.results[outcome.best.config.key()].time_us)
+
+
+def test_budget_in_trials_and_seconds(db, tmp_path):
+    tuner, source = tuner_for([POOL_FILE], db, tmp_path, trials=7, batch=4)
+    rf = source.files[0]
+    outcome = tuner.tune(rf.op, rf.problem)
+    assert outcome.measured == 7
+    confirm = 3 * 3   # winner, runner-up and default, three rounds
+    assert source.calls <= 7 + confirm
+    tuner2, _ = tuner_for([WGRAD_FILE], db, tmp_path, trials=10_000, batch=4, timeout_s=0.5)
+    rf2 = tuner2.source.files[0]
+    outcome2 = tuner2.tune(rf2.op, rf2.problem)
+    assert "timeout" in outcome2.stopped_because or "exhausted" in outcome2.stopped_because
+    assert outcome2.measured < 10_000
+
+
+def test_exhausted_space_stops(db, tmp_path):
+    tuner, source = tuner_for([POOL_FILE], db, tmp_path, trials=500, batch=16, sampler="grid")
+    rf = source.files[0]
+    outcome = tuner.tune(rf.op, rf.problem)
+    assert outcome.measured == len(rf.results) == 48
+    assert outcome.best.time_us == pytest.approx(rf.best().time_us)
+
+
+def test_failures_are_classified_and_never_stored(db, tmp_path):
+    rf = ReplayFile.load(POOL_FILE)
+    ranked = sorted((r for r in rf.results.values() if r.ok), key=lambda r: r.time_us)
+    planted = {FailureClass.WRONG_RESULT: ranked[0], FailureClass.TIMEOUT: ranked[1],
+               FailureClass.DEVICE_ERROR: ranked[2], FailureClass.COMPILE_ERROR: ranked[3]}
+    results = dict(rf.results)
+    for failure, r in planted.items():
+        results[r.config.key()] = TrialResult(r.config, False, failure=failure, message=f"planted {failure.value}")
+    broken = dataclasses.replace(rf, results=results)
+    path = tmp_path / "broken.json"
+    broken.save(path)
+    tuner, source = tuner_for([path], db, tmp_path, trials=48, batch=16, sampler="grid")
+    outcome = tuner.tune(rf.op, rf.problem)
+    assert {FailureClass.WRONG_RESULT.value, FailureClass.TIMEOUT.value, FailureClass.DEVICE_ERROR.value,
+            FailureClass.COMPILE_ERROR.value} <= set(outcome.failures)
+    bad_keys = {r.config.key() for r in planted.values()}
+    assert outcome.best.config.key() not in bad_keys
+    stored = db.lookup(rf.device, rf.problem)
+    assert stored.source == "exact" and stored.config.key() not in bad_keys
+    assert stored.record.time_us == pytest.approx(ranked[4].time_us)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+class InterruptingSource(ReplaySource):
+    def __init__(self, files, after):
+        super().__init__(files)
+        self.after = after
+
+    def measure(self, op, problem, configs):
+        for r in super().measure(op, problem, configs):
+            if self.calls > self.after:
+                raise KeyboardInterrupt
+            yield r
+
+
+def test_interrupted_run_resumes_without_remeasuring(db, tmp_path):
+    rf = ReplayFile.load(WGRAD_FILE)
+    settings = TuneSettings(trials=20, storage=storage(tmp_path), fixed=rf.space_filter, batch=4)
+    first = InterruptingSource([rf], after=9)
+    with pytest.raises(KeyboardInterrupt):
+        Tuner(first, db, settings, progress=False).tune(rf.op, rf.problem)
+    done_before = set(first.measured_keys[:-1])
+    second = ReplaySource([rf])
+    outcome = Tuner(second, db, settings, progress=False).tune(rf.op, rf.problem)
+    searched = second.measured_keys[: outcome.measured]
+    assert outcome.measured >= 20 - len(done_before) - 1
+    assert not (set(searched) & done_before), "a config measured before the interruption was measured again"
+    assert db.lookup(rf.device, rf.problem).source == "exact"
+
+
+def _share(args):
+    path, storage_url, db_dir, log = args
+    os.environ["AUTOCNN_TUNING_DB"] = db_dir
+    rf = ReplayFile.load(path)
+
+    class Logging(ReplaySource):
+        def measure(self, op, problem, configs):
+            import time
+
+            for r in super().measure(op, problem, configs):
+                time.sleep(0.01)   # the two processes overlap in time
+                yield r
+
+    source = Logging([rf])
+    settings = TuneSettings(trials=40, storage=storage_url, fixed=rf.space_filter, batch=4, confirm_rounds=1)
+    outcome = Tuner(source, TuningDatabase(), settings, progress=False).tune(rf.op, rf.problem)
+    Path(log).write_text(json.dumps(source.measured_keys[: outcome.measured]))
+    return outcome.measured
+
+
+def test_two_processes_share_one_study(tmp_path):
+    url = storage(tmp_path)
+    logs = [tmp_path / "a.json", tmp_path / "b.json"]
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        counts = pool.map(_share, [(str(WGRAD_FILE), url, str(tmp_path / "db"), str(log)) for log in logs])
+    a, b = (json.loads(p.read_text()) for p in logs)
+    assert not (set(a) & set(b)), "both processes measured the same config"
+    assert 40 <= len(a) + len(b) <= 40 + 2 * 4   # the study's budget, plus at most a batch each in flight
+    assert min(counts) > 0, "one process did all the work"
+
+
+def test_cli_end_to_end(tmp_path, monkeypatch, capsys):
+    from autocnn.cli import main
+
+    monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
+    rf = ReplayFile.load(POOL_FILE)
+    shape = rf.problem.shape_string()
+    code = main(["tune", "--op", rf.op, "--shape", shape, "--trials", "12", "--replay", str(POOL_FILE),
+                 "--storage", storage(tmp_path), "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)["results"][0]
+    assert result["shape"] == shape and result["measured"] == 12 and result["stored"]
+    assert result["tuned_us"] <= result["default_us"]
+    assert main(["db", "list"]) == 0
+    assert shape in capsys.readouterr().out
+    exported = tmp_path / "export.json"
+    expected = len(TuningDatabase().records(op=rf.op))   # this run's record and any shipped ones
+    assert main(["db", "export", str(exported), "--op", rf.op]) == 0
+    assert f"wrote {expected} records" in capsys.readouterr().out
+    assert main(["db", "remove", "--op", rf.op, "--shape", shape, "--yes"]) == 0
+    assert "removed 1" in capsys.readouterr().out      # user records only: shipped ones stay
+    assert main(["db", "import", str(exported)]) == 0
+    assert f"imported {expected}" in capsys.readouterr().out
+    assert TuningDatabase().lookup(rf.device, rf.problem).source == "exact"
+
+
+def test_cli_errors_are_actionable(tmp_path, monkeypatch, capsys):
+    from autocnn.cli import main
+
+    monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
+    assert main(["tune", "--op", "conv_fwd", "--trials", "3", "--replay", str(POOL_FILE)]) == 1
+    assert "--shape" in capsys.readouterr().err
+    assert main(["tune", "--op", "conv_fwd", "--shape", "N=1,C=1,H=4,W=4,K=1,R=9,S=3", "--replay",
+                 str(POOL_FILE)]) == 1
+    assert "R=9" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tune", "--op", "conv_fwd", "--shape", "N=1", "--sampler", "annealing"])
