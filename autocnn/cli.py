@@ -17,7 +17,26 @@ EXAMPLES = """examples:
 """
 
 
+# Commands whose options belong to another module's parser: handed over before argparse sees them
+# (argparse.REMAINDER would drop a first argument that looks like an option).
+DELEGATED = ("bench", "report")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        if argv[0] == "bench":
+            from .benchmark import main as delegate
+        else:
+            from .report import main as delegate
+        rest = argv[1:]
+        if rest[:1] == ["--"]:
+            rest = rest[1:]
+        try:
+            return int(delegate(rest) or 0)
+        except AutocnnError as exc:
+            print(f"autocnn: {exc}", file=sys.stderr)
+            return 1
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -35,11 +35,14 @@ class AvgPoolFwd(Operation):
         self.check_problem(problem)
         p = problem
         sw, kw = p.stride[1], p.window[1]
+        # Vector loads need an unpadded row whose length the width divides; where that fails for
+        # every config, the width is not offered at all (otherwise most proposals are infeasible).
+        vecs = tuple(v for v in (1, 2, 4) if v == 1 or (not any(p.padding) and p.W % v == 0))
         params = [
             Param("THREADS", THREADS, "threads per block"),
             Param("QPT", (1, 2, 4, 8), "consecutive outputs of a row per thread"),
             Param("IPT", ITEMS, "items per thread"),
-            Param("VEC", (1, 2, 4), "vector width of input loads"),
+            Param("VEC", vecs, "vector width of input loads"),
         ]
 
         def vector_ok(qpt, vec):
