@@ -231,7 +231,20 @@ class Layer(abc.ABC):
 
 # -- convolution ------------------------------------------------------------------------------------
 
-class Conv2d(Layer):
+class _WeightedLayer(Layer):
+    """A layer with weights and a fused activation (Conv2d, Dense): their backward passes begin alike."""
+
+    def _through_activation(self, dy: Array) -> Array:
+        """dL/dz from dL/dy, through the fused activation (dy itself when there is none)."""
+        if self._x is None:
+            raise RuntimeError(f"{self.describe()}: backward called before forward")
+        self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
+        if self._dz is None:
+            return dy
+        return activation_grad(self.backend, self.activation, self._y, dy, out=self._dz)
+
+
+class Conv2d(_WeightedLayer):
     """2-D convolution with fused bias and activation: y = act(conv(x, W) + b).
 
     ``padding``: an int, (height, width) or (top, left, bottom, right) (asymmetric padding, as
@@ -351,12 +364,7 @@ class Conv2d(Layer):
 
     def backward(self, dy: Array) -> Array | None:
         backend = self._require_built()
-        if self._x is None:
-            raise RuntimeError(f"{self.describe()}: backward called before forward")
-        self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
-        dz = dy
-        if self._dz is not None:
-            dz = activation_grad(backend, self.activation, self._y, dy, out=self._dz)
+        dz = self._through_activation(dy)
         backend.conv_wgrad(self.wgrad_problem, self._x, dz, self._grads["weight"], self._grads.get("bias"))
         if not self.needs_input_grad:
             return None
@@ -439,7 +447,7 @@ class AvgPool2d(Layer):
 
 # -- dense ------------------------------------------------------------------------------------------
 
-class Dense(Layer):
+class Dense(_WeightedLayer):
     """Fully connected: y = act(x @ W + b), W of shape (in_features, out_features)."""
 
     trainable = True
@@ -505,12 +513,7 @@ class Dense(Layer):
 
     def backward(self, dy: Array) -> Array | None:
         backend = self._require_built()
-        if self._x is None:
-            raise RuntimeError(f"{self.describe()}: backward called before forward")
-        self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
-        dz = dy
-        if self._dz is not None:
-            dz = activation_grad(backend, self.activation, self._y, dy, out=self._dz)
+        dz = self._through_activation(dy)
         backend.matmul(self._x.T, dz, out=self._grads["weight"])
         if self.use_bias:
             backend.xp.sum(dz, axis=0, out=self._grads["bias"])
