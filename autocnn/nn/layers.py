@@ -234,6 +234,13 @@ class Layer(abc.ABC):
 class _WeightedLayer(Layer):
     """A layer with weights and a fused activation (Conv2d, Dense): their backward passes begin alike."""
 
+    def _epilogue_text(self) -> str:
+        """The bias and activation part of the layer's description."""
+        text = "" if self.use_bias else ", bias=False"
+        if self.activation != "none":
+            text += f", activation={self.activation!r}"
+        return text
+
     def _through_activation(self, dy: Array) -> Array:
         """dL/dz from dL/dy, through the fused activation (dy itself when there is none)."""
         if self._x is None:
@@ -281,11 +288,7 @@ class Conv2d(_WeightedLayer):
             text += f", stride={self.stride}"
         if any(self.padding):
             text += f", padding={self.padding}"
-        if not self.use_bias:
-            text += ", bias=False"
-        if self.activation != "none":
-            text += f", activation={self.activation!r}"
-        return text
+        return text + self._epilogue_text()
 
     def compute_output_shape(self, input_shape: Shape) -> Shape:
         if len(input_shape) != 3 or input_shape[0] != self.in_channels:
@@ -466,11 +469,7 @@ class Dense(_WeightedLayer):
 
     def config_text(self) -> str:
         text = f"{self.in_features}, {self.out_features}"
-        if not self.use_bias:
-            text += ", bias=False"
-        if self.activation != "none":
-            text += f", activation={self.activation!r}"
-        return text
+        return text + self._epilogue_text()
 
     def compute_output_shape(self, input_shape: Shape) -> Shape:
         if len(input_shape) != 1:
