@@ -88,3 +88,149 @@ def test_cuda_backend_refuses_float64():
 
     with pytest.raises(ValueError, match="float32"):
         CudaBackend(dtype=np.float64)
+
+
+# -- fused kernels against the numpy code they replace --------------------------------------------
+
+@pytest.mark.parametrize("act", ["relu", "tanh", "logistic"])
+def test_fused_activations_match_numpy(act):
+    import cupy as cp
+
+    from autocnn.nn import NumpyBackend
+    from autocnn.nn import fused
+
+    rng = np.random.default_rng()
+    ref = NumpyBackend()
+    z = (rng.standard_normal((37, 29)) * 30).astype(np.float32)   # odd sizes, |z| up to ~150
+    bias = rng.standard_normal(29).astype(np.float32)
+    dy = rng.standard_normal(z.shape).astype(np.float32)
+
+    y = fused.activation(act, cp.asarray(z), cp.empty(z.shape, cp.float32))
+    want = ref.activation(act, z, np.empty_like(z))
+    np.testing.assert_allclose(y.get(), want, rtol=2e-6, atol=1e-7)
+
+    yb = cp.asarray(z)
+    fused.bias_activation(yb, cp.asarray(bias), act)
+    np.testing.assert_allclose(yb.get(), ref.activation(act, z + bias, np.empty_like(z)), rtol=2e-6, atol=1e-7)
+
+    dz = fused.activation_grad(act, cp.asarray(want), cp.asarray(dy), cp.empty(z.shape, cp.float32))
+    np.testing.assert_allclose(dz.get(), ref.activation_grad(act, want, dy, np.empty_like(z)), rtol=1e-6,
+                               atol=1e-7)
+
+
+@pytest.mark.parametrize("n,classes", [(1, 2), (7, 10), (300, 10), (33, 131)])
+def test_fused_softmax_cross_entropy_matches_numpy(n, classes):
+    import cupy as cp
+
+    from autocnn.nn import fused
+    from autocnn.nn.losses import Accuracy, SoftmaxCrossEntropy
+
+    rng = np.random.default_rng()
+    logits = (rng.standard_normal((n, classes)) * 6).astype(np.float32)
+    logits[0, :] = 1.0                                   # a tie: the first maximum counts, as argmax
+    labels = rng.integers(0, classes, n).astype(np.int64)
+    for weights in (np.ones(n, np.float32), (rng.random(n) * (rng.random(n) > 0.3)).astype(np.float32),
+                    np.zeros(n, np.float32)):
+        grad, loss, acc = cp.empty((n, classes), cp.float32), cp.empty((), cp.float32), cp.empty((), cp.float64)
+        fused.softmax_xent(cp.asarray(logits), cp.asarray(labels), cp.asarray(weights), grad, loss, acc)
+        want_loss, want_grad = SoftmaxCrossEntropy().loss_and_grad(logits, labels, weights)
+        want_acc = float(Accuracy()(logits, labels, weights))
+        assert float(loss) == pytest.approx(float(want_loss), rel=1e-5, abs=1e-6)
+        np.testing.assert_allclose(grad.get(), want_grad, rtol=1e-4, atol=1e-7)
+        assert float(acc) == pytest.approx(want_acc, rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("kind", ["adam", "sgd", "nesterov", "rprop"])
+def test_fused_optimizers_match_numpy_over_steps_with_a_schedule(kind):
+    import cupy as cp
+
+    from autocnn import nn
+    from autocnn.nn import NumpyBackend
+    from autocnn.nn.arena import ParameterArena
+
+    def make():
+        return {"adam": lambda: nn.Adam(lr=0.01, weight_decay=0.01),
+                "sgd": lambda: nn.SGD(lr=0.05, weight_decay=0.001),
+                "nesterov": lambda: nn.SGD(lr=0.05, momentum=0.9, nesterov=True),
+                "rprop": lambda: nn.RPROP(step_init=0.01)}[kind]()
+
+    rng = np.random.default_rng()
+    shapes = {"c.weight": (5, 3, 3, 3), "c.bias": (5,), "d.weight": (17, 4)}
+    cpu, gpu = ParameterArena(NumpyBackend(), shapes), ParameterArena(nn.get_backend("cuda"), shapes)
+    start = rng.standard_normal(cpu.size).astype(np.float32)
+    cpu.params[...] = start
+    gpu.params.set(start)
+    opt_cpu, opt_gpu = make(), make()
+    opt_cpu.setup(cpu.param_views, arena=cpu)
+    opt_gpu.setup(gpu.param_views, arena=gpu)
+    for step in range(8):
+        g = (rng.standard_normal(cpu.size) * (rng.random(cpu.size) > 0.2)).astype(np.float32)
+        if step % 3 == 2:
+            g = -g   # sign flips for RPROP
+        cpu.grads[...] = g
+        gpu.grads.set(g)
+        if step == 4 and hasattr(opt_cpu, "lr"):
+            opt_cpu.lr = opt_gpu.lr = opt_cpu.lr * 0.3
+        opt_cpu.step(cpu.param_views, cpu.grad_views)
+        opt_gpu.step(gpu.param_views, gpu.grad_views)
+    np.testing.assert_allclose(gpu.params.get(), cpu.params, rtol=2e-5, atol=2e-6)
+    assert opt_gpu.iterations == 8 and int(opt_gpu._device_step[0]) == 8
+
+
+# -- training steps replayed as CUDA graphs -------------------------------------------------------
+
+@pytest.mark.parametrize("name", NETWORKS)
+def test_graphed_steps_match_eager_steps_and_count_their_kernels(name):
+    from autocnn import nn
+
+    rng = np.random.default_rng()
+    seed = int(rng.integers(2**31))
+    graphed = nn.build_network(name, backend="cuda", seed=seed).build(BATCH).compile(nn.Adam(3e-3))
+    eager = nn.build_network(name, backend="cuda", seed=seed).build(BATCH).compile(nn.Adam(3e-3))
+    eager.use_graphs = False
+    steps = 6
+    batches = [(rng.standard_normal((BATCH, *graphed.input_shape)).astype(np.float32),
+                rng.integers(0, graphed.num_classes, BATCH)) for _ in range(steps)]
+    be = graphed.backend
+    graphed.train_step(*batches[0])                   # eager warm-up step
+    per_step = dict(be.kernel_calls)
+    be.kernel_calls.clear()
+    be.generated_launches.clear()
+    losses_g, losses_e = [], []
+    eager_result = eager.train_step(*batches[0])
+    losses_e.append(eager_result.loss)
+    losses_g.append(None)
+    for i, (xb, yb) in enumerate(batches[1:], start=1):
+        if i == 3:
+            graphed.optimizer.lr = eager.optimizer.lr = 1e-3   # read by the graph from device memory
+        losses_g.append(graphed.train_step(xb, yb).loss)
+        losses_e.append(eager.train_step(xb, yb).loss)
+    assert graphed._graph is not None and eager._graph is None
+    # Every replay counts the kernels the graph holds: the same as running them one by one.
+    assert dict(be.kernel_calls) == {op: n * (steps - 1) for op, n in per_step.items()}
+    assert be.generated_launches == be.kernel_calls
+    for a, b in zip(losses_g[1:], losses_e[1:]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    w_g, w_e = graphed.get_weights(), eager.get_weights()
+    for k in w_e:
+        assert _rel(w_g[k], w_e[k]) <= 1e-5, f"{name} weight {k}"
+
+
+def test_graphed_fit_matches_eager_fit():
+    from autocnn import nn
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((70, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, 70)
+    histories, weights = [], []
+    for graphs in (True, False):
+        model = nn.build_network("lenet5", backend="cuda", seed=3)
+        model.use_graphs = graphs
+        histories.append(model.fit(x, y, epochs=3, batch_size=16, optimizer=nn.Adam(2e-3), verbose=False,
+                                   lr_schedule="cosine", validation_data=(x[:20], y[:20])))
+        weights.append(model.get_weights())
+        assert (model._graph is not None) == graphs
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        np.testing.assert_allclose(getattr(histories[0], key), getattr(histories[1], key), rtol=1e-5, atol=1e-6)
+    for k in weights[1]:
+        assert _rel(weights[0][k], weights[1][k]) <= 1e-5, k

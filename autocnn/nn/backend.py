@@ -13,7 +13,9 @@ Contract for a backend implementation (e.g. the CUDA backend):
   call the hook, so every backend is checked and counted the same way;
 * override ``to_numpy``/``upload``/``synchronize`` where the array module needs it; the
   element-wise helpers (activations, matmul) work for any numpy-compatible ``xp`` and may be
-  overridden with fused kernels.
+  overridden with fused kernels;
+* a backend that can record a training step and replay it (CUDA graphs) sets ``can_capture``
+  and implements ``capture``.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import abc
 import collections
 import importlib
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -58,6 +60,18 @@ class KernelDispatch:
     detail: str = ""
 
 
+class CapturedStep(abc.ABC):
+    """A recorded sequence of device work (a training step) that can be run again as a whole.
+
+    Replaying counts, in the backend's ``kernel_calls`` (and any launch counters it keeps), the
+    kernel operations the recording holds, as running them one by one would.
+    """
+
+    @abc.abstractmethod
+    def replay(self) -> None:
+        """Queue the recorded work once more (on the current stream), without waiting for it."""
+
+
 def array_module(array: Array) -> Any:
     """numpy or cupy, whichever ``array`` belongs to (without importing cupy for numpy arrays)."""
     if type(array).__module__.split(".")[0] == "cupy":
@@ -69,6 +83,8 @@ class Backend(abc.ABC):
     """Array module, dtype and the five kernel operations, run into preallocated outputs."""
 
     name: ClassVar[str] = "abstract"
+    # Whether ``capture`` can record device work for replay (CUDA graphs); False on the CPU.
+    can_capture: ClassVar[bool] = False
 
     def __init__(self, xp: Any, dtype: Any):
         self.xp = xp
@@ -97,6 +113,19 @@ class Backend(abc.ABC):
 
     def synchronize(self) -> None:
         """Wait for queued work (a no-op on the CPU); called before timing an epoch."""
+
+    def copy_into(self, dst: Array, src: Array) -> Array:
+        """dst[...] = src for arrays of one shape and dtype (queued, not waited for, on a GPU)."""
+        self.xp.copyto(dst, src)
+        return dst
+
+    def capture(self, step: Callable[[], None]) -> CapturedStep:
+        """Record the device work ``step`` queues, without running it, for replay.
+
+        Only for backends with ``can_capture``; ``step`` must neither wait for the device nor
+        keep memory it allocates beyond its own end.
+        """
+        raise NotImplementedError(f"the {self.name} backend cannot capture device work for replay")
 
     # -- kernel problems -----------------------------------------------------------------------
     @abc.abstractmethod
@@ -209,6 +238,14 @@ class Backend(abc.ABC):
         else:
             raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
         return out
+
+    def bias_activation(self, y: Array, bias: Array | None, name: str) -> Array:
+        """y = act(y + bias) in place, the bias broadcast along the last axis (a Dense epilogue)."""
+        if bias is not None:
+            y += bias
+        if name != "none":
+            self.activation(name, y, out=y)
+        return y
 
     def activation_grad(self, name: str, y: Array, dy: Array, out: Array) -> Array:
         """out = dL/dz given the activation's OUTPUT y and dL/dy; ``out`` may be ``dy``."""

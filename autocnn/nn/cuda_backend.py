@@ -3,16 +3,22 @@
 ``prepare`` (called when a model is built for a batch size) looks each kernel problem up in the
 tuning database (exact record, same architecture, nearest tuned shape, or the heuristic default),
 compiles it through NVRTC and allocates its workspaces, so the training step only launches.
+
+Activations, the Dense epilogue and their gradients run as fused kernels (autocnn.nn.fused), and
+``capture`` records a training step as a CUDA graph. Memory the step allocates while it is
+captured (CuPy's temporaries) comes from a pool private to the captured graphs, so nothing else
+can reuse it while a graph that writes there may still be replayed.
 """
 from __future__ import annotations
 
 import collections
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
 from ..errors import DeviceError
-from .backend import Backend, KernelDispatch
+from . import fused
+from .backend import Backend, CapturedStep, KernelDispatch
 
 # What the training library says about where a kernel's config came from.
 SOURCE_LABELS = {
@@ -23,8 +29,25 @@ SOURCE_LABELS = {
 }
 
 
+class CudaGraphStep(CapturedStep):
+    """A training step recorded as a CUDA graph, with the kernel operations it holds."""
+
+    def __init__(self, backend: "CudaBackend", graph: Any, calls: collections.Counter[str],
+                 generated: collections.Counter[str]) -> None:
+        self.backend = backend
+        self.graph = graph
+        self.calls = calls
+        self.generated = generated
+
+    def replay(self) -> None:
+        self.graph.launch(stream=self.backend.cp.cuda.get_current_stream())
+        self.backend.kernel_calls.update(self.calls)
+        self.backend.generated_launches.update(self.generated)
+
+
 class CudaBackend(Backend):
     name: ClassVar[str] = "cuda"
+    can_capture: ClassVar[bool] = True
 
     def __init__(self, dtype: Any = np.float32, device_id: int = 0, database: Any = None):
         from ..device import current_device
@@ -50,6 +73,8 @@ class CudaBackend(Backend):
         self._dispatch: dict[Any, KernelDispatch] = {}
         # Launches of generated kernels per op: the tests compare it with kernel_calls.
         self.generated_launches: collections.Counter[str] = collections.Counter()
+        self._graph_pool: Any = None
+        self._capture_stream: Any = None
 
     # -- memory ----------------------------------------------------------------------------------
     def to_numpy(self, a: Any) -> np.ndarray:
@@ -61,6 +86,73 @@ class CudaBackend(Backend):
 
     def synchronize(self) -> None:
         self.cp.cuda.get_current_stream().synchronize()
+
+    def copy_into(self, dst: Any, src: Any) -> Any:
+        # One asynchronous device-to-device copy: cheaper to issue than an element-wise kernel.
+        if dst.shape != src.shape or dst.dtype != src.dtype:
+            raise ValueError(f"copy_into: {src.shape} {src.dtype} into {dst.shape} {dst.dtype}")
+        if not (dst.flags.c_contiguous and src.flags.c_contiguous):
+            return super().copy_into(dst, src)
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, rt.memcpyDeviceToDevice,
+                       self.cp.cuda.get_current_stream().ptr)
+        return dst
+
+    # -- graphs ----------------------------------------------------------------------------------
+    def capture(self, step: Callable[[], None]) -> CudaGraphStep:
+        """Record ``step``'s device work as a CUDA graph (nothing runs until it is replayed).
+
+        The kernel-call counters are put back as they were: the work counts when it is replayed.
+        """
+        cp = self.cp
+        if self._graph_pool is None:
+            self._graph_pool = cp.cuda.MemoryPool()
+            self._capture_stream = cp.cuda.Stream(non_blocking=True)
+        stream = self._capture_stream
+        calls_before = collections.Counter(self.kernel_calls)
+        generated_before = collections.Counter(self.generated_launches)
+        # Work queued before on the current stream is ordered before the replays anyway (they go
+        # to the current stream); the capture stream itself queues nothing.
+        try:
+            with cp.cuda.using_allocator(self._graph_pool.malloc), stream:
+                stream.begin_capture()
+                try:
+                    step()
+                except BaseException:
+                    try:
+                        stream.end_capture()  # leave the stream usable; the step's error is what counts
+                    except Exception:  # noqa: BLE001
+                        pass
+                    raise
+                graph = stream.end_capture()
+        finally:
+            calls = self.kernel_calls - calls_before
+            generated = self.generated_launches - generated_before
+            self.kernel_calls.clear()
+            self.kernel_calls.update(calls_before)
+            self.generated_launches.clear()
+            self.generated_launches.update(generated_before)
+        return CudaGraphStep(self, graph, calls, generated)
+
+    # -- element-wise work, fused ----------------------------------------------------------------
+    def activation(self, name: str, z: Any, out: Any) -> Any:
+        if name == "none":
+            if out is not z:
+                self.cp.copyto(out, z)
+            return out
+        return fused.activation(name, z, out)
+
+    def bias_activation(self, y: Any, bias: Any, name: str) -> Any:
+        if bias is None:
+            return self.activation(name, y, out=y)
+        return fused.bias_activation(y, bias, name)
+
+    def activation_grad(self, name: str, y: Any, dy: Any, out: Any) -> Any:
+        if name == "none":
+            if out is not dy:
+                self.cp.copyto(out, dy)
+            return out
+        return fused.activation_grad(name, y, dy, out)
 
     # -- kernels ---------------------------------------------------------------------------------
     def prepare(self, problems: Sequence[Any]) -> list[KernelDispatch]:

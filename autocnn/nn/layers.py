@@ -504,10 +504,8 @@ class Dense(_WeightedLayer):
         self._check_batch("input", x, self.input_shape)  # type: ignore[arg-type]
         self._x = x
         backend.matmul(x, self._params["weight"], out=self._y)
-        if self.use_bias:
-            self._y += self._params["bias"]
-        if self.activation != "none":
-            backend.activation(self.activation, self._y, out=self._y)
+        if self.use_bias or self.activation != "none":
+            backend.bias_activation(self._y, self._params.get("bias"), self.activation)
         return self._y
 
     def backward(self, dy: Array) -> Array | None:

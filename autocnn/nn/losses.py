@@ -133,6 +133,24 @@ class SoftmaxCrossEntropy:
         grad *= scale[:, None]
         return loss, grad
 
+    def loss_grad_accuracy(self, logits: Array, labels: Array, weights: Array, *, grad_out: Array,
+                           loss_out: Array, acc_out: Array, metric: "Accuracy") -> None:
+        """The model's step: loss into ``loss_out``, dL/dlogits into ``grad_out`` and the weighted
+        accuracy (by ``metric``) into ``acc_out``, labels unchecked (as ``check=False``).
+
+        On a GPU with float32 logits this is one fused kernel (autocnn.nn.fused.softmax_xent);
+        elsewhere ``loss_and_grad`` and ``metric``, with the same results to rounding.
+        """
+        xp = array_module(logits)
+        if (xp is not np and logits.dtype == np.float32 and weights.dtype == np.float32
+                and labels.dtype == np.int64 and loss_out.dtype == np.float32 and acc_out.dtype == np.float64):
+            from . import fused
+
+            fused.softmax_xent(logits, labels, weights, grad_out, loss_out, acc_out)
+            return
+        self.loss_and_grad(logits, labels, weights, out=grad_out, loss_out=loss_out, check=False)
+        metric(logits, labels, weights, out=acc_out)
+
     def _parts(self, xp: Any, logits: Array, labels: Array, weights: Array | None
                ) -> tuple[Array, Array, Array, Array, Array]:
         """(logits - row max, log-sum-exp of that (n, 1), weights, max(sum of weights, tiny), labels as int64)."""

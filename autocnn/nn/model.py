@@ -8,6 +8,14 @@ they count for nothing in the loss, the gradients and the metrics.
 
 Asking for another batch size (``build(n)``, ``fit(batch_size=n)``, ``evaluate(..., n)``)
 rebuilds the buffers and problems; parameters, their gradients and the optimizer state stay.
+The first build moves every parameter into one flat buffer and every gradient into another (a
+ParameterArena), so an optimizer updates the whole model in one pass.
+
+On a backend that can capture CUDA graphs (cuda), the device work of a training step (forward,
+loss, backward, update) is captured once, at the second step after a build or an optimizer
+change, and replayed from then on: one launch per step instead of dozens, with the host doing
+only the staging of the batch and the optimizer's bookkeeping. ``use_graphs = False`` runs every
+step kernel by kernel instead (the results are the same).
 
 A training step never waits for a GPU: loss and accuracy stay on the device as 0-d arrays
 (``StepResult`` reads them when asked), ``fit`` keeps its data on the device when it fits there
@@ -20,6 +28,7 @@ from __future__ import annotations
 import collections
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -27,7 +36,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .backend import Array, Backend, KernelDispatch, KernelProblem, get_backend
+from .arena import ParameterArena
+from .backend import Array, Backend, CapturedStep, KernelDispatch, KernelProblem, get_backend
 from .layers import Layer
 from .losses import Accuracy, SoftmaxCrossEntropy, softmax
 from .optim import Adam, Optimizer, get_optimizer
@@ -201,6 +211,13 @@ class Sequential:
         self.batch_size: int | None = None
         self.dispatch: list[KernelDispatch] = []
         self._pending_params: dict[int, dict[str, np.ndarray]] = {}
+        self._arena: ParameterArena | None = None
+        # Whether training steps are captured and replayed as CUDA graphs where the backend can.
+        self.use_graphs = True
+        self._build_count = 0
+        self._graph: CapturedStep | None = None
+        self._graph_key: tuple[Any, ...] | None = None
+        self._eager_key: tuple[Any, ...] | None = None  # the last key that ran an eager (warm-up) step
 
     # -- description ---------------------------------------------------------------------------
     def _name_layers(self) -> None:
@@ -257,13 +274,20 @@ class Sequential:
         shape = self.input_shape
         for layer in self.layers:
             shape = layer.build(shape, batch_size, self.backend, self._init_rng)
-        self._apply_pending_params()
         be = self.backend
+        if self._arena is None:
+            self._arena = ParameterArena.gather(self.layers, be)
+        self._apply_pending_params()
         self._x_buf = be.zeros((batch_size, *self.input_shape))
         self._labels_buf = be.zeros((batch_size,), dtype=np.int64)
         self._weights_buf = be.zeros((batch_size,))
         self._weights_n = None
         self._dlogits = be.zeros((batch_size, self.num_classes))
+        # Where every training step leaves its loss and accuracy (a graphed step writes only here).
+        self._step_loss = be.zeros(())
+        self._step_acc = be.zeros((), dtype=np.float64)
+        self._graph = None  # captured on the buffers just replaced
+        self._build_count += 1
         problems = self._collect_problems(layer.problems() for layer in self.layers)
         dispatch = list(be.prepare(problems))
         if len(dispatch) != len(problems) or not all(isinstance(d, KernelDispatch) for d in dispatch):
@@ -364,7 +388,8 @@ class Sequential:
             raise RuntimeError("no optimizer: call compile(optimizer) or pass optimizer= to fit")
         params = self.params()
         if not self.optimizer.matches(params):
-            self.optimizer.setup(params)
+            arena = self._arena if self._arena is not None and self._arena.holds(params) else None
+            self.optimizer.setup(params, arena=arena)
         return self.optimizer
 
     # -- where the data lives ------------------------------------------------------------------
@@ -444,7 +469,9 @@ class Sequential:
     def _copy_rows(self, buf: Array, src: Array, n: int) -> None:
         # Device to device: the first n rows from src, zeros after them.
         xp = self.backend.xp
-        if n == len(buf):
+        if n == len(buf) and src.dtype == buf.dtype and src.shape == buf.shape:
+            self.backend.copy_into(buf, src)
+        elif n == len(buf):
             xp.copyto(buf, src)
         else:
             xp.copyto(buf[:n], src)
@@ -506,12 +533,51 @@ class Sequential:
         Returns (loss, accuracy) as 0-d device arrays (written into ``loss_out``/``acc_out`` when
         given, else new ones) without waiting for the device.
         """
+        be = self.backend
+        loss = be.zeros(()) if loss_out is None else loss_out
+        acc = be.zeros((), dtype=np.float64) if acc_out is None else acc_out
         logits = self._forward()
-        loss, _ = self.loss.loss_and_grad(logits, self._labels_buf, self._weights_buf, out=self._dlogits,
-                                          loss_out=loss_out, check=False)
-        acc = self.metric(logits, self._labels_buf, self._weights_buf, out=acc_out)
+        self.loss.loss_grad_accuracy(logits, self._labels_buf, self._weights_buf, grad_out=self._dlogits,
+                                     loss_out=loss, acc_out=acc, metric=self.metric)
         self._backward(self._dlogits)
         return loss, acc
+
+    def _device_step(self, optimizer: Optimizer) -> None:
+        """Every device operation of a training step on the staged batch, after the optimizer's
+        ``begin_step``: forward, loss, backward and update, the loss and accuracy left in the
+        step buffers. Nothing here may wait for the device or allocate what outlives the step:
+        this is what a CUDA graph captures."""
+        self._forward_backward(self._step_loss, self._step_acc)
+        optimizer.apply(self.params(), self.grads())
+
+    def _run_step(self, optimizer: Optimizer) -> None:
+        """One training step on the staged batch, as a replayed CUDA graph where possible.
+
+        The first step for a (build, optimizer, optimizer setup) runs kernel by kernel: it
+        compiles and allocates whatever is used for the first time. The second captures the
+        step and replays it; every later one only replays. A capture that fails (a backend
+        operation that cannot be captured) is reported once, and the model goes on without graphs.
+        """
+        optimizer.begin_step()
+        key = (self._build_count, id(optimizer), optimizer.generation)
+        graphs = self.use_graphs and self.backend.can_capture
+        if graphs and self._graph is not None and self._graph_key == key:
+            self._graph.replay()
+            return
+        if not graphs or self._eager_key != key:
+            self._eager_key = key
+            self._device_step(optimizer)
+            return
+        try:
+            graph = self.backend.capture(lambda: self._device_step(optimizer))
+        except Exception as exc:  # noqa: BLE001 -- any capture failure means: run without graphs
+            warnings.warn(f"the training step could not be captured as a CUDA graph ({type(exc).__name__}: "
+                          f"{exc}); running it kernel by kernel from now on", RuntimeWarning, stacklevel=3)
+            self.use_graphs = False
+            self._device_step(optimizer)
+            return
+        self._graph, self._graph_key = graph, key
+        graph.replay()
 
     def _gradients(self, xb: Array, yb: Array, weights: np.ndarray | None) -> tuple[Array, Array]:
         """Stage one batch, then forward and backward; returns (loss, accuracy) as 0-d arrays."""
@@ -520,10 +586,11 @@ class Sequential:
 
     def _train_batch(self, xb: Array, yb: Array, weights: np.ndarray | None) -> StepResult:
         optimizer = self._ready_optimizer()
-        loss, acc = self._gradients(xb, yb, weights)
-        optimizer.step(self.params(), self.grads())
+        self._stage(xb, yb, weights)
+        self._run_step(optimizer)
         samples = float(len(xb)) if weights is None else float(np.sum(weights))
-        return StepResult(loss, acc, samples)
+        # Copies: the next step overwrites the step buffers.
+        return StepResult(self._step_loss.copy(), self._step_acc.copy(), samples)
 
     def train_step(self, xb: Any, yb: Any, weights: Any = None) -> StepResult:
         """One forward, backward and update on a batch of at most the built batch size.
@@ -625,7 +692,6 @@ class Sequential:
         if lr_schedule == "cosine" and not hasattr(opt, "lr"):
             raise ValueError(f"{type(opt).__name__} has no learning rate to schedule (RPROP adapts its own steps)")
         base_lr = getattr(opt, "lr", None)
-        params, grads = self.params(), self.grads()
         history = History()
         n = len(x)
         bs: int = self.batch_size  # type: ignore[assignment]
@@ -649,8 +715,9 @@ class Sequential:
                         self._stage_rows(x, y, rows)
                     else:
                         self._stage(x[rows], y[rows], None)
-                    self._forward_backward(losses[i, ...], accs[i, ...])
-                    opt.step(params, grads)
+                    self._run_step(opt)
+                    be.copy_into(losses[i, ...], self._step_loss)
+                    be.copy_into(accs[i, ...], self._step_acc)
                     if verbose and ((i + 1) % PROGRESS_EVERY == 0 or i + 1 == n_batches):
                         totals.read(be, losses, accs, i + 1)  # waits for the device to get here
                         bar.set_postfix_str(totals.text(), refresh=False)
@@ -679,9 +746,10 @@ class Sequential:
         accs = be.zeros((len(sizes),), dtype=np.float64)
         for i, idx in enumerate(self._batches(len(x), bs)):
             self._stage(x[idx], y[idx], None)
-            logits = self._forward()
-            self.loss.loss_array(logits, self._labels_buf, self._weights_buf, out=losses[i, ...], check=False)
-            self.metric(logits, self._labels_buf, self._weights_buf, out=accs[i, ...])
+            # The gradient goes to the training buffer, unused here: one fused pass on a GPU.
+            self.loss.loss_grad_accuracy(self._forward(), self._labels_buf, self._weights_buf,
+                                         grad_out=self._dlogits, loss_out=losses[i, ...], acc_out=accs[i, ...],
+                                         metric=self.metric)
         totals = _Totals(sizes)
         totals.read(be, losses, accs, len(sizes))  # the one wait for the device
         return totals.loss, totals.accuracy

@@ -8,6 +8,17 @@ the gradient before the update (as PyTorch's SGD and Adam do).
 The updates allocate nothing: every intermediate goes into state buffers made by ``setup``
 (per-parameter scratch, and buffers shared by all parameters, sized for the largest one), with
 ``out=`` arguments, so a step is a fixed sequence of kernels on fixed buffers.
+
+A step has a host part and a device part. ``begin_step`` counts the step on the host and, for
+parameters on a GPU, copies the hyper-parameters to the device when one has changed (a
+learning-rate schedule); ``apply`` is the device work alone: on a GPU it advances a step counter
+in device memory and runs fused kernels (autocnn.nn.fused) that read everything from there, so
+the model can capture ``apply`` in a CUDA graph and replay it while ``begin_step`` keeps running
+on the host. ``step`` is both.
+
+When the model keeps its parameters and gradients in one flat buffer each (a ParameterArena,
+passed to ``setup``), the state is flat as well and the whole update is one pass over the
+arena; ``state(name)`` still gives each parameter's state (views into the flat state).
 """
 from __future__ import annotations
 
@@ -17,9 +28,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .arena import ParameterArena
 from .backend import Array, array_module
 
 Params = Mapping[str, Array]
+
+
+def _on_gpu(xp: Any) -> bool:
+    return xp is not np and xp.__name__.split(".")[0] == "cupy"
 
 
 def _positive(owner: str, name: str, value: Any) -> float:
@@ -47,6 +63,15 @@ class Optimizer(abc.ABC):
         # name -> (dtype, array module name) -> one flat buffer of the largest parameter's size
         self._shared: dict[str, dict[tuple[str, str], Array]] = {}
         self.iterations = 0
+        # Set by setup: the arena the state is laid out like (None: per-parameter state), its
+        # flat state, and on a GPU the device copies of the hyper-parameters and step counter.
+        self._arena: ParameterArena | None = None
+        self._flat_state: dict[str, Array] = {}
+        self._device_hyper: Array | None = None
+        self._device_step: Array | None = None
+        self._hyper_on_device: tuple[float, ...] | None = None
+        # Bumped by every setup: the model re-captures a graphed step when it changes.
+        self.generation = 0
 
     @property
     def is_setup(self) -> bool:
@@ -56,30 +81,84 @@ class Optimizer(abc.ABC):
         """Whether the state was set up for exactly these parameter names and shapes."""
         return self._shapes == {name: tuple(p.shape) for name, p in params.items()}
 
-    def setup(self, params: Params) -> None:
-        """Allocate the state for these parameters (and forget any earlier state)."""
+    def setup(self, params: Params, arena: ParameterArena | None = None) -> None:
+        """Allocate the state for these parameters (and forget any earlier state).
+
+        ``arena``: the flat buffer ``params`` are views of (the model passes its own); the state
+        is then laid out flat like it, and steps on exactly those views update it in one pass.
+        """
         if not params:
             raise ValueError(f"{type(self).__name__}: no parameters to optimize")
+        if arena is not None and not arena.holds(params):
+            raise ValueError(f"{type(self).__name__}: the parameters are not the views of the given arena")
         self._shapes = {name: tuple(p.shape) for name, p in params.items()}
-        self._state = {name: self._init_state(p) for name, p in params.items()}
+        self._arena = arena
+        if arena is not None:
+            self._flat_state = self._init_state(arena.params)
+            self._state = {name: {k: arena.view(name, flat) for k, flat in self._flat_state.items()}
+                           for name in params}
+        else:
+            self._flat_state = {}
+            self._state = {name: self._init_state(p) for name, p in params.items()}
         self._shared = {}
-        for buffer, dtype in self._shared_buffers().items():
+        xp = array_module(next(iter(params.values())))
+        arrays = list(params.values()) + ([arena.params] if arena is not None else [])
+        # The fused GPU kernels keep their intermediates in registers: no shared work buffers there.
+        for buffer, dtype in ({} if _on_gpu(xp) else self._shared_buffers()).items():
             sizes: dict[tuple[str, str], tuple[Any, int]] = {}
-            for p in params.values():
-                xp = array_module(p)
-                key = (np.dtype(p.dtype if dtype is None else dtype).str, xp.__name__)
-                sizes[key] = (xp, max(sizes.get(key, (xp, 0))[1], int(p.size)))
-            self._shared[buffer] = {key: xp.empty(size, dtype=key[0]) for key, (xp, size) in sizes.items()}
+            for p in arrays:
+                m = array_module(p)
+                key = (np.dtype(p.dtype if dtype is None else dtype).str, m.__name__)
+                sizes[key] = (m, max(sizes.get(key, (m, 0))[1], int(p.size)))
+            self._shared[buffer] = {key: m.empty(size, dtype=key[0]) for key, (m, size) in sizes.items()}
+        if _on_gpu(xp):
+            self._device_hyper = xp.zeros(len(self._hyper()), dtype=np.float64)
+            self._device_step = xp.zeros(1, dtype=np.int64)
+        else:
+            self._device_hyper = self._device_step = None
+        self._hyper_on_device = None
         self.iterations = 0
+        self.generation += 1
 
     def step(self, params: Params, grads: Params) -> None:
         """One in-place update of every parameter from its gradient (sets up on first use)."""
         if not self.is_setup:
             self.setup(params)
         self._check(params, grads)
+        self.begin_step()
+        self.apply(params, grads)
+
+    def begin_step(self) -> None:
+        """The host part of a step: count it; on a GPU, send changed hyper-parameters to the device."""
         self.iterations += 1
+        if self._device_hyper is not None:
+            values = self._hyper()
+            if values != self._hyper_on_device:
+                # A stream-ordered copy: steps queued before it still see the old values.
+                self._device_hyper.set(np.array(values, dtype=np.float64))
+                self._hyper_on_device = values
+
+    def apply(self, params: Params, grads: Params) -> None:
+        """The device part of a step (after ``begin_step``): update every parameter in place.
+
+        Launches only fixed kernels on fixed buffers when the parameters are on a GPU, reading
+        the hyper-parameters and the step counter from device memory (so it can be captured in
+        a CUDA graph); on the CPU it uses ``iterations`` and the attributes directly.
+        """
+        if self._device_step is not None:
+            from . import fused
+
+            fused.advance(self._device_step)
+        arena = self._arena
+        if arena is not None and arena.holds(params) and arena.holds_grads(grads):
+            self._update(arena.params, arena.grads, self._flat_state)
+            return
         for name, p in params.items():
             self._update(p, grads[name], self._state[name])
+
+    def _hyper(self) -> tuple[float, ...]:
+        """The hyper-parameters the fused GPU kernel reads, in its order."""
+        return ()
 
     def _check(self, params: Params, grads: Params) -> None:
         if set(params) != set(self._shapes) or set(grads) != set(self._shapes):
@@ -142,16 +221,22 @@ class SGD(Optimizer):
 
     def _init_state(self, p: Array) -> dict[str, Array]:
         xp = array_module(p)
-        state = {"scratch": xp.zeros_like(p)}
-        if self.momentum:
-            state["velocity"] = xp.zeros_like(p)
-        return state
+        # The velocity is kept even without momentum: momentum may be switched on later.
+        return {"scratch": xp.zeros_like(p), "velocity": xp.zeros_like(p)}
 
     def _shared_buffers(self) -> dict[str, Any]:
-        return {"tmp": None} if self.nesterov else {}
+        return {"tmp": None}
+
+    def _hyper(self) -> tuple[float, ...]:
+        return (self.lr, self.momentum, self.weight_decay, float(self.nesterov))
 
     def _update(self, p: Array, g: Array, state: dict[str, Array]) -> None:
         xp = array_module(p)
+        if _on_gpu(xp):
+            from . import fused
+
+            fused.sgd(p, g, state["velocity"], self._device_hyper)
+            return
         d = self._effective_grad(xp, p, g, self.weight_decay, state["scratch"])
         if self.momentum:
             v = state["velocity"]
@@ -188,8 +273,16 @@ class Adam(Optimizer):
     def _shared_buffers(self) -> dict[str, Any]:
         return {"tmp": None}
 
+    def _hyper(self) -> tuple[float, ...]:
+        return (self.lr, self.beta1, self.beta2, self.eps, self.weight_decay)
+
     def _update(self, p: Array, g: Array, state: dict[str, Array]) -> None:
         xp = array_module(p)
+        if _on_gpu(xp):
+            from . import fused
+
+            fused.adam(p, g, state["m"], state["v"], self._device_hyper, self._device_step)
+            return
         t = self.iterations
         m, v, d = state["m"], state["v"], state["scratch"]
         self._effective_grad(xp, p, g, self.weight_decay, d)
@@ -244,8 +337,16 @@ class RPROP(Optimizer):
     def _shared_buffers(self) -> dict[str, Any]:
         return {"factor": None, "same_sign": np.bool_, "flipped": np.bool_}
 
+    def _hyper(self) -> tuple[float, ...]:
+        return (self.eta_plus, self.eta_minus, self.step_min, self.step_max)
+
     def _update(self, p: Array, g: Array, state: dict[str, Array]) -> None:
         xp = array_module(p)
+        if _on_gpu(xp):
+            from . import fused
+
+            fused.rprop(p, g, state["step"], state["prev_grad"], self._device_hyper)
+            return
         step, prev, agreement = state["step"], state["prev_grad"], state["scratch"]
         same_sign = self._buffer("same_sign", p, np.bool_)
         flipped = self._buffer("flipped", p, np.bool_)
