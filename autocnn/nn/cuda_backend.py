@@ -12,6 +12,7 @@ can reuse it while a graph that writes there may still be replayed.
 from __future__ import annotations
 
 import collections
+import warnings
 from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
@@ -74,6 +75,7 @@ class CudaBackend(Backend):
         # Launches of generated kernels per op: the tests compare it with kernel_calls.
         self.generated_launches: collections.Counter[str] = collections.Counter()
         self._graph_pool: Any = None
+        self._sgemm: Any = None  # autocnn.nn.cublas.Sgemm once made; False when cuBLAS cannot be loaded
         self._capture_stream: Any = None
 
     # -- memory ----------------------------------------------------------------------------------
@@ -133,6 +135,25 @@ class CudaBackend(Backend):
             self.generated_launches.clear()
             self.generated_launches.update(generated_before)
         return CudaGraphStep(self, graph, calls, generated)
+
+    # -- dense layers ----------------------------------------------------------------------------
+    def matmul(self, a: Any, b: Any, out: Any = None) -> Any:
+        """a @ b by cuBLAS SGEMM: through a handle of our own when writing into ``out`` (so a
+        captured training step can hold it), through CuPy otherwise."""
+        if out is None or a.dtype != np.float32 or a.ndim != 2 or b.ndim != 2:
+            return super().matmul(a, b, out=out)
+        if self._sgemm is None:
+            from .cublas import CublasUnavailableError, Sgemm
+
+            try:
+                self._sgemm = Sgemm(self.cp)
+            except (CublasUnavailableError, OSError, RuntimeError) as exc:
+                warnings.warn(f"{exc}; dense layers use CuPy's matmul, which a CUDA graph cannot capture",
+                              RuntimeWarning, stacklevel=2)
+                self._sgemm = False
+        if self._sgemm is False:
+            return super().matmul(a, b, out=out)
+        return self._sgemm(a, b, out)
 
     # -- element-wise work, fused ----------------------------------------------------------------
     def activation(self, name: str, z: Any, out: Any) -> Any:

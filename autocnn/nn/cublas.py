@@ -1,0 +1,120 @@
+"""FP32 GEMM through cuBLAS, callable while a CUDA graph is being captured.
+
+CuPy refuses every cuBLAS call while a stream captures (its wrappers check before setting the
+stream), although cuBLAS itself supports capture when the handle has a workspace of its own.
+So the Dense layers of a captured training step call ``cublasSgemm_v2`` here, through ctypes, on
+a handle of their own with a fixed workspace: the same library and routine CuPy would use for a
+float32 matmul, without TF32 (the default math mode).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+import numpy as np
+
+# cuBLAS's own enums (cublas_api.h).
+OP_N, OP_T = 0, 1
+# The workspace NVIDIA recommends for Hopper; cuBLAS then never allocates during a capture.
+WORKSPACE_BYTES = 32 * 1024 * 1024
+SONAMES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so", "cublas64_13.dll",
+           "cublas64_12.dll", "cublas64_11.dll")
+
+
+class CublasUnavailableError(RuntimeError):
+    """No cuBLAS shared library with the needed entry points could be loaded."""
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL:
+    errors = []
+    for name in SONAMES:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        if all(hasattr(lib, f) for f in ("cublasCreate_v2", "cublasSetStream_v2", "cublasSgemm_v2",
+                                         "cublasSetWorkspace_v2")):
+            return lib
+        errors.append(f"{name}: lacks cublasSetWorkspace_v2 (cuBLAS older than 11.1?)")
+    raise CublasUnavailableError("cannot load cuBLAS for graph-capturable GEMMs: " + "; ".join(errors))
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+
+class Sgemm:
+    """Row-major float32 ``out = a @ b`` on the current CuPy stream (one per device).
+
+    ``a`` and ``b`` may be C-contiguous or transposed views of C-contiguous arrays (F-contiguous),
+    as a Dense layer's ``x.T`` and ``W.T`` are; ``out`` must be C-contiguous.
+    """
+
+    def __init__(self, cp: Any) -> None:
+        self.cp = cp
+        # Loading cuBLAS through CuPy first makes the soname resolve to the library CuPy uses.
+        cp.cuda.device.get_cublas_handle()
+        lib = _library()
+        self.lib = lib
+        handle = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        self.handle = handle
+        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
+        _check(lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(self.workspace.data.ptr),
+                                         ctypes.c_size_t(WORKSPACE_BYTES)), "cublasSetWorkspace")
+        self._alpha = ctypes.c_float(1.0)
+        self._beta = ctypes.c_float(0.0)
+        lib.cublasSgemm_v2.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                       ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                       ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                       ctypes.c_int]
+        lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+
+    def __del__(self) -> None:
+        handle = getattr(self, "handle", None)
+        if handle is not None and handle.value:
+            try:
+                self.lib.cublasDestroy_v2(handle)
+            except Exception:  # noqa: BLE001 -- at interpreter exit the library may be gone
+                pass
+
+    @staticmethod
+    def _operand(x: Any) -> tuple[int, int]:
+        """(cuBLAS op, leading dimension) of a row-major operand seen column-major."""
+        rows, cols = x.shape
+        if x.flags.c_contiguous:
+            return OP_N, max(1, cols)
+        if x.flags.f_contiguous:
+            return OP_T, max(1, rows)
+        raise ValueError(f"matmul operands must be C- or F-contiguous, got strides {x.strides}")
+
+    def __call__(self, a: Any, b: Any, out: Any) -> Any:
+        if a.ndim != 2 or b.ndim != 2 or out.ndim != 2:
+            raise ValueError("Sgemm multiplies 2-D arrays")
+        m, k = a.shape
+        k2, n = b.shape
+        if k != k2 or out.shape != (m, n):
+            raise ValueError(f"matmul shapes do not fit: {a.shape} @ {b.shape} -> {out.shape}")
+        if not (a.dtype == b.dtype == out.dtype == np.float32):
+            raise TypeError("Sgemm multiplies float32 arrays")
+        if not out.flags.c_contiguous:
+            raise ValueError("matmul output must be C-contiguous")
+        if m == 0 or n == 0:
+            return out
+        if k == 0:
+            out.fill(0)
+            return out
+        # Row-major out = a @ b is column-major out^T = b^T a^T: b comes first.
+        op_b, ld_b = self._operand(b)
+        op_a, ld_a = self._operand(a)
+        lib = self.lib
+        _check(lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(self.cp.cuda.get_current_stream().ptr)),
+               "cublasSetStream")
+        _check(lib.cublasSgemm_v2(self.handle, op_b, op_a, n, m, k, ctypes.byref(self._alpha),
+                                  ctypes.c_void_p(b.data.ptr), ld_b, ctypes.c_void_p(a.data.ptr), ld_a,
+                                  ctypes.byref(self._beta), ctypes.c_void_p(out.data.ptr), n), "cublasSgemm")
+        return out
