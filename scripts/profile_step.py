@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Where a training step's GPU time goes: every operation of one cuda step timed with CUDA events.
 
-Runs a zoo network's training step kernel by kernel, with an event pair around each backend
-operation (the five kernel families, the Dense GEMMs and epilogues, the activation gradients) and
-around the loss and the optimizer update, then adds the times up per operation. Also times the
-whole step replayed as a CUDA graph, for comparison with the sum. Prints a table per network.
+Records every backend operation of one training step (the five kernel families, the Dense GEMMs
+and epilogues, the activation gradients, the loss and the optimizer update), captures each alone
+as a CUDA graph and times its replays with CUDA events, so that the host's launch latency does
+not count; then adds the times up per operation. Also times the whole step replayed as one graph,
+for comparison with the sum. Replaying an operation changes the model's buffers and weights: the
+model is thrown away afterwards. Prints a table per network.
 
     python scripts/profile_step.py --networks lenet5,chellapilla06 --out profile_step.json
 """
@@ -51,54 +53,79 @@ def profile(name: str, batch: int, repeats: int) -> dict:
         stop.synchronize()
         per_step.append(cp.cuda.get_elapsed_time(start, stop) / 50 * 1e3)
     graphed_us = statistics.median(per_step)
+    # The graph alone (no staging, no host bookkeeping), and the host's own time per step: the
+    # step costs the larger of the two when the host keeps ahead.
+    replay_only = []
+    for _ in range(5):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(50):
+            model._graph.replay()
+        stop.record()
+        stop.synchronize()
+        replay_only.append(cp.cuda.get_elapsed_time(start, stop) / 50 * 1e3)
+    host = []
+    for _ in range(5):
+        be.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(50):
+            model.train_step(x, y)
+        host.append((time.perf_counter() - t0) / 50 * 1e6)
+    be.synchronize()
 
-    # Kernel by kernel, an event pair around every operation.
+    # Every operation of one step recorded, then each captured alone as a graph and replayed:
+    # its GPU time without the host's launch latency (which event pairs around eager calls measure).
     model.use_graphs = False
-    records: list[tuple[str, object, object]] = []
+    calls: list[tuple[str, object, tuple, dict]] = []
     originals = {}
 
-    def timed(op: str, fn):
+    def recorded(op: str, fn):
         def run(*args, **kwargs):
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record()
-            out = fn(*args, **kwargs)
-            b.record()
-            records.append((op, a, b))
-            return out
+            calls.append((op, fn, args, kwargs))
+            return fn(*args, **kwargs)
         return run
 
     for op in WRAPPED:
         originals[op] = getattr(be, op)
-        setattr(be, op, timed(op, originals[op]))
+        setattr(be, op, recorded(op, originals[op]))
     loss_fn = model.loss.loss_grad_accuracy
-    model.loss.loss_grad_accuracy = timed("loss", loss_fn)
+    model.loss.loss_grad_accuracy = recorded("loss", loss_fn)
     opt = model.optimizer
     apply = opt.apply
-    opt.apply = timed("optimizer", apply)
-    totals: dict[str, list[float]] = collections.defaultdict(list)
-    counts: collections.Counter[str] = collections.Counter()
-    walls = []
-    for _ in range(repeats):
-        records.clear()
-        be.synchronize()
-        t0 = time.perf_counter()
-        model.train_step(x, y)
-        be.synchronize()
-        walls.append((time.perf_counter() - t0) * 1e6)
-        step_totals: dict[str, float] = collections.defaultdict(float)
-        counts.clear()
-        for op, a, b in records:
-            step_totals[op] += cp.cuda.get_elapsed_time(a, b) * 1e3
-            counts[op] += 1
-        for op, v in step_totals.items():
-            totals[op].append(v)
+    opt.apply = recorded("optimizer", apply)
+    be.synchronize()
+    t0 = time.perf_counter()
+    model.train_step(x, y)
+    be.synchronize()
+    eager_wall = (time.perf_counter() - t0) * 1e6
     for op, fn in originals.items():
         setattr(be, op, fn)
     model.loss.loss_grad_accuracy = loss_fn
     opt.apply = apply
     model.use_graphs = True
+
+    totals: dict[str, list[float]] = collections.defaultdict(list)
+    counts: collections.Counter[str] = collections.Counter()
+    for op, fn, args, kwargs in calls:
+        graph = be.capture(lambda fn=fn, args=args, kwargs=kwargs: fn(*args, **kwargs))
+        for _ in range(3):
+            graph.replay()
+        samples = []
+        for _ in range(repeats):
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            for _ in range(20):
+                graph.replay()
+            b.record()
+            b.synchronize()
+            samples.append(cp.cuda.get_elapsed_time(a, b) / 20 * 1e3)
+        totals[op].append(statistics.median(samples))
+        counts[op] += 1
+    totals = {op: [sum(v)] for op, v in totals.items()}
+    walls = [eager_wall]
     ops = {op: {"us": statistics.median(v), "launches": counts[op]} for op, v in totals.items()}
     return {"network": name, "batch": batch, "graphed_step_us": graphed_us,
+            "graph_replay_only_us": statistics.median(replay_only), "host_us_per_step": statistics.median(host),
             "eager_step_wall_us": statistics.median(walls), "sum_of_ops_us": sum(o["us"] for o in ops.values()),
             "ops": ops, "dispatch": model.dispatch_report()}
 
@@ -114,8 +141,11 @@ def main(argv=None) -> int:
         r = profile(name, BATCH.get(name, 128), args.repeats)
         results.append(r)
         args.out.write_text(json.dumps(results, indent=1))
-        print(f"\n{name} batch {r['batch']}: graphed step {r['graphed_step_us']:.1f} us, sum of operations "
-              f"{r['sum_of_ops_us']:.1f} us (each timed alone), kernel-by-kernel wall {r['eager_step_wall_us']:.1f} us")
+        print(f"\n{name} batch {r['batch']}: graphed step {r['graphed_step_us']:.1f} us (the graph alone "
+              f"{r['graph_replay_only_us']:.1f} us of GPU time, the host {r['host_us_per_step']:.1f} us per step), "
+              f"sum of operations "
+              f"{r['sum_of_ops_us']:.1f} us (each operation a graph of its own), one step kernel by kernel "
+              f"{r['eager_step_wall_us']:.1f} us of wall time")
         print("| operation | launches | GPU us | share |")
         print("|---|---|---|---|")
         for op, o in sorted(r["ops"].items(), key=lambda kv: -kv[1]["us"]):

@@ -119,6 +119,10 @@ class Backend(abc.ABC):
         self.xp.copyto(dst, src)
         return dst
 
+    def copy(self, src: Array) -> Array:
+        """A new array holding src's values (queued, not waited for, on a GPU)."""
+        return self.copy_into(self.xp.empty_like(src), src)
+
     def capture(self, step: Callable[[], None]) -> CapturedStep:
         """Record the device work ``step`` queues, without running it, for replay.
 

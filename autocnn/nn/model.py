@@ -218,6 +218,7 @@ class Sequential:
         self._graph: CapturedStep | None = None
         self._graph_key: tuple[Any, ...] | None = None
         self._eager_key: tuple[Any, ...] | None = None  # the last key that ran an eager (warm-up) step
+        self._ready_key: tuple[Any, ...] | None = None  # the last key _ready_optimizer checked
 
     # -- description ---------------------------------------------------------------------------
     def _name_layers(self) -> None:
@@ -386,11 +387,16 @@ class Sequential:
     def _ready_optimizer(self) -> Optimizer:
         if self.optimizer is None:
             raise RuntimeError("no optimizer: call compile(optimizer) or pass optimizer= to fit")
+        opt = self.optimizer
+        key = (self._build_count, id(opt), opt.generation)
+        if key == self._ready_key:
+            return opt  # parameters never change shape after a build: checked once per key
         params = self.params()
-        if not self.optimizer.matches(params):
+        if not opt.matches(params):
             arena = self._arena if self._arena is not None and self._arena.holds(params) else None
-            self.optimizer.setup(params, arena=arena)
-        return self.optimizer
+            opt.setup(params, arena=arena)
+        self._ready_key = (self._build_count, id(opt), opt.generation)
+        return opt
 
     # -- where the data lives ------------------------------------------------------------------
     def _device_array(self, a: Any) -> bool:
@@ -590,7 +596,8 @@ class Sequential:
         self._run_step(optimizer)
         samples = float(len(xb)) if weights is None else float(np.sum(weights))
         # Copies: the next step overwrites the step buffers.
-        return StepResult(self._step_loss.copy(), self._step_acc.copy(), samples)
+        be = self.backend
+        return StepResult(be.copy(self._step_loss), be.copy(self._step_acc), samples)
 
     def train_step(self, xb: Any, yb: Any, weights: Any = None) -> StepResult:
         """One forward, backward and update on a batch of at most the built batch size.
