@@ -114,8 +114,28 @@ def test_fused_activations_match_numpy(act):
     np.testing.assert_allclose(yb.get(), ref.activation(act, z + bias, np.empty_like(z)), rtol=2e-6, atol=1e-7)
 
     dz = fused.activation_grad(act, cp.asarray(want), cp.asarray(dy), cp.empty(z.shape, cp.float32))
-    np.testing.assert_allclose(dz.get(), ref.activation_grad(act, want, dy, np.empty_like(z)), rtol=1e-6,
-                               atol=1e-7)
+    want_dz = ref.activation_grad(act, want, dy, np.empty_like(z))
+    np.testing.assert_allclose(dz.get(), want_dz, rtol=1e-6, atol=1e-7)
+
+    # A Dense layer's backward epilogue: dz and its column sums in one launch (odd column count).
+    db = cp.full(29, cp.nan, dtype=cp.float32)
+    dz2 = fused.activation_grad_colsum(act, cp.asarray(want), cp.asarray(dy), cp.empty(z.shape, cp.float32), db)
+    np.testing.assert_allclose(dz2.get(), want_dz, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(db.get(), want_dz.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (128, 10), (60, 100), (300, 33)])
+def test_fused_column_sums_without_activation(rows, cols):
+    import cupy as cp
+
+    from autocnn.nn import fused
+
+    dy = np.random.default_rng().standard_normal((rows, cols)).astype(np.float32)
+    db = cp.full(cols, cp.nan, dtype=cp.float32)
+    g = cp.asarray(dy)
+    assert fused.activation_grad_colsum("none", g, g, None, db) is g
+    np.testing.assert_allclose(db.get(), dy.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(g.get(), dy)
 
 
 @pytest.mark.parametrize("n,classes", [(1, 2), (7, 10), (300, 10), (33, 131)])

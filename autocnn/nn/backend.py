@@ -251,6 +251,19 @@ class Backend(abc.ABC):
             self.activation(name, y, out=y)
         return y
 
+    def activation_grad_bias(self, name: str, y: Array, dy: Array, out: Array | None, db_out: Array) -> Array:
+        """A Dense layer's backward epilogue: dL/dz through the activation (into ``out``; with no
+        activation ``out`` may be None and dz is dy) and its sum over the batch into ``db_out``.
+        Returns dz."""
+        if name == "none":
+            dz = dy
+        else:
+            from .layers import activation_grad
+
+            dz = activation_grad(self, name, y, dy, out=out)
+        self.xp.sum(dz, axis=0, out=db_out)
+        return dz
+
     def activation_grad(self, name: str, y: Array, dy: Array, out: Array) -> Array:
         """out = dL/dz given the activation's OUTPUT y and dL/dy; ``out`` may be ``dy``."""
         xp = self.xp

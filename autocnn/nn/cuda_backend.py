@@ -168,6 +168,11 @@ class CudaBackend(Backend):
             return self.activation(name, y, out=y)
         return fused.bias_activation(y, bias, name)
 
+    def activation_grad_bias(self, name: str, y: Any, dy: Any, out: Any, db_out: Any) -> Any:
+        if dy.ndim != 2:
+            return super().activation_grad_bias(name, y, dy, out, db_out)
+        return fused.activation_grad_colsum(name, y, dy, out, db_out)
+
     def activation_grad(self, name: str, y: Any, dy: Any, out: Any) -> Any:
         if name == "none":
             if out is not dy:

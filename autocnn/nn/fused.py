@@ -91,6 +91,19 @@ def activation_grad(name: str, y: Any, dy: Any, out: Any) -> Any:
     return out
 
 
+def activation_grad_colsum(name: str, y: Any, dy: Any, dz_out: Any | None, db_out: Any) -> Any:
+    """dz = dL/dz from y = act(z) and dy (into dz_out; None with no activation: dz is dy) and
+    db_out = dz summed over the rows, in one launch. Returns dz."""
+    if name != "none" and dz_out is None:
+        raise ValueError("activation_grad_colsum: an activation needs a dz buffer")
+    dz = dy if name == "none" else dz_out
+    _contiguous("activation_grad_colsum", y, dy, dz, db_out)
+    rows, cols = (int(s) for s in dy.shape)
+    _kernel("nn_activation_grad_colsum")(((cols + 31) // 32,), (32, 8),
+                                         (y, dy, dz, db_out, np.int32(rows), np.int32(cols), _code(name)))
+    return dz
+
+
 def softmax_xent(logits: Any, labels: Any, weights: Any, grad_out: Any, loss_out: Any, acc_out: Any) -> None:
     """Weighted softmax cross-entropy, its gradient and the weighted accuracy, in one launch.
 

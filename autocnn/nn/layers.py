@@ -241,11 +241,17 @@ class _WeightedLayer(Layer):
             text += f", activation={self.activation!r}"
         return text
 
-    def _through_activation(self, dy: Array) -> Array:
-        """dL/dz from dL/dy, through the fused activation (dy itself when there is none)."""
+    def _through_activation(self, dy: Array, bias_grad: Array | None = None) -> Array:
+        """dL/dz from dL/dy, through the fused activation (dy itself when there is none).
+
+        ``bias_grad``: also sum dL/dz over the batch into it, in the same pass (a Dense layer's
+        bias gradient; one fused kernel on a GPU).
+        """
         if self._x is None:
             raise RuntimeError(f"{self.describe()}: backward called before forward")
         self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
+        if bias_grad is not None:
+            return self.backend.activation_grad_bias(self.activation, self._y, dy, self._dz, bias_grad)
         if self._dz is None:
             return dy
         return activation_grad(self.backend, self.activation, self._y, dy, out=self._dz)
@@ -510,10 +516,8 @@ class Dense(_WeightedLayer):
 
     def backward(self, dy: Array) -> Array | None:
         backend = self._require_built()
-        dz = self._through_activation(dy)
+        dz = self._through_activation(dy, bias_grad=self._grads.get("bias"))
         backend.matmul(self._x.T, dz, out=self._grads["weight"])
-        if self.use_bias:
-            backend.xp.sum(dz, axis=0, out=self._grads["bias"])
         if not self.needs_input_grad:
             return None
         backend.matmul(dz, self._params["weight"].T, out=self._dx)
