@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     de.set_defaults(func=cmd_db_export)
     di = dsub.add_parser("import", help="validate and add the records of a JSON file")
     di.add_argument("path", type=Path)
+    di.add_argument("--keep-faster", action="store_true",
+                    help="replace a record of the same problem only when the imported one is faster "
+                         "(keeping its cuDNN time); default: the imported record replaces it")
     di.set_defaults(func=cmd_db_import)
     dr = dsub.add_parser("remove", help="remove matching user records (shipped records stay)")
     _db_filters(dr)
@@ -347,8 +350,11 @@ def cmd_db_export(args: argparse.Namespace) -> int:
 def cmd_db_import(args: argparse.Namespace) -> int:
     from .db import TuningDatabase
 
-    report = TuningDatabase().import_file(args.path)
-    print(f"imported {len(report.accepted)} records from {args.path}")
+    report = TuningDatabase().import_file(args.path, keep_faster=args.keep_faster)
+    stored = len(report.accepted) - len(report.kept_existing)
+    print(f"imported {stored} records from {args.path}"
+          + (f"; kept {len(report.kept_existing)} existing records that are as fast or faster"
+             if report.kept_existing else ""))
     for reason in report.rejected:
         print(f"  rejected: {reason}")
     return 0 if not report.rejected else 1

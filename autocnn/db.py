@@ -575,6 +575,8 @@ class ImportRejection:
 class ImportReport:
     accepted: tuple[RecordKey, ...]
     rejected: tuple[ImportRejection, ...]
+    # Valid records not stored because the database already had a record as fast (keep_faster).
+    kept_existing: tuple[RecordKey, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -756,16 +758,32 @@ class TuningDatabase:
         """Store a record (replacing one with the same key) in the user file of its GPU kind."""
         self.put_many([record])
 
-    def put_many(self, records: Sequence[TuningRecord]) -> None:
-        """Store several records, one locked rewrite per file. Every record is validated first
-        (RecordError), so nothing is written that loading would skip."""
+    def put_many(self, records: Sequence[TuningRecord], keep_faster: bool = False) -> list[TuningRecord]:
+        """Store several records, one locked rewrite per file; returns the records stored. Every
+        record is validated first (RecordError), so nothing is written that loading would skip.
+
+        ``keep_faster``: a record replaces one with the same key (user or shipped) only when it is
+        faster; the cuDNN time of the record it replaces is kept when the new one has none.
+        """
         valid = [validate_record(r).record for r in records]
+        if keep_faster:
+            existing = {r.key.identity(): r for r in self.records()}
+            chosen = []
+            for r in valid:
+                old = existing.get(r.key.identity())
+                if old is not None and old.time_us <= r.time_us:
+                    continue
+                if old is not None and r.cudnn_time_us is None and old.cudnn_time_us is not None:
+                    r = dataclasses.replace(r, cudnn_time_us=old.cudnn_time_us)
+                chosen.append(r)
+            valid = chosen
         by_file: dict[Path, list[TuningRecord]] = {}
         for r in valid:
             by_file.setdefault(self.path_for(r.key), []).append(r)
         for path, group in by_file.items():
             new = {r.key.identity(): r.to_dict() for r in group}   # the last of equal keys wins
             self._rewrite(path, lambda raws: [raw for raw in raws if _raw_identity(raw) not in new] + list(new.values()))
+        return valid
 
     def remove(self, what: RecordKey | Callable[[TuningRecord], bool]) -> int:
         """Remove user records with this key, or for which the predicate is true; returns how many.
@@ -830,8 +848,9 @@ class TuningDatabase:
         _atomic_write_json(Path(path), _file_document([r.to_dict() for r in chosen]))
         return len(chosen)
 
-    def import_file(self, path: Path) -> ImportReport:
-        """Validate every record of a file exactly as loading does and store the accepted ones."""
+    def import_file(self, path: Path, keep_faster: bool = False) -> ImportReport:
+        """Validate every record of a file exactly as loading does and store the accepted ones
+        (with ``keep_faster``, only those faster than the database's record of the same key)."""
         path = Path(path)
         try:
             raws = _read_raw(path)
@@ -844,9 +863,10 @@ class TuningDatabase:
                 accepted.append(validate_record(TuningRecord.from_dict(raw)).record)
             except RecordError as exc:
                 rejected.append(ImportRejection(i, _describe_raw(raw).strip(" ()"), str(exc)))
-        if accepted:
-            self.put_many(accepted)
-        return ImportReport(tuple(r.key for r in accepted), tuple(rejected))
+        stored = self.put_many(accepted, keep_faster=keep_faster) if accepted else []
+        stored_ids = {r.key.identity() for r in stored}
+        kept = tuple(r.key for r in accepted if r.key.identity() not in stored_ids)
+        return ImportReport(tuple(r.key for r in accepted), tuple(rejected), kept)
 
     def summary_rows(self) -> list[SummaryRow]:
         rows = []
