@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import abc
 import collections
+import contextlib
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
@@ -122,6 +123,19 @@ class Backend(abc.ABC):
     def copy(self, src: Array) -> Array:
         """A new array holding src's values (queued, not waited for, on a GPU)."""
         return self.copy_into(self.xp.empty_like(src), src)
+
+    @contextlib.contextmanager
+    def parameter_gradients(self) -> Iterator[None]:
+        """Work queued inside may run beside the work queued after it (a weight gradient beside
+        the next layer's backward pass), until ``join_parameter_gradients``.
+
+        It may read what was written before it; nothing after it may write what it reads or
+        read what it writes until the join. The CPU runs it in order.
+        """
+        yield
+
+    def join_parameter_gradients(self) -> None:
+        """Wait (on the device) for everything queued in ``parameter_gradients`` blocks."""
 
     def capture(self, step: Callable[[], None]) -> CapturedStep:
         """Record the device work ``step`` queues, without running it, for replay.

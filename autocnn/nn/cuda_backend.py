@@ -12,8 +12,9 @@ can reuse it while a graph that writes there may still be replayed.
 from __future__ import annotations
 
 import collections
+import contextlib
 import warnings
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
@@ -76,6 +77,9 @@ class CudaBackend(Backend):
         self.generated_launches: collections.Counter[str] = collections.Counter()
         self._graph_pool: Any = None
         self._sgemm: Any = None  # autocnn.nn.cublas.Sgemm once made; False when cuBLAS cannot be loaded
+        # The stream weight gradients run on beside the backward pass, and the events to join.
+        self._side_stream: Any = None
+        self._side_done: list[Any] = []
         self._capture_stream: Any = None
 
     # -- memory ----------------------------------------------------------------------------------
@@ -99,6 +103,31 @@ class CudaBackend(Backend):
         rt.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, rt.memcpyDeviceToDevice,
                        self.cp.cuda.get_current_stream().ptr)
         return dst
+
+    # -- weight gradients beside the backward pass -------------------------------------------------
+    @contextlib.contextmanager
+    def parameter_gradients(self) -> Iterator[None]:
+        # Fork: the side stream waits for the work queued so far, takes the block's launches and
+        # is joined later. Captured in a graph this becomes a parallel branch.
+        cp = self.cp
+        if self._side_stream is None:
+            self._side_stream = cp.cuda.Stream(non_blocking=True)
+        main = cp.cuda.get_current_stream()
+        ready = cp.cuda.Event(block=False, disable_timing=True, interprocess=False)
+        ready.record(main)
+        side = self._side_stream
+        side.wait_event(ready)
+        with side:
+            yield
+        done = cp.cuda.Event(block=False, disable_timing=True, interprocess=False)
+        done.record(side)
+        self._side_done.append(done)
+
+    def join_parameter_gradients(self) -> None:
+        main = self.cp.cuda.get_current_stream()
+        for done in self._side_done:
+            main.wait_event(done)
+        self._side_done.clear()
 
     # -- graphs ----------------------------------------------------------------------------------
     def capture(self, step: Callable[[], None]) -> CudaGraphStep:

@@ -374,7 +374,9 @@ class Conv2d(_WeightedLayer):
     def backward(self, dy: Array) -> Array | None:
         backend = self._require_built()
         dz = self._through_activation(dy)
-        backend.conv_wgrad(self.wgrad_problem, self._x, dz, self._grads["weight"], self._grads.get("bias"))
+        # The weight gradient may run beside the input gradient and the layers below (on a GPU).
+        with backend.parameter_gradients():
+            backend.conv_wgrad(self.wgrad_problem, self._x, dz, self._grads["weight"], self._grads.get("bias"))
         if not self.needs_input_grad:
             return None
         backend.conv_bwd_data(self.backward_data_problem, dz, self._params["weight"], self._dx)
@@ -517,7 +519,8 @@ class Dense(_WeightedLayer):
     def backward(self, dy: Array) -> Array | None:
         backend = self._require_built()
         dz = self._through_activation(dy, bias_grad=self._grads.get("bias"))
-        backend.matmul(self._x.T, dz, out=self._grads["weight"])
+        with backend.parameter_gradients():
+            backend.matmul(self._x.T, dz, out=self._grads["weight"])
         if not self.needs_input_grad:
             return None
         backend.matmul(dz, self._params["weight"].T, out=self._dx)

@@ -532,6 +532,8 @@ class Sequential:
             grad = layer.backward(grad)
             if grad is None:
                 break
+        # Weight gradients may have run beside the backward pass: every one is done after this.
+        self.backend.join_parameter_gradients()
 
     def _forward_backward(self, loss_out: Array | None = None, acc_out: Array | None = None) -> tuple[Array, Array]:
         """Forward and backward on the staged batch: fills every layer's grads().
