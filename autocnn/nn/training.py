@@ -87,7 +87,7 @@ def load_dataset(name: str, root: str | Path | None = None) -> ImageDataset:
 
 
 def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epochs: int = 10,
-          batch_size: int = 128, backend: str | Backend = "numpy", optimizer: str | Optimizer = "adam",
+          batch_size: int = 64, backend: str | Backend = "numpy", optimizer: str | Optimizer = "adam",
           lr: float | None = None, seed: int | None = None, data_root: str | Path | None = None,
           limit: int | None = None, verbose: bool = True, memory_limit_gib: float = 8.0,
           standardize: bool = True, lr_schedule: str | None = "cosine") -> TrainingReport:
