@@ -161,8 +161,9 @@ def test_fused_softmax_cross_entropy_matches_numpy(n, classes):
         assert float(acc) == pytest.approx(want_acc, rel=1e-6, abs=0)
 
 
+@pytest.mark.parametrize("flat", [True, False], ids=["one kernel", "a kernel per parameter"])
 @pytest.mark.parametrize("kind", ["adam", "sgd", "nesterov", "rprop"])
-def test_fused_optimizers_match_numpy_over_steps_with_a_schedule(kind):
+def test_fused_optimizers_match_numpy_over_steps_with_a_schedule(kind, flat):
     import cupy as cp
 
     from autocnn import nn
@@ -183,7 +184,9 @@ def test_fused_optimizers_match_numpy_over_steps_with_a_schedule(kind):
     gpu.params.set(start)
     opt_cpu, opt_gpu = make(), make()
     opt_cpu.setup(cpu.param_views, arena=cpu)
-    opt_gpu.setup(gpu.param_views, arena=gpu)
+    # Without the arena the GPU update is one kernel per parameter: only the first of a step may
+    # advance the step counter (Adam's bias correction would be wrong otherwise).
+    opt_gpu.setup(gpu.param_views, arena=gpu if flat else None)
     for step in range(8):
         g = (rng.standard_normal(cpu.size) * (rng.random(cpu.size) > 0.2)).astype(np.float32)
         if step % 3 == 2:
@@ -195,7 +198,52 @@ def test_fused_optimizers_match_numpy_over_steps_with_a_schedule(kind):
         opt_cpu.step(cpu.param_views, cpu.grad_views)
         opt_gpu.step(gpu.param_views, gpu.grad_views)
     np.testing.assert_allclose(gpu.params.get(), cpu.params, rtol=2e-5, atol=2e-6)
-    assert opt_gpu.iterations == 8 and int(opt_gpu._device_step[0]) == 8
+    assert opt_gpu.iterations == 8 and opt_gpu._device_step.get().tolist() == [8, 0]
+
+
+@pytest.mark.parametrize("n,features,classes", [(37, 100, 10), (128, 84, 10), (5, 1, 2), (300, 1024, 10),
+                                                (64, 33, 32), (9, 320, 1)])
+def test_fused_classifier_head_matches_the_composed_numpy_step(n, features, classes):
+    import cupy as cp
+
+    from autocnn.nn import NumpyBackend, get_backend
+    from autocnn.nn.losses import Accuracy, SoftmaxCrossEntropy
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((n, features)).astype(np.float32)
+    w = (rng.standard_normal((features, classes)) / np.sqrt(features)).astype(np.float32)
+    b = rng.standard_normal(classes).astype(np.float32)
+    labels = rng.integers(0, classes, n).astype(np.int64)
+    weights = (rng.random(n) * (rng.random(n) > 0.25)).astype(np.float32)
+    gpu = get_backend("cuda")
+    for bias, want_dx in ((b, True), (None, False)):
+        ref = {"dlogits": np.empty((n, classes), np.float32), "db": np.empty(classes, np.float32),
+               "dx": np.empty((n, features), np.float32), "loss": np.empty((), np.float32),
+               "acc": np.empty((), np.float64)}
+        NumpyBackend().dense_loss_step(x, w, bias, labels, weights, logits=np.empty((n, classes), np.float32),
+                                       dlogits=ref["dlogits"], db=ref["db"] if bias is not None else None,
+                                       dx=ref["dx"], loss_out=ref["loss"], acc_out=ref["acc"],
+                                       loss=SoftmaxCrossEntropy(), metric=Accuracy())
+        for repeat in range(2):   # the second launch checks that the accumulators were zeroed again
+            out = {"dlogits": cp.full((n, classes), cp.nan, cp.float32), "db": cp.full(classes, cp.nan, cp.float32),
+                   "dx": cp.full((n, features), cp.nan, cp.float32), "loss": cp.empty((), cp.float32),
+                   "acc": cp.empty((), cp.float64)}
+            gpu.dense_loss_step(cp.asarray(x), cp.asarray(w), None if bias is None else cp.asarray(bias),
+                                cp.asarray(labels), cp.asarray(weights), logits=cp.empty((n, classes), cp.float32),
+                                dlogits=out["dlogits"], db=out["db"] if bias is not None else None,
+                                dx=out["dx"] if want_dx else None, loss_out=out["loss"], acc_out=out["acc"],
+                                loss=SoftmaxCrossEntropy(), metric=Accuracy())
+            np.testing.assert_allclose(out["dlogits"].get(), ref["dlogits"], rtol=1e-4, atol=1e-6)
+            assert float(out["loss"]) == pytest.approx(float(ref["loss"]), rel=1e-5, abs=1e-6)
+            assert float(out["acc"]) == pytest.approx(float(ref["acc"]), rel=1e-6, abs=0)
+            if bias is not None:
+                np.testing.assert_allclose(out["db"].get(), ref["db"], rtol=1e-4, atol=1e-5)
+            else:
+                assert np.isnan(out["db"].get()).all()          # no bias: db untouched
+            if want_dx:
+                np.testing.assert_allclose(out["dx"].get(), ref["dx"], rtol=1e-4, atol=1e-5)
+            else:
+                assert np.isnan(out["dx"].get()).all()          # no dx asked for: untouched
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (6, 400, 120), (128, 8192, 100), (37, 5, 513)])

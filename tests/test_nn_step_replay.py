@@ -251,6 +251,6 @@ def test_the_fused_kernels_compile_without_warnings(tmp_path, arch):
     assert "warning" not in result.stderr.lower(), result.stderr
     for kernel in ("nn_activation", "nn_bias_activation", "nn_activation_grad", "nn_activation_grad_colsum",
                    "nn_softmax_xent",
-                   "nn_advance", "nn_adam", "nn_sgd", "nn_rprop"):
+                   "nn_dense_softmax_xent", "nn_adam", "nn_sgd", "nn_rprop"):
         assert f"Function properties for {kernel}" in result.stderr
     assert not re.search(r"[1-9][0-9]* bytes spill", result.stderr), result.stderr

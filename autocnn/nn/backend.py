@@ -265,6 +265,24 @@ class Backend(abc.ABC):
             self.activation(name, y, out=y)
         return y
 
+    def dense_loss_step(self, x: Array, w: Array, bias: Array | None, labels: Array, weights: Array, *,
+                        logits: Array, dlogits: Array, db: Array | None, dx: Array | None, loss_out: Array,
+                        acc_out: Array, loss: Any, metric: Any) -> None:
+        """The classifier head of a training step: logits = x @ w (+ bias), the softmax cross-entropy
+        ``loss`` (its value into ``loss_out``, dL/dlogits into ``dlogits``), the accuracy by ``metric``
+        into ``acc_out``, the bias gradient into ``db`` and dL/dx into ``dx`` (when not None). The
+        weight gradient is left to the caller. A backend may fuse it (then ``logits`` is not written).
+        """
+        self.matmul(x, w, out=logits)
+        if bias is not None:
+            self.bias_activation(logits, bias, "none")
+        loss.loss_grad_accuracy(logits, labels, weights, grad_out=dlogits, loss_out=loss_out, acc_out=acc_out,
+                                metric=metric)
+        if db is not None:
+            self.xp.sum(dlogits, axis=0, out=db)
+        if dx is not None:
+            self.matmul(dlogits, w.T, out=dx)
+
     def activation_grad_bias(self, name: str, y: Array, dy: Array, out: Array | None, db_out: Array) -> Array:
         """A Dense layer's backward epilogue: dL/dz through the activation (into ``out``; with no
         activation ``out`` may be None and dz is dy) and its sum over the batch into ``db_out``.

@@ -80,6 +80,7 @@ class CudaBackend(Backend):
         # The stream weight gradients run on beside the backward pass, and the events to join.
         self._side_stream: Any = None
         self._side_done: list[Any] = []
+        self._head_scratch: Any = None   # the fused classifier head's self-zeroing accumulators
         self._capture_stream: Any = None
 
     # -- memory ----------------------------------------------------------------------------------
@@ -196,6 +197,18 @@ class CudaBackend(Backend):
         if bias is None:
             return self.activation(name, y, out=y)
         return fused.bias_activation(y, bias, name)
+
+    def dense_loss_step(self, x: Any, w: Any, bias: Any, labels: Any, weights: Any, *, logits: Any, dlogits: Any,
+                        db: Any, dx: Any, loss_out: Any, acc_out: Any, loss: Any, metric: Any) -> None:
+        fits = (fused.head_fits(int(w.shape[0]), int(w.shape[1])) and x.dtype == np.float32
+                and labels.dtype == np.int64 and weights.dtype == np.float32 and x.flags.c_contiguous)
+        if not fits:
+            return super().dense_loss_step(x, w, bias, labels, weights, logits=logits, dlogits=dlogits, db=db,
+                                           dx=dx, loss_out=loss_out, acc_out=acc_out, loss=loss, metric=metric)
+        if self._head_scratch is None:
+            self._head_scratch = self.cp.zeros(3 + fused.HEAD_MAX_CLASSES, dtype=np.float64)
+        fused.dense_softmax_xent(x, w, bias, labels, weights, dlogits, db, dx, loss_out, acc_out,
+                                 self._head_scratch)
 
     def activation_grad_bias(self, name: str, y: Any, dy: Any, out: Any, db_out: Any) -> Any:
         if dy.ndim != 2:

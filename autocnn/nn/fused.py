@@ -17,6 +17,12 @@ from ..ops.problem import ACTIVATIONS
 ACTIVATION_CODES = {name: i for i, name in enumerate(ACTIVATIONS)}
 THREADS = 256
 LOSS_THREADS = 256
+# The fused classifier head (nn_dense_softmax_xent): at most 32 classes, 1024 input features and
+# 10240 weights (40 KiB of shared memory); 8 warps a block, one row a warp.
+HEAD_MAX_CLASSES = 32
+HEAD_MAX_FEATURES = 1024
+HEAD_MAX_WEIGHTS = 10240
+HEAD_THREADS = 256
 # Grid-stride loops: enough blocks to fill any current GPU, no more (they loop).
 MAX_BLOCKS = 4096
 
@@ -25,7 +31,8 @@ def render_source() -> str:
     """The CUDA source of the fused kernels (no GPU needed; the tests compile it with nvcc)."""
     from ..codegen import environment
 
-    return environment().get_template("nn_step.cu.j2").render(activations=ACTIVATIONS, block=LOSS_THREADS)
+    return environment().get_template("nn_step.cu.j2").render(
+        activations=ACTIVATIONS, block=LOSS_THREADS, head_max_f=HEAD_MAX_FEATURES, head_max_w=HEAD_MAX_WEIGHTS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,6 +98,41 @@ def activation_grad(name: str, y: Any, dy: Any, out: Any) -> Any:
     return out
 
 
+def head_fits(features: int, classes: int) -> bool:
+    """Whether a Dense layer of this size can run as the fused classifier head."""
+    return (1 <= classes <= HEAD_MAX_CLASSES and 1 <= features <= HEAD_MAX_FEATURES
+            and features * classes <= HEAD_MAX_WEIGHTS)
+
+
+def dense_softmax_xent(x: Any, w: Any, bias: Any | None, labels: Any, weights: Any, dlogits: Any,
+                       db: Any | None, dx: Any | None, loss_out: Any, acc_out: Any, scratch: Any) -> None:
+    """The classifier head of a training step in one launch (see nn_dense_softmax_xent).
+
+    x (n, F), w (F, O), bias (O,) or None, labels int64 (n,), weights (n,), dlogits (n, O), db (O,)
+    or None, dx (n, F) or None; loss_out float32 and acc_out float64 0-d arrays; scratch a zeroed
+    float64 array of 3 + HEAD_MAX_CLASSES elements, zero again after the launch.
+    """
+    n, features = (int(s) for s in x.shape)
+    classes = int(w.shape[1])
+    if not head_fits(features, classes):
+        raise ValueError(f"dense_softmax_xent: a {features} x {classes} layer is too large for the fused head")
+    if tuple(w.shape) != (features, classes) or tuple(dlogits.shape) != (n, classes):
+        raise ValueError(f"dense_softmax_xent: shapes x {x.shape}, w {w.shape}, dlogits {dlogits.shape} do not fit")
+    if labels.dtype != np.int64 or loss_out.dtype != np.float32 or acc_out.dtype != np.float64 \
+            or scratch.dtype != np.float64 or scratch.size < 3 + HEAD_MAX_CLASSES:
+        raise TypeError("dense_softmax_xent: labels int64, loss float32, accuracy and scratch float64")
+    _contiguous("dense_softmax_xent", x, w, bias, labels, weights, dlogits, db, dx)
+    blocks = (n + HEAD_THREADS // 32 - 1) // (HEAD_THREADS // 32)
+    _kernel("nn_dense_softmax_xent")((blocks,), (HEAD_THREADS,), (
+        x, w, _or_null(bias), labels, weights, dlogits, _or_null(db), _or_null(dx), loss_out, acc_out, scratch,
+        np.int32(n), np.int32(features), np.int32(classes)))
+
+
+def _or_null(array: Any | None) -> Any:
+    # An absent optional buffer: a null pointer, which the kernel tests for.
+    return np.uint64(0) if array is None else array
+
+
 def activation_grad_colsum(name: str, y: Any, dy: Any, dz_out: Any | None, db_out: Any) -> Any:
     """dz = dL/dz from y = act(z) and dy (into dz_out; None with no activation: dz is dy) and
     db_out = dz summed over the rows, in one launch. Returns dz."""
@@ -119,27 +161,25 @@ def softmax_xent(logits: Any, labels: Any, weights: Any, grad_out: Any, loss_out
                                                        np.int32(n), np.int32(classes)))
 
 
-def advance(counter: Any) -> None:
-    """counter += 1 on the device (an int64 array of one element)."""
-    _kernel("nn_advance")((1,), (1,), (counter,))
+# The optimizer kernels share a step counter (int64 [step, finished blocks]): the first update of
+# a step passes first=True and advances it, the others of the same step read the new value.
 
-
-def adam(p: Any, g: Any, m: Any, v: Any, hyper: Any, step: Any) -> None:
-    """One Adam update; hyper = [lr, beta1, beta2, eps, weight_decay] (float64), step the advanced counter."""
+def adam(p: Any, g: Any, m: Any, v: Any, hyper: Any, counter: Any, first: bool = True) -> None:
+    """One Adam update; hyper = [lr, beta1, beta2, eps, weight_decay] (float64)."""
     _contiguous("adam", p, g, m, v)
     n = int(p.size)
-    _kernel("nn_adam")(_grid(n), (THREADS,), (p, g, m, v, hyper, step, np.int64(n)))
+    _kernel("nn_adam")(_grid(n), (THREADS,), (p, g, m, v, hyper, counter, np.int32(first), np.int64(n)))
 
 
-def sgd(p: Any, g: Any, velocity: Any, hyper: Any) -> None:
+def sgd(p: Any, g: Any, velocity: Any, hyper: Any, counter: Any, first: bool = True) -> None:
     """One SGD update; hyper = [lr, momentum, weight_decay, nesterov] (velocity unused without momentum)."""
     _contiguous("sgd", p, g, velocity)
     n = int(p.size)
-    _kernel("nn_sgd")(_grid(n), (THREADS,), (p, g, velocity, hyper, np.int64(n)))
+    _kernel("nn_sgd")(_grid(n), (THREADS,), (p, g, velocity, hyper, counter, np.int32(first), np.int64(n)))
 
 
-def rprop(p: Any, g: Any, step: Any, prev: Any, hyper: Any) -> None:
+def rprop(p: Any, g: Any, step: Any, prev: Any, hyper: Any, counter: Any, first: bool = True) -> None:
     """One iRprop- update; hyper = [eta_plus, eta_minus, step_min, step_max]."""
     _contiguous("rprop", p, g, step, prev)
     n = int(p.size)
-    _kernel("nn_rprop")(_grid(n), (THREADS,), (p, g, step, prev, hyper, np.int64(n)))
+    _kernel("nn_rprop")(_grid(n), (THREADS,), (p, g, step, prev, hyper, counter, np.int32(first), np.int64(n)))

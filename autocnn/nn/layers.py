@@ -527,6 +527,34 @@ class Dense(_WeightedLayer):
         return self._dx
 
 
+    @property
+    def can_end_with_loss(self) -> bool:
+        """Whether the model may run this layer together with the loss (``loss_step``)."""
+        return self.activation == "none"
+
+    def loss_step(self, x: Array, labels: Array, weights: Array, loss: Any, metric: Any, loss_out: Array,
+                  acc_out: Array, dlogits: Array) -> Array | None:
+        """Forward, softmax cross-entropy and backward of the model's last layer in one go.
+
+        Fills the parameter gradients, ``dlogits`` (dL/d of this layer's output), ``loss_out`` and
+        ``acc_out``; returns dL/dx (None when needs_input_grad is False). On a GPU the forward, the
+        loss and dL/dx are one fused kernel (the output buffer is then not written) and the weight
+        gradient runs beside the layers below.
+        """
+        backend = self._require_built()
+        self._check_batch("input", x, self.input_shape)  # type: ignore[arg-type]
+        if not self.can_end_with_loss:
+            raise RuntimeError(f"{self.describe()} has an activation: it cannot run with the loss")
+        self._x = x
+        dx = self._dx if self.needs_input_grad else None
+        backend.dense_loss_step(x, self._params["weight"], self._params.get("bias"), labels, weights,
+                                logits=self._y, dlogits=dlogits, db=self._grads.get("bias"), dx=dx,
+                                loss_out=loss_out, acc_out=acc_out, loss=loss, metric=metric)
+        with backend.parameter_gradients():
+            backend.matmul(x.T, dlogits, out=self._grads["weight"])
+        return dx
+
+
 # -- reshaping and element-wise ---------------------------------------------------------------------
 
 class Flatten(Layer):

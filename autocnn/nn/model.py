@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from .arena import ParameterArena
 from .backend import Array, Backend, CapturedStep, KernelDispatch, KernelProblem, get_backend
-from .layers import Layer
+from .layers import Dense, Layer
 from .losses import Accuracy, SoftmaxCrossEntropy, softmax
 from .optim import Adam, Optimizer, get_optimizer
 from .validation import check_batch_size, check_images, check_labels, check_weights
@@ -524,14 +524,12 @@ class Sequential:
             out = layer.forward(out)
         return out
 
-    def _backward(self, dlogits: Array) -> None:
-        grad: Array | None = dlogits
-        for layer in reversed(self.layers):
-            if not layer.trainable and not layer.needs_input_grad:
-                break  # nothing before it has parameters
+    def _backward(self, grad: Array | None, below: int | None = None) -> None:
+        """Backward through the layers before index ``below`` (all by default), from ``grad``."""
+        for layer in reversed(self.layers[:below]):
+            if grad is None or (not layer.trainable and not layer.needs_input_grad):
+                break  # nothing (further) before it has parameters
             grad = layer.backward(grad)
-            if grad is None:
-                break
         # Weight gradients may have run beside the backward pass: every one is done after this.
         self.backend.join_parameter_gradients()
 
@@ -544,6 +542,16 @@ class Sequential:
         be = self.backend
         loss = be.zeros(()) if loss_out is None else loss_out
         acc = be.zeros((), dtype=np.float64) if acc_out is None else acc_out
+        head = self.layers[-1]
+        if isinstance(head, Dense) and head.can_end_with_loss:
+            # The last layer, the loss and its backward in one call (one fused kernel on a GPU).
+            out = self._x_buf
+            for layer in self.layers[:-1]:
+                out = layer.forward(out)
+            grad = head.loss_step(out, self._labels_buf, self._weights_buf, self.loss, self.metric, loss, acc,
+                                  self._dlogits)
+            self._backward(grad, below=len(self.layers) - 1)
+            return loss, acc
         logits = self._forward()
         self.loss.loss_grad_accuracy(logits, self._labels_buf, self._weights_buf, grad_out=self._dlogits,
                                      loss_out=loss, acc_out=acc, metric=self.metric)

@@ -70,6 +70,7 @@ class Optimizer(abc.ABC):
         self._device_hyper: Array | None = None
         self._device_step: Array | None = None
         self._hyper_on_device: tuple[float, ...] | None = None
+        self._first_update = True
         # Bumped by every setup: the model re-captures a graphed step when it changes.
         self.generation = 0
 
@@ -113,7 +114,7 @@ class Optimizer(abc.ABC):
             self._shared[buffer] = {key: m.empty(size, dtype=key[0]) for key, (m, size) in sizes.items()}
         if _on_gpu(xp):
             self._device_hyper = xp.zeros(len(self._hyper()), dtype=np.float64)
-            self._device_step = xp.zeros(1, dtype=np.int64)
+            self._device_step = xp.zeros(2, dtype=np.int64)   # [step, blocks finished]
         else:
             self._device_hyper = self._device_step = None
         self._hyper_on_device = None
@@ -145,10 +146,7 @@ class Optimizer(abc.ABC):
         the hyper-parameters and the step counter from device memory (so it can be captured in
         a CUDA graph); on the CPU it uses ``iterations`` and the attributes directly.
         """
-        if self._device_step is not None:
-            from . import fused
-
-            fused.advance(self._device_step)
+        self._first_update = True
         arena = self._arena
         if arena is not None and arena.holds(params) and arena.holds_grads(grads):
             self._update(arena.params, arena.grads, self._flat_state)
@@ -159,6 +157,11 @@ class Optimizer(abc.ABC):
     def _hyper(self) -> tuple[float, ...]:
         """The hyper-parameters the fused GPU kernel reads, in its order."""
         return ()
+
+    def _take_first(self) -> bool:
+        """True for the first GPU update kernel of a step (it advances the device step counter)."""
+        first, self._first_update = self._first_update, False
+        return first
 
     def _check(self, params: Params, grads: Params) -> None:
         if set(params) != set(self._shapes) or set(grads) != set(self._shapes):
@@ -235,7 +238,7 @@ class SGD(Optimizer):
         if _on_gpu(xp):
             from . import fused
 
-            fused.sgd(p, g, state["velocity"], self._device_hyper)
+            fused.sgd(p, g, state["velocity"], self._device_hyper, self._device_step, self._take_first())
             return
         d = self._effective_grad(xp, p, g, self.weight_decay, state["scratch"])
         if self.momentum:
@@ -281,7 +284,7 @@ class Adam(Optimizer):
         if _on_gpu(xp):
             from . import fused
 
-            fused.adam(p, g, state["m"], state["v"], self._device_hyper, self._device_step)
+            fused.adam(p, g, state["m"], state["v"], self._device_hyper, self._device_step, self._take_first())
             return
         t = self.iterations
         m, v, d = state["m"], state["v"], state["scratch"]
@@ -345,7 +348,8 @@ class RPROP(Optimizer):
         if _on_gpu(xp):
             from . import fused
 
-            fused.rprop(p, g, state["step"], state["prev_grad"], self._device_hyper)
+            fused.rprop(p, g, state["step"], state["prev_grad"], self._device_hyper, self._device_step,
+                        self._take_first())
             return
         step, prev, agreement = state["step"], state["prev_grad"], state["scratch"]
         same_sign = self._buffer("same_sign", p, np.bool_)
