@@ -1,0 +1,89 @@
+"""The CUDA sources the GPU compiles at run time go through NVRTC there, so they are compiled with
+NVRTC here too (no GPU needed): NVRTC lacks the host headers nvcc puts in every translation unit
+(math.h's INFINITY, for one), so a source that nvcc accepts can still fail on the GPU host.
+
+NVRTC comes from the nvidia-cuda-nvrtc wheel (the dev extra installs it on Linux x86-64) or from
+a CUDA toolkit on the library path.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import importlib.util
+import os
+
+import pytest
+
+from autocnn.compiler import NVRTC_FLAGS
+from autocnn.device import DeviceLimits
+from autocnn.ops import OPERATIONS, operation_for
+from autocnn.suite import odd_problems, seed_problems
+
+
+def _nvrtc() -> ctypes.CDLL | None:
+    candidates = []
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        candidates += sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so.*")))
+        candidates += sorted(glob.glob(os.path.join(root, "cuda_nvrtc", "lib", "libnvrtc.so.*")))
+    found = ctypes.util.find_library("nvrtc")
+    if found:
+        candidates.append(found)
+    for path in candidates:
+        if "builtins" in os.path.basename(path) or ".alt." in os.path.basename(path):
+            continue
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+NVRTC = _nvrtc()
+pytestmark = pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc)")
+
+
+def nvrtc_compile(source: str, arch: str = "compute_90") -> tuple[int, str]:
+    """(NVRTC's result code, its log) for ``source`` with the options autocnn uses at run time."""
+    lib = NVRTC
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"autocnn.cu", 0, None, None) == 0
+    try:
+        options = [o.encode() for o in (*NVRTC_FLAGS, f"-arch={arch}")]
+        rc = lib.nvrtcCompileProgram(prog, len(options), (ctypes.c_char_p * len(options))(*options))
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(max(1, size.value))
+        lib.nvrtcGetProgramLog(prog, log)
+        return rc, log.value.decode(errors="replace")
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def test_nvrtc_reports_an_error_for_a_host_only_identifier():
+    # The check itself can fail: INFINITY comes from math.h, which NVRTC does not include.
+    rc, log = nvrtc_compile('extern "C" __global__ void k(float* x) { x[0] = INFINITY; }')
+    assert rc != 0 and "INFINITY" in log
+
+
+def test_the_training_library_kernels_compile_with_nvrtc():
+    from autocnn.nn import fused
+
+    rc, log = nvrtc_compile(fused.render_source())
+    assert rc == 0, log
+    assert "warning" not in log.lower(), log
+
+
+@pytest.mark.parametrize("op", sorted(OPERATIONS))
+def test_default_kernels_compile_with_nvrtc(op):
+    # The training library loads its tuned kernels through NVRTC: the default config of a seed
+    # shape and of an odd shape of every family.
+    limits = DeviceLimits.for_arch("sm_90")
+    problems = [problem for _, problem in seed_problems(op)[:1] + odd_problems(op)[:1]]
+    assert len(problems) == 2
+    for problem in problems:
+        operation = operation_for(problem)
+        plan = operation.plan(problem, operation.default_config(problem, limits))
+        rc, log = nvrtc_compile(plan.source)
+        assert rc == 0, f"{problem.shape_string()}:\n{log}"
