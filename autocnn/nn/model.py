@@ -121,6 +121,12 @@ class _Totals:
         return f"loss={self.loss:.4f} acc={self.accuracy:.4f}"
 
 
+def _metric_views(metrics: Array, dtype: Any) -> tuple[Array, Array]:
+    """0-d views of a float64 pair: the loss (in the model's dtype, at the first element's bytes)
+    and the accuracy (the second element)."""
+    return metrics[0:1].view(dtype)[0, ...], metrics[1, ...]
+
+
 def _host(a: Any) -> Any:
     # A CuPy array's host copy (numpy refuses to convert one implicitly); anything else as it is.
     return a.get() if type(a).__module__.split(".")[0] == "cupy" else a
@@ -285,8 +291,10 @@ class Sequential:
         self._weights_n = None
         self._dlogits = be.zeros((batch_size, self.num_classes))
         # Where every training step leaves its loss and accuracy (a graphed step writes only here).
-        self._step_loss = be.zeros(())
-        self._step_acc = be.zeros((), dtype=np.float64)
+        # Both in one 16-byte buffer (loss as the first float32, accuracy as the second float64),
+        # so that a StepResult takes its values with a single copy.
+        self._step_metrics = be.zeros((2,), dtype=np.float64)
+        self._step_loss, self._step_acc = _metric_views(self._step_metrics, self.dtype)
         self._graph = None  # captured on the buffers just replaced
         self._build_count += 1
         problems = self._collect_problems(layer.problems() for layer in self.layers)
@@ -607,7 +615,8 @@ class Sequential:
         samples = float(len(xb)) if weights is None else float(np.sum(weights))
         # Copies: the next step overwrites the step buffers.
         be = self.backend
-        return StepResult(be.copy(self._step_loss), be.copy(self._step_acc), samples)
+        loss, acc = _metric_views(be.copy(self._step_metrics), self.dtype)
+        return StepResult(loss, acc, samples)
 
     def train_step(self, xb: Any, yb: Any, weights: Any = None) -> StepResult:
         """One forward, backward and update on a batch of at most the built batch size.
