@@ -52,6 +52,9 @@ class Sgemm:
 
     ``a`` and ``b`` may be C-contiguous or transposed views of C-contiguous arrays (F-contiguous),
     as a Dense layer's ``x.T`` and ``W.T`` are; ``out`` must be C-contiguous.
+
+    Each stream gets a handle and workspace of its own: GEMMs on two streams at once (a weight
+    gradient beside an input gradient) must not share a workspace.
     """
 
     def __init__(self, cp: Any) -> None:
@@ -60,12 +63,7 @@ class Sgemm:
         cp.cuda.device.get_cublas_handle()
         lib = _library()
         self.lib = lib
-        handle = ctypes.c_void_p()
-        _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
-        self.handle = handle
-        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
-        _check(lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(self.workspace.data.ptr),
-                                         ctypes.c_size_t(WORKSPACE_BYTES)), "cublasSetWorkspace")
+        self._handles: dict[int, tuple[ctypes.c_void_p, Any]] = {}   # stream pointer -> handle, workspace
         self._alpha = ctypes.c_float(1.0)
         self._beta = ctypes.c_float(0.0)
         lib.cublasSgemm_v2.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -74,9 +72,25 @@ class Sgemm:
                                        ctypes.c_int]
         lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
 
+    def prepare(self, stream_ptr: int) -> None:
+        """Make the handle of a stream now (before a capture on it: creating one may not be captured)."""
+        self._handle(stream_ptr)
+
+    def _handle(self, stream_ptr: int) -> ctypes.c_void_p:
+        entry = self._handles.get(stream_ptr)
+        if entry is None:
+            lib = self.lib
+            handle = ctypes.c_void_p()
+            _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+            workspace = self.cp.empty(WORKSPACE_BYTES, dtype=self.cp.uint8)
+            _check(lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr),
+                                             ctypes.c_size_t(WORKSPACE_BYTES)), "cublasSetWorkspace")
+            _check(lib.cublasSetStream_v2(handle, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
+            entry = self._handles[stream_ptr] = (handle, workspace)
+        return entry[0]
+
     def __del__(self) -> None:
-        handle = getattr(self, "handle", None)
-        if handle is not None and handle.value:
+        for handle, _workspace in getattr(self, "_handles", {}).values():
             try:
                 self.lib.cublasDestroy_v2(handle)
             except Exception:  # noqa: BLE001 -- at interpreter exit the library may be gone
@@ -111,10 +125,8 @@ class Sgemm:
         # Row-major out = a @ b is column-major out^T = b^T a^T: b comes first.
         op_b, ld_b = self._operand(b)
         op_a, ld_a = self._operand(a)
-        lib = self.lib
-        _check(lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(self.cp.cuda.get_current_stream().ptr)),
-               "cublasSetStream")
-        _check(lib.cublasSgemm_v2(self.handle, op_b, op_a, n, m, k, ctypes.byref(self._alpha),
+        handle = self._handle(self.cp.cuda.get_current_stream().ptr)
+        _check(self.lib.cublasSgemm_v2(handle, op_b, op_a, n, m, k, ctypes.byref(self._alpha),
                                   ctypes.c_void_p(b.data.ptr), ld_b, ctypes.c_void_p(a.data.ptr), ld_a,
                                   ctypes.byref(self._beta), ctypes.c_void_p(out.data.ptr), n), "cublasSgemm")
         return out

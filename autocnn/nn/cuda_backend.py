@@ -141,6 +141,8 @@ class CudaBackend(Backend):
             self._graph_pool = cp.cuda.MemoryPool()
             self._capture_stream = cp.cuda.Stream(non_blocking=True)
         stream = self._capture_stream
+        if self._sgemm:
+            self._sgemm.prepare(stream.ptr)
         calls_before = collections.Counter(self.kernel_calls)
         generated_before = collections.Counter(self.generated_launches)
         # Work queued before on the current stream is ordered before the replays anyway (they go
