@@ -305,11 +305,16 @@ def test_graphed_steps_match_eager_steps_and_count_their_kernels(name):
     # Every replay counts the kernels the graph holds: the same as running them one by one.
     assert dict(be.kernel_calls) == {op: n * (steps - 1) for op, n in per_step.items()}
     assert be.generated_launches == be.kernel_calls
+    # The replays counted Adam's steps on the device (its bias correction depends on them).
+    assert int(graphed.optimizer._device_step[0]) == graphed.optimizer.iterations == steps
     for a, b in zip(losses_g[1:], losses_e[1:]):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    # Split-K weight gradients add in a varying order, and Adam turns gradients near zero into
+    # steps of about lr either way: weights agree to 1e-3 (seen: 4e-5), not to rounding. A lost
+    # learning-rate change or a wrong step count moves them by 1e-1 or more.
     w_g, w_e = graphed.get_weights(), eager.get_weights()
     for k in w_e:
-        assert _rel(w_g[k], w_e[k]) <= 1e-5, f"{name} weight {k}"
+        assert _rel(w_g[k], w_e[k]) <= 1e-3, f"{name} weight {k}"
 
 
 def test_graphed_fit_matches_eager_fit():
@@ -326,7 +331,10 @@ def test_graphed_fit_matches_eager_fit():
                                    lr_schedule="cosine", validation_data=(x[:20], y[:20])))
         weights.append(model.get_weights())
         assert (model._graph is not None) == graphs
-    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
-        np.testing.assert_allclose(getattr(histories[0], key), getattr(histories[1], key), rtol=1e-5, atol=1e-6)
+    # As above, Adam and split-K sums: losses to 1e-4, accuracies to one sample in 70, weights to 1e-3.
+    for key in ("loss", "val_loss"):
+        np.testing.assert_allclose(getattr(histories[0], key), getattr(histories[1], key), rtol=1e-4, atol=1e-6)
+    for key in ("accuracy", "val_accuracy"):
+        np.testing.assert_allclose(getattr(histories[0], key), getattr(histories[1], key), rtol=0, atol=1.01 / 70)
     for k in weights[1]:
-        assert _rel(weights[0][k], weights[1][k]) <= 1e-5, k
+        assert _rel(weights[0][k], weights[1][k]) <= 1e-3, k
