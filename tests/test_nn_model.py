@@ -138,6 +138,8 @@ def test_dispatch_report_names_every_layer_and_op():
     assert "conv_bwd_data" not in report  # the first layer needs no input gradient
     # avgpool_bwd is needed: the conv before it has weights
     assert "avgpool_bwd" in report
+    # Dense layers are listed too, with what multiplies their matrices.
+    assert "dense" in report and "numpy.matmul" in report
     with pytest.raises(RuntimeError, match="not built"):
         small_net().dispatch_report()
 

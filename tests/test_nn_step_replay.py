@@ -254,3 +254,14 @@ def test_the_fused_kernels_compile_without_warnings(tmp_path, arch):
                    "nn_dense_softmax_xent", "nn_adam", "nn_sgd", "nn_rprop"):
         assert f"Function properties for {kernel}" in result.stderr
     assert not re.search(r"[1-9][0-9]* bytes spill", result.stderr), result.stderr
+
+
+def test_which_classifier_heads_the_fused_kernel_takes():
+    from autocnn.nn import fused
+
+    # The zoo's heads: 100x10 (scherer10, chellapilla06), 84x10 (lenet5), 1024x10 (convnet18) fit;
+    # kriz09's 4096x10 has too many input features for one row of registers a warp.
+    assert all(fused.head_fits(f, 10) for f in (100, 84, 1024))
+    assert not fused.head_fits(4096, 10)
+    assert fused.head_fits(320, 32) and not fused.head_fits(321, 32)     # 10240 weights at most
+    assert not fused.head_fits(10, 33) and not fused.head_fits(0, 10) and not fused.head_fits(10, 0)

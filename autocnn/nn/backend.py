@@ -265,6 +265,10 @@ class Backend(abc.ABC):
             self.activation(name, y, out=y)
         return y
 
+    def dense_dispatch(self, in_features: int, out_features: int, head: bool) -> tuple[str, str]:
+        """(source, detail) of what runs a Dense layer; ``head``: the last layer, run with the loss."""
+        return "matmul", f"{self.xp.__name__}.matmul" + (" (then the loss, separately)" if head else "")
+
     def dense_loss_step(self, x: Array, w: Array, bias: Array | None, labels: Array, weights: Array, *,
                         logits: Array, dlogits: Array, db: Array | None, dx: Array | None, loss_out: Array,
                         acc_out: Array, loss: Any, metric: Any) -> None:

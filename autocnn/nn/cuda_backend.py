@@ -200,6 +200,14 @@ class CudaBackend(Backend):
             return self.activation(name, y, out=y)
         return fused.bias_activation(y, bias, name)
 
+    def dense_dispatch(self, in_features: int, out_features: int, head: bool) -> tuple[str, str]:
+        gemm = "cuBLAS SGEMM (a handle per stream, graph-capturable)"
+        if self._sgemm is False:
+            gemm = "CuPy matmul (cuBLAS could not be loaded: no CUDA graphs)"
+        if head and fused.head_fits(in_features, out_features):
+            return "fused head", f"nn_dense_softmax_xent (logits, loss, dlogits, db, dx); weight gradient by {gemm}"
+        return "cuBLAS", gemm + (" and the loss separately (too large for the fused head)" if head else "")
+
     def dense_loss_step(self, x: Any, w: Any, bias: Any, labels: Any, weights: Any, *, logits: Any, dlogits: Any,
                         db: Any, dx: Any, loss_out: Any, acc_out: Any, loss: Any, metric: Any) -> None:
         fits = (fused.head_fits(int(w.shape[0]), int(w.shape[1])) and x.dtype == np.float32

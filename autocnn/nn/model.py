@@ -356,18 +356,25 @@ class Sequential:
         return outcomes
 
     def dispatch_report(self) -> str:
-        """Which implementation runs each kernel of each layer, as a table."""
+        """Which implementation runs each kernel of each layer, as a table (Dense layers too)."""
         self._require_built()
         by_problem = {d.problem: d for d in self.dispatch}
         rows = [("layer", "op", "shape", "kernel", "detail")]
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             for p in layer.problems():
                 d = by_problem[p]
                 rows.append((str(layer.name), p.op, p.shape_string(), d.source, d.detail))
-        head = f"kernels on the {self.backend.name} backend at batch size {self.batch_size}:"
+            if isinstance(layer, Dense):
+                head = i == len(self.layers) - 1 and layer.can_end_with_loss
+                source, detail = self.backend.dense_dispatch(layer.in_features, layer.out_features, head)
+                shape = f"N={self.batch_size},in={layer.in_features},out={layer.out_features}"
+                rows.append((str(layer.name), "dense+loss" if head else "dense", shape, source, detail))
+        title = f"kernels on the {self.backend.name} backend at batch size {self.batch_size}"
+        if not self.dispatch:
+            title += " (no convolution or pooling layers)"
         if len(rows) == 1:
-            return head + " (no convolution or pooling layers)"
-        return head + "\n" + _table(rows)
+            return title
+        return title + ":\n" + _table(rows)
 
     def _require_built(self) -> int:
         if self.batch_size is None:
