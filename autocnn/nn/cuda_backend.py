@@ -190,9 +190,7 @@ class CudaBackend(Backend):
     # -- element-wise work, fused ----------------------------------------------------------------
     def activation(self, name: str, z: Any, out: Any) -> Any:
         if name == "none":
-            if out is not z:
-                self.cp.copyto(out, z)
-            return out
+            return super().activation(name, z, out)
         return fused.activation(name, z, out)
 
     def bias_activation(self, y: Any, bias: Any, name: str) -> Any:
@@ -227,9 +225,7 @@ class CudaBackend(Backend):
 
     def activation_grad(self, name: str, y: Any, dy: Any, out: Any) -> Any:
         if name == "none":
-            if out is not dy:
-                self.cp.copyto(out, dy)
-            return out
+            return super().activation_grad(name, y, dy, out)
         return fused.activation_grad(name, y, dy, out)
 
     # -- kernels ---------------------------------------------------------------------------------

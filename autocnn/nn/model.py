@@ -403,15 +403,19 @@ class Sequential:
         if self.optimizer is None:
             raise RuntimeError("no optimizer: call compile(optimizer) or pass optimizer= to fit")
         opt = self.optimizer
-        key = (self._build_count, id(opt), opt.generation)
+        key = self._step_key(opt)
         if key == self._ready_key:
             return opt  # parameters never change shape after a build: checked once per key
         params = self.params()
         if not opt.matches(params):
             arena = self._arena if self._arena is not None and self._arena.holds(params) else None
             opt.setup(params, arena=arena)
-        self._ready_key = (self._build_count, id(opt), opt.generation)
+        self._ready_key = self._step_key(opt)
         return opt
+
+    def _step_key(self, optimizer: Optimizer) -> tuple[Any, ...]:
+        """What a prepared step depends on: the build (its buffers) and the optimizer's state."""
+        return (self._build_count, id(optimizer), optimizer.generation)
 
     # -- where the data lives ------------------------------------------------------------------
     def _device_array(self, a: Any) -> bool:
@@ -533,9 +537,10 @@ class Sequential:
         self.backend.upload(w, self._weights_buf)
         self._weights_n = None
 
-    def _forward(self) -> Array:
+    def _forward(self, upto: int | None = None) -> Array:
+        """The staged batch through the layers before index ``upto`` (all by default)."""
         out = self._x_buf
-        for layer in self.layers:
+        for layer in self.layers[:upto]:
             out = layer.forward(out)
         return out
 
@@ -560,10 +565,7 @@ class Sequential:
         head = self.layers[-1]
         if isinstance(head, Dense) and head.can_end_with_loss:
             # The last layer, the loss and its backward in one call (one fused kernel on a GPU).
-            out = self._x_buf
-            for layer in self.layers[:-1]:
-                out = layer.forward(out)
-            grad = head.loss_step(out, self._labels_buf, self._weights_buf, self.loss, self.metric, loss, acc,
+            grad = head.loss_step(self._forward(upto=-1), self._labels_buf, self._weights_buf, self.loss, self.metric, loss, acc,
                                   self._dlogits)
             self._backward(grad, below=len(self.layers) - 1)
             return loss, acc
@@ -590,7 +592,7 @@ class Sequential:
         operation that cannot be captured) is reported once, and the model goes on without graphs.
         """
         optimizer.begin_step()
-        key = (self._build_count, id(optimizer), optimizer.generation)
+        key = self._step_key(optimizer)
         graphs = self.use_graphs and self.backend.can_capture
         if graphs and self._graph is not None and self._graph_key == key:
             self._graph.replay()
