@@ -75,10 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="every seed shape of the five source documents (with --ops to choose operations)")
     what.add_argument("--network", help="a zoo network (kriz09, scherer10, convnet18, chellapilla06, lenet5) "
                                         "or a network JSON file: tunes every kernel it needs, forward and backward")
+    what.add_argument("--stale", action="store_true",
+                      help="every shape whose record for this GPU kind (shipped or user) was tuned with "
+                           "templates that have changed since (with --ops to choose operations)")
     t.add_argument("--shape", help="with --op: N=..,C=..,H=..,W=..,K=..,R=..,S=..,stride=..,pad=t,l,b,r "
                                    "(pooling: N,C,H,W,window,stride,pad,count_pad)")
     t.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")
-    t.add_argument("--ops", default=None, help="with --suite: comma-separated operations (default: all five)")
+    t.add_argument("--ops", default=None,
+                   help="with --suite or --stale: comma-separated operations (default: all five)")
     t.add_argument("--trials", type=int, default=100,
                    help="measured trials per kernel (with --network: for the whole network; default 100). "
                         "A re-run continues the same study up to this total.")
@@ -123,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     dr = dsub.add_parser("remove", help="remove matching user records (shipped records stay)")
     _db_filters(dr)
     dr.add_argument("--shape", help="shape string of the problem (with --op)")
+    dr.add_argument("--stale", action="store_true",
+                    help="match the stale records (tuned with templates that have changed since) instead")
     dr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     dr.set_defaults(func=cmd_db_remove)
     dc = dsub.add_parser("check", help="report unreadable files and records that are skipped")
@@ -176,6 +182,16 @@ def _parse_fixed(text: str) -> dict[str, Any]:
     return fixed
 
 
+def _parse_ops(text: str | None) -> list[str]:
+    from .ops import OPERATIONS
+
+    ops = [o.strip() for o in (text or ",".join(OPERATIONS)).split(",") if o.strip()]
+    unknown = [o for o in ops if o not in OPERATIONS]
+    if unknown:
+        raise ValueError(f"--ops: unknown operation(s) {unknown}; choose from {', '.join(OPERATIONS)}")
+    return ops
+
+
 def _make_source(args: argparse.Namespace):
     if args.replay:
         from .sources import ReplayFile, ReplaySource
@@ -204,14 +220,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
         tuner = Tuner(source, TuningDatabase(), settings, progress=not (args.no_progress or args.json), log=log)
         if args.op:
             outcomes = [tuner.tune(args.op, parse_shape(args.op, args.shape))]
+        elif args.stale:
+            problems = TuningDatabase().stale_problems(source.device, _parse_ops(args.ops))
+            if log:
+                log(f"{len(problems)} shapes with stale records for {source.device.name}")
+            outcomes = []
+            for problem in problems:
+                if log:
+                    log(f"{problem.op} {problem.shape_string()}")
+                outcomes.append(tuner.tune(problem.op, problem))
         elif args.suite:
-            from .ops import OPERATIONS
             from .suite import seed_problems
 
-            ops = [o.strip() for o in (args.ops or ",".join(OPERATIONS)).split(",") if o.strip()]
-            unknown = [o for o in ops if o not in OPERATIONS]
-            if unknown:
-                raise ValueError(f"--ops: unknown operation(s) {unknown}; choose from {', '.join(OPERATIONS)}")
+            ops = _parse_ops(args.ops)
             outcomes = []
             for op in ops:
                 for name, problem in seed_problems(op):
@@ -290,9 +311,9 @@ def _outcome_table(rows: list[dict[str, Any]]) -> str:
 
 # -- db ---------------------------------------------------------------------------------------------
 
-def _matching(db, args: argparse.Namespace, shape: str | None = None):
+def _matching(db, args: argparse.Namespace, shape: str | None = None, stale: bool = False):
     out = []
-    for rec in db.records():
+    for rec in ([r for r, _ in db.stale_records()] if stale else db.records()):
         if args.gpu and args.gpu.lower() not in rec.key.gpu.lower():
             continue
         if args.op and rec.key.op != args.op:
@@ -365,9 +386,9 @@ def cmd_db_remove(args: argparse.Namespace) -> int:
     from .db import TuningDatabase
 
     db = TuningDatabase()
-    recs = _matching(db, args, args.shape)
+    recs = _matching(db, args, args.shape, stale=args.stale)
     if not recs:
-        print("no matching record")
+        print("no matching stale record" if args.stale else "no matching record")
         return 1
     if not args.yes:
         if not sys.stdin.isatty():

@@ -753,6 +753,60 @@ class TuningDatabase:
                 break
         return out
 
+    # -- stale records: tuned with templates that have changed since --
+    def stale_records(self) -> list[tuple[TuningRecord, Any]]:
+        """Every record (shipped and user) skipped only because its template fingerprint is old,
+        with its parsed problem. They are never run; they say which shapes to tune again."""
+        out = []
+        for path, _origin in self._files():
+            try:
+                raws = _read_raw(path)
+            except (_CorruptFile, _ForeignFormat, OSError):
+                continue
+            for raw in raws:
+                try:
+                    validate_record(TuningRecord.from_dict(raw))
+                except StaleRecordError:
+                    record = TuningRecord.from_dict(raw)
+                    out.append((record, problem_from_dict(record.key.problem)))
+                except RecordError:
+                    continue
+        return out
+
+    def stale_problems(self, device: DeviceInfo, ops: Sequence[str] | None = None) -> list[Any]:
+        """The problems of this GPU kind whose records are stale and that have no current record
+        of this kind yet: what ``autocnn tune --stale`` tunes again. Each problem once."""
+        def ident(op: str, problem: Any) -> str:
+            return f"{op}|{json.dumps(problem.to_dict(), sort_keys=True)}"
+
+        slug = device.slug()
+        fresh = {ident(r.key.op, problem_from_dict(r.key.problem)) for r in self.records() if r.key.slug() == slug}
+        out, seen = [], set(fresh)
+        for record, problem in self.stale_records():
+            if record.key.slug() != slug or (ops is not None and record.key.op not in ops):
+                continue
+            i = ident(record.key.op, problem)
+            if i not in seen:
+                seen.add(i)
+                out.append(problem)
+        return out
+
+    def stale_configs(self, device: DeviceInfo, problem: Any, space: SearchSpace) -> list[Config]:
+        """Configs of stale records of this problem on this architecture that the current space
+        still accepts: first guesses for tuning it again (measured anew, never trusted)."""
+        canonical = problem.to_dict()
+        out: list[Config] = []
+        for record, p in self.stale_records():
+            if record.key.op != problem.op or record.key.arch != device.arch or p.to_dict() != canonical:
+                continue
+            try:
+                config = space.validate(record.config)
+            except (InvalidConfigError, InfeasibleConfigError):
+                continue
+            if all(config.key() != c.key() for c in out):
+                out.append(config)
+        return out
+
     # -- writing --
     def put(self, record: TuningRecord) -> None:
         """Store a record (replacing one with the same key) in the user file of its GPU kind."""

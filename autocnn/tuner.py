@@ -48,7 +48,7 @@ class TuneSettings:
     storage: str | None = None           # Optuna storage URL or journal file; None: SQLite in the cache
     batch: int = 16                      # configs proposed at once (compiled in parallel)
     fixed: Mapping[str, Any] = field(default_factory=dict)   # parameters held at one value
-    warm_start: bool = True              # enqueue the default and the nearest shapes' winners first
+    warm_start: bool = True              # enqueue the default, old winners of the shape, nearest shapes' winners
     confirm_rounds: int = 3              # interleaved re-timing rounds of winner, runner-up and default
 
     def __post_init__(self) -> None:
@@ -274,7 +274,7 @@ class Tuner:
                 deepcopy=False, states=(optuna.trial.TrialState.WAITING,))}
             first: list[Config] = []
             if s.warm_start:
-                first += [default, *self._neighbour_winners(op, problem, space)]
+                first += [default, *self._stale_winners(problem, space), *self._neighbour_winners(op, problem, space)]
             if s.sampler in ("tpe", "cmaes", "gp") and sum(1 for r in known.values() if r.ok) < STARTUP_TRIALS:
                 # Model-based samplers begin with independent random draws, which on a small layer
                 # are almost all infeasible; feasible random configs from the space's walk start them.
@@ -471,6 +471,13 @@ class Tuner:
             except (InvalidConfigError, InfeasibleConfigError):
                 continue
             study.enqueue_trial(enqueue_params(space, config), skip_if_exists=True)
+
+    def _stale_winners(self, problem: Any, space: SearchSpace) -> list[Config]:
+        # The winners of this very shape under older templates: often unchanged code, so a retune
+        # after a template change starts from the old best instead of below it.
+        if self.db is None or not hasattr(self.db, "stale_configs"):
+            return []
+        return self.db.stale_configs(self.source.device, problem, space)
 
     def _neighbour_winners(self, op: str, problem: Any, space: SearchSpace, limit: int = 3) -> list[Config]:
         if self.db is None:

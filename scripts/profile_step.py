@@ -9,6 +9,10 @@ for comparison with the sum. Replaying an operation changes the model's buffers 
 model is thrown away afterwards. Prints a table per network.
 
     python scripts/profile_step.py --networks lenet5,chellapilla06 --out profile_step.json
+
+With --timeline, also traces replays of the whole step with PyTorch's profiler (CUPTI) and prints
+each kernel of one replay with its start and duration: the critical path, side-stream overlap and
+the gaps between kernels, which per-operation timing cannot show.
 """
 from __future__ import annotations
 
@@ -30,7 +34,33 @@ WRAPPED = ("conv_fwd", "conv_bwd_data", "conv_wgrad", "avgpool_fwd", "avgpool_bw
            "bias_activation", "activation", "activation_grad", "activation_grad_bias", "dense_loss_step")
 
 
-def profile(name: str, batch: int, repeats: int) -> dict:
+def step_timeline(model, name: str, trace_dir: Path, replays: int = 5) -> list[dict]:
+    """Kernels of one replayed step graph, from a CUPTI trace: name, stream, start offset, duration (us)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    be = model.backend
+    be.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            model._graph.replay()
+        be.synchronize()
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    path = trace_dir / f"{name}_trace.json"
+    prof.export_chrome_trace(str(path))
+    events = [e for e in json.loads(path.read_text())["traceEvents"]
+              if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy") and "dur" in e]
+    events.sort(key=lambda e: e["ts"])
+    per_replay = len(events) // replays
+    last = events[-per_replay:] if per_replay else []
+    if not last:
+        return []
+    t0 = last[0]["ts"]
+    return [{"name": e["name"], "stream": e.get("args", {}).get("stream"), "start_us": e["ts"] - t0,
+             "dur_us": e["dur"]} for e in last]
+
+
+def profile(name: str, batch: int, repeats: int, trace_dir: Path | None = None) -> dict:
     import cupy as cp
     import numpy as np
 
@@ -135,7 +165,8 @@ def profile(name: str, batch: int, repeats: int) -> dict:
     totals = {op: [sum(v)] for op, v in totals.items()}
     walls = [eager_wall]
     ops = {op: {"us": statistics.median(v), "launches": counts[op]} for op, v in totals.items()}
-    return {"network": name, "batch": batch, "graphed_step_us": graphed_us,
+    kernels = step_timeline(model, name, trace_dir) if trace_dir is not None else None
+    return {"timeline": kernels, "network": name, "batch": batch, "graphed_step_us": graphed_us,
             "graph_replay_only_us": statistics.median(replay_only), "host_us_per_step": statistics.median(host),
             "eager_step_wall_us": statistics.median(walls), "sum_of_ops_us": sum(o["us"] for o in ops.values()),
             "ops": ops, "dispatch": model.dispatch_report()}
@@ -146,10 +177,12 @@ def main(argv=None) -> int:
     ap.add_argument("--networks", default=",".join(BATCH))
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", type=Path, default=Path("profile_step.json"))
+    ap.add_argument("--timeline", type=Path, default=None, metavar="DIR",
+                    help="also trace one replayed step with PyTorch's profiler; Chrome traces go to DIR")
     args = ap.parse_args(argv)
     results = []
     for name in [n.strip() for n in args.networks.split(",") if n.strip()]:
-        r = profile(name, BATCH.get(name, 128), args.repeats)
+        r = profile(name, BATCH.get(name, 128), args.repeats, args.timeline)
         results.append(r)
         args.out.write_text(json.dumps(results, indent=1))
         print(f"\n{name} batch {r['batch']}: graphed step {r['graphed_step_us']:.1f} us (the graph alone "
@@ -161,6 +194,12 @@ def main(argv=None) -> int:
         print("|---|---|---|---|")
         for op, o in sorted(r["ops"].items(), key=lambda kv: -kv[1]["us"]):
             print(f"| {op} | {o['launches']} | {o['us']:.1f} | {o['us'] / r['sum_of_ops_us']:.0%} |")
+        if r["timeline"]:
+            print("| start us | end us | dur us | stream | kernel |")
+            print("|---|---|---|---|---|")
+            for k in r["timeline"]:
+                print(f"| {k['start_us']:.1f} | {k['start_us'] + k['dur_us']:.1f} | {k['dur_us']:.1f} | "
+                      f"{k['stream']} | {k['name'][:70]} |")
     return 0
 
 

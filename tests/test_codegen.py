@@ -110,7 +110,8 @@ def test_compile_error_carries_the_log_and_config(tmp_path):
 @pytest.mark.parametrize("arch", ARCHES)
 def test_sampled_configs_compile_on_every_seed_shape(arch, tmp_path):
     """Every family on every seed shape (the default and two sampled configs) and every odd shape (the
-    default and one sample) builds with nvcc, and ptxas reports every kernel of the plan."""
+    default and one sample), plus one config of each formulation on each, builds with nvcc, and
+    ptxas reports every kernel of the plan."""
     limits = DeviceLimits.for_arch(arch)
     compiler = NvccCompiler(arch, cache_dir=tmp_path)
     rng = random.Random()
@@ -120,10 +121,14 @@ def test_sampled_configs_compile_on_every_seed_shape(arch, tmp_path):
         for shapes, samples in ((seed_problems(op), 2), (odd_problems(op), 1)):
             for name, problem in shapes:
                 operation = operation_for(problem)
-                configs = [operation.default_config(problem, limits),
-                           *operation.space(problem, limits).sample(rng, samples)]
+                space = operation.space(problem, limits)
+                configs = [operation.default_config(problem, limits), *space.sample(rng, samples)]
+                # Every formulation on every shape, not only where the random draw lands.
+                formulations = space.param("formulation").choices if any(p.name == "formulation" for p in space.params) else ()
+                for f in formulations:
+                    configs += space.restrict({"formulation": f}).sample(rng, 1)
                 jobs += [(op, name, c, operation.plan(problem, c)) for c in configs]
-                expected += 1 + samples
+                expected += 1 + samples + len(formulations)
 
     def build(job):
         op, name, config, plan = job

@@ -450,3 +450,41 @@ def test_db_module_does_not_import_cupy():
     code = "import sys, autocnn.db; print('cupy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- stale records ------------------------------------------------------------------------------
+
+def test_stale_records_name_the_shapes_to_tune_again_and_their_old_configs(db):
+    """A record tuned with older templates is never run, but it says which shape to tune again
+    (until a current record of the GPU kind exists) and offers its config as a first guess."""
+    other = seed_shape("kriz09").problem("conv_bwd_data")
+    old = make_record(H200, KRIZ, config={**default_config(KRIZ), "PAD": 0}, time_us=20.0)
+    old = dataclasses.replace(old, key=dataclasses.replace(old.key, fingerprint="0123456789abcdef"))
+    old_other = make_record(H100, other)
+    old_other = dataclasses.replace(old_other, key=dataclasses.replace(old_other.key, fingerprint="fedcba9876543210"))
+    raw_file(db.shipped_dir / f"{H200.slug()}.json", [old.to_dict()])
+    raw_file(db.shipped_dir / f"{H100.slug()}.json", [old_other.to_dict()])
+
+    with pytest.warns(StaleRecordWarning):
+        assert db.lookup(H200, KRIZ).source == "default"           # stale: never run
+    assert sorted(r.key.identity() for r, _ in db.stale_records()) == sorted([old.key.identity(), old_other.key.identity()])
+    assert db.stale_problems(H200) == [KRIZ]                        # this GPU kind only
+    assert db.stale_problems(H200_OLD_DRIVER) == [KRIZ]             # a driver update changes no kind
+    assert db.stale_problems(H200, ops=["conv_bwd_data"]) == []
+    assert db.stale_problems(H100) == [other]
+    space = get_operation("conv_fwd").space(KRIZ, H200.limits())
+    assert [c.as_dict() for c in db.stale_configs(H200, KRIZ, space)] == [old.config]
+    assert db.stale_configs(A100, KRIZ, space) == []                # another architecture
+
+    db.put(make_record(H200, KRIZ, time_us=18.0))                  # tuned again with current templates
+    assert db.stale_problems(H200) == []
+    assert [c.as_dict() for c in db.stale_configs(H200, KRIZ, space)] == [old.config]
+
+
+def test_remove_stale_user_records_only(db):
+    stale = make_record(H200, KRIZ)
+    stale = dataclasses.replace(stale, key=dataclasses.replace(stale.key, fingerprint="0123456789abcdef"))
+    current = make_record(H200, MODERN)
+    raw_file(db.user_dir / f"{H200.slug()}.json", [stale.to_dict(), current.to_dict()])
+    assert db.remove(lambda r: any(r.key == s.key for s, _ in db.stale_records())) == 1
+    assert db.stale_records() == [] and db.records() == [current]

@@ -1,8 +1,8 @@
 """GPU verification of every kernel family (run on a GPU host: pytest -m gpu).
 
-Every family, on every seed shape and on the odd shapes, is verified for its default config and
-AUTOCNN_GPU_SAMPLES (default 16) sampled configs against the float64 reference, on fresh random
-inputs, every element checked. Variants run in a measurement worker, so one that faults is
+Every family, on every seed shape and on the odd shapes, is verified for its default config,
+AUTOCNN_GPU_SAMPLES (default 16) sampled configs and three of each formulation of the family
+against the float64 reference, on fresh random inputs, every element checked. Variants run in a measurement worker, so one that faults is
 reported as a failure of its own case instead of ending the session.
 """
 from __future__ import annotations
@@ -43,6 +43,18 @@ def worker():
         yield w
 
 
+def _per_formulation(space, rng, taken, count: int = 3) -> list:
+    """A few configs of each formulation of a family that has several, so that every core is
+    verified on every case and not only where the random draw lands on it."""
+    names = [p.name for p in space.params]
+    if "formulation" not in names:
+        return []
+    out = []
+    for f in space.param("formulation").choices:
+        out += space.restrict({"formulation": f}).sample(rng, count, exclude=[*taken, *out])
+    return out
+
+
 @pytest.fixture(scope="session")
 def compiled(device):
     """All configs of all cases, compiled in parallel with nvcc before the first one runs."""
@@ -60,6 +72,7 @@ def compiled(device):
             space = operation.space(problem, limits)
             default = operation.default_config(problem, limits)
             configs = [default, *space.sample(rng, SAMPLES, exclude=[default])]
+            configs += _per_formulation(space, rng, configs)
             jobs[(op, name)] = [(c, operation.plan(problem, c), pool.submit(operation.plan(problem, c)))
                                 for c in configs]
         for entries in jobs.values():
