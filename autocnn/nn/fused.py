@@ -18,11 +18,21 @@ ACTIVATION_CODES = {name: i for i, name in enumerate(ACTIVATIONS)}
 THREADS = 256
 LOSS_THREADS = 256
 # The fused classifier head (nn_dense_softmax_xent): at most 32 classes, 1024 input features and
-# 10240 weights (40 KiB of shared memory); 8 warps a block, one row a warp.
+# 10240 weights (40 KiB of shared memory); one row a warp, 4 warps a block: a training batch's rows
+# spread over more SMs (a row is a short latency-bound chain, each block stages all of W once).
+# The blocks loop over the rows beyond HEAD_MAX_BLOCKS * 4, which keeps the staging bounded.
 HEAD_MAX_CLASSES = 32
 HEAD_MAX_FEATURES = 1024
 HEAD_MAX_WEIGHTS = 10240
-HEAD_THREADS = 256
+HEAD_THREADS = 128
+# W^T in the head's shared memory, each class's row padded to a multiple of 32 features.
+HEAD_MAX_PADDED = max(o * -(-min(HEAD_MAX_FEATURES, HEAD_MAX_WEIGHTS // o) // 32) * 32
+                      for o in range(1, HEAD_MAX_CLASSES + 1))
+HEAD_MAX_BLOCKS = 1024
+# nn_activation_grad_colsum: blocks of 32 columns x COLSUM_ROWS row slices.
+COLSUM_ROWS = 32
+# Elements an optimizer kernel's thread updates a pass (OPT_ITEMS in the template).
+OPT_ITEMS = 4
 # Grid-stride loops: enough blocks to fill any current GPU, no more (they loop).
 MAX_BLOCKS = 4096
 
@@ -32,7 +42,8 @@ def render_source() -> str:
     from ..codegen import environment
 
     return environment().get_template("nn_step.cu.j2").render(
-        activations=ACTIVATIONS, block=LOSS_THREADS, head_max_f=HEAD_MAX_FEATURES, head_max_w=HEAD_MAX_WEIGHTS)
+        activations=ACTIVATIONS, block=LOSS_THREADS, head_max_f=HEAD_MAX_FEATURES, head_max_w=HEAD_MAX_WEIGHTS,
+        head_max_wt=HEAD_MAX_PADDED, opt_items=OPT_ITEMS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,8 +67,10 @@ def _kernel(name: str) -> Any:
     return _function(cp.cuda.Device().id, name)
 
 
-def _grid(n: int) -> tuple[int]:
-    return (max(1, min(MAX_BLOCKS, (n + THREADS - 1) // THREADS)),)
+def _grid(n: int, per_thread: int = 1) -> tuple[int]:
+    # Any grid is correct (the kernels loop); this one gives every thread per_thread elements.
+    per_block = THREADS * per_thread
+    return (max(1, min(MAX_BLOCKS, (n + per_block - 1) // per_block)),)
 
 
 def _code(activation: str) -> np.int32:
@@ -122,7 +135,8 @@ def dense_softmax_xent(x: Any, w: Any, bias: Any | None, labels: Any, weights: A
             or scratch.dtype != np.float64 or scratch.size < 3 + HEAD_MAX_CLASSES:
         raise TypeError("dense_softmax_xent: labels int64, loss float32, accuracy and scratch float64")
     _contiguous("dense_softmax_xent", x, w, bias, labels, weights, dlogits, db, dx)
-    blocks = (n + HEAD_THREADS // 32 - 1) // (HEAD_THREADS // 32)
+    rows_per_block = HEAD_THREADS // 32
+    blocks = max(1, min(HEAD_MAX_BLOCKS, (n + rows_per_block - 1) // rows_per_block))
     _kernel("nn_dense_softmax_xent")((blocks,), (HEAD_THREADS,), (
         x, w, _or_null(bias), labels, weights, dlogits, _or_null(db), _or_null(dx), loss_out, acc_out, scratch,
         np.int32(n), np.int32(features), np.int32(classes)))
@@ -141,7 +155,7 @@ def activation_grad_colsum(name: str, y: Any, dy: Any, dz_out: Any | None, db_ou
     dz = dy if name == "none" else dz_out
     _contiguous("activation_grad_colsum", y, dy, dz, db_out)
     rows, cols = (int(s) for s in dy.shape)
-    _kernel("nn_activation_grad_colsum")(((cols + 31) // 32,), (32, 8),
+    _kernel("nn_activation_grad_colsum")(((cols + 31) // 32,), (32, COLSUM_ROWS),
                                          (y, dy, dz, db_out, np.int32(rows), np.int32(cols), _code(name)))
     return dz
 
@@ -168,18 +182,25 @@ def adam(p: Any, g: Any, m: Any, v: Any, hyper: Any, counter: Any, first: bool =
     """One Adam update; hyper = [lr, beta1, beta2, eps, weight_decay] (float64)."""
     _contiguous("adam", p, g, m, v)
     n = int(p.size)
-    _kernel("nn_adam")(_grid(n), (THREADS,), (p, g, m, v, hyper, counter, np.int32(first), np.int64(n)))
+    _kernel("nn_adam")(_grid(n, OPT_ITEMS), (THREADS,), (p, g, m, v, hyper, counter, np.int32(first), np.int64(n)))
 
 
 def sgd(p: Any, g: Any, velocity: Any, hyper: Any, counter: Any, first: bool = True) -> None:
-    """One SGD update; hyper = [lr, momentum, weight_decay, nesterov] (velocity unused without momentum)."""
+    """One SGD update; hyper = [lr, momentum, weight_decay, nesterov].
+
+    velocity has p's size even without momentum: the kernel reads it always (writes it only with
+    momentum), so that its loads need not wait for the momentum to be read.
+    """
     _contiguous("sgd", p, g, velocity)
     n = int(p.size)
-    _kernel("nn_sgd")(_grid(n), (THREADS,), (p, g, velocity, hyper, counter, np.int32(first), np.int64(n)))
+    if int(velocity.size) != n:
+        raise ValueError(f"sgd: velocity has {velocity.size} elements, the parameters {n}")
+    _kernel("nn_sgd")(_grid(n, OPT_ITEMS), (THREADS,), (p, g, velocity, hyper, counter, np.int32(first), np.int64(n)))
 
 
 def rprop(p: Any, g: Any, step: Any, prev: Any, hyper: Any, counter: Any, first: bool = True) -> None:
     """One iRprop- update; hyper = [eta_plus, eta_minus, step_min, step_max]."""
     _contiguous("rprop", p, g, step, prev)
     n = int(p.size)
-    _kernel("nn_rprop")(_grid(n), (THREADS,), (p, g, step, prev, hyper, counter, np.int32(first), np.int64(n)))
+    _kernel("nn_rprop")(_grid(n, OPT_ITEMS), (THREADS,),
+                        (p, g, step, prev, hyper, counter, np.int32(first), np.int64(n)))
