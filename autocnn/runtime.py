@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from .compiler import NvrtcCompiler
 from .errors import CompileError, DeviceError, LaunchError
@@ -38,9 +38,13 @@ class LoadedPlan:
     def workspaces(self) -> dict[str, Any]:
         return {name: self.cp.empty(max(1, n), dtype=self.cp.float32) for name, n in self.plan.workspaces}
 
-    def __call__(self, buffers: Mapping[str, Any], stream: Any = None) -> None:
+    def __call__(self, buffers: Mapping[str, Any], stream: Any = None, skip_zero: Collection[str] = ()) -> None:
+        """Run the plan; ``skip_zero`` names outputs the caller has already zeroed (on this stream's
+        way here), which the plan would otherwise clear before its kernels."""
         cp = self.cp
         for name in self.plan.zero_first:
+            if name in skip_zero:
+                continue
             buf = buffers.get(name)
             if buf is not None:
                 cp.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes,

@@ -234,6 +234,34 @@ def test_train_step_with_a_device_array_matches_a_host_array(n, monkeypatch):
     assert_same_weights(host, device)
 
 
+def test_a_batch_written_into_the_input_buffers_is_read_in_place(device_numpy, monkeypatch):
+    x, y = images(8, seed=13)
+    host = net(3).build(8).compile(Adam(0.01))
+    h = [host.train_step(x, y), host.train_step(x[::-1].copy(), y[::-1].copy())]
+    model = net(3).build(8).compile(Adam(0.01))
+    x_buf, y_buf = model.input_buffers()
+    assert x_buf.shape == (8, *model.input_shape) and y_buf.shape == (8,) and y_buf.dtype == np.int64
+    copies = []
+    original = model.backend.copy_into
+
+    def copy_into(dst, src):
+        if dst is x_buf or dst is y_buf:
+            copies.append(dst)
+        return original(dst, src)
+
+    monkeypatch.setattr(model.backend, "copy_into", copy_into)
+    d = []
+    for xb, yb in ((x, y), (x[::-1], y[::-1])):
+        x_buf[...] = xb
+        y_buf[...] = yb
+        d.append(model.train_step(x_buf, y_buf))
+    assert copies == []                            # nothing staged: the step read the buffers
+    assert [(r.loss, r.accuracy, r.samples) for r in h] == [(r.loss, r.accuracy, r.samples) for r in d]
+    assert_same_weights(host, model)
+    with pytest.raises(RuntimeError, match="build"):
+        net(3).input_buffers()
+
+
 def test_evaluate_and_predict_with_device_arrays_match_host_arrays(device_numpy, monkeypatch):
     x, y = images(21, seed=11)
     model = net(6)

@@ -220,3 +220,39 @@ def test_cli_errors_are_actionable(tmp_path, monkeypatch, capsys):
     assert "R=9" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["tune", "--op", "conv_fwd", "--shape", "N=1", "--sampler", "annealing"])
+
+
+def test_cli_tunes_stale_shapes_again_and_removes_their_old_records(tmp_path, monkeypatch, capsys):
+    """After a template change (here: a record's fingerprint made old), `tune --stale` finds the
+    shape, tunes it again from the old winner and stores a current record; `db remove --stale`
+    then clears the old one."""
+    import autocnn.db
+    from autocnn.cli import main
+
+    monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
+    (tmp_path / "shipped").mkdir()   # no shipped records: a current one would make the shape fresh
+    monkeypatch.setattr(autocnn.db, "default_shipped_dir", lambda: tmp_path / "shipped")
+    rf = ReplayFile.load(POOL_FILE)
+    shape = rf.problem.shape_string()
+    assert main(["tune", "--op", rf.op, "--shape", shape, "--trials", "8", "--replay", str(POOL_FILE),
+                 "--storage", storage(tmp_path), "--json"]) == 0
+    capsys.readouterr()
+    path = next((tmp_path / "db").glob("*.json"))
+    doc = json.loads(path.read_text())
+    old = doc["records"][0]
+    old["key"]["fingerprint"] = "0000000000000000"
+    path.write_text(json.dumps(doc))
+    assert [p.shape_string() for p in TuningDatabase().stale_problems(rf.device, [rf.op])] == [shape]
+
+    assert main(["tune", "--stale", "--ops", rf.op, "--trials", "8", "--replay", str(POOL_FILE),
+                 "--storage", storage(tmp_path), "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [(r["op"], r["shape"], r["stored"]) for r in results] == [(rf.op, shape, True)]
+    assert TuningDatabase().stale_problems(rf.device, [rf.op]) == []
+    assert TuningDatabase().lookup(rf.device, rf.problem).source == "exact"
+
+    assert main(["db", "remove", "--stale", "--yes"]) == 0
+    assert "removed 1" in capsys.readouterr().out
+    assert TuningDatabase().stale_records() == [] and len(TuningDatabase().records(op=rf.op)) == 1
+    assert main(["db", "remove", "--stale", "--yes"]) == 1
+    assert "no matching stale record" in capsys.readouterr().out

@@ -137,6 +137,17 @@ class Backend(abc.ABC):
     def join_parameter_gradients(self) -> None:
         """Wait (on the device) for everything queued in ``parameter_gradients`` blocks."""
 
+    def zero_gradients(self, grads: Array) -> None:
+        """Called at the start of a step with the flat gradient buffer (a ParameterArena's).
+
+        A backend whose weight-gradient kernels accumulate into zeroed outputs clears the whole
+        buffer here, beside the forward pass, instead of each output just before its kernel (on
+        the backward pass's critical path). The CPU writes every gradient directly: nothing to do.
+        """
+
+    def gradients_ready(self) -> None:
+        """Called after the forward pass: gradient writes may follow (``zero_gradients`` is done)."""
+
     def capture(self, step: Callable[[], None]) -> CapturedStep:
         """Record the device work ``step`` queues, without running it, for replay.
 

@@ -80,6 +80,8 @@ class CudaBackend(Backend):
         # The stream weight gradients run on beside the backward pass, and the events to join.
         self._side_stream: Any = None
         self._side_done: list[Any] = []
+        # The gradient buffer zeroed at the start of this step: (first byte, end, event), or None.
+        self._zeroed: tuple[int, int, Any] | None = None
         self._head_scratch: Any = None   # the fused classifier head's self-zeroing accumulators
         self._capture_stream: Any = None
 
@@ -110,25 +112,52 @@ class CudaBackend(Backend):
     def parameter_gradients(self) -> Iterator[None]:
         # Fork: the side stream waits for the work queued so far, takes the block's launches and
         # is joined later. Captured in a graph this becomes a parallel branch.
-        cp = self.cp
-        if self._side_stream is None:
-            self._side_stream = cp.cuda.Stream(non_blocking=True)
-        main = cp.cuda.get_current_stream()
-        ready = cp.cuda.Event(block=False, disable_timing=True, interprocess=False)
-        ready.record(main)
-        side = self._side_stream
-        side.wait_event(ready)
+        side = self._fork()
         with side:
             yield
-        done = cp.cuda.Event(block=False, disable_timing=True, interprocess=False)
-        done.record(side)
-        self._side_done.append(done)
+        self._side_done.append(self._event(side))
 
     def join_parameter_gradients(self) -> None:
         main = self.cp.cuda.get_current_stream()
         for done in self._side_done:
             main.wait_event(done)
         self._side_done.clear()
+        self._zeroed = None
+
+    def zero_gradients(self, grads: Any) -> None:
+        # On the side stream, beside the forward pass; the weight gradients that follow there
+        # are ordered after it, the main stream waits for it in gradients_ready, and the step's
+        # join waits for it in any case (a captured branch must rejoin).
+        side = self._fork()
+        self.cp.cuda.runtime.memsetAsync(grads.data.ptr, 0, grads.nbytes, side.ptr)
+        done = self._event(side)
+        self._side_done.append(done)
+        self._zeroed = (grads.data.ptr, grads.data.ptr + grads.nbytes, done)
+
+    def gradients_ready(self) -> None:
+        if self._zeroed is not None:
+            self.cp.cuda.get_current_stream().wait_event(self._zeroed[2])
+
+    def _fork(self) -> Any:
+        """The side stream, made to wait for the work queued so far on the current stream."""
+        cp = self.cp
+        if self._side_stream is None:
+            self._side_stream = cp.cuda.Stream(non_blocking=True)
+        self._side_stream.wait_event(self._event(cp.cuda.get_current_stream()))
+        return self._side_stream
+
+    def _event(self, stream: Any) -> Any:
+        event = self.cp.cuda.Event(block=False, disable_timing=True, interprocess=False)
+        event.record(stream)
+        return event
+
+    def _prezeroed(self, *arrays: Any) -> frozenset[int]:
+        """Indices of the arrays that lie in the gradient buffer zeroed at the start of this step."""
+        if self._zeroed is None:
+            return frozenset()
+        lo, hi, _ = self._zeroed
+        return frozenset(i for i, a in enumerate(arrays)
+                         if a is not None and lo <= a.data.ptr and a.data.ptr + a.nbytes <= hi)
 
     # -- graphs ----------------------------------------------------------------------------------
     def capture(self, step: Callable[[], None]) -> CudaGraphStep:
@@ -252,7 +281,7 @@ class CudaBackend(Backend):
             self._workspaces.pop(problem, None)
             self._dispatch.pop(problem, None)
 
-    def _run(self, problem: Any, buffers: dict[str, Any]) -> None:
+    def _run(self, problem: Any, buffers: dict[str, Any], prezeroed: frozenset[str] = frozenset()) -> None:
         loaded = self._plans.get(problem)
         if loaded is None:
             # A problem the model did not announce at build time (e.g. an ad-hoc call).
@@ -261,7 +290,7 @@ class CudaBackend(Backend):
         for name, array in buffers.items():
             if array is not None and not array.flags.c_contiguous:
                 raise ValueError(f"{problem.op}: {name} must be C-contiguous for a generated kernel")
-        loaded({**buffers, **self._workspaces[problem]})
+        loaded({**buffers, **self._workspaces[problem]}, skip_zero=prezeroed)
         self.generated_launches[problem.op] += 1
 
     def _conv_fwd(self, problem, x, w, bias, out):
@@ -271,7 +300,11 @@ class CudaBackend(Backend):
         self._run(problem, {"dy": dy, "w": w, "dx": out})
 
     def _conv_wgrad(self, problem, x, dy, dw_out, db_out):
-        self._run(problem, {"x": x, "dy": dy, "dw": dw_out, "db": db_out})
+        zeroed = self._prezeroed(dw_out, db_out)
+        if zeroed and (self._side_stream is None or self.cp.cuda.get_current_stream().ptr != self._side_stream.ptr):
+            self.cp.cuda.get_current_stream().wait_event(self._zeroed[2])
+        self._run(problem, {"x": x, "dy": dy, "dw": dw_out, "db": db_out},
+                  prezeroed=frozenset(("dw", "db")[i] for i in zeroed))
 
     def _avgpool_fwd(self, problem, x, out):
         self._run(problem, {"x": x, "y": out})

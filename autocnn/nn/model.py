@@ -494,6 +494,8 @@ class Sequential:
     def _copy_rows(self, buf: Array, src: Array, n: int) -> None:
         # Device to device: the first n rows from src, zeros after them.
         xp = self.backend.xp
+        if src is buf:
+            return   # the batch was written into the input buffer itself (input_buffers)
         if n == len(buf) and src.dtype == buf.dtype and src.shape == buf.shape:
             self.backend.copy_into(buf, src)
         elif n == len(buf):
@@ -562,14 +564,19 @@ class Sequential:
         be = self.backend
         loss = be.zeros(()) if loss_out is None else loss_out
         acc = be.zeros((), dtype=np.float64) if acc_out is None else acc_out
+        if self._arena is not None:
+            be.zero_gradients(self._arena.grads)
         head = self.layers[-1]
         if isinstance(head, Dense) and head.can_end_with_loss:
             # The last layer, the loss and its backward in one call (one fused kernel on a GPU).
-            grad = head.loss_step(self._forward(upto=-1), self._labels_buf, self._weights_buf, self.loss, self.metric, loss, acc,
+            features = self._forward(upto=-1)
+            be.gradients_ready()
+            grad = head.loss_step(features, self._labels_buf, self._weights_buf, self.loss, self.metric, loss, acc,
                                   self._dlogits)
             self._backward(grad, below=len(self.layers) - 1)
             return loss, acc
         logits = self._forward()
+        be.gradients_ready()
         self.loss.loss_grad_accuracy(logits, self._labels_buf, self._weights_buf, grad_out=self._dlogits,
                                      loss_out=loss, acc_out=acc, metric=self.metric)
         self._backward(self._dlogits)
@@ -643,6 +650,17 @@ class Sequential:
         self._require_built()
         xb, yb, w = self._check_batch(xb, yb, weights)
         return self._train_batch(xb, yb, w)
+
+    def input_buffers(self) -> tuple[Array, Array]:
+        """The device arrays a training step reads its batch from: inputs (batch, *input_shape)
+        and int64 labels (batch,), for the built batch size.
+
+        A loop that writes each batch straight into them and passes them to ``train_step`` (or
+        ``train_step_async``) saves the staging copies: the step reads the batch where it lies,
+        like the static inputs of a CUDA graph. As with any device batch, nothing is checked.
+        """
+        self._require_built()
+        return self._x_buf, self._labels_buf
 
     def train_step_async(self, xb: Any, yb: Any, weights: Any = None) -> StepResult:
         """``train_step``, named for loops that must never wait for the device.
