@@ -343,7 +343,8 @@ def validate_record(record: TuningRecord) -> ValidRecord:
     if key.fingerprint != current:
         raise StaleRecordError("key.fingerprint",
                                f"stale: tuned with template fingerprint {key.fingerprint}, "
-                               f"the {key.op} templates are now {current}")
+                               f"the {key.op} templates are now {current} "
+                               f"(`autocnn tune --stale` tunes such shapes again on their GPU)")
     limits = _record_limits(key)
     space = operation.space(problem, limits if limits is not None else DeviceLimits(key.arch))
     config = _validate_config(space, record.config, "config", check_feasible=limits is not None)

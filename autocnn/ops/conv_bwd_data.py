@@ -151,6 +151,12 @@ class ConvBwdData(Operation):
         gemm = igemm_default_candidates(gemm_envelope(problem, phases), pad_b=0)
         prefer_direct = problem.C <= 32 or max(problem.stride) > 1 or problem.R >= 7
         ordered = direct + gemm if prefer_direct else gemm[:-1] + direct + gemm[-1:]
+        # The gather's default beat the others' on an H200 on small maps with few channels and
+        # at most 25 taps a phase (1.3-7x: LeNet, chellapilla06, convnet18's late layers), and lost
+        # on large maps (scherer10) and large filters (kriz09).
+        _, taps = gather_envelope(problem, phases)
+        if problem.C <= 32 and taps <= 25 and problem.H * problem.W <= 32 * 32:
+            return gather_default_candidates(problem) + ordered
         return ordered + gather_default_candidates(problem)
 
     def _context(self, problem: ConvBwdDataProblem, config: Config) -> dict[str, Any]:
