@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(pooling: N,C,H,W,window,stride,pad,count_pad)")
     t.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")
     t.add_argument("--ops", default=None,
-                   help="with --suite or --stale: comma-separated operations (default: all five)")
+                   help="with --suite, --network or --stale: comma-separated operations (default: all five)")
     t.add_argument("--trials", type=int, default=100,
                    help="measured trials per kernel (with --network: for the whole network; default 100). "
                         "A re-run continues the same study up to this total.")
@@ -245,7 +245,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
             if args.batch < 1:
                 raise ValueError(f"--batch must be at least 1, not {args.batch}")
             model = load_network(args.network)
-            outcomes = tune_problems(tuner, model.problems(args.batch), args.trials, timeout_s=args.timeout, log=log)
+            problems = model.problems(args.batch)
+            if args.ops:
+                ops = _parse_ops(args.ops)
+                problems = [p for p in problems if p.op in ops]
+                if not problems:
+                    raise ValueError(f"--ops: {args.network} runs no {', '.join(ops)} kernel")
+            outcomes = tune_problems(tuner, problems, args.trials, timeout_s=args.timeout, log=log)
     finally:
         source.close()
     if args.cudnn and not args.replay:

@@ -101,3 +101,20 @@ def test_device_limits_shape_the_space():
         operation_for(p).space(p, tiny).validate(big)
     with pytest.raises(InfeasibleConfigError):
         space90.validate(big)   # 256 accumulators per thread are over the register budget too
+
+
+def test_bwd_data_gather_space_and_defaults_follow_the_problem():
+    from autocnn.ops.problem import ConvBwdDataProblem
+
+    small = ConvBwdDataProblem(N=128, C=5, H=13, W=13, K=50, R=5, S=5, stride=(2, 2))
+    space = operation_for(small).space(small, SM90)
+    assert 5 in space.param("CPB").choices                 # C itself, not only powers of two
+    assert operation_for(small).default_config(small, SM90)["formulation"] == "gather"
+    with pytest.raises(InfeasibleConfigError, match="KSPLIT=8 does not divide KSTAGE=4"):
+        space.validate({"formulation": "gather", "POS": 32, "CPB": 5, "KSPLIT": 8, "KSTAGE": 4, "UNROLL_KS": 1})
+    large_maps = ConvBwdDataProblem(N=60, C=4, H=256, W=256, K=16, R=8, S=8, stride=(2, 2), padding=(3, 3, 3, 3))
+    assert operation_for(large_maps).default_config(large_maps, SM90)["formulation"] == "direct"
+    tall = ConvBwdDataProblem(N=1, C=2, H=40, W=40, K=2, R=33, S=3)
+    with pytest.raises(InfeasibleConfigError, match="at most 32 filter rows"):
+        operation_for(tall).space(tall, SM90).validate(
+            {"formulation": "gather", "POS": 32, "CPB": 2, "KSPLIT": 1, "KSTAGE": 4, "UNROLL_KS": 1})

@@ -218,6 +218,10 @@ def test_cli_errors_are_actionable(tmp_path, monkeypatch, capsys):
     assert main(["tune", "--op", "conv_fwd", "--shape", "N=1,C=1,H=4,W=4,K=1,R=9,S=3", "--replay",
                  str(POOL_FILE)]) == 1
     assert "R=9" in capsys.readouterr().err
+    assert main(["tune", "--network", "lenet5", "--ops", "conv_fwdd", "--replay", str(POOL_FILE)]) == 1
+    assert "unknown operation(s) ['conv_fwdd']" in capsys.readouterr().err
+    assert main(["tune", "--network", "chellapilla06", "--ops", "avgpool_fwd", "--replay", str(POOL_FILE)]) == 1
+    assert "chellapilla06 runs no avgpool_fwd kernel" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["tune", "--op", "conv_fwd", "--shape", "N=1", "--sampler", "annealing"])
 

@@ -95,7 +95,12 @@ def gather_params(p: ConvBwdDataProblem, positions: int) -> list[Param]:
 
 def gather_constraints(p: ConvBwdDataProblem, phases: list[StridePhase], limits: DeviceLimits) -> list[Constraint]:
     positions, taps = gather_envelope(p, phases)
+    rows = max(ph.Ra for ph in phases)
+    cols = max(ph.Sb for ph in phases)
     return [
+        # A thread keeps which filter rows and columns of its phase exist as 32-bit masks.
+        Constraint(("formulation",), lambda f: None if f != FORMULATION_GATHER or (rows <= 32 and cols <= 32)
+                   else f"the gather handles at most 32 filter rows and columns a stride phase, not {rows}x{cols}"),
         threads_rule(limits, ("POS", "KSPLIT"), lambda pos, ks: pos * ks),
         Constraint(("KSPLIT", "KSTAGE"), lambda ks, st: None if st % ks == 0
                    else f"KSPLIT={ks} does not divide KSTAGE={st}"),
