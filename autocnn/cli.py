@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import AutocnnError
+from autocnn.errors import AutocnnError
 
 EXAMPLES = """examples:
   autocnn tune --op conv_fwd --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3 --trials 100
@@ -26,9 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
         if argv[0] == "bench":
-            from .benchmark import main as delegate
+            from autocnn.tuning.benchmark import main as delegate
         else:
-            from .report import main as delegate
+            from autocnn.reports.report import main as delegate
         rest = argv[1:]
         if rest[:1] == ["--"]:
             rest = rest[1:]
@@ -183,7 +183,7 @@ def _parse_fixed(text: str) -> dict[str, Any]:
 
 
 def _parse_ops(text: str | None) -> list[str]:
-    from .ops import OPERATIONS
+    from autocnn.kernels import OPERATIONS
 
     ops = [o.strip() for o in (text or ",".join(OPERATIONS)).split(",") if o.strip()]
     unknown = [o for o in ops if o not in OPERATIONS]
@@ -194,18 +194,18 @@ def _parse_ops(text: str | None) -> list[str]:
 
 def _make_source(args: argparse.Namespace):
     if args.replay:
-        from .sources import ReplayFile, ReplaySource
+        from autocnn.tuning.sources import ReplayFile, ReplaySource
 
         return ReplaySource([ReplayFile.load(p) for p in args.replay])
-    from .sources import GpuSource
+    from autocnn.tuning.sources import GpuSource
 
     return GpuSource(args.device)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .db import TuningDatabase
-    from .ops import parse_shape
-    from .tuner import TuneSettings, Tuner, tune_problems
+    from autocnn.store.database import TuningDatabase
+    from autocnn.kernels import parse_shape
+    from autocnn.tuning.tuner import TuneSettings, Tuner, tune_problems
 
     if args.op and not args.shape:
         raise ValueError("--op needs --shape, e.g. --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3")
@@ -230,7 +230,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                     log(f"{problem.op} {problem.shape_string()}")
                 outcomes.append(tuner.tune(problem.op, problem))
         elif args.suite:
-            from .suite import seed_problems
+            from autocnn.kernels.suite import seed_problems
 
             ops = _parse_ops(args.ops)
             outcomes = []
@@ -240,7 +240,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                         log(f"{op} {name}")
                     outcomes.append(tuner.tune(op, problem))
         else:
-            from .nn.zoo import load_network
+            from autocnn.nn.zoo import load_network
 
             if args.batch < 1:
                 raise ValueError(f"--batch must be at least 1, not {args.batch}")
@@ -268,9 +268,9 @@ def _add_cudnn_times(outcomes, db) -> None:
     """Time PyTorch/cuDNN on each tuned shape (same protocol) and keep it in the stored record."""
     import dataclasses
 
-    from .baselines import cudnn_runner, torch_available
-    from .device import current_device
-    from .measure import L2Flusher, time_callable
+    from autocnn.tuning.baselines import cudnn_runner, torch_available
+    from autocnn.device import current_device
+    from autocnn.tuning.measure import L2Flusher, time_callable
 
     if not torch_available():
         print("autocnn: --cudnn needs PyTorch with CUDA; cuDNN times were not taken", file=sys.stderr)
@@ -325,7 +325,7 @@ def _matching(db, args: argparse.Namespace, shape: str | None = None, stale: boo
         if args.op and rec.key.op != args.op:
             continue
         if shape is not None:
-            from .ops import problem_from_dict
+            from autocnn.kernels import problem_from_dict
 
             if problem_from_dict(rec.key.problem).shape_string() != shape:
                 continue
@@ -334,7 +334,7 @@ def _matching(db, args: argparse.Namespace, shape: str | None = None, stale: boo
 
 
 def cmd_db_list(args: argparse.Namespace) -> int:
-    from .db import TuningDatabase
+    from autocnn.store.database import TuningDatabase
 
     db = TuningDatabase()
     rows = [r for r in db.summary_rows() if (not args.gpu or args.gpu.lower() in r.gpu.lower())
@@ -355,7 +355,7 @@ def cmd_db_list(args: argparse.Namespace) -> int:
 
 
 def cmd_db_show(args: argparse.Namespace) -> int:
-    from .db import TuningDatabase
+    from autocnn.store.database import TuningDatabase
 
     recs = _matching(TuningDatabase(), args, args.shape)
     if not recs:
@@ -366,7 +366,7 @@ def cmd_db_show(args: argparse.Namespace) -> int:
 
 
 def cmd_db_export(args: argparse.Namespace) -> int:
-    from .db import TuningDatabase
+    from autocnn.store.database import TuningDatabase
 
     db = TuningDatabase()
     keys = {r.key for r in _matching(db, args)}
@@ -376,7 +376,7 @@ def cmd_db_export(args: argparse.Namespace) -> int:
 
 
 def cmd_db_import(args: argparse.Namespace) -> int:
-    from .db import TuningDatabase
+    from autocnn.store.database import TuningDatabase
 
     report = TuningDatabase().import_file(args.path, keep_faster=args.keep_faster)
     stored = len(report.accepted) - len(report.kept_existing)
@@ -389,7 +389,7 @@ def cmd_db_import(args: argparse.Namespace) -> int:
 
 
 def cmd_db_remove(args: argparse.Namespace) -> int:
-    from .db import TuningDatabase
+    from autocnn.store.database import TuningDatabase
 
     db = TuningDatabase()
     recs = _matching(db, args, args.shape, stale=args.stale)
@@ -408,7 +408,7 @@ def cmd_db_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_db_check(args: argparse.Namespace) -> int:
-    from .db import TuningDatabase
+    from autocnn.store.database import TuningDatabase
 
     problems = TuningDatabase().check()
     for p in problems:
@@ -421,13 +421,13 @@ def cmd_db_check(args: argparse.Namespace) -> int:
 # -- bench, train, report ------------------------------------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .benchmark import main as bench_main
+    from autocnn.tuning.benchmark import main as bench_main
 
     return bench_main(args.args)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .nn.training import train
+    from autocnn.nn.training import train
 
     report = train(args.network, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
                    backend=args.backend, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
@@ -447,7 +447,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import main as report_main
+    from autocnn.reports.report import main as report_main
 
     return report_main(args.args)
 

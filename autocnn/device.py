@@ -78,7 +78,7 @@ class DeviceInfo:
 
 def current_device(device_id: int = 0) -> DeviceInfo:
     """Read the identity of a CUDA device through CuPy (raises DeviceError without one)."""
-    from .gpu import require_cupy
+    from autocnn.gpu import require_cupy
 
     cp = require_cupy()
     with cp.cuda.Device(device_id) as dev:

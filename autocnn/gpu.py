@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import DeviceError
+from autocnn.errors import DeviceError
 
 _cupy: Any = None
 

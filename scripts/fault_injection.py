@@ -47,12 +47,12 @@ def main(argv=None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="autocnn-faults-"))
     os.environ["AUTOCNN_TUNING_DB"] = str(work / "db")
-    from autocnn.db import TuningDatabase
-    from autocnn.ops import get_operation
-    from autocnn.sources import GpuSource
-    from autocnn.suite import seed_shape
-    from autocnn.tuner import TuneSettings, Tuner, enqueue_params, make_sampler, open_storage, study_name
-    from autocnn.worker import MeasureJob, MeasureWorker
+    from autocnn.store.database import TuningDatabase
+    from autocnn.kernels import get_operation
+    from autocnn.tuning.sources import GpuSource
+    from autocnn.kernels.suite import seed_shape
+    from autocnn.tuning.tuner import TuneSettings, Tuner, enqueue_params, make_sampler, open_storage, study_name
+    from autocnn.tuning.worker import MeasureJob, MeasureWorker
     import optuna
 
     problem = seed_shape(args.shape).problem(args.op)

@@ -10,12 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 import jinja2
 import pytest
 
-from autocnn import codegen
-from autocnn.compiler import NvccCompiler, nvcc_path, parse_ptxas_report
+from autocnn.kernels import codegen
+from autocnn.kernels.compiler import NvccCompiler, nvcc_path, parse_ptxas_report
 from autocnn.device import DeviceLimits
 from autocnn.errors import CompileError
-from autocnn.ops import OPERATIONS, ConvFwdProblem, operation_for
-from autocnn.suite import odd_problems, seed_problems
+from autocnn.kernels import OPERATIONS, ConvFwdProblem, operation_for
+from autocnn.kernels.suite import odd_problems, seed_problems
 
 ARCHES = ("sm_80", "sm_90")
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
@@ -55,8 +55,7 @@ def test_fingerprint_depends_on_family_and_changes_with_the_template(tmp_path, m
         (tmp_path / path.name).write_text(path.read_text())
     (tmp_path / "conv_fwd.cu.j2").write_text((tmp_path / "conv_fwd.cu.j2").read_text() + "\n// changed\n")
     codegen.template_fingerprint.cache_clear()
-    codegen.templates_dir.cache_clear()
-    monkeypatch.setattr(codegen, "templates_dir", lambda: tmp_path)
+    monkeypatch.setattr(codegen, "TEMPLATE_DIRS", (tmp_path, *codegen.TEMPLATE_DIRS[1:]))
     try:
         assert OPERATIONS["conv_fwd"].fingerprint() != fwd
     finally:

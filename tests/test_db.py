@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from autocnn.db import (NEAREST_SHAPE_MAX_DISTANCE, RECORD_FORMAT, DatabaseError, InvalidRecordWarning,
+from autocnn.store.database import (NEAREST_SHAPE_MAX_DISTANCE, RECORD_FORMAT, DatabaseError, InvalidRecordWarning,
                         RecordError, RecordKey, StaleRecordError, StaleRecordWarning, TuningDatabase,
                         TuningRecord, now_utc, redact_storage_url, shape_distance)
 from autocnn.device import DeviceInfo
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
-from autocnn.ops import ConvFwdProblem, get_operation
-from autocnn.suite import seed_shape
+from autocnn.kernels import ConvFwdProblem, get_operation
+from autocnn.kernels.suite import seed_shape
 
 H200 = DeviceInfo("NVIDIA H200", "9.0", 132, 13020, 13000)
 H200_OLD_DRIVER = DeviceInfo("NVIDIA H200", "9.0", 132, 13020, 12080)
@@ -447,7 +447,7 @@ def test_db_module_does_not_import_cupy():
     import subprocess
     import sys
 
-    code = "import sys, autocnn.db; print('cupy' in sys.modules)"
+    code = "import sys, autocnn.store.database; print('cupy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

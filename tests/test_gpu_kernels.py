@@ -13,8 +13,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from autocnn.ops import OPERATIONS, operation_for
-from autocnn.suite import odd_problems, seed_problems
+from autocnn.kernels import OPERATIONS, operation_for
+from autocnn.kernels.suite import odd_problems, seed_problems
 
 pytestmark = pytest.mark.gpu
 
@@ -37,7 +37,7 @@ def device():
 
 @pytest.fixture(scope="session")
 def worker():
-    from autocnn.worker import MeasureWorker
+    from autocnn.tuning.worker import MeasureWorker
 
     with MeasureWorker(0, timeout_s=120) as w:
         yield w
@@ -58,7 +58,7 @@ def _per_formulation(space, rng, taken, count: int = 3) -> list:
 @pytest.fixture(scope="session")
 def compiled(device):
     """All configs of all cases, compiled in parallel with nvcc before the first one runs."""
-    from autocnn.compiler import CompilePool, nvcc_path
+    from autocnn.kernels.compiler import CompilePool, nvcc_path
 
     if nvcc_path() is None:
         pytest.skip("nvcc is needed to compile the GPU test variants in parallel")
@@ -83,8 +83,8 @@ def compiled(device):
 
 @pytest.mark.parametrize("op,name", CASES, ids=[f"{op}-{name}" for op, name in CASES])
 def test_family_verifies(op, name, compiled, worker, device):
-    from autocnn.compiler import resource_violations
-    from autocnn.worker import MeasureJob
+    from autocnn.kernels.compiler import resource_violations
+    from autocnn.tuning.worker import MeasureJob
 
     problem = _problem(op, name)
     failures, checked = [], 0
@@ -107,8 +107,8 @@ def test_family_verifies(op, name, compiled, worker, device):
 @pytest.mark.parametrize("op", sorted(OPERATIONS))
 def test_nvrtc_path_runs_the_default_config(op, device):
     """The training library compiles through NVRTC (no nvcc needed): the default config verifies."""
-    from autocnn.measure import check_candidate
-    from autocnn.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+    from autocnn.kernels.runtime import KernelLoader
 
     loader = KernelLoader()
     for name, problem in odd_problems(op)[:3]:
@@ -119,8 +119,8 @@ def test_nvrtc_path_runs_the_default_config(op, device):
 
 
 def test_timing_protocol_returns_a_consistent_median(device):
-    from autocnn.measure import L2Flusher, check_candidate
-    from autocnn.runtime import KernelLoader
+    from autocnn.tuning.measure import L2Flusher, check_candidate
+    from autocnn.kernels.runtime import KernelLoader
 
     name, problem = seed_problems("conv_fwd")[0]
     operation = operation_for(problem)

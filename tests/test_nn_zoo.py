@@ -9,7 +9,7 @@ import pytest
 from autocnn import nn
 from autocnn.gpu import gpu_available
 from autocnn.nn import BackendUnavailableError, NumpyBackend, get_backend, network_from_json
-from autocnn.ops.problem import ConvFwdProblem
+from autocnn.kernels.problem import ConvFwdProblem
 
 # name -> (input shape, per-layer output shapes, kernel calls of one training step)
 DOCUMENTED = {

@@ -15,10 +15,10 @@ import os
 
 import pytest
 
-from autocnn.compiler import NVRTC_FLAGS
+from autocnn.kernels.compiler import NVRTC_FLAGS
 from autocnn.device import DeviceLimits
-from autocnn.ops import OPERATIONS, operation_for
-from autocnn.suite import odd_problems, seed_problems
+from autocnn.kernels import OPERATIONS, operation_for
+from autocnn.kernels.suite import odd_problems, seed_problems
 
 
 def _nvrtc() -> ctypes.CDLL | None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from autocnn.errors import FailureClass, InvalidProblemError
-from autocnn.ops import (AvgPoolBwdProblem, AvgPoolFwdProblem, ConvBwdDataProblem, ConvFwdProblem,
+from autocnn.kernels import (AvgPoolBwdProblem, AvgPoolFwdProblem, ConvBwdDataProblem, ConvFwdProblem,
                          ConvWgradProblem, parse_shape, problem_from_dict)
-from autocnn.suite import SEED_SHAPES, seed_problems
+from autocnn.kernels.suite import SEED_SHAPES, seed_problems
 
 GOOD = dict(N=2, C=3, H=7, W=9, K=5, R=3, S=2, stride=(2, 1), padding=(1, 0, 2, 1))
 

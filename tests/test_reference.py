@@ -14,8 +14,8 @@ import warnings
 import numpy as np
 import pytest
 
-from autocnn.ops import reference as ref
-from autocnn.ops.problem import (
+from autocnn.kernels import reference as ref
+from autocnn.kernels.problem import (
     AvgPoolBwdProblem,
     AvgPoolFwdProblem,
     ConvBwdDataProblem,
@@ -656,7 +656,7 @@ def test_large_layer_is_right(rng):
 
 
 def test_importing_the_reference_does_not_import_cupy():
-    code = "import sys, autocnn.ops.reference as r, numpy; assert r.array_module(numpy.zeros(1)) is numpy; " \
+    code = "import sys, autocnn.kernels.reference as r, numpy; assert r.array_module(numpy.zeros(1)) is numpy; " \
            "assert 'cupy' not in sys.modules, 'cupy imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -19,12 +19,12 @@ import pytest
 pytest.importorskip("plotly", reason="the report needs plotly (pip install 'autocnn[report]')")
 
 from autocnn import __version__  # noqa: E402
-from autocnn.db import RecordKey, TuningDatabase, TuningRecord, now_utc  # noqa: E402
+from autocnn.store.database import RecordKey, TuningDatabase, TuningRecord, now_utc  # noqa: E402
 from autocnn.device import DeviceInfo, DeviceLimits  # noqa: E402
-from autocnn.ops import get_operation  # noqa: E402
-from autocnn.report import TITLE, main  # noqa: E402
-from autocnn.suite import seed_problems  # noqa: E402
-from autocnn.tuner import study_name  # noqa: E402
+from autocnn.kernels import get_operation  # noqa: E402
+from autocnn.reports.report import TITLE, main  # noqa: E402
+from autocnn.kernels.suite import seed_problems  # noqa: E402
+from autocnn.tuning.tuner import study_name  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEVICE = DeviceInfo("NVIDIA H200", "9.0", 132, 13020, 13000)

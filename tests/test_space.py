@@ -7,9 +7,9 @@ import pytest
 
 from autocnn.device import DeviceLimits
 from autocnn.errors import FailureClass, InfeasibleConfigError, InvalidConfigError
-from autocnn.ops import OPERATIONS, operation_for
-from autocnn.space import Config, Constraint, Param, SearchSpace
-from autocnn.suite import seed_problems
+from autocnn.kernels import OPERATIONS, operation_for
+from autocnn.kernels.space import Config, Constraint, Param, SearchSpace
+from autocnn.kernels.suite import seed_problems
 
 SM90 = DeviceLimits.for_arch("sm_90")
 SM80 = DeviceLimits.for_arch("sm_80")
@@ -90,7 +90,7 @@ def test_default_and_samples_are_valid_on_every_seed_shape(op, limits):
 
 
 def test_device_limits_shape_the_space():
-    from autocnn.ops import ConvFwdProblem
+    from autocnn.kernels import ConvFwdProblem
 
     p = ConvFwdProblem(N=8, C=64, H=64, W=64, K=64, R=11, S=11, padding=5)
     big = {"formulation": "direct", "KB": 64, "KPT": 8, "TP": 32, "TQ": 8, "PPT": 4, "QPT": 2,
@@ -104,7 +104,7 @@ def test_device_limits_shape_the_space():
 
 
 def test_bwd_data_gather_space_and_defaults_follow_the_problem():
-    from autocnn.ops.problem import ConvBwdDataProblem
+    from autocnn.kernels.problem import ConvBwdDataProblem
 
     small = ConvBwdDataProblem(N=128, C=5, H=13, W=13, K=50, R=5, S=5, stride=(2, 2))
     space = operation_for(small).space(small, SM90)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from autocnn.db import TuningDatabase
+from autocnn.store.database import TuningDatabase
 from autocnn.errors import FailureClass
-from autocnn.sources import ReplayFile, ReplaySource, TrialResult
-from autocnn.tuner import TuneSettings, Tuner
+from autocnn.tuning.sources import ReplayFile, ReplaySource, TrialResult
+from autocnn.tuning.tuner import TuneSettings, Tuner
 
 REPLAY = Path(__file__).parent / "data" / "replay"
 POOL_FILE = REPLAY / "avgpool_bwd__modern_pool.json.gz"
@@ -49,7 +49,7 @@ def test_replay_files_are_real_and_exhaustive():
         assert rf.exhaustive and rf.device.compute_capability == "9.0"
         ops.setdefault(rf.op, 0)
         ops[rf.op] += 1
-        from autocnn.ops import get_operation
+        from autocnn.kernels import get_operation
 
         space = get_operation(rf.op).space(rf.problem, rf.device.limits())
         if rf.space_filter:
@@ -230,12 +230,12 @@ def test_cli_tunes_stale_shapes_again_and_removes_their_old_records(tmp_path, mo
     """After a template change (here: a record's fingerprint made old), `tune --stale` finds the
     shape, tunes it again from the old winner and stores a current record; `db remove --stale`
     then clears the old one."""
-    import autocnn.db
+    import autocnn.store.database
     from autocnn.cli import main
 
     monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
     (tmp_path / "shipped").mkdir()   # no shipped records: a current one would make the shape fresh
-    monkeypatch.setattr(autocnn.db, "default_shipped_dir", lambda: tmp_path / "shipped")
+    monkeypatch.setattr(autocnn.store.database, "default_shipped_dir", lambda: tmp_path / "shipped")
     rf = ReplayFile.load(POOL_FILE)
     shape = rf.problem.shape_string()
     assert main(["tune", "--op", rf.op, "--shape", shape, "--trials", "8", "--replay", str(POOL_FILE),

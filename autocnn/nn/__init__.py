@@ -9,15 +9,15 @@
 """
 from __future__ import annotations
 
-from .backend import (  # noqa: F401
+from autocnn.nn.backend import (  # noqa: F401
     Backend,
     BackendUnavailableError,
     KernelDispatch,
     NumpyBackend,
     get_backend,
 )
-from .blas import get_blas_threads, set_blas_threads  # noqa: F401
-from .data import (  # noqa: F401
+from autocnn.nn.blas import get_blas_threads, set_blas_threads  # noqa: F401
+from autocnn.nn.data import (  # noqa: F401
     ImageDataset,
     fit_to_input,
     load_cifar10,
@@ -28,12 +28,12 @@ from .data import (  # noqa: F401
     resize,
     to_channels,
 )
-from .layers import Activation, AvgPool2d, Conv2d, Dense, Flatten, Layer  # noqa: F401
-from .losses import SoftmaxCrossEntropy, accuracy, softmax  # noqa: F401
-from .model import History, Sequential, StepResult  # noqa: F401
-from .optim import RPROP, SGD, Adam, Optimizer, get_optimizer  # noqa: F401
-from .training import TrainingReport, load_dataset, train  # noqa: F401
-from .zoo import NETWORKS, build_network, input_shape, load_network, network_from_json  # noqa: F401
+from autocnn.nn.layers import Activation, AvgPool2d, Conv2d, Dense, Flatten, Layer  # noqa: F401
+from autocnn.nn.losses import SoftmaxCrossEntropy, accuracy, softmax  # noqa: F401
+from autocnn.nn.model import History, Sequential, StepResult  # noqa: F401
+from autocnn.nn.optim import RPROP, SGD, Adam, Optimizer, get_optimizer  # noqa: F401
+from autocnn.nn.training import TrainingReport, load_dataset, train  # noqa: F401
+from autocnn.nn.zoo import NETWORKS, build_network, input_shape, load_network, network_from_json  # noqa: F401
 
 __all__ = [
     "Backend", "BackendUnavailableError", "KernelDispatch", "NumpyBackend", "get_backend",

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .backend import Array, Backend
+from autocnn.nn.backend import Array, Backend
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DeviceError
-from ..ops.problem import (
+from autocnn.errors import DeviceError
+from autocnn.kernels.problem import (
     ACTIVATIONS,
     AvgPoolBwdProblem,
     AvgPoolFwdProblem,
@@ -39,7 +39,7 @@ from ..ops.problem import (
 )
 
 Array = Any  # numpy.ndarray or cupy.ndarray
-KernelProblem = Any  # one of the five frozen problem dataclasses of autocnn.ops.problem
+KernelProblem = Any  # one of the five frozen problem dataclasses of autocnn.kernels.problem
 
 NUMPY_SOURCE = "numpy reference (CPU)"
 
@@ -305,7 +305,7 @@ class Backend(abc.ABC):
         if name == "none":
             dz = dy
         else:
-            from .layers import activation_grad
+            from autocnn.nn.layers import activation_grad
 
             dz = activation_grad(self, name, y, dy, out=out)
         self.xp.sum(dz, axis=0, out=db_out)
@@ -329,7 +329,7 @@ class Backend(abc.ABC):
 
 
 class NumpyBackend(Backend):
-    """The CPU backend: numpy arrays, the kernel operations computed by ``autocnn.ops.reference``.
+    """The CPU backend: numpy arrays, the kernel operations computed by ``autocnn.kernels.reference``.
 
     float32 by default; float64 is allowed so that finite-difference gradient checks are exact
     enough (kernel problems still say float32: they describe the GPU kernels, which this
@@ -353,7 +353,7 @@ class NumpyBackend(Backend):
         self._reference = None
         self.blas_threads = blas_threads
         if blas_threads is not None:
-            from .blas import set_blas_threads
+            from autocnn.nn.blas import set_blas_threads
 
             set_blas_threads(blas_threads)
 
@@ -361,11 +361,11 @@ class NumpyBackend(Backend):
     def reference(self) -> Any:
         # Imported on first use so that importing autocnn.nn never depends on it.
         if self._reference is None:
-            self._reference = importlib.import_module("autocnn.ops.reference")
+            self._reference = importlib.import_module("autocnn.kernels.reference")
         return self._reference
 
     def prepare(self, problems: Sequence[KernelProblem]) -> list[KernelDispatch]:
-        return [KernelDispatch(p, NUMPY_SOURCE, f"autocnn.ops.reference.{p.op}") for p in problems]
+        return [KernelDispatch(p, NUMPY_SOURCE, f"autocnn.kernels.reference.{p.op}") for p in problems]
 
     def _conv_fwd(self, problem, x, w, bias, out):
         out[...] = self.reference.conv_fwd(x, w, stride=problem.stride, padding=problem.padding,

@@ -18,9 +18,9 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DeviceError
-from . import fused
-from .backend import Backend, CapturedStep, KernelDispatch
+from autocnn.errors import DeviceError
+from autocnn.nn import fused
+from autocnn.nn.backend import Backend, CapturedStep, KernelDispatch
 
 # What the training library says about where a kernel's config came from.
 SOURCE_LABELS = {
@@ -52,9 +52,9 @@ class CudaBackend(Backend):
     can_capture: ClassVar[bool] = True
 
     def __init__(self, dtype: Any = np.float32, device_id: int = 0, database: Any = None):
-        from ..device import current_device
-        from ..gpu import require_cupy
-        from ..runtime import KernelLoader
+        from autocnn.device import current_device
+        from autocnn.gpu import require_cupy
+        from autocnn.kernels.runtime import KernelLoader
 
         if np.dtype(dtype) != np.float32:
             raise ValueError(f"the cuda backend runs float32 kernels; dtype {np.dtype(dtype).name} is not "
@@ -65,7 +65,7 @@ class CudaBackend(Backend):
         self.cp = cp
         self.device = current_device(device_id)
         if database is None:
-            from ..db import TuningDatabase
+            from autocnn.store.database import TuningDatabase
 
             database = TuningDatabase()
         self.db = database
@@ -204,7 +204,7 @@ class CudaBackend(Backend):
         if out is None or a.dtype != np.float32 or a.ndim != 2 or b.ndim != 2:
             return super().matmul(a, b, out=out)
         if self._sgemm is None:
-            from .cublas import CublasUnavailableError, Sgemm
+            from autocnn.nn.cublas import CublasUnavailableError, Sgemm
 
             try:
                 self._sgemm = Sgemm(self.cp)
@@ -259,7 +259,7 @@ class CudaBackend(Backend):
 
     # -- kernels ---------------------------------------------------------------------------------
     def prepare(self, problems: Sequence[Any]) -> list[KernelDispatch]:
-        from ..ops import get_operation
+        from autocnn.kernels import get_operation
 
         out = []
         for problem in problems:

@@ -7,11 +7,12 @@ sequence of launches that a CUDA graph can capture once and replay (autocnn.nn.m
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..ops.problem import ACTIVATIONS
+from autocnn.kernels.problem import ACTIVATIONS
 
 # Activation name -> the number the kernels switch on (the order of ACTIVATIONS).
 ACTIVATION_CODES = {name: i for i, name in enumerate(ACTIVATIONS)}
@@ -39,9 +40,9 @@ MAX_BLOCKS = 4096
 
 def render_source() -> str:
     """The CUDA source of the fused kernels (no GPU needed; the tests compile it with nvcc)."""
-    from ..codegen import environment
+    from autocnn.kernels.codegen import make_environment
 
-    return environment().get_template("nn_step.cu.j2").render(
+    return make_environment(Path(__file__).resolve().parent).get_template("nn_step.cu.j2").render(
         activations=ACTIVATIONS, block=LOSS_THREADS, head_max_f=HEAD_MAX_FEATURES, head_max_w=HEAD_MAX_WEIGHTS,
         head_max_wt=HEAD_MAX_PADDED, opt_items=OPT_ITEMS)
 

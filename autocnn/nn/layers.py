@@ -21,15 +21,15 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from ..errors import InvalidProblemError
-from ..ops.problem import (
+from autocnn.errors import InvalidProblemError
+from autocnn.kernels.problem import (
     ACTIVATIONS,
     AvgPoolFwdProblem,
     ConvBwdDataProblem,
     ConvFwdProblem,
     ConvWgradProblem,
 )
-from .backend import Array, Backend, KernelProblem
+from autocnn.nn.backend import Array, Backend, KernelProblem
 
 Shape = tuple[int, ...]
 

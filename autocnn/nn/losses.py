@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .backend import Array, array_module
+from autocnn.nn.backend import Array, array_module
 
 
 def _check_inputs(logits: Array, labels: Array, weights: Array | None) -> None:
@@ -144,7 +144,7 @@ class SoftmaxCrossEntropy:
         xp = array_module(logits)
         if (xp is not np and logits.dtype == np.float32 and weights.dtype == np.float32
                 and labels.dtype == np.int64 and loss_out.dtype == np.float32 and acc_out.dtype == np.float64):
-            from . import fused
+            from autocnn.nn import fused
 
             fused.softmax_xent(logits, labels, weights, grad_out, loss_out, acc_out)
             return

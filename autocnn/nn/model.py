@@ -36,12 +36,12 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .arena import ParameterArena
-from .backend import Array, Backend, CapturedStep, KernelDispatch, KernelProblem, get_backend
-from .layers import Dense, Layer
-from .losses import Accuracy, SoftmaxCrossEntropy, softmax
-from .optim import Adam, Optimizer, get_optimizer
-from .validation import check_batch_size, check_images, check_labels, check_weights
+from autocnn.nn.arena import ParameterArena
+from autocnn.nn.backend import Array, Backend, CapturedStep, KernelDispatch, KernelProblem, get_backend
+from autocnn.nn.layers import Dense, Layer
+from autocnn.nn.losses import Accuracy, SoftmaxCrossEntropy, softmax
+from autocnn.nn.optim import Adam, Optimizer, get_optimizer
+from autocnn.nn.validation import check_batch_size, check_images, check_labels, check_weights
 
 DEFAULT_BATCH_SIZE = 32
 FILE_FORMAT = "autocnn.nn.Sequential/1"
@@ -332,11 +332,11 @@ class Sequential:
 
         ``trials`` is the budget for the whole model, spent where the model spends its time. The
         winners go to the tuning database; a model built on the cuda backend picks them up at once.
-        Returns one ``autocnn.tuner.TuneOutcome`` per kernel problem.
+        Returns one ``autocnn.tuning.tuner.TuneOutcome`` per kernel problem.
         """
-        from ..db import TuningDatabase
-        from ..sources import GpuSource
-        from ..tuner import TuneSettings, Tuner, tune_problems
+        from autocnn.store.database import TuningDatabase
+        from autocnn.tuning.sources import GpuSource
+        from autocnn.tuning.tuner import TuneSettings, Tuner, tune_problems
 
         problems = self.problems(batch_size)
         source = GpuSource(device)

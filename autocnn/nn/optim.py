@@ -28,8 +28,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .arena import ParameterArena
-from .backend import Array, array_module
+from autocnn.nn.arena import ParameterArena
+from autocnn.nn.backend import Array, array_module
 
 Params = Mapping[str, Array]
 
@@ -236,7 +236,7 @@ class SGD(Optimizer):
     def _update(self, p: Array, g: Array, state: dict[str, Array]) -> None:
         xp = array_module(p)
         if _on_gpu(xp):
-            from . import fused
+            from autocnn.nn import fused
 
             fused.sgd(p, g, state["velocity"], self._device_hyper, self._device_step, self._take_first())
             return
@@ -282,7 +282,7 @@ class Adam(Optimizer):
     def _update(self, p: Array, g: Array, state: dict[str, Array]) -> None:
         xp = array_module(p)
         if _on_gpu(xp):
-            from . import fused
+            from autocnn.nn import fused
 
             fused.adam(p, g, state["m"], state["v"], self._device_hyper, self._device_step, self._take_first())
             return
@@ -346,7 +346,7 @@ class RPROP(Optimizer):
     def _update(self, p: Array, g: Array, state: dict[str, Array]) -> None:
         xp = array_module(p)
         if _on_gpu(xp):
-            from . import fused
+            from autocnn.nn import fused
 
             fused.rprop(p, g, state["step"], state["prev_grad"], self._device_hyper, self._device_step,
                         self._take_first())

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .backend import Backend
-from .data import ImageDataset, load_cifar10, load_fashion_mnist, load_mnist
-from .model import History, Sequential
-from .optim import Optimizer, get_optimizer
-from .zoo import load_network
+from autocnn.nn.backend import Backend
+from autocnn.nn.data import ImageDataset, load_cifar10, load_fashion_mnist, load_mnist
+from autocnn.nn.model import History, Sequential
+from autocnn.nn.optim import Optimizer, get_optimizer
+from autocnn.nn.zoo import load_network
 
 
 def _fashion(root: str | Path | None) -> ImageDataset:

@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .backend import Backend
-from .layers import Activation, AvgPool2d, Conv2d, Dense, Flatten, Layer
-from .model import Sequential
+from autocnn.nn.backend import Backend
+from autocnn.nn.layers import Activation, AvgPool2d, Conv2d, Dense, Flatten, Layer
+from autocnn.nn.model import Sequential
 
 
 @dataclass(frozen=True)

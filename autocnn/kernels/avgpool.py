@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..device import DeviceLimits
-from ..space import Config, Constraint, Param, SearchSpace
-from .base import GRID_X_LIMIT, Launch, Operation, cdiv, next_pow2, threads_rule
-from .problem import AvgPoolBwdProblem, AvgPoolFwdProblem
+from autocnn.device import DeviceLimits
+from autocnn.kernels.space import Config, Constraint, Param, SearchSpace
+from autocnn.kernels.operation import GRID_X_LIMIT, Launch, Operation, cdiv, next_pow2, threads_rule
+from autocnn.kernels.problem import AvgPoolBwdProblem, AvgPoolFwdProblem
 
 THREADS = (64, 128, 256, 512)
 ITEMS = (1, 2, 4)

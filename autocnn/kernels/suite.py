@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .ops.problem import PROBLEM_TYPES
+from autocnn.kernels.problem import PROBLEM_TYPES
 
 CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
 POOL_OPS = ("avgpool_fwd", "avgpool_bwd")

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..codegen import code_source, render_family, template_fingerprint
-from ..device import DeviceLimits
-from ..errors import InfeasibleConfigError, InvalidConfigError
-from ..space import Config, Constraint, SearchSpace
+from autocnn.kernels.codegen import code_source, render_family, template_fingerprint
+from autocnn.device import DeviceLimits
+from autocnn.errors import InfeasibleConfigError, InvalidConfigError
+from autocnn.kernels.space import Config, Constraint, SearchSpace
 
 GRID_YZ_LIMIT = 65535
 GRID_X_LIMIT = 2**31 - 1

@@ -226,7 +226,7 @@ def _gpu_title(gpu_key: tuple) -> str:
 
 
 def _op_order(op: str) -> int:
-    from .ops import OPERATIONS
+    from autocnn.kernels import OPERATIONS
 
     names = list(OPERATIONS)
     return names.index(op) if op in names else len(names)
@@ -239,8 +239,8 @@ def _seed_name(op: str, problem: Any) -> tuple[int, str] | None:
     """(position, name) of the seed shape this problem is, or None."""
     global _SEED_NAMES
     if _SEED_NAMES is None:
-        from .ops import OPERATIONS
-        from .suite import seed_problems
+        from autocnn.kernels import OPERATIONS
+        from autocnn.kernels.suite import seed_problems
 
         _SEED_NAMES = {}
         for o in OPERATIONS:
@@ -286,8 +286,8 @@ def _absolute_sqlite(url: str) -> str:
 
 def open_storage_for_report(url: str, explicit: bool) -> tuple[Any | None, str | None, str]:
     """(storage, error, note). Reading a report never creates a storage: a missing file is named."""
-    from .db import redact_storage_url
-    from .tuner import open_storage
+    from autocnn.store.database import redact_storage_url
+    from autocnn.tuning.tuner import open_storage
 
     shown = redact_storage_url(url)
     path = _storage_file(url)
@@ -323,8 +323,8 @@ def open_storage_for_report(url: str, explicit: bool) -> tuple[Any | None, str |
 
 def read_bench(path: Path) -> tuple[dict[str, Any] | None, Ceilings | None, dict[tuple[str, str], float], str | None]:
     """(device dict, ceilings, {(op, problem key): cuDNN us}, error) of a benchmark JSON."""
-    from .ops import problem_from_dict
-    from .suite import seed_shape
+    from autocnn.kernels import problem_from_dict
+    from autocnn.kernels.suite import seed_shape
 
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -378,7 +378,7 @@ def _parse_ceilings(text: str) -> Ceilings:
 
 def _open_database(db_arg: Path | None, stack: contextlib.ExitStack) -> tuple[Any, list[str], list[str]]:
     """(TuningDatabase, sources to state, database files). Raises ReportError for a missing --db."""
-    from .db import TuningDatabase
+    from autocnn.store.database import TuningDatabase
 
     if db_arg is None:
         db = TuningDatabase()
@@ -406,7 +406,7 @@ def _open_database(db_arg: Path | None, stack: contextlib.ExitStack) -> tuple[An
 def _device_for(gpu_key: tuple, study_devices: dict[tuple, dict], bench_device: dict | None) -> Any:
     """A DeviceInfo for lookups on a GPU known only from records (limits: from a study, the
     benchmark, or the architecture's table)."""
-    from .device import DeviceInfo, DeviceLimits
+    from autocnn.device import DeviceInfo, DeviceLimits
 
     for d in [study_devices.get(gpu_key), bench_device]:
         if isinstance(d, dict):
@@ -426,7 +426,7 @@ def _device_for(gpu_key: tuple, study_devices: dict[tuple, dict], bench_device: 
 
 
 def _row_for(record: Any, gpu_label: str, cudnn_bench: dict, bench_gpu: str | None, layer: str = "") -> KernelRow:
-    from .ops import get_operation, problem_from_dict
+    from autocnn.kernels import get_operation, problem_from_dict
 
     problem = problem_from_dict(record.key.problem)
     operation = get_operation(record.key.op)
@@ -447,7 +447,7 @@ def _row_sort_key(row: KernelRow, problem_order: dict[str, int] | None = None) -
     if problem_order is not None:
         return (problem_order.get(f"{row.op}|{row.shape}", 10**6), row.shape)
     seed = row.label.split(" · ", 1)[1]
-    from .suite import seed_shapes
+    from autocnn.kernels.suite import seed_shapes
 
     names = [s.name for s in seed_shapes()]
     return (_op_order(row.op), names.index(seed) if seed in names else len(names), row.shape)
@@ -459,7 +459,7 @@ def read_studies(storage: Any, gpu_filter: str | None, ops: set[str] | None,
     DeviceInfo dicts the studies recorded, by GPU identity."""
     import optuna
 
-    from .ops import get_operation, problem_from_dict
+    from autocnn.kernels import get_operation, problem_from_dict
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     devices: dict[tuple, dict] = {}
@@ -544,16 +544,16 @@ def _importances(storage: Any, view: StudyView) -> None:
 
 
 def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData:
-    from . import __version__
-    from .db import redact_storage_url
-    from .tuner import default_storage_url
+    from autocnn import __version__
+    from autocnn.store.database import redact_storage_url
+    from autocnn.tuning.tuner import default_storage_url
 
     errors: list[str] = []
     notes: list[str] = []
     made_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     ops: set[str] | None = None
     if args.op:
-        from .ops import OPERATIONS
+        from autocnn.kernels import OPERATIONS
 
         ops = {o.strip() for o in args.op.split(",") if o.strip()}
         unknown = sorted(ops - set(OPERATIONS))
@@ -704,7 +704,7 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
 
 def _network_problems(name: str, batch: int) -> list[tuple[Any, str]]:
     """(problem, layers that run it) of every kernel a training step of the network needs."""
-    from .nn.zoo import load_network
+    from autocnn.nn.zoo import load_network
 
     if batch < 1:
         raise ReportError(f"--batch must be at least 1, not {batch}")

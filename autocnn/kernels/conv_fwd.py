@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..device import DeviceLimits
-from ..space import Config, Param, SearchSpace
-from .base import Launch, Operation, cdiv
-from .problem import ACTIVATIONS, ConvFwdProblem
-from .tiling import (FORMULATION_DIRECT, FORMULATION_IGEMM, CorrelationEnvelope, GemmEnvelope,
+from autocnn.device import DeviceLimits
+from autocnn.kernels.space import Config, Param, SearchSpace
+from autocnn.kernels.operation import Launch, Operation, cdiv
+from autocnn.kernels.problem import ACTIVATIONS, ConvFwdProblem
+from autocnn.kernels.tiling import (FORMULATION_DIRECT, FORMULATION_IGEMM, CorrelationEnvelope, GemmEnvelope,
                      direct_constraints, direct_default_candidates, direct_params, direct_smem_bytes,
                      igemm_constraints, igemm_default_candidates, igemm_params, igemm_smem_bytes)
 

@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol, Sequence
 
-from .device import DeviceInfo
-from .errors import FailureClass
-from .ops import get_operation, problem_from_dict
-from .space import Config
+from autocnn.device import DeviceInfo
+from autocnn.errors import FailureClass
+from autocnn.kernels import get_operation, problem_from_dict
+from autocnn.kernels.space import Config
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ class GpuSource:
 
     def __init__(self, device_id: int = 0, timeout_s: float = 60.0, budget_s: float = 0.1,
                  compile_workers: int | None = None, allow_spills: bool = False):
-        from .compiler import CompilePool
-        from .worker import MeasureWorker
+        from autocnn.kernels.compiler import CompilePool
+        from autocnn.tuning.worker import MeasureWorker
 
         self.worker = MeasureWorker(device_id, timeout_s=timeout_s)
         self.worker._start()
@@ -70,8 +70,8 @@ class GpuSource:
         self.rng = random.Random()
 
     def measure(self, op: str, problem: Any, configs: Sequence[Config]) -> Iterator[TrialResult]:
-        from .compiler import resource_violations
-        from .worker import MeasureJob
+        from autocnn.kernels.compiler import resource_violations
+        from autocnn.tuning.worker import MeasureJob
 
         operation = get_operation(op)
         plans = [self.plan_for(operation, problem, c) for c in configs]

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from .errors import InfeasibleConfigError, InvalidConfigError
+from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 
 Value = int | str | bool
 

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from .ops import OPERATIONS, operation_for
-from .suite import CONV_OPS, POOL_OPS, seed_problems
+from autocnn.kernels import OPERATIONS, operation_for
+from autocnn.kernels.suite import CONV_OPS, POOL_OPS, seed_problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,10 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args(argv)
 
-    from .baselines import cudnn_runner, measure_ceilings, torch_available
-    from .gpu import require_cupy
-    from .measure import L2Flusher, time_callable
-    from .sources import GpuSource
+    from autocnn.tuning.baselines import cudnn_runner, measure_ceilings, torch_available
+    from autocnn.gpu import require_cupy
+    from autocnn.tuning.measure import L2Flusher, time_callable
+    from autocnn.tuning.sources import GpuSource
 
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = [o for o in ops if o not in OPERATIONS]

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from ..device import DeviceLimits
-from ..space import Config, Constraint, Param, SearchSpace
-from .base import GRID_YZ_LIMIT, Launch, Operation, cdiv, next_pow2, smem_rule, threads_rule
-from .conv_fwd import IGEMM_BK, IGEMM_BM, IGEMM_BN, unroll_context
-from .problem import ConvBwdDataProblem
-from .tiling import (FORMULATION_DIRECT, FORMULATION_IGEMM, CorrelationEnvelope, GemmEnvelope,
+from autocnn.device import DeviceLimits
+from autocnn.kernels.space import Config, Constraint, Param, SearchSpace
+from autocnn.kernels.operation import GRID_YZ_LIMIT, Launch, Operation, cdiv, next_pow2, smem_rule, threads_rule
+from autocnn.kernels.conv_fwd import IGEMM_BK, IGEMM_BM, IGEMM_BN, unroll_context
+from autocnn.kernels.problem import ConvBwdDataProblem
+from autocnn.kernels.tiling import (FORMULATION_DIRECT, FORMULATION_IGEMM, CorrelationEnvelope, GemmEnvelope,
                      direct_constraints, direct_default_candidates, direct_params, direct_smem_bytes,
                      igemm_constraints, igemm_default_candidates, igemm_params, igemm_smem_bytes)
 

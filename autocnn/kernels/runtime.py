@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping
 
-from .compiler import NvrtcCompiler
-from .errors import CompileError, DeviceError, LaunchError
-from .gpu import require_cupy
-from .ops.base import KernelPlan
+from autocnn.kernels.compiler import NvrtcCompiler
+from autocnn.errors import CompileError, DeviceError, LaunchError
+from autocnn.gpu import require_cupy
+from autocnn.kernels.operation import KernelPlan
 
 # Shared memory a block may use without opting in to more (CUDA's static limit).
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
@@ -93,7 +93,7 @@ class BufferSpec:
 
 
 def output_specs(plan: KernelPlan) -> list[BufferSpec]:
-    from .ops import reference
+    from autocnn.kernels import reference
 
     shapes = reference.output_shapes(plan.problem)
     return [BufferSpec(name, tuple(shape)) for name, shape in shapes.items()]

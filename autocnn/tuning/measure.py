@@ -15,9 +15,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
-from .errors import WrongResultError
-from .gpu import require_cupy
-from .ops import reference
+from autocnn.errors import WrongResultError
+from autocnn.gpu import require_cupy
+from autocnn.kernels import reference
 
 BASE_BOUND = 1e-5
 BASE_TERMS = 1024

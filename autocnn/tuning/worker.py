@@ -13,7 +13,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import FailureClass
+from autocnn.errors import FailureClass
 
 DEFAULT_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 120.0
@@ -51,16 +51,16 @@ class MeasureResult:
 def _serve(conn: Any, device_id: int) -> None:
     """The worker's loop: one job in, one result out, until the pipe closes or the context breaks."""
     os.environ.setdefault("CUPY_CACHE_IN_MEMORY", "0")
-    from .errors import AutocnnError, DeviceError, LaunchError
-    from .gpu import require_cupy
+    from autocnn.errors import AutocnnError, DeviceError, LaunchError
+    from autocnn.gpu import require_cupy
 
     try:
         cp = require_cupy()
         cp.cuda.Device(device_id).use()
-        from .device import current_device
-        from .measure import L2Flusher, check_candidate
-        from .ops import get_operation, problem_from_dict
-        from .runtime import KernelLoader
+        from autocnn.device import current_device
+        from autocnn.tuning.measure import L2Flusher, check_candidate
+        from autocnn.kernels import get_operation, problem_from_dict
+        from autocnn.kernels.runtime import KernelLoader
 
         info = current_device(device_id)
         flusher = L2Flusher(info.l2_bytes)
@@ -137,7 +137,7 @@ class MeasureWorker:
         kind, payload = parent.recv()
         if kind != "ready":
             proc.join(5)
-            from .errors import DeviceError
+            from autocnn.errors import DeviceError
 
             raise DeviceError(f"the measurement worker cannot use GPU {self.device_id}: {payload}")
         self._proc, self._conn, self.device = proc, parent, payload

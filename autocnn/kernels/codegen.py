@@ -18,26 +18,23 @@ import jinja2
 RENDER_VERSION = 1
 
 
-@functools.lru_cache(maxsize=1)
+# The op templates live in templates/; each formulation's core lives beside its module in
+# formulations/. Both travel inside the package, so an installed copy finds them the same way.
+KERNELS_DIR = Path(__file__).resolve().parent
+TEMPLATE_DIRS = (KERNELS_DIR / "templates", KERNELS_DIR / "formulations")
+
+
 def templates_dir() -> Path:
-    try:
-        from importlib.resources import files
-
-        path = Path(str(files("autocnn.templates")))
-        if (path / "_common.cuh.j2").exists():
-            return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    here = Path(__file__).resolve().parent.parent / "templates"
-    if not (here / "_common.cuh.j2").exists():
-        raise FileNotFoundError(f"autocnn's templates are missing (looked in {here})")
-    return here
+    """The folder of the op templates (``<family>.cu.j2``)."""
+    return TEMPLATE_DIRS[0]
 
 
-@functools.lru_cache(maxsize=1)
-def environment() -> jinja2.Environment:
+def make_environment(*dirs: Path) -> jinja2.Environment:
+    for d in dirs:
+        if not d.is_dir():
+            raise FileNotFoundError(f"autocnn's templates are missing (looked in {d})")
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        loader=jinja2.FileSystemLoader([str(d) for d in dirs]),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -46,13 +43,18 @@ def environment() -> jinja2.Environment:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    return make_environment(*TEMPLATE_DIRS)
+
+
 def family_files(family: str) -> list[Path]:
     """The family's template and every shared include (all of them: cheap and never stale)."""
-    root = templates_dir()
-    main = root / f"{family}.cu.j2"
+    main = templates_dir() / f"{family}.cu.j2"
     if not main.exists():
-        raise FileNotFoundError(f"no template for family {family!r} in {root}")
-    shared = sorted(p for p in root.glob("_*.j2"))
+        raise FileNotFoundError(f"no template for family {family!r} in {templates_dir()}")
+    # Sorted by file name alone, so moving a shared core between the folders keeps the hash.
+    shared = sorted((p for d in TEMPLATE_DIRS for p in d.glob("_*.j2")), key=lambda p: p.name)
     return [main, *shared]
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..device import DeviceLimits
-from ..space import Config, Constraint, Param, SearchSpace
-from .base import GRID_YZ_LIMIT, Launch, Operation, cdiv, next_pow2, smem_rule
-from .conv_fwd import unroll_context
-from .problem import ConvWgradProblem
-from .tiling import GemmEnvelope, igemm_constraints, igemm_params, igemm_smem_bytes
+from autocnn.device import DeviceLimits
+from autocnn.kernels.space import Config, Constraint, Param, SearchSpace
+from autocnn.kernels.operation import GRID_YZ_LIMIT, Launch, Operation, cdiv, next_pow2, smem_rule
+from autocnn.kernels.conv_fwd import unroll_context
+from autocnn.kernels.problem import ConvWgradProblem
+from autocnn.kernels.tiling import GemmEnvelope, igemm_constraints, igemm_params, igemm_smem_bytes
 
 ATOMIC = "atomic"
 TWO_PASS = "two_pass"

@@ -34,11 +34,11 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import filelock
 
-from .compiler import cache_root
-from .device import DeviceInfo, DeviceLimits
-from .errors import InfeasibleConfigError, InvalidConfigError, InvalidProblemError
-from .ops import get_operation, problem_from_dict
-from .space import Config, SearchSpace
+from autocnn.kernels.compiler import cache_root
+from autocnn.device import DeviceInfo, DeviceLimits
+from autocnn.errors import InfeasibleConfigError, InvalidConfigError, InvalidProblemError
+from autocnn.kernels import get_operation, problem_from_dict
+from autocnn.kernels.space import Config, SearchSpace
 
 RECORD_FORMAT = 1
 # A tuned config is borrowed for another shape only this close (see shape_distance): e.g. H and W

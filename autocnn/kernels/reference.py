@@ -21,8 +21,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy
 
-from ..errors import InvalidProblemError
-from .problem import ACTIVATIONS
+from autocnn.errors import InvalidProblemError
+from autocnn.kernels.problem import ACTIVATIONS
 
 # numpy.ndarray or cupy.ndarray: CuPy is optional, so it cannot appear in the annotations.
 Array = Any
@@ -408,7 +408,7 @@ def input_shapes(problem: Any) -> dict[str, tuple[int, ...]]:
         return {"x": problem.x_shape}
     if op == "avgpool_bwd":
         return {"dy": problem.y_shape}
-    raise InvalidProblemError("reference", "op", op, "a problem from autocnn.ops.problem")
+    raise InvalidProblemError("reference", "op", op, "a problem from autocnn.kernels.problem")
 
 
 def output_shapes(problem: Any) -> dict[str, tuple[int, ...]]:
@@ -424,7 +424,7 @@ def output_shapes(problem: Any) -> dict[str, tuple[int, ...]]:
         return {"y": problem.y_shape}
     if op == "avgpool_bwd":
         return {"dx": problem.x_shape}
-    raise InvalidProblemError("reference", "op", op, "a problem from autocnn.ops.problem")
+    raise InvalidProblemError("reference", "op", op, "a problem from autocnn.kernels.problem")
 
 
 def run_problem(problem: Any, inputs: Mapping[str, Array]) -> dict[str, Array]:

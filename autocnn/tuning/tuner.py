@@ -21,12 +21,12 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import optuna
 
-from . import __version__
-from .device import DeviceInfo
-from .errors import FailureClass, InfeasibleConfigError, InvalidConfigError
-from .ops import get_operation
-from .sources import MeasurementSource, TrialResult
-from .space import Config, SearchSpace
+from autocnn import __version__
+from autocnn.device import DeviceInfo
+from autocnn.errors import FailureClass, InfeasibleConfigError, InvalidConfigError
+from autocnn.kernels import get_operation
+from autocnn.tuning.sources import MeasurementSource, TrialResult
+from autocnn.kernels.space import Config, SearchSpace
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
 # Stop asking when this many proposals in a row brought nothing new to measure (space exhausted).
@@ -85,7 +85,7 @@ class TuneOutcome:
 
 
 def default_storage_url() -> str:
-    from .compiler import cache_root
+    from autocnn.kernels.compiler import cache_root
 
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -516,7 +516,7 @@ class Tuner:
         if default.key() in finite:
             outcome.default = TrialResult(default, True, finite[default.key()])
         if self.db is not None:
-            from .db import RecordKey, TuningRecord
+            from autocnn.store.database import RecordKey, TuningRecord
 
             timing = winner.timing or {}
             record = TuningRecord(

@@ -1,7 +1,7 @@
 """The five operations: problems, search spaces, launch geometry and references."""
 from __future__ import annotations
 
-from .problem import (  # noqa: F401
+from autocnn.kernels.problem import (  # noqa: F401
     ACTIVATIONS,
     OP_NAMES,
     AvgPoolBwdProblem,
@@ -16,11 +16,11 @@ from .problem import (  # noqa: F401
     problem_type,
 )
 
-from .avgpool import AvgPoolBwd, AvgPoolFwd
-from .base import KernelPlan, Launch, Operation
-from .conv_bwd_data import ConvBwdData
-from .conv_fwd import ConvFwd
-from .conv_wgrad import ConvWgrad
+from autocnn.kernels.avgpool import AvgPoolBwd, AvgPoolFwd
+from autocnn.kernels.operation import KernelPlan, Launch, Operation
+from autocnn.kernels.conv_bwd_data import ConvBwdData
+from autocnn.kernels.conv_fwd import ConvFwd
+from autocnn.kernels.conv_wgrad import ConvWgrad
 
 OPERATIONS: dict[str, Operation] = {
     op.name: op for op in (ConvFwd(), ConvBwdData(), ConvWgrad(), AvgPoolFwd(), AvgPoolBwd())
@@ -28,7 +28,7 @@ OPERATIONS: dict[str, Operation] = {
 
 
 def get_operation(name: str) -> Operation:
-    from ..errors import InvalidProblemError
+    from autocnn.errors import InvalidProblemError
 
     try:
         return OPERATIONS[name]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..device import DeviceLimits
-from ..space import Constraint, Param
-from .base import GRID_YZ_LIMIT, at_most, next_pow2, smem_rule, threads_rule
+from autocnn.device import DeviceLimits
+from autocnn.kernels.space import Constraint, Param
+from autocnn.kernels.operation import GRID_YZ_LIMIT, at_most, next_pow2, smem_rule, threads_rule
 
 FORMULATION_DIRECT = "direct"
 FORMULATION_IGEMM = "igemm"

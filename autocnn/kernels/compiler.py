@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CompileError
+from autocnn.errors import CompileError
 
 NVCC_FLAGS = ("-std=c++17", "-O3")
 NVRTC_FLAGS = ("-std=c++17",)
@@ -175,7 +175,7 @@ class NvrtcCompiler:
     """NVRTC through CuPy; modules are cached in memory by source hash (CuPy caches on disk)."""
 
     def __init__(self) -> None:
-        from .gpu import require_cupy
+        from autocnn.gpu import require_cupy
 
         self.cp = require_cupy()
         self._modules: dict[str, Any] = {}

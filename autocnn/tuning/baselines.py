@@ -97,8 +97,8 @@ class Ceilings:
 
 def measure_ceilings(flusher: Any = None) -> Ceilings:
     """The two numbers every kernel is placed against, measured on this device now."""
-    from .gpu import require_cupy
-    from .measure import time_callable
+    from autocnn.gpu import require_cupy
+    from autocnn.tuning.measure import time_callable
 
     cp = require_cupy()
     n = 256 * 1024 * 1024   # 1 GiB of float32

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
-from ..errors import InvalidProblemError
+from autocnn.errors import InvalidProblemError
 
 # Generated kernels index with 32-bit signed integers; every tensor (and every product the index
 # arithmetic forms) must stay below this.

@@ -1,0 +1,1 @@
+"""Tuning reports: reading storages and benchmark files, figures, HTML."""

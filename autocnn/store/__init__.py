@@ -1,0 +1,1 @@
+"""The tuning database: records, files, lookup."""

@@ -1,0 +1,1 @@
+"""The tuning machinery: search, measurement workers, measurement sources, baselines."""
