@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[0] == "bench":
             from autocnn.tuning.benchmark import main as delegate
         else:
-            from autocnn.reports.report import main as delegate
+            from autocnn.reports import main as delegate
         rest = argv[1:]
         if rest[:1] == ["--"]:
             rest = rest[1:]
@@ -447,7 +447,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autocnn.reports.report import main as report_main
+    from autocnn.reports import main as report_main
 
     return report_main(args.args)
 

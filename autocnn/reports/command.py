@@ -1,0 +1,124 @@
+"""The tuning report: one self-contained HTML file and a Markdown summary of tuning results.
+
+    autocnn report [--db DIR|FILE] [--storage URL] [--bench bench_kernels.json | --ceilings GBPS,TFLOPS]
+                   [--network NAME --batch N] [--gpu TEXT] [--op OP] [--out report.html] [--markdown report.md]
+
+(``python scripts/tuning_report.py ...`` runs the same code.)
+
+From the tuning database: per GPU (and per network, with ``--network``) a table of every tuned kernel
+with its config, tuned, default and cuDNN times and the speed-ups, a bar chart of the speed-ups and a
+roofline-style plot of each kernel against the GPU's measured ceilings (copy bandwidth and SGEMM
+peak, from a benchmark JSON of ``autocnn bench`` or ``--ceilings``). With ``--network`` the kernels
+the network needs that would still run on a fallback (not an exact record) are listed with the
+fallback that answered. From the Optuna storage: per study its trial counts, failures by class, the
+optimisation history, the parameter importances (PED-ANOVA, which needs no extra package) and the
+spread of trial times.
+
+The HTML carries plotly.js once, inline, so it opens offline. Nothing here needs a GPU.
+
+The modules beside this one do the work: studies and inputs read, collect gathers the data model,
+figures, html_page and markdown draw it; this one is the command line.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from autocnn.reports.collect import collect
+from autocnn.reports.html_page import render_html
+from autocnn.reports.inputs import parse_ceilings
+from autocnn.reports.markdown import render_markdown
+from autocnn.reports.model import ReportError
+from autocnn.reports.summaries import dashboard_command, fmt_speedup, op_summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="autocnn report", description="Write an HTML report (self-contained, opens offline) and a Markdown "
+        "summary of the tuning database and the Optuna studies.",
+        epilog="examples:\n  autocnn report --bench bench_kernels.json\n"
+               "  autocnn report --db tuning_db --storage sqlite:///optuna.db --network kriz09 --batch 128\n"
+               "  autocnn report --ceilings 4227,51.1 --gpu h200 --op conv_fwd --out h200.html",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", type=Path, default=None,
+                    help="a tuning database directory or file (default: the user's and the shipped database)")
+    ap.add_argument("--storage", default=None,
+                    help="Optuna storage URL (sqlite:///path, postgresql://...) or journal file (default: the "
+                         "tuner's default, SQLite in the autocnn cache directory)")
+    ap.add_argument("--bench", type=Path, default=None,
+                    help="a benchmark JSON of autocnn bench: the GPU's measured ceilings and cuDNN times")
+    ap.add_argument("--ceilings", type=parse_ceilings, default=None, metavar="COPY_GBPS,SGEMM_TFLOPS",
+                    help="the GPU's ceilings, e.g. 4227,51.1 (overrides those of --bench)")
+    ap.add_argument("--network", default=None,
+                    help="report the kernels of this zoo network (or network JSON file), and those on a fallback")
+    ap.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")
+    ap.add_argument("--gpu", default=None, help="only GPUs whose name contains this text (case-insensitive)")
+    ap.add_argument("--op", default=None, help="only these operations (comma-separated)")
+    ap.add_argument("--out", type=Path, default=Path("report.html"), help="the HTML file (default report.html)")
+    ap.add_argument("--markdown", type=Path, default=None,
+                    help="the Markdown summary (default: next to the HTML, with .md)")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:   # autocnn report -- --out x.html: the separator reaches us
+        argv = argv[1:]
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:   # --help, or a usage error argparse already explained
+        return int(exc.code or 0)
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        print("autocnn report: needs plotly: pip install 'autocnn[report]' (or pip install plotly)", file=sys.stderr)
+        return 1
+    with contextlib.ExitStack() as stack:
+        try:
+            data = collect(args, stack)
+        except ReportError as exc:
+            print(f"autocnn report: {exc}", file=sys.stderr)
+            return 1
+    for e in data.errors:
+        print(f"autocnn report: {e}", file=sys.stderr)
+    for n in data.notes:
+        print(f"autocnn report: note: {n}", file=sys.stderr)
+    if data.db_warnings:
+        print(f"autocnn report: note: {len(data.db_warnings)} database entries or files were skipped "
+              f"(listed in the report)", file=sys.stderr)
+    if data.record_count == 0 and not data.studies and not any(g.fallbacks for g in data.groups):
+        print("autocnn report: nothing to report (no tuning record and no Optuna study); no report written",
+              file=sys.stderr)
+        return 1
+    md_path = args.markdown if args.markdown is not None else args.out.with_suffix(".md")
+    markdown = render_markdown(data)
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(render_html(data), encoding="utf-8")
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(markdown, encoding="utf-8")
+    except OSError as exc:
+        print(f"autocnn report: cannot write the report: {exc}", file=sys.stderr)
+        return 1
+    for g in data.groups:
+        for s in op_summary(g):
+            print(f"{g.title}: {s['op']}: {s['kernels']} kernels, geo-mean speed-up "
+                  f"{fmt_speedup(s['vs_default'])} over the default, {fmt_speedup(s['vs_cudnn'])} over cuDNN "
+                  f"({s['n_cudnn']} timed)")
+        if g.network is not None:
+            print(f"{g.title}: {len(g.fallbacks)} kernels on a fallback")
+    print(f"{len(data.studies)} Optuna studies; "
+          f"{sum(1 for s in data.studies if not s.complete)} without a completed trial")
+    print(f"wrote {args.out} and {md_path}")
+    cmd = dashboard_command(data)
+    if cmd:
+        print(f"browse the studies: {cmd}")
+    return 1 if data.errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

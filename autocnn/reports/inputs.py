@@ -1,0 +1,118 @@
+"""Reading the report's other inputs: tuning-database files, a benchmark JSON of autocnn bench, the
+ceilings given on the command line and the kernels of a network."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from autocnn.reports.labels import problem_key
+from autocnn.reports.model import Ceilings, ReportError, first_line
+
+
+def read_bench(path: Path) -> tuple[dict[str, Any] | None, Ceilings | None, dict[tuple[str, str], float], str | None]:
+    """(device dict, ceilings, {(op, problem key): cuDNN us}, error) of a benchmark JSON."""
+    from autocnn.kernels import problem_from_dict
+    from autocnn.kernels.suite import seed_shape
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, None, {}, f"benchmark {path} does not exist"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, None, {}, f"benchmark {path} cannot be read: {first_line(exc)}"
+    if not isinstance(data, dict) or not isinstance(data.get("rows", []), list):
+        return None, None, {}, f"benchmark {path} is not a benchmark of autocnn bench (no rows list)"
+    device = data.get("device") if isinstance(data.get("device"), dict) else None
+    ceilings = None
+    c = data.get("ceilings")
+    if isinstance(c, dict):
+        try:
+            gbps, tflops = float(c["copy_gbps"]), float(c["sgemm_tflops"])
+            if gbps > 0 and tflops > 0 and math.isfinite(gbps) and math.isfinite(tflops):
+                ceilings = Ceilings(gbps, tflops, f"measured by autocnn bench ({path})")
+        except (KeyError, TypeError, ValueError):
+            pass
+    problems: dict[tuple[str, str], dict[str, Any]] = {}
+    for rec in data.get("records") or []:
+        if isinstance(rec, dict) and isinstance(rec.get("problem"), dict):
+            problems[(str(rec.get("op")), str(rec.get("shape")))] = rec["problem"]
+    cudnn: dict[tuple[str, str], float] = {}
+    for row in data.get("rows", []):
+        if not isinstance(row, dict):
+            continue
+        op, shape, us = row.get("op"), row.get("shape"), row.get("cudnn_us")
+        if not isinstance(us, (int, float)) or not us > 0:
+            continue
+        try:
+            raw = problems.get((str(op), str(shape)))
+            problem = problem_from_dict(raw) if raw is not None else seed_shape(str(shape)).problem(str(op))
+        except Exception:  # noqa: BLE001 - a row of a shape this autocnn does not know is left out
+            continue
+        cudnn[(problem.op, problem_key(problem.to_dict()))] = float(us)
+    return device, ceilings, cudnn, None
+
+
+def parse_ceilings(text: str) -> Ceilings:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        gbps, tflops = (float(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not COPY_GBPS,SGEMM_TFLOPS (two positive numbers, e.g. 4227,51.1)") from None
+    if not (gbps > 0 and tflops > 0 and math.isfinite(gbps) and math.isfinite(tflops)):
+        raise argparse.ArgumentTypeError(f"{text!r}: both ceilings must be positive numbers")
+    return Ceilings(gbps, tflops, "given with --ceilings")
+
+
+def open_database(db_arg: Path | None, stack: contextlib.ExitStack) -> tuple[Any, list[str], list[str]]:
+    """(TuningDatabase, sources to state, database files). Raises ReportError for a missing --db."""
+    from autocnn.store.database import TuningDatabase
+
+    if db_arg is None:
+        db = TuningDatabase()
+        sources = [f"{db.user_dir} (user)", f"{db.shipped_dir} (shipped)"]
+        dirs = [db.shipped_dir, db.user_dir]
+    else:
+        path = Path(db_arg).expanduser()
+        empty = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="autocnn-report-")))
+        if not path.exists():
+            raise ReportError(f"tuning database {path} does not exist (give a database directory or file with --db)")
+        if path.is_file():
+            # One database file: read it through a directory that holds only a link to it.
+            holder = empty / "db"
+            holder.mkdir()
+            (holder / path.name).symlink_to(path.resolve())
+            db = TuningDatabase(user_dir=holder, shipped_dir=empty / "none")
+            return db, [f"{path} (file)"], [str(path)]
+        db = TuningDatabase(user_dir=path, shipped_dir=empty / "none")
+        sources = [f"{path} (directory)"]
+        dirs = [path]
+    files = [str(p) for d in dirs if d.is_dir() for p in sorted(d.glob("*.json")) if p.is_file()]
+    return db, sources, files
+
+
+def problems_of_network(name: str, batch: int) -> list[tuple[Any, str]]:
+    """(problem, layers that run it) of every kernel a training step of the network needs."""
+    from autocnn.nn.zoo import load_network
+
+    if batch < 1:
+        raise ReportError(f"--batch must be at least 1, not {batch}")
+    try:
+        model = load_network(name)
+        problems = model.problems(batch)
+    except (ValueError, KeyError, FileNotFoundError, OSError) as exc:
+        raise ReportError(f"--network {name}: {exc}") from None
+    layers: dict[Any, list[str]] = {}
+    try:
+        inputs = [model.input_shape, *model.layer_output_shapes[:-1]]
+        for layer, shape in zip(model.layers, inputs):
+            for p in layer.make_problems(shape, batch):
+                layers.setdefault(p, []).append(layer.describe())
+    except Exception:  # noqa: BLE001 - layer names are a nicety; the problems are what counts
+        layers = {}
+    return [(p, ", ".join(layers.get(p, []))) for p in problems]

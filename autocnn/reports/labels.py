@@ -1,0 +1,33 @@
+"""How the report names and orders kernels: problem keys, the operations' order and seed-shape names."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def problem_key(problem_dict: dict[str, Any]) -> str:
+    return json.dumps(problem_dict, sort_keys=True, separators=(",", ":"))
+
+
+def op_order(op: str) -> int:
+    from autocnn.kernels import OPERATIONS
+
+    names = list(OPERATIONS)
+    return names.index(op) if op in names else len(names)
+
+
+_SEED_NAMES: dict[tuple[str, str], tuple[int, str]] | None = None
+
+
+def seed_name(op: str, problem: Any) -> tuple[int, str] | None:
+    """(position, name) of the seed shape this problem is, or None."""
+    global _SEED_NAMES
+    if _SEED_NAMES is None:
+        from autocnn.kernels import OPERATIONS
+        from autocnn.kernels.suite import seed_problems
+
+        _SEED_NAMES = {}
+        for o in OPERATIONS:
+            for i, (name, p) in enumerate(seed_problems(o)):
+                _SEED_NAMES[(o, problem_key(p.to_dict()))] = (i, name)
+    return _SEED_NAMES.get((op, problem_key(problem.to_dict())))

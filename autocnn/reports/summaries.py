@@ -1,0 +1,74 @@
+"""What the HTML page, the Markdown summary and the console lines share: number formats, the
+per-operation summary, the share of the roof, the sources table and the optuna-dashboard command."""
+from __future__ import annotations
+
+import math
+import shlex
+from collections import Counter
+from typing import Any, Iterable
+
+from autocnn.reports.labels import op_order
+from autocnn.reports.model import Ceilings, Group, KernelRow, ReportData
+
+# At most this many skipped-record warnings are listed one by one (the rest are counted).
+MAX_LISTED_WARNINGS = 20
+
+
+def fmt_number(value: float | None, spec: str = ".1f", none: str = "—") -> str:
+    return none if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, spec)
+
+
+def fmt_speedup(value: float | None) -> str:
+    """A speed-up as the report prints it, e.g. ``1.20×``."""
+    return fmt_number(value, ".2f") + ("×" if value is not None else "")
+
+
+def geomean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def op_summary(group: Group) -> list[dict[str, Any]]:
+    """Per operation: kernels, geometric-mean speed-ups over the default and over cuDNN."""
+    out = []
+    ops = sorted({r.op for r in group.rows}, key=op_order)
+    for op in ops + (["all"] if len(ops) > 1 else []):
+        rows = [r for r in group.rows if op == "all" or r.op == op]
+        out.append({"op": op, "kernels": len(rows),
+                    "vs_default": geomean(r.speedup_default for r in rows),
+                    "n_default": sum(1 for r in rows if r.speedup_default is not None),
+                    "vs_cudnn": geomean(r.speedup_cudnn for r in rows),
+                    "n_cudnn": sum(1 for r in rows if r.speedup_cudnn is not None),
+                    "faster_than_cudnn": sum(1 for r in rows if (r.speedup_cudnn or 0) > 1)})
+    return out
+
+
+def roof_percent(row: KernelRow, ceilings: Ceilings | None) -> float | None:
+    if ceilings is None or row.gflops is None or not math.isfinite(row.intensity):
+        return None
+    return 100.0 * row.gflops / ceilings.roof(row.intensity)
+
+
+def failure_text(failures: Counter) -> str:
+    return ", ".join(f"{c} {n}" for c, n in sorted(failures.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
+
+
+def meta_rows(data: ReportData) -> list[tuple[str, str]]:
+    rows = [("made", f"{data.made_at} by autocnn {data.version}"),
+            ("tuning database", "; ".join(data.db_sources) or "—"),
+            ("database files", ", ".join(data.db_files) or "none"),
+            ("records", str(data.record_count)),
+            ("Optuna storage", f"{data.storage_url or '—'} ({len(data.studies)} studies shown)"),
+            ("benchmark", data.bench_path or "none"),
+            ("GPU ceilings", data.ceilings_text)]
+    if data.filters:
+        rows.append(("filters", "; ".join(data.filters)))
+    return rows
+
+
+def dashboard_command(data: ReportData) -> str | None:
+    if not data.storage_url or not data.storage_opened:
+        return None
+    return f"optuna-dashboard {shlex.quote(data.storage_url)}"
