@@ -16,6 +16,11 @@ from autocnn.errors import InvalidProblemError
 # arithmetic forms) must stay below this.
 INDEX_LIMIT = 2**31 - 1
 DTYPES = ("float32",)
+# What a convolution's float32 result must be as accurate as (the bounds: tuning/measure.py):
+# "fp32" (the default) is FP32-accurate whatever the kernel (tensor-core kernels use 3xTF32);
+# "tf32" lets a kernel round its operands to TF32 (one tensor-core product each), with its own bound.
+PRECISIONS = ("fp32", "tf32")
+DEFAULT_PRECISION = "fp32"
 ACTIVATIONS = ("none", "relu", "tanh", "logistic")
 
 
@@ -86,6 +91,7 @@ class ConvProblem:
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
     dtype: str = "float32"
+    precision: str = DEFAULT_PRECISION
 
     op: ClassVar[str] = "conv"
 
@@ -97,6 +103,8 @@ class ConvProblem:
         object.__setattr__(self, "padding", _padding(op, self.padding))
         if self.dtype not in DTYPES:
             raise InvalidProblemError(op, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        if self.precision not in PRECISIONS:
+            raise InvalidProblemError(op, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
         pt, pl, pb, pr = self.padding
         if pt >= self.R or pb >= self.R:
             raise InvalidProblemError(
@@ -147,7 +155,7 @@ class ConvProblem:
     def geometry(self) -> dict[str, Any]:
         return {
             "N": self.N, "C": self.C, "H": self.H, "W": self.W, "K": self.K, "R": self.R, "S": self.S,
-            "stride": self.stride, "padding": self.padding, "dtype": self.dtype,
+            "stride": self.stride, "padding": self.padding, "dtype": self.dtype, "precision": self.precision,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,6 +163,10 @@ class ConvProblem:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             out[f.name] = list(v) if isinstance(v, tuple) else v
+        # The default precision is left out, so that records made before precision existed keep
+        # their keys (and Optuna their study names); a tf32 problem always says so.
+        if out["precision"] == DEFAULT_PRECISION:
+            del out["precision"]
         return out
 
     def shape_string(self) -> str:
@@ -165,7 +177,8 @@ class ConvProblem:
             pad = str(self.padding[0])
         text = (f"N={self.N},C={self.C},H={self.H},W={self.W},K={self.K},R={self.R},S={self.S},"
                 f"stride={stride},pad={pad}")
-        return text + self._epilogue_string()
+        text += self._epilogue_string()
+        return text + ("" if self.precision == DEFAULT_PRECISION else f",precision={self.precision}")
 
     def _epilogue_string(self) -> str:
         return ""
@@ -401,7 +414,7 @@ def parse_shape(op: str, text: str) -> Any:
     for key, values in fields.items():
         if key not in names:
             raise InvalidProblemError(op, key, ",".join(values), f"fields are {', '.join(sorted(names))}")
-        if key in ("activation", "dtype"):
+        if key in ("activation", "dtype", "precision"):
             kwargs[key] = values[0]
             continue
         try:
