@@ -1,0 +1,113 @@
+"""The tensor-core formulation (mma.sync m16n8k8 TF32; 3xTF32 for fp32): its space, rendering and
+nvcc builds on the CPU; verification against float64 in both precisions on the GPU (-m gpu)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from autocnn.device import DeviceLimits
+from autocnn.errors import InfeasibleConfigError
+from autocnn.kernels.compiler import NvccCompiler, nvcc_path
+from autocnn.kernels.formulations.tensorcore import TC_OPS, TensorCoreKernels
+from autocnn.kernels.suite import odd_problems, seed_problems
+
+SEED_SHAPES = ("modern_56", "modern_14", "sweep_3x3", "scherer10_l2")
+PRECISIONS = ("fp32", "tf32")
+
+
+def _problems(op: str, precision: str):
+    seed = [(n, p) for n, p in seed_problems(op) if n in SEED_SHAPES]
+    return [(n, dataclasses.replace(p, precision=precision)) for n, p in seed + odd_problems(op)]
+
+
+def test_the_space_needs_tensor_cores_and_caps_fp32_warp_tiles():
+    name, problem = odd_problems("conv_fwd")[0]
+    kernels = TensorCoreKernels("conv_fwd")
+    with pytest.raises(InfeasibleConfigError, match="sm_80 or later"):
+        kernels.default_config(problem, DeviceLimits("sm_75"))
+    limits = DeviceLimits.for_arch("sm_90")
+    big_warp = {"formulation": "tc", "BM": 128, "BN": 128, "BK": 16, "WM": 2, "WN": 2, "STAGES": 2, "CP_ASYNC": 0,
+                "PAD_A": 8, "PAD_B": 4, "UNROLL_K": 0, "TABLE_A": 1}
+    big = dataclasses.replace(problem, N=64, H=64, W=64, C=64, K=128)
+    with pytest.raises(InfeasibleConfigError, match="mma tiles per warp exceed 16"):
+        kernels.space(big, limits).validate(big_warp)
+    # tf32 keeps no second fragment per tile, so the same warp tile fits.
+    kernels.space(dataclasses.replace(big, precision="tf32"), limits).validate(big_warp)
+    with pytest.raises(InfeasibleConfigError, match="register-staged pipeline has 2 stages"):
+        kernels.space(big, limits).validate({**big_warp, "BN": 64, "STAGES": 3})
+
+
+def test_precision_decides_the_kernel_and_the_fingerprint_is_its_own():
+    name, problem = odd_problems("conv_fwd")[0]
+    kernels = TensorCoreKernels("conv_fwd")
+    limits = DeviceLimits.for_arch("sm_90")
+    config = kernels.default_config(problem, limits)
+    fp32 = kernels.plan(problem, config).source
+    tf32 = kernels.plan(dataclasses.replace(problem, precision="tf32"), config).source
+    assert "constexpr bool SPLIT3 = true;" in fp32 and "constexpr bool SPLIT3 = false;" in tf32
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in fp32
+    assert len({TensorCoreKernels(op).fingerprint() for op in TC_OPS}) == 3
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+def test_defaults_and_samples_build_without_spills(arch, tmp_path):
+    """The default of every op, precision and shape builds with no spill (the tuner stores none);
+    sampled configs build (ptxas may report spills for them: the tuner then skips them)."""
+    limits = DeviceLimits.for_arch(arch)
+    compiler = NvccCompiler(arch, cache_dir=tmp_path)
+    rng = random.Random()
+    jobs = []
+    for op in TC_OPS:
+        kernels = TensorCoreKernels(op)
+        for precision in PRECISIONS:
+            for i, (name, problem) in enumerate(_problems(op, precision)):
+                default = kernels.default_config(problem, limits)
+                jobs.append((f"{op} {name} {precision}", default, kernels.plan(problem, default), True))
+                if i < 1:
+                    for c in kernels.space(problem, limits).sample(rng, 1, exclude=[default]):
+                        jobs.append((f"{op} {name} {precision}", c, kernels.plan(problem, c), False))
+
+    def build(job):
+        what, config, plan, is_default = job
+        module = compiler.compile(plan.source, config=config)
+        report = module.reports[plan.op]
+        if is_default and report.spills:
+            return f"{what} {config}: the default spills ({report})"
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        failures = [f for f in pool.map(build, jobs) if f]
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("op", TC_OPS)
+def test_tensor_core_kernels_verify_against_float64(op, precision):
+    """The default and four sampled configs of each shape (seed shapes of today's layers and odd
+    shapes that divide nothing evenly) pass the bound of their precision, every element checked."""
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    device = current_device(0)
+    limits = device.limits()
+    loader = KernelLoader()
+    kernels = TensorCoreKernels(op)
+    rng = random.Random()
+    failures, checked = [], 0
+    for name, problem in _problems(op, precision):
+        default = kernels.default_config(problem, limits)
+        for config in [default, *kernels.space(problem, limits).sample(rng, 4, exclude=[default])]:
+            check = check_candidate(loader.load(kernels.plan(problem, config)), problem, time_it=False)
+            checked += 1
+            if not check.verification.passed:
+                failures.append(f"{name} {config}: {check.verification.message}")
+    assert checked >= 5 * len(_problems(op, precision)) - 2
+    assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:8])
