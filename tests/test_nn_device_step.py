@@ -16,8 +16,8 @@ import pytest
 
 from autocnn import nn
 from autocnn.nn import RPROP, SGD, Adam, AvgPool2d, Conv2d, Dense, Flatten, NumpyBackend, Sequential
-from autocnn.nn import model as model_module
-from autocnn.nn.layers import activation_grad
+from autocnn.nn import fitting as model_module
+from autocnn.nn.backend import activation_grad
 from autocnn.nn.losses import Accuracy, SoftmaxCrossEntropy
 
 

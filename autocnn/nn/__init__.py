@@ -9,13 +9,8 @@
 """
 from __future__ import annotations
 
-from autocnn.nn.backend import (  # noqa: F401
-    Backend,
-    BackendUnavailableError,
-    KernelDispatch,
-    NumpyBackend,
-    get_backend,
-)
+from autocnn.nn.backend import Backend, BackendUnavailableError, KernelDispatch  # noqa: F401
+from autocnn.nn.backend_choice import get_backend  # noqa: F401
 from autocnn.nn.blas import get_blas_threads, set_blas_threads  # noqa: F401
 from autocnn.nn.data import (  # noqa: F401
     ImageDataset,
@@ -28,11 +23,14 @@ from autocnn.nn.data import (  # noqa: F401
     resize,
     to_channels,
 )
+from autocnn.nn.fitting import History  # noqa: F401
 from autocnn.nn.layers import Activation, AvgPool2d, Conv2d, Dense, Flatten, Layer  # noqa: F401
 from autocnn.nn.losses import SoftmaxCrossEntropy, accuracy, softmax  # noqa: F401
-from autocnn.nn.model import History, Sequential, StepResult  # noqa: F401
+from autocnn.nn.model import Sequential  # noqa: F401
+from autocnn.nn.numpy_backend import NumpyBackend  # noqa: F401
 from autocnn.nn.optim import RPROP, SGD, Adam, Optimizer, get_optimizer  # noqa: F401
 from autocnn.nn.training import TrainingReport, load_dataset, train  # noqa: F401
+from autocnn.nn.training_step import StepResult  # noqa: F401
 from autocnn.nn.zoo import NETWORKS, build_network, input_shape, load_network, network_from_json  # noqa: F401
 
 __all__ = [

@@ -16,6 +16,10 @@ Contract for a backend implementation (e.g. the CUDA backend):
   overridden with fused kernels;
 * a backend that can record a training step and replay it (CUDA graphs) sets ``can_capture``
   and implements ``capture``.
+
+This module is the interface only: the implementations are numpy_backend.NumpyBackend and
+cuda_backend.CudaBackend, chosen by name in backend_choice.get_backend. It imports none of them,
+nor the layers, losses or optimizers written against it (tests/test_nn_imports.py checks that).
 """
 from __future__ import annotations
 
@@ -28,20 +32,17 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from autocnn.errors import DeviceError
 from autocnn.kernels.problem import (
-    ACTIVATIONS,
     AvgPoolBwdProblem,
     AvgPoolFwdProblem,
     ConvBwdDataProblem,
     ConvFwdProblem,
     ConvWgradProblem,
 )
+from autocnn.nn import activations
 
 Array = Any  # numpy.ndarray or cupy.ndarray
 KernelProblem = Any  # one of the five frozen problem dataclasses of autocnn.kernels.problem
-
-NUMPY_SOURCE = "numpy reference (CPU)"
 
 
 class BackendUnavailableError(RuntimeError):
@@ -250,23 +251,7 @@ class Backend(abc.ABC):
 
     def activation(self, name: str, z: Array, out: Array) -> Array:
         """out = act(z); ``out`` may be ``z`` (in place)."""
-        xp = self.xp
-        if name == "none":
-            if out is not z:
-                xp.copyto(out, z)
-        elif name == "relu":
-            xp.maximum(z, 0, out=out)
-        elif name == "tanh":
-            xp.tanh(z, out=out)
-        elif name == "logistic":
-            # exp(-|z|) never overflows: sigma(z) = 1/(1+e) for z >= 0 and e/(1+e) below 0.
-            e = xp.exp(-xp.abs(z))
-            numerator = xp.where(z >= 0, 1.0, e)
-            e += 1.0
-            xp.divide(numerator, e, out=out)
-        else:
-            raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
-        return out
+        return activations.forward(self.xp, name, z, out)
 
     def bias_activation(self, y: Array, bias: Array | None, name: str) -> Array:
         """y = act(y + bias) in place, the bias broadcast along the last axis (a Dense epilogue)."""
@@ -305,133 +290,22 @@ class Backend(abc.ABC):
         if name == "none":
             dz = dy
         else:
-            from autocnn.nn.layers import activation_grad
-
             dz = activation_grad(self, name, y, dy, out=out)
         self.xp.sum(dz, axis=0, out=db_out)
         return dz
 
     def activation_grad(self, name: str, y: Array, dy: Array, out: Array) -> Array:
         """out = dL/dz given the activation's OUTPUT y and dL/dy; ``out`` may be ``dy``."""
-        xp = self.xp
-        if name == "none":
-            if out is not dy:
-                xp.copyto(out, dy)
-        elif name == "relu":
-            xp.multiply(dy, y > 0, out=out)
-        elif name == "tanh":
-            xp.multiply(dy, 1.0 - y * y, out=out)
-        elif name == "logistic":
-            xp.multiply(dy, y * (1.0 - y), out=out)
-        else:
-            raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
-        return out
+        return activations.gradient(self.xp, name, y, dy, out)
 
 
-class NumpyBackend(Backend):
-    """The CPU backend: numpy arrays, the kernel operations computed by ``autocnn.kernels.reference``.
+def activation_grad(backend: Backend, name: str, y: Array, dy: Array, out: Array) -> Array:
+    """out = dL/dz from the activation's output ``y`` and dL/dy, as ``backend.activation_grad``.
 
-    float32 by default; float64 is allowed so that finite-difference gradient checks are exact
-    enough (kernel problems still say float32: they describe the GPU kernels, which this
-    backend does not use).
+    With the generic element-wise code (a backend that does not override activation_grad) this
+    writes every intermediate into ``out`` instead of temporaries, with the same results bit for
+    bit; a backend's own (e.g. fused) implementation is used as it is. ``out`` must not be ``y``.
     """
-
-    name: ClassVar[str] = "numpy"
-    DTYPES: ClassVar[tuple[str, ...]] = ("float32", "float64")
-
-    def __init__(self, dtype: Any = np.float32, blas_threads: int | None = None):
-        """``blas_threads``: set numpy's OpenBLAS to this many threads (process-wide; see
-        autocnn.nn.blas for why 1 is often fastest on small VMs); None leaves it as it is."""
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            dt = None
-        if dt is None or dt.name not in self.DTYPES:
-            raise ValueError(f"NumpyBackend dtype must be float32 (training) or float64 (gradient "
-                             f"checks); got {dtype!r}")
-        super().__init__(np, dt)
-        self._reference = None
-        self.blas_threads = blas_threads
-        if blas_threads is not None:
-            from autocnn.nn.blas import set_blas_threads
-
-            set_blas_threads(blas_threads)
-
-    @property
-    def reference(self) -> Any:
-        # Imported on first use so that importing autocnn.nn never depends on it.
-        if self._reference is None:
-            self._reference = importlib.import_module("autocnn.kernels.reference")
-        return self._reference
-
-    def prepare(self, problems: Sequence[KernelProblem]) -> list[KernelDispatch]:
-        return [KernelDispatch(p, NUMPY_SOURCE, f"autocnn.kernels.reference.{p.op}") for p in problems]
-
-    def _conv_fwd(self, problem, x, w, bias, out):
-        out[...] = self.reference.conv_fwd(x, w, stride=problem.stride, padding=problem.padding,
-                                           bias=bias, activation=problem.activation)
-
-    def _conv_bwd_data(self, problem, dy, w, out):
-        out[...] = self.reference.conv_bwd_data(dy, w, input_hw=(problem.H, problem.W),
-                                                stride=problem.stride, padding=problem.padding)
-
-    def _conv_wgrad(self, problem, x, dy, dw_out, db_out):
-        dw, db = self.reference.conv_wgrad(x, dy, kernel_hw=(problem.R, problem.S), stride=problem.stride,
-                                           padding=problem.padding, bias=problem.bias)
-        dw_out[...] = dw
-        if db_out is not None:
-            db_out[...] = db
-
-    def _avgpool_fwd(self, problem, x, out):
-        out[...] = self.reference.avgpool_fwd(x, window=problem.window, stride=problem.stride,
-                                              padding=problem.padding, count_pad=problem.count_pad)
-
-    def _avgpool_bwd(self, problem, dy, out):
-        out[...] = self.reference.avgpool_bwd(dy, input_hw=(problem.H, problem.W), window=problem.window,
-                                              stride=problem.stride, padding=problem.padding,
-                                              count_pad=problem.count_pad)
-
-
-BACKEND_NAMES = ("numpy", "cuda")
-
-
-def get_backend(name_or_backend: str | Backend = "numpy", dtype: Any = None) -> Backend:
-    """A backend by name ("numpy" or "cuda"), or the given Backend instance itself.
-
-    ``dtype`` None means float32 (or, for an instance, whatever it has); a dtype that disagrees
-    with a given instance is an error rather than a silent choice.
-    """
-    if isinstance(name_or_backend, Backend):
-        if dtype is not None and np.dtype(dtype) != name_or_backend.dtype:
-            raise ValueError(f"dtype={np.dtype(dtype).name} disagrees with the given backend "
-                             f"{name_or_backend!r}")
-        return name_or_backend
-    if not isinstance(name_or_backend, str):
-        raise TypeError(f"backend must be one of {', '.join(BACKEND_NAMES)} or a Backend instance; "
-                        f"got {name_or_backend!r}")
-    name = name_or_backend.lower()
-    dtype = np.float32 if dtype is None else dtype
-    if name == "numpy":
-        return NumpyBackend(dtype=dtype)
-    if name == "cuda":
-        return _cuda_backend(dtype)
-    raise ValueError(f"unknown backend {name_or_backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
-
-
-def _cuda_backend(dtype: Any) -> Backend:
-    try:
-        module = importlib.import_module("autocnn.nn.cuda_backend")
-        cls = module.CudaBackend
-    except (ImportError, AttributeError) as exc:
-        raise BackendUnavailableError(
-            f"the cuda backend is not available ({exc}); install CuPy with "
-            f"pip install 'autocnn[cuda12]' (or [cuda13]) on a machine with an NVIDIA GPU, "
-            f"or use backend='numpy'") from exc
-    try:
-        return cls(dtype=dtype)
-    except BackendUnavailableError:
-        raise
-    except (ImportError, RuntimeError, OSError, DeviceError) as exc:
-        # No CuPy, no driver, no device: CuPy's CUDA errors are RuntimeErrors, ours DeviceError.
-        raise BackendUnavailableError(f"the cuda backend cannot start: {exc}; use backend='numpy' "
-                                      f"to train on the CPU") from exc
+    if type(backend).activation_grad is not Backend.activation_grad:
+        return backend.activation_grad(name, y, dy, out=out)
+    return activations.gradient_without_temporaries(backend.xp, name, y, dy, out)

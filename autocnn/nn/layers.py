@@ -29,7 +29,7 @@ from autocnn.kernels.problem import (
     ConvFwdProblem,
     ConvWgradProblem,
 )
-from autocnn.nn.backend import Array, Backend, KernelProblem
+from autocnn.nn.backend import Array, Backend, KernelProblem, activation_grad
 
 Shape = tuple[int, ...]
 
@@ -83,29 +83,6 @@ def init_weights(rng: np.random.Generator, shape: Shape, fan_in: int, fan_out: i
         return rng.normal(0.0, math.sqrt(2.0 / fan_in), size=shape)
     limit = math.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-limit, limit, size=shape)
-
-
-def activation_grad(backend: Backend, name: str, y: Array, dy: Array, out: Array) -> Array:
-    """out = dL/dz from the activation's output ``y`` and dL/dy, as ``backend.activation_grad``.
-
-    With the generic element-wise code (a backend that does not override activation_grad) this
-    writes every intermediate into ``out`` instead of temporaries, with the same results bit for
-    bit; a backend's own (e.g. fused) implementation is used as it is. ``out`` must not be ``y``.
-    """
-    if (type(backend).activation_grad is not Backend.activation_grad or out is dy or out is y
-            or name not in ("relu", "tanh", "logistic")):
-        return backend.activation_grad(name, y, dy, out=out)
-    xp = backend.xp
-    if name == "relu":
-        xp.greater(y, 0, out=out)        # 1.0 where y > 0, else 0.0: dy * (y > 0)
-    elif name == "tanh":
-        xp.multiply(y, y, out=out)
-        xp.subtract(1.0, out, out=out)   # 1 - y*y
-    else:
-        xp.subtract(1.0, y, out=out)
-        out *= y                         # y * (1 - y)
-    out *= dy
-    return out
 
 
 # -- base class -------------------------------------------------------------------------------------

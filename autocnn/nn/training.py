@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from autocnn.nn.backend import Backend
 from autocnn.nn.data import ImageDataset, load_cifar10, load_fashion_mnist, load_mnist
-from autocnn.nn.model import History, Sequential
+from autocnn.nn.fitting import History
+from autocnn.nn.model import Sequential
 from autocnn.nn.optim import Optimizer, get_optimizer
 from autocnn.nn.zoo import load_network
 

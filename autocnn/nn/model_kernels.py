@@ -1,0 +1,83 @@
+"""The kernel problems of a Sequential model: listing them, tuning them on a GPU, and the report
+of which implementation runs each one.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from autocnn.nn.backend import KernelProblem
+from autocnn.nn.layers import Dense
+from autocnn.nn.text_table import format_table
+from autocnn.nn.validation import check_batch_size
+
+
+class ModelKernels:
+    """Sequential's kernel problems (mixed into ``autocnn.nn.model.Sequential``)."""
+
+    @staticmethod
+    def _collect_problems(per_layer: Iterator[list[KernelProblem]]) -> list[KernelProblem]:
+        seen: dict[KernelProblem, None] = {}
+        for problems in per_layer:
+            for p in problems:
+                seen.setdefault(p, None)
+        return list(seen)
+
+    def problems(self, batch_size: int | None = None) -> list[KernelProblem]:
+        """Every kernel problem of a training step at ``batch_size`` (default: the built one), deduplicated."""
+        if batch_size is None:
+            self._require_built()
+            return self._collect_problems(layer.problems() for layer in self.layers)
+        batch_size = check_batch_size(batch_size)
+        inputs = [self.input_shape, *self.layer_output_shapes[:-1]]
+        return self._collect_problems(layer.make_problems(shape, batch_size)
+                                      for layer, shape in zip(self.layers, inputs))
+
+    def tune(self, batch_size: int, trials: int = 200, timeout_s: float | None = None, device: int = 0,
+             storage: str | None = None, sampler: str = "tpe", progress: bool = True) -> list[Any]:
+        """Tune every kernel this model runs at ``batch_size`` on a GPU and keep the winners.
+
+        ``trials`` is the budget for the whole model, spent where the model spends its time. The
+        winners go to the tuning database; a model built on the cuda backend picks them up at once.
+        Returns one ``autocnn.tuning.tuner.TuneOutcome`` per kernel problem.
+        """
+        from autocnn.store.database import TuningDatabase
+        from autocnn.tuning.sources import GpuSource
+        from autocnn.tuning.tuner import TuneSettings, Tuner, tune_problems
+
+        problems = self.problems(batch_size)
+        source = GpuSource(device)
+        try:
+            tuner = Tuner(source, TuningDatabase(), TuneSettings(trials=max(1, trials), sampler=sampler,
+                                                                 storage=storage), progress=progress)
+            outcomes = tune_problems(tuner, problems, trials, timeout_s=timeout_s)
+        finally:
+            source.close()
+        if self.backend.name == "cuda" and self.batch_size is not None:
+            # Forget the kernels chosen before tuning, then build again so the winners are used.
+            reset = getattr(self.backend, "forget", None)
+            if reset is not None:
+                reset(problems)
+            size, self.batch_size = self.batch_size, None
+            self.build(size)
+        return outcomes
+
+    def dispatch_report(self) -> str:
+        """Which implementation runs each kernel of each layer, as a table (Dense layers too)."""
+        self._require_built()
+        by_problem = {d.problem: d for d in self.dispatch}
+        rows = [("layer", "op", "shape", "kernel", "detail")]
+        for i, layer in enumerate(self.layers):
+            for p in layer.problems():
+                d = by_problem[p]
+                rows.append((str(layer.name), p.op, p.shape_string(), d.source, d.detail))
+            if isinstance(layer, Dense):
+                head = i == len(self.layers) - 1 and layer.can_end_with_loss
+                source, detail = self.backend.dense_dispatch(layer.in_features, layer.out_features, head)
+                shape = f"N={self.batch_size},in={layer.in_features},out={layer.out_features}"
+                rows.append((str(layer.name), "dense+loss" if head else "dense", shape, source, detail))
+        title = f"kernels on the {self.backend.name} backend at batch size {self.batch_size}"
+        if not self.dispatch:
+            title += " (no convolution or pooling layers)"
+        if len(rows) == 1:
+            return title
+        return title + ":\n" + format_table(rows)
