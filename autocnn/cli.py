@@ -203,7 +203,7 @@ def _make_source(args: argparse.Namespace):
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from autocnn.store.database import TuningDatabase
+    from autocnn.store import TuningDatabase
     from autocnn.kernels import parse_shape
     from autocnn.tuning.tuner import TuneSettings, Tuner, tune_problems
 
@@ -334,7 +334,7 @@ def _matching(db, args: argparse.Namespace, shape: str | None = None, stale: boo
 
 
 def cmd_db_list(args: argparse.Namespace) -> int:
-    from autocnn.store.database import TuningDatabase
+    from autocnn.store import TuningDatabase
 
     db = TuningDatabase()
     rows = [r for r in db.summary_rows() if (not args.gpu or args.gpu.lower() in r.gpu.lower())
@@ -355,7 +355,7 @@ def cmd_db_list(args: argparse.Namespace) -> int:
 
 
 def cmd_db_show(args: argparse.Namespace) -> int:
-    from autocnn.store.database import TuningDatabase
+    from autocnn.store import TuningDatabase
 
     recs = _matching(TuningDatabase(), args, args.shape)
     if not recs:
@@ -366,7 +366,7 @@ def cmd_db_show(args: argparse.Namespace) -> int:
 
 
 def cmd_db_export(args: argparse.Namespace) -> int:
-    from autocnn.store.database import TuningDatabase
+    from autocnn.store import TuningDatabase
 
     db = TuningDatabase()
     keys = {r.key for r in _matching(db, args)}
@@ -376,7 +376,7 @@ def cmd_db_export(args: argparse.Namespace) -> int:
 
 
 def cmd_db_import(args: argparse.Namespace) -> int:
-    from autocnn.store.database import TuningDatabase
+    from autocnn.store import TuningDatabase
 
     report = TuningDatabase().import_file(args.path, keep_faster=args.keep_faster)
     stored = len(report.accepted) - len(report.kept_existing)
@@ -389,7 +389,7 @@ def cmd_db_import(args: argparse.Namespace) -> int:
 
 
 def cmd_db_remove(args: argparse.Namespace) -> int:
-    from autocnn.store.database import TuningDatabase
+    from autocnn.store import TuningDatabase
 
     db = TuningDatabase()
     recs = _matching(db, args, args.shape, stale=args.stale)
@@ -408,7 +408,7 @@ def cmd_db_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_db_check(args: argparse.Namespace) -> int:
-    from autocnn.store.database import TuningDatabase
+    from autocnn.store import TuningDatabase
 
     problems = TuningDatabase().check()
     for p in problems:

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="autocnn-faults-"))
     os.environ["AUTOCNN_TUNING_DB"] = str(work / "db")
-    from autocnn.store.database import TuningDatabase
+    from autocnn.store import TuningDatabase
     from autocnn.kernels import get_operation
     from autocnn.tuning.sources import GpuSource
     from autocnn.kernels.suite import seed_shape

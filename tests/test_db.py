@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autocnn.store.database import (NEAREST_SHAPE_MAX_DISTANCE, RECORD_FORMAT, DatabaseError, InvalidRecordWarning,
+from autocnn.store import (NEAREST_SHAPE_MAX_DISTANCE, RECORD_FORMAT, DatabaseError, InvalidRecordWarning,
                         RecordError, RecordKey, StaleRecordError, StaleRecordWarning, TuningDatabase,
                         TuningRecord, now_utc, redact_storage_url, shape_distance)
 from autocnn.device import DeviceInfo
@@ -447,7 +447,7 @@ def test_db_module_does_not_import_cupy():
     import subprocess
     import sys
 
-    code = "import sys, autocnn.store.database; print('cupy' in sys.modules)"
+    code = "import sys, autocnn.store; print('cupy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

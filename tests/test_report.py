@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("plotly", reason="the report needs plotly (pip install 'autocnn[report]')")
 
 from autocnn import __version__  # noqa: E402
-from autocnn.store.database import RecordKey, TuningDatabase, TuningRecord, now_utc  # noqa: E402
+from autocnn.store import RecordKey, TuningDatabase, TuningRecord, now_utc  # noqa: E402
 from autocnn.device import DeviceInfo, DeviceLimits  # noqa: E402
 from autocnn.kernels import get_operation  # noqa: E402
 from autocnn.reports import TITLE, main  # noqa: E402

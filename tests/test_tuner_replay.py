@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autocnn.store.database import TuningDatabase
+from autocnn.store import TuningDatabase
 from autocnn.errors import FailureClass
 from autocnn.tuning.sources import ReplayFile, ReplaySource, TrialResult
 from autocnn.tuning.tuner import TuneSettings, Tuner

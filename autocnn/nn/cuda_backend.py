@@ -65,7 +65,7 @@ class CudaBackend(Backend):
         self.cp = cp
         self.device = current_device(device_id)
         if database is None:
-            from autocnn.store.database import TuningDatabase
+            from autocnn.store import TuningDatabase
 
             database = TuningDatabase()
         self.db = database

@@ -71,7 +71,7 @@ def parse_ceilings(text: str) -> Ceilings:
 
 def open_database(db_arg: Path | None, stack: contextlib.ExitStack) -> tuple[Any, list[str], list[str]]:
     """(TuningDatabase, sources to state, database files). Raises ReportError for a missing --db."""
-    from autocnn.store.database import TuningDatabase
+    from autocnn.store import TuningDatabase
 
     if db_arg is None:
         db = TuningDatabase()

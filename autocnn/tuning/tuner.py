@@ -516,7 +516,7 @@ class Tuner:
         if default.key() in finite:
             outcome.default = TrialResult(default, True, finite[default.key()])
         if self.db is not None:
-            from autocnn.store.database import RecordKey, TuningRecord
+            from autocnn.store import RecordKey, TuningRecord
 
             timing = winner.timing or {}
             record = TuningRecord(

@@ -1,0 +1,236 @@
+"""The database files: where they live, reading and validating one, and writing one atomically
+under its lock.
+
+Records live as JSON, one file per GPU kind (``<device.slug()>.json``): the shipped ones in the
+package's ``tuning_db`` directory (read-only), the user's in ``AUTOCNN_TUNING_DB`` or
+``cache_root()/tuning_db``. A record that fails any check on load is skipped with a warning naming
+the file, the record and the reason; it is never returned.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+import filelock
+
+from autocnn.errors import InvalidProblemError
+from autocnn.kernels import problem_from_dict
+from autocnn.kernels.compiler import cache_root
+from autocnn.store.records import (RECORD_FORMAT, DatabaseError, InvalidRecordWarning, RecordError, RecordKey,
+                                   StaleRecordError, StaleRecordWarning, TuningRecord, ValidRecord, is_int,
+                                   validate_record)
+
+ENV_VAR = "AUTOCNN_TUNING_DB"
+LOCK_TIMEOUT_S = 120.0   # a writer holds the lock for milliseconds; minutes means a stuck process
+
+Origin = Literal["user", "shipped"]
+
+
+def default_shipped_dir() -> Path:
+    """The package's read-only tuning_db directory (the repository's tuning_db/ in a source tree)."""
+    try:
+        from importlib.resources import files
+
+        path = Path(str(files("autocnn.tuning_db")))
+        if path.is_dir():
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parent.parent / "tuning_db"
+
+
+def default_user_dir() -> Path:
+    """Where this user's records go: ``AUTOCNN_TUNING_DB`` if set, else ``cache_root()/tuning_db``."""
+    env = os.environ.get(ENV_VAR)
+    return Path(env) if env else cache_root() / "tuning_db"
+
+
+class CorruptFile(Exception):
+    """A file that is not JSON or not a database file at all."""
+
+
+class ForeignFormat(Exception):
+    """A database file of a format this autocnn does not read (a newer one, typically)."""
+
+
+def read_raw(path: Path) -> list[Any]:
+    """The raw record entries of a database file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptFile(f"not UTF-8 text ({exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CorruptFile(f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("records"), list) or not is_int(data.get("format")):
+        raise CorruptFile('not a tuning database file: expected {"format": 1, "records": [...]}')
+    if data["format"] != RECORD_FORMAT:
+        raise ForeignFormat(f"format {data['format']} is not supported (this autocnn reads format {RECORD_FORMAT})")
+    return data["records"]
+
+
+def describe_raw(raw: Any) -> str:
+    """A short name for a raw entry in a message: op, shape and GPU where they can be read."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("key"), dict):
+        return ""
+    key = raw["key"]
+    shape = ""
+    try:
+        shape = problem_from_dict(key.get("problem")).shape_string()
+    except Exception:  # noqa: BLE001 - a name for a message only; the record is judged elsewhere
+        pass
+    parts = [str(p) for p in (key.get("op"), shape, key.get("gpu")) if p]
+    return " (" + " ".join(parts) + ")" if parts else ""
+
+
+def canonical_identity(key: RecordKey) -> str:
+    """The key's identity with its problem in canonical spelling where the problem parses."""
+    try:
+        key = dataclasses.replace(key, problem=problem_from_dict(key.problem).to_dict())
+    except (InvalidProblemError, RecordError):
+        pass
+    return key.identity()
+
+
+def raw_identity(raw: Any) -> str | None:
+    """The canonical key text of a raw entry, or None when it cannot be read (kept verbatim by writers)."""
+    try:
+        return canonical_identity(TuningRecord.from_dict(raw).key)
+    except RecordError:
+        return None
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; directories cannot be opened this way on Windows.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Write, flush, fsync, rename over ``path``, fsync the directory: readers see old or new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(_document_text(data))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def file_document(raws: Sequence[Any]) -> dict[str, Any]:
+    return {"format": RECORD_FORMAT, "records": list(raws)}
+
+
+def _document_text(data: dict[str, Any]) -> str:
+    """One record per line: diffs of shipped files show which records changed, and nothing else."""
+    lines = [json.dumps(r, allow_nan=False) for r in data["records"]]
+    body = ",\n".join(lines)
+    return f'{{"format": {json.dumps(data["format"])}, "records": [\n{body}\n]}}\n'
+
+
+def move_aside(path: Path) -> Path:
+    """Rename a corrupt file out of the way (``db check`` lists it) rather than lose what it held."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while aside.exists():
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        n += 1
+    os.replace(path, aside)
+    return aside
+
+
+def rewrite_locked(path: Path, change: Callable[[list[Any]], list[Any]], create: bool = True) -> None:
+    """Read-modify-write of one user file under its lock, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
+    with lock:
+        raws: list[Any] = []
+        if path.exists():
+            try:
+                raws = read_raw(path)
+            except CorruptFile as exc:
+                aside = move_aside(path)
+                # stacklevel 5: past TuningDatabase._rewrite, put_many and put, to the code that stores
+                warnings.warn(f"{path}: {exc}; moved aside to {aside.name} and started afresh",
+                              InvalidRecordWarning, stacklevel=5)
+            except ForeignFormat as exc:
+                raise DatabaseError(f"{path}: {exc}; not overwriting a file of another autocnn version") from None
+        elif not create:
+            return
+        updated = change(list(raws))
+        if updated == raws and path.exists():
+            return
+        atomic_write_json(path, file_document(updated))
+
+
+# -- loaded state -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Entry:
+    valid: ValidRecord
+    origin: Origin
+    path: Path
+
+    @property
+    def record(self) -> TuningRecord:
+        return self.valid.record
+
+
+@dataclass(frozen=True)
+class FileScan:
+    entries: tuple[Entry, ...]
+    problems: tuple[tuple[str, type[Warning]], ...]   # (message, warning category)
+
+
+def scan_file(path: Path, origin: Origin) -> FileScan:
+    try:
+        raws = read_raw(path)
+    except (CorruptFile, ForeignFormat) as exc:
+        return FileScan((), ((f"{path}: whole file skipped: {exc}", InvalidRecordWarning),))
+    except OSError as exc:
+        return FileScan((), ((f"{path}: cannot be read: {exc}", InvalidRecordWarning),))
+    entries: list[Entry] = []
+    problems: list[tuple[str, type[Warning]]] = []
+    for i, raw in enumerate(raws):
+        try:
+            valid = validate_record(TuningRecord.from_dict(raw))
+        except RecordError as exc:
+            category = StaleRecordWarning if isinstance(exc, StaleRecordError) else InvalidRecordWarning
+            problems.append((f"{path}: record {i}{describe_raw(raw)} skipped: {exc}", category))
+            continue
+        entries.append(Entry(valid, origin, path))
+    return FileScan(tuple(entries), tuple(problems))
+
+
+def file_signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+

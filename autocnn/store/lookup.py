@@ -1,0 +1,225 @@
+"""Lookup with fallback, and the records that say what to tune again.
+
+Lookup falls back in a fixed chain and says which step answered:
+exact GPU identity -> same compute capability -> nearest tuned shape -> the heuristic default.
+A record whose template fingerprint is old (stale) is never run; it names a shape to tune again and
+offers its config as a first guess.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence
+
+from autocnn.device import DeviceInfo
+from autocnn.errors import InfeasibleConfigError, InvalidConfigError
+from autocnn.kernels import get_operation, problem_from_dict
+from autocnn.kernels.space import Config, SearchSpace
+from autocnn.store.files import CorruptFile, Entry, ForeignFormat, Origin, read_raw
+from autocnn.store.records import RecordError, RecordKey, StaleRecordError, TuningRecord, validate_record
+
+# A tuned config is borrowed for another shape only this close (see shape_distance): e.g. H and W
+# both 4x larger (4) and C 4x smaller (2) plus a different padding (1). Farther away, the op's
+# problem-adaptive heuristic default is the better guess.
+NEAREST_SHAPE_MAX_DISTANCE = 8.0
+
+LookupSource = Literal["exact", "same_arch", "nearest_shape", "default"]
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """The config to run, where it came from, and a sentence for people about why."""
+
+    config: Config
+    source: LookupSource
+    record: TuningRecord | None
+    detail: str
+
+
+def shape_distance(a: Any, b: Any) -> float:
+    """How far apart two problems of the same operation are, for borrowing a tuned config.
+
+    Sizes count by ratio: each of N, C, H, W, K, R, S (conv) or N, C, H, W, window height and width
+    (pooling) adds |log2(a / b)|, so doubling any one size costs 1. Strides change the access
+    pattern more than sizes do (alignment, reuse of staged input), so each axis adds
+    2 * |log2(stride_a / stride_b)|. Each padding side that differs adds 0.25, and so does each
+    differing flag (bias, activation, count_pad). Different dtypes are infinitely far apart.
+    """
+    if a.op != b.op or a.dtype != b.dtype:
+        return math.inf
+    ga, gb = a.geometry(), b.geometry()
+    sizes = ["N", "C", "H", "W"]
+    pairs = [(ga[n], gb[n]) for n in sizes]
+    if "K" in ga:
+        pairs += [(ga[n], gb[n]) for n in ("K", "R", "S")]
+    else:
+        pairs += list(zip(ga["window"], gb["window"]))
+    d = sum(abs(math.log2(x / y)) for x, y in pairs)
+    d += 2.0 * sum(abs(math.log2(x / y)) for x, y in zip(ga["stride"], gb["stride"]))
+    d += 0.25 * sum(1 for x, y in zip(ga["padding"], gb["padding"]) if x != y)
+    for flag in ("bias", "activation", "count_pad"):
+        if getattr(a, flag, None) != getattr(b, flag, None):
+            d += 0.25
+    return d
+
+
+def _gpu_text(key: RecordKey) -> str:
+    return f"{key.gpu}, {key.sm_count} SMs, CUDA {key.cuda_runtime}, driver {key.driver}"
+
+
+class RecordLookup:
+    """The queries of TuningDatabase that choose configs: lookup, neighbours, stale records.
+
+    A mixin: it reads the database through ``_entries()`` (every valid record), ``_files()`` (every
+    file with its origin) and ``records()``, which TuningDatabase provides.
+    """
+
+    def _entries(self) -> list[Entry]:
+        raise NotImplementedError
+
+    def _files(self) -> list[tuple[Path, Origin]]:
+        raise NotImplementedError
+
+    def records(self, device: DeviceInfo | None = None, op: str | None = None, *,
+                gpu: str | None = None, arch: str | None = None) -> list[TuningRecord]:
+        raise NotImplementedError
+
+    def lookup(self, device: DeviceInfo, problem: Any) -> LookupResult:
+        """The config to run ``problem`` on ``device``: exact > same_arch > nearest_shape > default."""
+        operation = get_operation(problem.op)
+        operation.check_problem(problem)
+        limits = device.limits()
+        space = operation.space(problem, limits)
+        key = RecordKey.for_(device, problem)
+        identity = key.identity()
+        canonical = problem.to_dict()
+        arch = device.arch
+        entries = [e for e in self._entries() if e.record.key.op == problem.op]
+
+        def usable(record: TuningRecord) -> Config | None:
+            # Feasibility is checked again against this device's limits (shared memory may differ).
+            try:
+                return space.validate(record.config)
+            except (InvalidConfigError, InfeasibleConfigError):
+                return None
+
+        for e in entries:
+            if e.record.key.identity() == identity:
+                config = usable(e.record)
+                if config is not None:
+                    return LookupResult(config, "exact", e.record,
+                                        f"tuned on this GPU ({_gpu_text(e.record.key)}) on "
+                                        f"{e.record.tuned_at}: {e.record.time_us:.1f} us ({e.origin} record)")
+
+        same_problem = sorted(
+            (e for e in entries if e.record.key.arch == arch and e.record.key.problem == canonical),
+            key=lambda e: (e.record.time_us, e.record.key.identity()))
+        for e in same_problem:
+            config = usable(e.record)
+            if config is not None:
+                return LookupResult(config, "same_arch", e.record,
+                                    f"tuned on another {arch} GPU ({_gpu_text(e.record.key)}): "
+                                    f"{e.record.time_us:.1f} us there ({e.origin} record)")
+
+        for distance, e, config in self._nearest(entries, problem, arch, space):
+            return LookupResult(config, "nearest_shape", e.record,
+                                f"borrowed from the nearest tuned {problem.op} shape "
+                                f"{e.valid.problem.shape_string()} on {_gpu_text(e.record.key)} "
+                                f"(distance {distance:.2f}; {e.origin} record)")
+
+        config = operation.default_config(problem, limits)
+        return LookupResult(config, "default", None,
+                            f"no tuned {problem.op} record usable for {problem.shape_string()} on {arch}: "
+                            f"heuristic default")
+
+    def _nearest(self, entries: Iterable[Entry], problem: Any, arch: str,
+                 space: SearchSpace) -> Iterable[tuple[float, Entry, Config]]:
+        """Tuned shapes of the same operation and architecture within NEAREST_SHAPE_MAX_DISTANCE,
+        nearest first, whose configs are valid (and feasible) for ``problem``; the exact problem
+        itself is not a neighbour."""
+        canonical = problem.to_dict()
+        ranked = []
+        for e in entries:
+            if e.record.key.arch != arch or e.record.key.problem == canonical:
+                continue
+            d = shape_distance(problem, e.valid.problem)
+            if d <= NEAREST_SHAPE_MAX_DISTANCE:
+                ranked.append((d, e.record.time_us, e.record.key.identity(), e))
+        ranked.sort(key=lambda t: t[:3])
+        for d, _, _, e in ranked:
+            try:
+                config = space.validate(e.record.config)
+            except (InvalidConfigError, InfeasibleConfigError):
+                continue
+            yield d, e, config
+
+    def neighbour_configs(self, device: DeviceInfo, problem: Any, space: SearchSpace,
+                          limit: int = 3) -> list[Config]:
+        """Up to ``limit`` distinct configs of the nearest tuned shapes (same op and architecture)
+        that are valid in ``space``: good first guesses for a search."""
+        entries = [e for e in self._entries() if e.record.key.op == problem.op]
+        out: list[Config] = []
+        seen: set[str] = set()
+        for _, _, config in self._nearest(entries, problem, device.arch, space):
+            if config.key() not in seen:
+                seen.add(config.key())
+                out.append(config)
+            if len(out) >= limit:
+                break
+        return out
+
+    # -- stale records: tuned with templates that have changed since --
+    def stale_records(self) -> list[tuple[TuningRecord, Any]]:
+        """Every record (shipped and user) skipped only because its template fingerprint is old,
+        with its parsed problem. They are never run; they say which shapes to tune again."""
+        out = []
+        for path, _origin in self._files():
+            try:
+                raws = read_raw(path)
+            except (CorruptFile, ForeignFormat, OSError):
+                continue
+            for raw in raws:
+                try:
+                    validate_record(TuningRecord.from_dict(raw))
+                except StaleRecordError:
+                    record = TuningRecord.from_dict(raw)
+                    out.append((record, problem_from_dict(record.key.problem)))
+                except RecordError:
+                    continue
+        return out
+
+    def stale_problems(self, device: DeviceInfo, ops: Sequence[str] | None = None) -> list[Any]:
+        """The problems of this GPU kind whose records are stale and that have no current record
+        of this kind yet: what ``autocnn tune --stale`` tunes again. Each problem once."""
+        def ident(op: str, problem: Any) -> str:
+            return f"{op}|{json.dumps(problem.to_dict(), sort_keys=True)}"
+
+        slug = device.slug()
+        fresh = {ident(r.key.op, problem_from_dict(r.key.problem)) for r in self.records() if r.key.slug() == slug}
+        out, seen = [], set(fresh)
+        for record, problem in self.stale_records():
+            if record.key.slug() != slug or (ops is not None and record.key.op not in ops):
+                continue
+            i = ident(record.key.op, problem)
+            if i not in seen:
+                seen.add(i)
+                out.append(problem)
+        return out
+
+    def stale_configs(self, device: DeviceInfo, problem: Any, space: SearchSpace) -> list[Config]:
+        """Configs of stale records of this problem on this architecture that the current space
+        still accepts: first guesses for tuning it again (measured anew, never trusted)."""
+        canonical = problem.to_dict()
+        out: list[Config] = []
+        for record, p in self.stale_records():
+            if record.key.op != problem.op or record.key.arch != device.arch or p.to_dict() != canonical:
+                continue
+            try:
+                config = space.validate(record.config)
+            except (InvalidConfigError, InfeasibleConfigError):
+                continue
+            if all(config.key() != c.key() for c in out):
+                out.append(config)
+        return out
