@@ -46,31 +46,72 @@ def test_missing_template_variable_is_an_error_not_empty_text():
         env.from_string("constexpr int X = {{ missing }};").render()
 
 
-def test_fingerprint_depends_on_family_and_changes_with_the_template(tmp_path, monkeypatch):
-    fwd = OPERATIONS["conv_fwd"].fingerprint()
-    assert fwd != OPERATIONS["conv_wgrad"].fingerprint()
-    assert fwd == OPERATIONS["conv_fwd"].fingerprint()
-    # A copy of the templates with one changed line must give another fingerprint.
-    for path in codegen.templates_dir().glob("*.j2"):
-        (tmp_path / path.name).write_text(path.read_text())
-    (tmp_path / "conv_fwd.cu.j2").write_text((tmp_path / "conv_fwd.cu.j2").read_text() + "\n// changed\n")
+def _copy_templates(tmp_path, monkeypatch):
+    """A copy of both template folders that the fingerprints (not the cached renderer) read."""
+    dirs = []
+    for d in codegen.TEMPLATE_DIRS:
+        copy = tmp_path / d.name
+        copy.mkdir()
+        for path in d.glob("*.j2"):
+            (copy / path.name).write_text(path.read_text())
+        dirs.append(copy)
     codegen.template_fingerprint.cache_clear()
-    monkeypatch.setattr(codegen, "TEMPLATE_DIRS", (tmp_path, *codegen.TEMPLATE_DIRS[1:]))
+    monkeypatch.setattr(codegen, "TEMPLATE_DIRS", tuple(dirs))
+    return dirs
+
+
+def test_a_fingerprint_belongs_to_a_formulation_of_an_operation():
+    fwd, wgrad = OPERATIONS["conv_fwd"], OPERATIONS["conv_wgrad"]
+    direct, igemm = fwd.fingerprint("direct"), fwd.fingerprint("igemm")
+    assert len({direct, igemm, fwd.fingerprint(), wgrad.fingerprint("atomic")}) == 4
+    assert direct == fwd.fingerprint("direct")
+    # atomic and two_pass are one formulation (the GEMM's split sums meet two ways), with one fingerprint.
+    assert wgrad.fingerprint("atomic") == wgrad.fingerprint("two_pass") == wgrad.fingerprint("igemm")
+    limits = DeviceLimits.for_arch("sm_90")
+    for op in OPERATIONS.values():
+        name, problem = seed_problems(op.name)[0]
+        config = op.default_config(problem, limits)
+        plan = op.plan(problem, config)
+        assert plan.fingerprint == op.config_fingerprint(config) == op.fingerprint(config.get("formulation")), op.name
+        assert f"(fingerprint {plan.fingerprint})" in plan.source
+    # An operation with one formulation has one fingerprint; a config naming no formulation of an op has none.
+    assert OPERATIONS["avgpool_fwd"].fingerprint() == OPERATIONS["avgpool_fwd"].fingerprint("window_gather")
+    assert fwd.config_fingerprint({"formulation": "rows"}) is None
+
+
+def test_a_template_change_makes_only_its_formulations_stale(tmp_path, monkeypatch):
+    fwd = OPERATIONS["conv_fwd"]
+    before = {name: fwd.fingerprint(name) for name in fwd.formulation_names}
+    combined = fwd.fingerprint()
+    templates, formulations = _copy_templates(tmp_path, monkeypatch)
     try:
-        assert OPERATIONS["conv_fwd"].fingerprint() != fwd
+        assert {name: fwd.fingerprint(name) for name in fwd.formulation_names} == before
+        # The implicit GEMM's glue changes: its records go stale, the direct formulation's stay current.
+        glue = formulations / "igemm_conv_fwd.cu.j2"
+        glue.write_text(glue.read_text() + "\n// changed\n")
+        codegen.template_fingerprint.cache_clear()
+        assert fwd.fingerprint("igemm") != before["igemm"]
+        assert fwd.fingerprint("direct") == before["direct"]
+        assert fwd.fingerprint() != combined
+        # The op template is every formulation's.
+        (templates / "conv_fwd.cu.j2").write_text((templates / "conv_fwd.cu.j2").read_text() + "// changed\n")
+        codegen.template_fingerprint.cache_clear()
+        assert fwd.fingerprint("direct") != before["direct"]
     finally:
         codegen.template_fingerprint.cache_clear()
 
 
 def test_fingerprint_follows_code_generation_not_the_search_space():
     fwd = OPERATIONS["conv_fwd"]
-    base = fwd.fingerprint()
+    base = fwd.fingerprint("igemm")
     # The Python that computes launch geometry is part of the kernel...
-    assert codegen.template_fingerprint("conv_fwd", ("def _launches(): return 1",)) != \
-        codegen.template_fingerprint("conv_fwd", ("def _launches(): return 2",))
+    assert codegen.template_fingerprint(("conv_fwd.cu.j2",), ("def launches(): return 1",)) != \
+        codegen.template_fingerprint(("conv_fwd.cu.j2",), ("def launches(): return 2",))
+    hashed = "".join(fwd._formulation_code(fwd.formulation("igemm")))
+    assert "def launches(" in hashed and "def plan(" in hashed
     # ...while which configs the space offers is not: records survive a change of choices.
-    assert "def space(" not in "".join(codegen.code_source(p) for p in (fwd._context, fwd._launches))
-    assert fwd.fingerprint() == base
+    assert "def params(" not in hashed and "def constraints(" not in hashed
+    assert fwd.fingerprint("igemm") == base
 
 
 PTXAS_LOG = """ptxas info    : 0 bytes gmem

@@ -32,8 +32,9 @@ def default_config(problem, device=H200) -> dict:
 
 def make_record(device: DeviceInfo, problem, config: dict | None = None, time_us: float = 10.0,
                 **changes) -> TuningRecord:
+    config = config or default_config(problem, device)
     record = TuningRecord(
-        key=RecordKey.for_(device, problem), config=config or default_config(problem, device),
+        key=RecordKey.for_(device, problem, get_operation(problem.op).config_fingerprint(config)), config=config,
         time_us=time_us, spread=0.02, default_time_us=2 * time_us, cudnn_time_us=None, trials=40,
         tuned_at=now_utc(), autocnn_version="0.1.0", sampler="tpe", study="s", storage=None,
         runner_up=None)
@@ -70,7 +71,7 @@ def test_record_round_trip_and_key_identity():
     assert again == record
     assert again.key == record.key and hash(again.key) == hash(record.key)
     assert record.key != RecordKey.for_(H200_OLD_DRIVER, KRIZ)
-    assert record.key.fingerprint == get_operation("conv_fwd").fingerprint()
+    assert record.key.fingerprint == get_operation("conv_fwd").fingerprint(record.config["formulation"])
     assert record.speedup == pytest.approx(2.0)
 
 
@@ -297,6 +298,21 @@ def test_lookup_chain_exact_then_same_arch_then_default(db):
     result = db.lookup(H200, other_op)
     assert result.source == "default" and result.record is None
     assert result.config == get_operation("conv_bwd_data").default_config(other_op, H200.limits())
+
+
+def test_one_record_per_shape_and_gpu_whichever_formulation_won(db):
+    """A key holds the fingerprint of its config's formulation; a winner of another formulation
+    replaces the record of the same shape and GPU, and lookup finds it as the exact one."""
+    direct = make_record(H200, KRIZ)
+    gemm_config = get_operation("conv_fwd").candidates(KRIZ, "igemm")[-1]
+    gemm = make_record(H200, KRIZ, config=gemm_config, time_us=5.0)
+    assert direct.config["formulation"] == "direct" and gemm.key.fingerprint != direct.key.fingerprint
+    assert gemm.key == direct.key
+    db.put(direct)
+    db.put(gemm)
+    assert [r.config for r in db.records()] == [gemm_config]
+    result = db.lookup(H200, KRIZ)
+    assert result.source == "exact" and result.record == gemm and result.config.as_dict() == gemm_config
 
 
 def test_nearest_shape_skips_a_neighbour_whose_config_is_invalid_here(db):

@@ -92,7 +92,8 @@ def _make_inputs(root: Path) -> dict[str, Path | str]:
     for op, seed, t, d, c, kind in RECORDS:
         problem = _problem(op, seed)
         config = get_operation(op).default_config(problem, LIMITS).as_dict()
-        db.put(TuningRecord(key=RecordKey.for_(DEVICE, problem), config=config, time_us=t, spread=0.01,
+        fingerprint = get_operation(op).config_fingerprint(config)
+        db.put(TuningRecord(key=RecordKey.for_(DEVICE, problem, fingerprint), config=config, time_us=t, spread=0.01,
                             default_time_us=d, cudnn_time_us=c, trials=12, tuned_at=now_utc(),
                             autocnn_version=__version__, sampler="tpe",
                             study=_name(op, seed) if kind else None, storage=url))

@@ -8,6 +8,7 @@ import pytest
 from autocnn.device import DeviceLimits
 from autocnn.errors import FailureClass, InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import OPERATIONS, operation_for
+from autocnn.kernels.formulations import OpFormulation
 from autocnn.kernels.space import Config, Constraint, Param, SearchSpace
 from autocnn.kernels.suite import seed_problems
 
@@ -118,3 +119,46 @@ def test_bwd_data_gather_space_and_defaults_follow_the_problem():
     with pytest.raises(InfeasibleConfigError, match="at most 32 filter rows"):
         operation_for(tall).space(tall, SM90).validate(
             {"formulation": "gather", "POS": 32, "CPB": 2, "KSPLIT": 1, "KSTAGE": 4, "UNROLL_KS": 1})
+
+
+class _Probe(OpFormulation):
+    """A formulation for tests: shares the parameter BM with the implicit GEMM, with other choices."""
+
+    formulation = "probe"
+    op = "conv_fwd"
+    summary = "a formulation for tests"
+    templates = ("direct_conv_fwd.cu.j2", "_direct.cuh.j2")
+
+    def params(self, problem):
+        return [Param("BM", (32, 48), "rows of a probe tile"), Param("SPARE", (1, 2), "nothing")]
+
+    def constraints(self, problem, limits):
+        return [Constraint(("BM",), lambda bm: None if bm == 48 else "the probe wants BM=48")]
+
+    def default_candidates(self, problem):
+        return [{"formulation": "probe", "BM": 48, "SPARE": 1}]
+
+
+def test_a_registered_formulation_joins_the_space_and_changes_no_default():
+    from autocnn.kernels.conv_fwd import ConvFwd
+    from autocnn.kernels.formulations import REGISTRY, Formulation
+
+    base = OPERATIONS["conv_fwd"]
+    op = ConvFwd((*REGISTRY, Formulation("probe", (_Probe(),))))
+    assert op.formulation_names == ("direct", "igemm", "probe")
+    assert op.fingerprint("direct") == base.fingerprint("direct") and op.fingerprint("igemm") == base.fingerprint("igemm")
+    for name, problem in seed_problems("conv_fwd"):
+        assert op.default_config(problem, SM90) == base.default_config(problem, SM90), name
+    problem = seed_problems("conv_fwd")[0][1]
+    space = op.space(problem, SM90)
+    assert space.param("BM").choices == (*base.space(problem, SM90).param("BM").choices, 48)
+    assert space.param("BM").active_if == (("formulation", ("igemm", "probe")),)
+    # Each formulation keeps its own choices and constraints.
+    space.validate({"formulation": "probe", "BM": 48, "SPARE": 1})
+    with pytest.raises(InfeasibleConfigError, match="BM=128 is not one of probe's choices"):
+        space.validate({"formulation": "probe", "BM": 128, "SPARE": 1})
+    gemm = base.candidates(problem, "igemm")[-1]
+    assert space.validate(gemm).as_dict() == gemm
+    with pytest.raises(InfeasibleConfigError, match="BM=48 is not one of igemm's choices"):
+        space.validate({**gemm, "BM": 48})
+    assert space.restrict({"formulation": "probe"}).size() == 2

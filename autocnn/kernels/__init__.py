@@ -1,4 +1,4 @@
-"""The five operations: problems, search spaces, launch geometry and references."""
+"""The five operations: problems, their formulations (search spaces, launch geometry, templates), references."""
 from __future__ import annotations
 
 from autocnn.kernels.problem import (  # noqa: F401
@@ -21,9 +21,12 @@ from autocnn.kernels.operation import KernelPlan, Launch, Operation
 from autocnn.kernels.conv_bwd_data import ConvBwdData
 from autocnn.kernels.conv_fwd import ConvFwd
 from autocnn.kernels.conv_wgrad import ConvWgrad
+from autocnn.kernels.formulations import REGISTRY
 
+# Each operation composes the formulations of the registry that serve it.
 OPERATIONS: dict[str, Operation] = {
-    op.name: op for op in (ConvFwd(), ConvBwdData(), ConvWgrad(), AvgPoolFwd(), AvgPoolBwd())
+    op.name: op for op in (ConvFwd(REGISTRY), ConvBwdData(REGISTRY), ConvWgrad(REGISTRY),
+                           AvgPoolFwd(REGISTRY), AvgPoolBwd(REGISTRY))
 }
 
 

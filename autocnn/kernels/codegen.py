@@ -1,8 +1,9 @@
-"""Rendering: the Jinja environment, template families, and their fingerprints.
+"""Rendering: the Jinja environment, op templates, and fingerprints.
 
 StrictUndefined turns a missing template variable into an error instead of an empty string in
-CUDA source. The fingerprint hashes everything that decides the generated code for a family, so
-a tuning record made before a template or its launch geometry changed is never reused.
+CUDA source. A fingerprint hashes everything that decides the generated code of a formulation of
+an operation (Operation.fingerprint picks the files and the Python), so a tuning record made before
+a template or its launch geometry changed is never reused.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import jinja2
 RENDER_VERSION = 1
 
 
-# The op templates live in templates/; each formulation's core lives beside its module in
+# The op templates live in templates/; each formulation's templates live beside its module in
 # formulations/. Both travel inside the package, so an installed copy finds them the same way.
 KERNELS_DIR = Path(__file__).resolve().parent
 TEMPLATE_DIRS = (KERNELS_DIR / "templates", KERNELS_DIR / "formulations")
@@ -48,29 +49,28 @@ def environment() -> jinja2.Environment:
     return make_environment(*TEMPLATE_DIRS)
 
 
-def family_files(family: str) -> list[Path]:
-    """The family's template and every shared include (all of them: cheap and never stale)."""
-    main = templates_dir() / f"{family}.cu.j2"
-    if not main.exists():
-        raise FileNotFoundError(f"no template for family {family!r} in {templates_dir()}")
-    # Sorted by file name alone, so moving a shared core between the folders keeps the hash.
-    shared = sorted((p for d in TEMPLATE_DIRS for p in d.glob("_*.j2")), key=lambda p: p.name)
-    return [main, *shared]
+def template_path(name: str) -> Path:
+    """Where a template file lives (the op templates' folder first, then the formulations')."""
+    for d in TEMPLATE_DIRS:
+        if (d / name).is_file():
+            return d / name
+    raise FileNotFoundError(f"no template {name!r} in {', '.join(str(d) for d in TEMPLATE_DIRS)}")
 
 
 @functools.lru_cache(maxsize=None)
-def template_fingerprint(family: str, code_sources: tuple[str, ...] = ()) -> str:
-    """A hash of everything that decides the code generated for a config: the family's templates and
-    the Python that turns a (problem, config) into template variables and launch geometry.
+def template_fingerprint(files: tuple[str, ...], code_sources: tuple[str, ...] = ()) -> str:
+    """A hash of everything that decides the code generated for a config: the template files it
+    renders from (by name and content, wherever they live) and the Python that turns a
+    (problem, config) into template variables and launch geometry.
 
     The search space is deliberately not part of it: changing which configs may be tried does not
     change the kernel of a config, and stored configs are re-validated against the space anyway.
     """
     h = hashlib.sha256()
     h.update(f"render-version:{RENDER_VERSION}\n".encode())
-    for path in family_files(family):
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
+    for name in files:
+        h.update(name.encode())
+        h.update(template_path(name).read_bytes())
     for text in code_sources:
         h.update(b"\0")
         h.update(text.encode())
@@ -85,5 +85,6 @@ def code_source(obj: object) -> str:
 
 
 def render_family(family: str, context: dict[str, Any], fingerprint: str) -> str:
+    """Render the op template ``<family>.cu.j2``; it includes the formulation's (``formulation_template``)."""
     template = environment().get_template(f"{family}.cu.j2")
     return template.render(fingerprint=fingerprint, **context)

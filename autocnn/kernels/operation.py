@@ -1,19 +1,24 @@
 """What every operation provides, and the plan that turns (problem, config) into launches.
 
-An operation module holds one step of the flow for one kernel family: its search space, its
-heuristic default, and its launch geometry. The KernelPlan it returns is everything a runtime
-needs: CUDA source, kernels in launch order with grid/block/shared memory and argument names,
-buffers to zero first, and scratch workspaces.
+An operation composes the formulations registered for it (formulations/): its search space is the
+union of theirs, its heuristic default their candidates in its order of preference, and a config
+is rendered, launched and fingerprinted by the formulation it names. The KernelPlan it returns is
+everything a runtime needs: CUDA source, kernels in launch order with grid/block/shared memory and
+argument names, buffers to zero first, and scratch workspaces.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from autocnn.kernels.codegen import code_source, render_family, template_fingerprint
 from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
-from autocnn.kernels.space import Config, Constraint, SearchSpace
+from autocnn.kernels.space import Config, Constraint, Param, SearchSpace
+
+if TYPE_CHECKING:
+    from autocnn.kernels.formulations.base import Formulation, OpFormulation
 
 GRID_YZ_LIMIT = 65535
 GRID_X_LIMIT = 2**31 - 1
@@ -70,32 +75,45 @@ class KernelPlan:
 
 
 class Operation:
-    """Base of the five operations; subclasses fill in the family-specific parts."""
+    """Base of the five operations. An operation holds what its problem decides (inputs, outputs,
+    the op template's variables, flops) and composes the formulations registered for it
+    (formulations/base.py): its space is the union of theirs, and a config is planned, launched
+    and fingerprinted by the formulation it names."""
 
     name: str = ""
-    family: str = ""
+    family: str = ""                                # the op template: templates/<family>.cu.j2
     problem_type: type = object
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    shared_templates: tuple[str, ...] = ("_common.cuh.j2",)   # what the op template includes besides the formulation's
+
+    def __init__(self, registry: Sequence["Formulation"] | None = None):
+        if registry is None:
+            from autocnn.kernels.formulations import REGISTRY as registry
+        self.formulations: tuple["OpFormulation", ...] = tuple(
+            f.for_op(self.name) for f in registry if f.serves(self.name))
+        if not self.formulations:
+            raise ValueError(f"no formulation is registered for {self.name}")
+        names = self.formulation_names
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: two formulations answer to one name in {names}")
+        self._code_sources: dict[str, tuple[str, ...]] = {}
 
     # -- what subclasses provide ------------------------------------------------------------
-    def space(self, problem: Any, limits: DeviceLimits) -> SearchSpace:
-        raise NotImplementedError
-
     def default_candidates(self, problem: Any) -> Sequence[dict[str, Any]]:
-        """Configs to try in order for the heuristic default; the last must fit every problem."""
-        raise NotImplementedError
+        """Configs to try in order for the heuristic default; the last must fit every problem.
+        By default each formulation's, in registration order; an operation with a preference
+        orders them with ``candidates`` and ``candidates_besides``."""
+        return [c for f in self.formulations for c in f.default_candidates(problem)]
 
-    def _context(self, problem: Any, config: Config) -> dict[str, Any]:
-        """Template variables beyond the problem and the config."""
+    def _problem_context(self, problem: Any) -> dict[str, Any]:
+        """Variables of the op template (and every formulation's) beyond the problem itself."""
         return {}
 
-    def _launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
-        raise NotImplementedError
-
-    def _buffers(self, problem: Any, config: Config) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
-        """(buffers to zero before the first launch, workspaces)."""
-        return (), ()
+    def _codegen_helpers(self) -> tuple:
+        """Functions and constants, besides _problem_context, that decide the code every formulation
+        of this operation generates (they are hashed into every fingerprint)."""
+        return ()
 
     def flops(self, problem: Any) -> int:
         raise NotImplementedError
@@ -104,10 +122,50 @@ class Operation:
         """Bytes that must cross device memory at least once: each input read and each output written."""
         raise NotImplementedError
 
+    # -- the formulations --------------------------------------------------------------------
+    @property
+    def formulation_names(self) -> tuple[str, ...]:
+        """The values of the "formulation" parameter, in registration order."""
+        return tuple(n for f in self.formulations for n in f.names)
+
+    def formulation(self, name: str) -> "OpFormulation":
+        """The formulation a config value (e.g. "two_pass") or a formulation's name (e.g. "igemm") selects."""
+        for f in self.formulations:
+            if name in f.names:
+                return f
+        for f in self.formulations:
+            if name == f.formulation:
+                return f
+        raise KeyError(f"{self.name} has no formulation {name!r}; it has {', '.join(self.formulation_names)}")
+
+    def formulation_of(self, config: Config | Mapping[str, Any]) -> "OpFormulation | None":
+        """The formulation a config names (the only one, for an operation with one), or None."""
+        if len(self.formulations) == 1:
+            return self.formulations[0]
+        name = config.get("formulation")
+        return next((f for f in self.formulations if isinstance(name, str) and name in f.names), None)
+
+    def candidates(self, problem: Any, formulation: str) -> list[dict[str, Any]]:
+        """One formulation's default candidates (none when it is not registered for this operation)."""
+        try:
+            return list(self.formulation(formulation).default_candidates(problem))
+        except KeyError:
+            return []
+
+    def candidates_besides(self, problem: Any, formulations: Sequence[str]) -> list[dict[str, Any]]:
+        """The default candidates of the formulations not named, in registration order: where an
+        operation's preference order does not place a formulation, it comes last."""
+        return [c for f in self.formulations if f.formulation not in formulations
+                for c in f.default_candidates(problem)]
+
     # -- shared behaviour --------------------------------------------------------------------
     def check_problem(self, problem: Any) -> None:
         if not isinstance(problem, self.problem_type):
             raise TypeError(f"{self.name} takes a {self.problem_type.__name__}, not {type(problem).__name__}")
+
+    def space(self, problem: Any, limits: DeviceLimits) -> SearchSpace:
+        self.check_problem(problem)
+        return compose_space(self.name, self.formulations, problem, limits)
 
     def default_config(self, problem: Any, limits: DeviceLimits) -> Config:
         self.check_problem(problem)
@@ -123,38 +181,119 @@ class Operation:
         # Reaching this is a bug in the candidate list, which tests check for every seed shape.
         raise InfeasibleConfigError(self.name, ["no default candidate fits: " + "; ".join(reasons)])
 
-    def _codegen_helpers(self) -> tuple:
-        """Functions and constants, besides _context, _launches and _buffers, that decide the
-        generated code or its launch (they are hashed into the fingerprint)."""
-        return ()
+    def template_files(self, formulation: "OpFormulation") -> tuple[str, ...]:
+        """Every template file a config of this formulation renders from."""
+        return (f"{self.family}.cu.j2", *self.shared_templates, *formulation.templates)
 
-    def fingerprint(self) -> str:
-        parts = [self._context, self._launches, self._buffers, Operation.plan, *self._codegen_helpers()]
-        return template_fingerprint(self.family, tuple(code_source(p) for p in parts))
+    def _formulation_code(self, formulation: "OpFormulation") -> tuple[str, ...]:
+        # The source of the Python that decides a formulation's code and launches: read once (the
+        # source does not change under a running process, and lookups ask for it per record).
+        key = formulation.formulation
+        if key not in self._code_sources:
+            parts = [Operation.plan, self._problem_context, *self._codegen_helpers(),
+                     formulation.context, formulation.launches, formulation.buffers, *formulation.code_helpers()]
+            self._code_sources[key] = tuple(code_source(p) for p in parts)
+        return self._code_sources[key]
+
+    def fingerprint(self, formulation: str | None = None) -> str:
+        """With a formulation (a config value or a formulation's name): the hash of everything that
+        decides its code: the op template, the shared includes, its templates and its Python. Without:
+        one hash of all of them (what an Optuna study is named by). A record's key holds the
+        fingerprint of its config's formulation, so adding or changing one formulation leaves the
+        records of the others current. An operation with one formulation has one fingerprint."""
+        if formulation is not None or len(self.formulations) == 1:
+            f = self.formulation(formulation) if formulation is not None else self.formulations[0]
+            return template_fingerprint(self.template_files(f), self._formulation_code(f))
+        each = tuple(f"{f.formulation}:{self.fingerprint(f.names[0])}" for f in self.formulations)
+        return template_fingerprint((), each)
+
+    def config_fingerprint(self, config: Config | Mapping[str, Any]) -> str | None:
+        """The fingerprint of the code a config generates (its formulation's); None when the config
+        names no formulation of this operation."""
+        f = self.formulation_of(config)
+        return None if f is None else self.fingerprint(f.names[0])
+
+    def key_fingerprint(self, fingerprint: str) -> str:
+        """What a record key's fingerprint counts as when keys are compared: any formulation's
+        current one counts as the operation's (one record per shape and GPU, whichever formulation
+        won: a new winner replaces it), an old one as itself (a stale record stays apart)."""
+        current = {self.fingerprint(f.names[0]) for f in self.formulations}
+        return self.fingerprint() if fingerprint in current else fingerprint
 
     def plan(self, problem: Any, config: Config) -> KernelPlan:
         """Render the kernel for a validated config and describe how to launch it."""
         self.check_problem(problem)
         if config.op != self.name:
             raise ValueError(f"a {config.op} config cannot plan {self.name}")
+        formulation = self.formulation_of(config)
         context = {
             "op": self.name, "family": self.family, "shape": problem.shape_string(),
             "config_text": str(config), "p": problem, "c": config.as_dict(),
         }
         # Config values are also top-level names: the shared cores are written in terms of them.
         context.update(config.as_dict())
-        context.update(self._context(problem, config))
-        launches = self._launches(problem, config)
+        context.update(self._problem_context(problem))
+        context.update(formulation.context(problem, config))
+        context["formulation_template"] = formulation.templates[0]
+        launches = formulation.launches(problem, config)
         context["planned_threads"] = launches[0].threads
         context["planned_smem"] = max(launch.shared_bytes for launch in launches)
-        fingerprint = self.fingerprint()
+        fingerprint = self.fingerprint(formulation.names[0])
         source = render_family(self.family, context, fingerprint)
-        zero, workspaces = self._buffers(problem, config)
+        zero, workspaces = formulation.buffers(problem, config)
         return KernelPlan(
             op=self.name, problem=problem, config=config, source=source, fingerprint=fingerprint,
             launches=launches, inputs=self.inputs, outputs=self.outputs,
             zero_first=zero, workspaces=workspaces,
         )
+
+
+def compose_space(op: str, formulations: Sequence["OpFormulation"], problem: Any,
+                  limits: DeviceLimits) -> SearchSpace:
+    """The union of the formulations' spaces: a "formulation" parameter first (where there are
+    several), then each formulation's parameters, active when it is chosen, in registration order.
+    A parameter name several formulations share becomes one parameter with all their choices; each
+    formulation is held to its own choices, and its constraints that touch a shared parameter
+    apply to its own configs only."""
+    if len(formulations) == 1:
+        f = formulations[0]
+        return SearchSpace(op, f.params(problem), f.constraints(problem, limits))
+    doc = "; ".join(f"{'/'.join(f.names)}: {f.summary}" for f in formulations)
+    params: dict[str, Param] = {"formulation": Param("formulation", tuple(n for f in formulations for n in f.names), doc)}
+    own = [(f, f.params(problem)) for f in formulations]
+    for f, mine in own:
+        for p in mine:
+            first = params.get(p.name)
+            if first is None:
+                params[p.name] = Param(p.name, p.choices, p.doc, (("formulation", f.names), *p.active_if))
+            else:
+                when = dict(first.active_if)
+                when["formulation"] = (*when["formulation"], *f.names)
+                choices = (*first.choices, *(c for c in p.choices if c not in first.choices))
+                params[p.name] = Param(p.name, choices, first.doc, tuple(when.items()))
+    declared = Counter(p.name for _, mine in own for p in mine)
+    shared = {name for name, n in declared.items() if n > 1}
+    constraints: list[Constraint] = []
+    for f, mine in own:
+        for c in f.constraints(problem, limits):
+            constraints.append(_scoped(c, f.names) if shared.intersection(c.params) else c)
+        constraints += [_own_choices(p, f.names) for p in mine if params[p.name].choices != p.choices]
+    return SearchSpace(op, list(params.values()), constraints)
+
+
+def _scoped(constraint: Constraint, names: tuple[str, ...]) -> Constraint:
+    """The constraint, applied only to configs of the formulation called ``names``."""
+    if "formulation" in constraint.params:
+        at = constraint.params.index("formulation")
+        return Constraint(constraint.params, lambda *v: None if v[at] not in names else constraint.check(*v))
+    return Constraint(("formulation", *constraint.params),
+                      lambda f, *v: None if f not in names else constraint.check(*v))
+
+
+def _own_choices(param: Param, names: tuple[str, ...]) -> Constraint:
+    return Constraint(("formulation", param.name),
+                      lambda f, v: None if f not in names or v in param.choices
+                      else f"{param.name}={v} is not one of {f}'s choices {list(param.choices)}")
 
 
 # -- constraints shared by the families -----------------------------------------------------

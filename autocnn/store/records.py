@@ -127,7 +127,8 @@ class RecordKey:
 
     @staticmethod
     def for_(device: DeviceInfo, problem: Any, fingerprint: str | None = None) -> "RecordKey":
-        """The key of ``problem`` on ``device`` (fingerprint: the operation's current one)."""
+        """The key of ``problem`` on ``device`` (fingerprint: the operation's current one, as lookups ask;
+        a record stores its config's formulation's, ``Operation.config_fingerprint``)."""
         op = get_operation(problem.op)
         return RecordKey(
             gpu=device.name, compute_capability=device.compute_capability, sm_count=device.sm_count,
@@ -164,8 +165,14 @@ class RecordKey:
         return RecordKey(**{n: data[n] for n in names})
 
     def identity(self) -> str:
-        """Canonical text: sorted JSON of every field."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """Canonical text: sorted JSON of every field, the fingerprint as the operation counts it
+        (``Operation.key_fingerprint``: any formulation's current one is one key per shape and GPU)."""
+        data = self.to_dict()
+        try:
+            data["fingerprint"] = get_operation(self.op).key_fingerprint(self.fingerprint)
+        except InvalidProblemError:   # an unknown operation: such a record is never used
+            pass
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RecordKey) and self.identity() == other.identity()
@@ -312,11 +319,11 @@ def validate_record(record: TuningRecord) -> ValidRecord:
         problem = problem_from_dict(key.problem)
     except InvalidProblemError as exc:
         raise RecordError("key.problem", f"does not parse: {exc}") from None
-    current = operation.fingerprint()
-    if key.fingerprint != current:
+    current = operation.config_fingerprint(record.config)   # its formulation's (None: the config is invalid)
+    if current is not None and key.fingerprint != current:
         raise StaleRecordError("key.fingerprint",
                                f"stale: tuned with template fingerprint {key.fingerprint}, "
-                               f"the {key.op} templates are now {current} "
+                               f"the {key.op} templates of its formulation are now {current} "
                                f"(`autocnn tune --stale` tunes such shapes again on their GPU)")
     limits = _record_limits(key)
     space = operation.space(problem, limits if limits is not None else DeviceLimits(key.arch))

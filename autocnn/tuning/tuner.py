@@ -520,7 +520,7 @@ class Tuner:
 
             timing = winner.timing or {}
             record = TuningRecord(
-                key=RecordKey.for_(self.source.device, problem, operation.fingerprint()),
+                key=RecordKey.for_(self.source.device, problem, operation.config_fingerprint(winner.config)),
                 config=winner.config.as_dict(),
                 time_us=finite[winner_key],
                 spread=float(timing.get("spread", 0.0)),

@@ -1,2 +1,15 @@
 """Formulations: how an op is computed (direct tiling, implicit GEMM, tensor-core GEMM, ...), each
-with its parameters, constraints, launch geometry and templates beside it."""
+with its parameters, constraints, launch geometry and templates beside it (base.py says what a
+formulation provides and how to add one).
+
+REGISTRY is the one place formulations are offered: each operation composes the ones that serve
+it, in this order (the order of its "formulation" parameter's choices).
+"""
+from autocnn.kernels.formulations.base import Formulation, OpFormulation  # noqa: F401
+from autocnn.kernels.formulations.direct import DIRECT
+from autocnn.kernels.formulations.gather import GATHER
+from autocnn.kernels.formulations.igemm import IGEMM
+from autocnn.kernels.formulations.rows import ROWS
+from autocnn.kernels.formulations.window_gather import WINDOW_GATHER
+
+REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, WINDOW_GATHER)

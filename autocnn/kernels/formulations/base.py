@@ -1,0 +1,131 @@
+"""What a formulation is, and how to add one.
+
+A formulation is one way of computing operations: a direct tiled correlation, an implicit GEMM, a
+gather per output position... Everything that decides its code lives in its module in this folder,
+beside its templates:
+
+    formulations/<name>.py           a Formulation: its name, and an OpFormulation per operation it serves
+    formulations/<name>_<op>.cu.j2   the kernels of one operation (the glue between the operation's
+                                     tensors and the formulation's core); the op template
+                                     (templates/<op>.cu.j2, the problem's constants and what every
+                                     formulation shares) includes it
+    formulations/_<core>.cuh.j2      a core several operations share (e.g. _igemm.cuh.j2), if any
+
+An OpFormulation says, for one operation:
+
+    names                         the values of the operation's "formulation" parameter that select
+                                  it: usually the formulation's name; conv_wgrad's implicit GEMM answers
+                                  to "atomic" and "two_pass" (how its split sums meet), the values
+                                  stored records carry
+    templates                     its own template files; the first is the one the op template includes
+    params(problem)               its parameters; the operation makes them conditional on "formulation"
+    constraints(problem, limits)  static feasibility: threads, shared memory, registers, grid limits
+    default_candidates(problem)   configs for the heuristic default, most preferred first
+    context(problem, config)      template variables beyond the problem, the config and the op's own
+    launches(problem, config)     each kernel's grid, block, shared memory and arguments, in order
+    buffers(problem, config)      (buffers to zero before the first launch, workspaces)
+    code_helpers()                the other functions, classes and constants that decide its code or
+                                  launches (their source goes into the fingerprint)
+
+To add a formulation: write its module and templates, then add its Formulation to REGISTRY in
+formulations/__init__.py. Each operation it serves then offers it (after the ones registered
+before it: the defaults of today's shapes do not change unless the operation's preference order
+names it), and records of other formulations stay current: a record's fingerprint hashes only the
+op template, the shared includes, the templates of its config's formulation and the source of that
+formulation's context, launches, buffers and code_helpers (Operation.fingerprint).
+
+Parameter names may repeat across the formulations of one operation (an implicit GEMM on tensor
+cores has tiles BM, BN, BK too): the operation merges them into one parameter with every choice,
+restricts each formulation to its own choices, and applies each formulation's constraints to its
+own configs only. An operation with a single formulation has no "formulation" parameter (its
+configs name none). A formulation that serves only some problems of an operation (a precision, an
+architecture) says so with a constraint whose reason tells the user why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autocnn.device import DeviceLimits
+from autocnn.kernels.operation import Launch
+from autocnn.kernels.space import Config, Constraint, Param
+
+FULL_UNROLL = 0   # an unroll value of 0 renders as a plain "#pragma unroll" (unroll completely)
+
+Buffers = tuple[tuple[str, ...], tuple[tuple[str, int], ...]]
+
+
+def choices_upto(choices: tuple[int, ...], bound: int) -> tuple[int, ...]:
+    """The choices not above ``bound`` (the smallest always stays)."""
+    kept = tuple(c for c in choices if c <= bound)
+    return kept or choices[:1]
+
+
+def pragma_unroll(value: int) -> str:
+    """An unroll parameter as the argument of "#pragma unroll": 0 (FULL_UNROLL) unrolls completely."""
+    return "" if value == FULL_UNROLL else str(value)
+
+
+class OpFormulation:
+    """How one formulation computes one operation. Subclasses set the class attributes and
+    override what applies; the defaults are those of a formulation without extras."""
+
+    formulation: str = ""                 # the name of the Formulation it belongs to
+    op: str = ""                          # the operation it computes
+    summary: str = ""                     # a few words for the "formulation" parameter's description
+    templates: tuple[str, ...] = ()       # its own template files; the first is included by the op template
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Values of the operation's "formulation" parameter that select it."""
+        return (self.formulation,)
+
+    def params(self, problem: Any) -> list[Param]:
+        return []
+
+    def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
+        return []
+
+    def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
+        return []
+
+    def context(self, problem: Any, config: Config) -> dict[str, Any]:
+        return {}
+
+    def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
+        raise NotImplementedError
+
+    def buffers(self, problem: Any, config: Config) -> Buffers:
+        return (), ()
+
+    def code_helpers(self) -> tuple:
+        return ()
+
+
+@dataclass(frozen=True)
+class Formulation:
+    """One formulation: its name and how it computes each operation it serves."""
+
+    name: str
+    implementations: tuple[OpFormulation, ...]
+
+    def __post_init__(self) -> None:
+        ops = [i.op for i in self.implementations]
+        if len(set(ops)) != len(ops):
+            raise ValueError(f"formulation {self.name} implements an operation twice: {ops}")
+        for i in self.implementations:
+            if i.formulation != self.name:
+                raise ValueError(f"{type(i).__name__} belongs to {i.formulation!r}, not {self.name!r}")
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        return tuple(i.op for i in self.implementations)
+
+    def serves(self, op: str) -> bool:
+        return op in self.ops
+
+    def for_op(self, op: str) -> OpFormulation:
+        for i in self.implementations:
+            if i.op == op:
+                return i
+        raise KeyError(f"formulation {self.name} does not compute {op}")
