@@ -145,14 +145,15 @@ def test_a_registered_formulation_joins_the_space_and_changes_no_default():
 
     base = OPERATIONS["conv_fwd"]
     op = ConvFwd((*REGISTRY, Formulation("probe", (_Probe(),))))
-    assert op.formulation_names == ("direct", "igemm", "probe")
+    assert base.formulation_names == ("direct", "igemm", "tc")
+    assert op.formulation_names == ("direct", "igemm", "tc", "probe")
     assert op.fingerprint("direct") == base.fingerprint("direct") and op.fingerprint("igemm") == base.fingerprint("igemm")
     for name, problem in seed_problems("conv_fwd"):
         assert op.default_config(problem, SM90) == base.default_config(problem, SM90), name
     problem = seed_problems("conv_fwd")[0][1]
     space = op.space(problem, SM90)
     assert space.param("BM").choices == (*base.space(problem, SM90).param("BM").choices, 48)
-    assert space.param("BM").active_if == (("formulation", ("igemm", "probe")),)
+    assert space.param("BM").active_if == (("formulation", ("igemm", "tc", "probe")),)
     # Each formulation keeps its own choices and constraints.
     space.validate({"formulation": "probe", "BM": 48, "SPARE": 1})
     with pytest.raises(InfeasibleConfigError, match="BM=128 is not one of probe's choices"):

@@ -10,13 +10,42 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from autocnn.device import DeviceLimits
-from autocnn.errors import InfeasibleConfigError
+from autocnn.errors import InfeasibleConfigError, InvalidConfigError
+from autocnn.kernels import OPERATIONS
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
-from autocnn.kernels.formulations.tensorcore import TC_OPS, TensorCoreKernels
+from autocnn.kernels.formulations.tensorcore import FORMULATION_TC, TC_OPS
 from autocnn.kernels.suite import odd_problems, seed_problems
 
 SEED_SHAPES = ("modern_56", "modern_14", "sweep_3x3", "scherer10_l2")
 PRECISIONS = ("fp32", "tf32")
+
+
+class TensorCoreKernels:
+    """The tc formulation of one operation, as the operation offers it: its part of the space, its
+    first default candidate that fits, and plans."""
+
+    def __init__(self, op: str):
+        self.operation = OPERATIONS[op]
+
+    def space(self, problem, limits):
+        return self.operation.space(problem, limits).restrict({"formulation": FORMULATION_TC})
+
+    def default_config(self, problem, limits):
+        space, reasons = self.space(problem, limits), []
+        for candidate in self.operation.formulation_of({"formulation": FORMULATION_TC}).default_candidates(problem):
+            try:
+                return space.validate(candidate)
+            except InfeasibleConfigError as exc:
+                reasons.extend(exc.reasons)
+            except InvalidConfigError as exc:   # a tile the space leaves out for this problem
+                reasons.append(str(exc))
+        raise InfeasibleConfigError(self.operation.name, ["no tensor-core default fits: " + "; ".join(reasons)])
+
+    def plan(self, problem, config):
+        return self.operation.plan(problem, config)
+
+    def fingerprint(self):
+        return self.operation.fingerprint(FORMULATION_TC)
 
 
 def _problems(op: str, precision: str):

@@ -10,6 +10,7 @@ from autocnn.kernels.formulations.direct import DIRECT
 from autocnn.kernels.formulations.gather import GATHER
 from autocnn.kernels.formulations.igemm import IGEMM
 from autocnn.kernels.formulations.rows import ROWS
+from autocnn.kernels.formulations.tensorcore import TENSOR_CORE
 from autocnn.kernels.formulations.window_gather import WINDOW_GATHER
 
-REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, WINDOW_GATHER)
+REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, WINDOW_GATHER)

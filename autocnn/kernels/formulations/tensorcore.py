@@ -14,6 +14,9 @@ STAGES with CP_ASYNC (cp.async global->shared copies; without it, a register dou
 shared-memory padding PAD_A/PAD_B (bank conflicts of the fragment reads), TABLE_A (the A gather's
 per-k context tabulated in shared memory), UNROLL_K, and for conv_wgrad SPLITK (partial sums
 combined by atomics).
+
+The operations do not prefer it for their heuristic defaults yet (its speed against the other
+formulations is for the tuner to find), so registering it changed no default.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocnn.device import DeviceLimits
+from autocnn.kernels.conv_bwd_data import stride_phases
+from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
 from autocnn.kernels.operation import GRID_YZ_LIMIT, Launch, at_most, cdiv, next_pow2, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -60,35 +65,29 @@ def smem_bytes(op: str, BM: int, BN: int, BK: int, STAGES: int, PAD_A: int, PAD_
 
 
 def params(gemm: TcGemm) -> list[Param]:
-    cond = (("formulation", (FORMULATION_TC,)),)
-
-    def upto(choices: tuple[int, ...], n: int) -> tuple[int, ...]:
-        kept = tuple(c for c in choices if c <= max(choices[0], next_pow2(n)))
-        return kept or choices[:1]
-
     out = [
-        Param("BM", upto((32, 64, 128, 256), gemm.GM), "GEMM rows per block", cond),
-        Param("BN", upto((32, 64, 128), gemm.GN), "GEMM columns per block", cond),
-        Param("BK", upto((8, 16, 32), gemm.GK), "reduction step staged in shared memory", cond),
-        Param("WM", (1, 2, 4), "warps along the block's rows", cond),
-        Param("WN", (1, 2, 4), "warps along the block's columns", cond),
-        Param("STAGES", (2, 3, 4), "shared-memory pipeline stages", cond),
-        Param("CP_ASYNC", (0, 1), "cp.async copies global->shared (else a register double buffer)", cond),
-        Param("PAD_A", (0, 4, 8), "floats of padding per shared-memory row of A (bank conflicts)", cond),
-        Param("PAD_B", (0, 4, 8), "floats of padding per shared-memory row of B (bank conflicts)", cond),
-        Param("UNROLL_K", (1, 0), "unrolling of the k-steps of a tile (0: complete)", cond),
+        Param("BM", choices_upto((32, 64, 128, 256), max(32, next_pow2(gemm.GM))), "GEMM rows per block"),
+        Param("BN", choices_upto((32, 64, 128), max(32, next_pow2(gemm.GN))), "GEMM columns per block"),
+        Param("BK", choices_upto((8, 16, 32), max(8, next_pow2(gemm.GK))), "reduction step staged in shared memory"),
+        Param("WM", (1, 2, 4), "warps along the block's rows"),
+        Param("WN", (1, 2, 4), "warps along the block's columns"),
+        Param("STAGES", (2, 3, 4), "shared-memory pipeline stages"),
+        Param("CP_ASYNC", (0, 1), "cp.async copies global->shared (else a register double buffer)"),
+        Param("PAD_A", (0, 4, 8), "floats of padding per shared-memory row of A (bank conflicts)"),
+        Param("PAD_B", (0, 4, 8), "floats of padding per shared-memory row of B (bank conflicts)"),
+        Param("UNROLL_K", (1, 0), "unrolling of the k-steps of a tile (0: complete)"),
     ]
     if gemm.op == "conv_wgrad":
-        out.append(Param("SPLITK", SPLITS, "blocks sharing one output tile's reduction (atomics combine them)", cond))
+        out.append(Param("SPLITK", SPLITS, "blocks sharing one output tile's reduction (atomics combine them)"))
     else:
-        out.append(Param("TABLE_A", (0, 1), "the A gather's per-k context tabulated in shared memory", cond))
+        out.append(Param("TABLE_A", (0, 1), "the A gather's per-k context tabulated in shared memory"))
     return out
 
 
 def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
     op = gemm.op
 
-    def arch(bm):
+    def arch(_):
         n = arch_number(limits.arch)
         return None if n >= MIN_ARCH else f"tensor-core TF32 needs sm_{MIN_ARCH} or later, not {limits.arch}"
 
@@ -113,7 +112,7 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
         return None if cp_async or stages == 2 else "a register-staged pipeline has 2 stages"
 
     out = [
-        Constraint(("BM",), arch),
+        Constraint(("WM",), arch),   # of the device, not of a parameter: any one carries it
         Constraint(("BM", "BN", "WM", "WN"), warp_tiles),
         Constraint(("BM", "BN", "WM", "WN"), accumulators),
         Constraint(("BM", "BN", "BK", "WM", "WN"), even_loads),
@@ -157,35 +156,7 @@ def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
     return out
 
 
-def context(gemm: TcGemm, config: Config) -> dict[str, Any]:
-    return {"split3": gemm.split3, "UNROLL_K": "" if config["UNROLL_K"] == 0 else str(config["UNROLL_K"]),
-            "TABLE_A": config["TABLE_A"] if "TABLE_A" in config else 0}
-
-
-def threads(config: Config) -> int:
-    return 32 * config["WM"] * config["WN"]
-
-
-def launches(gemm: TcGemm, config: Config, args: tuple[str, ...]) -> tuple[Launch, ...]:
-    c = config
-    table = c["TABLE_A"] if "TABLE_A" in c else 0
-    smem = smem_bytes(gemm.op, c["BM"], c["BN"], c["BK"], c["STAGES"], c["PAD_A"], c["PAD_B"], table, gemm.GK)
-    z = c["SPLITK"] if gemm.op == "conv_wgrad" else gemm.grid_z
-    grid = (cdiv(gemm.GM, c["BM"]), cdiv(gemm.GN, c["BN"]), z)
-    return (Launch(gemm.op, grid, (threads(c), 1, 1), smem, args),)
-
-
-# -- the formulation as a kernel family of its own ---------------------------------------------
-# Until the ops compose registered formulations (issue 11), the tensor-core kernels are planned
-# here: a search space with formulation fixed to "tc", plans, and a fingerprint of their own files
-# and code only, so they never make the records of the other formulations stale.
-
-TEMPLATE_FILES = ("tc_problem.cuh.j2", "tcgemm.cuh.j2")
-
-
 def gemm_for(problem: Any) -> TcGemm:
-    from autocnn.kernels.conv_bwd_data import stride_phases
-
     p = problem
     split3 = p.precision == "fp32"
     if p.op == "conv_fwd":
@@ -194,77 +165,49 @@ def gemm_for(problem: Any) -> TcGemm:
         phases = stride_phases(p)
         return TcGemm(p.op, max(p.N * ph.Ha * ph.Wb for ph in phases), p.C,
                       max(1, max(p.K * ph.Ra * ph.Sb for ph in phases)), len(phases), split3)
-    if p.op == "conv_wgrad":
-        return TcGemm(p.op, p.K, p.C * p.R * p.S, p.N * p.P * p.Q, 1, split3)
-    raise ValueError(f"the tensor-core formulation serves {', '.join(TC_OPS)}, not {p.op}")
+    return TcGemm(p.op, p.K, p.C * p.R * p.S, p.N * p.P * p.Q, 1, split3)
 
 
-class TensorCoreKernels:
-    """Space, plans and fingerprint of the tensor-core formulation for one op."""
+class TcConv(OpFormulation):
+    """The tensor-core GEMM of one convolution; the op template supplies the problem's constants."""
 
+    formulation = FORMULATION_TC
+    summary = "tensor-core implicit GEMM"
     ARGS = {"conv_fwd": ("x", "w", "bias", "y"), "conv_bwd_data": ("dy", "w", "dx"),
             "conv_wgrad": ("x", "dy", "dw", "db", "ws", "ws_bias")}
 
     def __init__(self, op: str):
-        if op not in TC_OPS:
-            raise ValueError(f"the tensor-core formulation serves {', '.join(TC_OPS)}, not {op}")
         self.op = op
+        self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", f"gemm_operands_{op}.cuh.j2")
 
-    def space(self, problem: Any, limits: DeviceLimits):
-        from autocnn.kernels.space import SearchSpace
+    def params(self, problem: Any) -> list[Param]:
+        return params(gemm_for(problem))
 
-        gemm = gemm_for(problem)
-        return SearchSpace(self.op, [Param("formulation", (FORMULATION_TC,), "tensor-core implicit GEMM"),
-                                     *params(gemm)], constraints(gemm, limits))
+    def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
+        return constraints(gemm_for(problem), limits)
 
-    def default_config(self, problem: Any, limits: DeviceLimits) -> Config:
-        from autocnn.errors import InfeasibleConfigError, InvalidConfigError
+    def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
+        return default_candidates(gemm_for(problem))
 
-        space = self.space(problem, limits)
-        reasons = []
-        for cand in default_candidates(gemm_for(problem)):
-            try:
-                return space.validate(cand)
-            except (InfeasibleConfigError, InvalidConfigError) as exc:
-                reasons.append(str(exc))
-        raise InfeasibleConfigError(self.op, ["no tensor-core default fits: " + "; ".join(reasons)])
+    def context(self, problem: Any, config: Config) -> dict[str, Any]:
+        return {"split3": problem.precision == "fp32", "UNROLL_K": pragma_unroll(config["UNROLL_K"]),
+                "TABLE_A": config["TABLE_A"] if "TABLE_A" in config else 0}
 
-    def fingerprint(self) -> str:
-        import hashlib
+    def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
+        gemm, c = gemm_for(problem), config
+        table = c["TABLE_A"] if "TABLE_A" in c else 0
+        smem = smem_bytes(gemm.op, c["BM"], c["BN"], c["BK"], c["STAGES"], c["PAD_A"], c["PAD_B"], table, gemm.GK)
+        z = c["SPLITK"] if gemm.op == "conv_wgrad" else gemm.grid_z
+        grid = (cdiv(gemm.GM, c["BM"]), cdiv(gemm.GN, c["BN"]), z)
+        return (Launch(gemm.op, grid, (32 * c["WM"] * c["WN"], 1, 1), smem, self.ARGS[gemm.op]),)
 
-        from autocnn.kernels import codegen
+    def buffers(self, problem: Any, config: Config) -> Buffers:
+        if self.op == "conv_wgrad" and config["SPLITK"] > 1:
+            return ("dw", "db"), ()   # the splits' atomics add into zeroed outputs
+        return (), ()
 
-        files = [*TEMPLATE_FILES, f"tc_{self.op}.cu.j2", f"gemm_operands_{self.op}.cuh.j2"]
-        h = hashlib.sha256(f"render-version:{codegen.RENDER_VERSION}\n".encode())
-        for name in ("_common.cuh.j2", *files):
-            path = next(d / name for d in codegen.TEMPLATE_DIRS if (d / name).exists())
-            h.update(name.encode() + b"\0" + path.read_bytes())
-        for part in (context, launches, smem_bytes, gemm_for, self.plan, KMAJOR):
-            h.update(b"\0" + codegen.code_source(part).encode())
-        return h.hexdigest()[:16]
+    def code_helpers(self) -> tuple:
+        return (gemm_for, TcGemm, smem_bytes, pragma_unroll, KMAJOR, TABLE_ENTRY_BYTES, self.ARGS)
 
-    def plan(self, problem: Any, config: Config):
-        from autocnn.kernels import codegen
-        from autocnn.kernels.conv_bwd_data import stride_phases
-        from autocnn.kernels.operation import KernelPlan
-        from autocnn.kernels.problem import ACTIVATIONS
 
-        if problem.op != self.op or config.op != self.op:
-            raise ValueError(f"a {config.op} config cannot plan {problem.op} on the {self.op} kernels")
-        gemm = gemm_for(problem)
-        plan_launches = launches(gemm, config, self.ARGS[self.op])
-        ctx = {"op": self.op, "family": f"tc_{self.op}", "shape": problem.shape_string(),
-               "config_text": str(config), "p": problem, "c": config.as_dict(), **config.as_dict(),
-               **context(gemm, config), "planned_threads": plan_launches[0].threads,
-               "planned_smem": plan_launches[0].shared_bytes,
-               "act_code": ACTIVATIONS.index(getattr(problem, "activation", "none"))}
-        if self.op == "conv_bwd_data":
-            ctx["phases"] = [vars(ph) for ph in stride_phases(problem)]
-        fingerprint = self.fingerprint()
-        source = codegen.environment().get_template(f"tc_{self.op}.cu.j2").render(fingerprint=fingerprint, **ctx)
-        inputs = {"conv_fwd": ("x", "w", "bias"), "conv_bwd_data": ("dy", "w"), "conv_wgrad": ("x", "dy")}
-        outputs = {"conv_fwd": ("y",), "conv_bwd_data": ("dx",), "conv_wgrad": ("dw", "db")}
-        zero = ("dw", "db") if self.op == "conv_wgrad" and config["SPLITK"] > 1 else ()
-        return KernelPlan(op=self.op, problem=problem, config=config, source=source, fingerprint=fingerprint,
-                          launches=plan_launches, inputs=inputs[self.op], outputs=outputs[self.op],
-                          zero_first=zero, workspaces=(("ws", 1), ("ws_bias", 1)) if self.op == "conv_wgrad" else ())
+TENSOR_CORE = Formulation(FORMULATION_TC, tuple(TcConv(op) for op in TC_OPS))
