@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from autocnn.device import DeviceLimits
-from autocnn.errors import InfeasibleConfigError, InvalidConfigError
+from autocnn.errors import InfeasibleConfigError
 from autocnn.kernels import OPERATIONS
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.formulations.tensorcore import FORMULATION_TC, TC_OPS
@@ -22,7 +22,7 @@ PRECISIONS = ("fp32", "tf32")
 
 class TensorCoreKernels:
     """The tc formulation of one operation, as the operation offers it: its part of the space, its
-    first default candidate that fits, and plans."""
+    default, plans and fingerprint."""
 
     def __init__(self, op: str):
         self.operation = OPERATIONS[op]
@@ -31,15 +31,7 @@ class TensorCoreKernels:
         return self.operation.space(problem, limits).restrict({"formulation": FORMULATION_TC})
 
     def default_config(self, problem, limits):
-        space, reasons = self.space(problem, limits), []
-        for candidate in self.operation.formulation_of({"formulation": FORMULATION_TC}).default_candidates(problem):
-            try:
-                return space.validate(candidate)
-            except InfeasibleConfigError as exc:
-                reasons.extend(exc.reasons)
-            except InvalidConfigError as exc:   # a tile the space leaves out for this problem
-                reasons.append(str(exc))
-        raise InfeasibleConfigError(self.operation.name, ["no tensor-core default fits: " + "; ".join(reasons)])
+        return self.operation.default_config(problem, limits, formulation=FORMULATION_TC)
 
     def plan(self, problem, config):
         return self.operation.plan(problem, config)

@@ -167,11 +167,13 @@ class Operation:
         self.check_problem(problem)
         return compose_space(self.name, self.formulations, problem, limits)
 
-    def default_config(self, problem: Any, limits: DeviceLimits) -> Config:
+    def default_config(self, problem: Any, limits: DeviceLimits, formulation: str | None = None) -> Config:
+        """The first default candidate that fits (of one formulation's, if named)."""
         self.check_problem(problem)
         space = self.space(problem, limits)
         reasons: list[str] = []
-        for candidate in self.default_candidates(problem):
+        candidates = self.default_candidates(problem) if formulation is None else self.candidates(problem, formulation)
+        for candidate in candidates:
             try:
                 return space.validate(candidate)
             except InfeasibleConfigError as exc:
