@@ -43,7 +43,8 @@ def default_shipped_dir() -> Path:
             return path
     except (ModuleNotFoundError, TypeError):
         pass
-    return Path(__file__).resolve().parent.parent / "tuning_db"
+    # autocnn/store/files.py -> the repository root, where a source checkout keeps tuning_db/
+    return Path(__file__).resolve().parents[2] / "tuning_db"
 
 
 def default_user_dir() -> Path:
