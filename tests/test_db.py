@@ -351,6 +351,14 @@ def test_shape_distance():
     assert shape_distance(pool, dataclasses.replace(pool, window=(2, 2), stride=(2, 2))) == pytest.approx(6.0)
 
 
+def test_a_tf32_record_never_serves_an_fp32_request(db):
+    tf32 = dataclasses.replace(KRIZ, precision="tf32")
+    assert shape_distance(KRIZ, tf32) == shape_distance(tf32, KRIZ) == math.inf
+    db.put(make_record(H200, tf32))
+    assert db.lookup(H200, tf32).source == "exact"
+    assert db.lookup(H200, KRIZ).source == "default"       # not borrowed as a nearest shape either
+
+
 def test_far_shapes_are_not_borrowed(db):
     far = seed_shape("scherer10_l1").problem("conv_fwd")
     assert shape_distance(KRIZ, far) > NEAREST_SHAPE_MAX_DISTANCE

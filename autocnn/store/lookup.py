@@ -45,9 +45,13 @@ def shape_distance(a: Any, b: Any) -> float:
     (pooling) adds |log2(a / b)|, so doubling any one size costs 1. Strides change the access
     pattern more than sizes do (alignment, reuse of staged input), so each axis adds
     2 * |log2(stride_a / stride_b)|. Each padding side that differs adds 0.25, and so does each
-    differing flag (bias, activation, count_pad). Different dtypes are infinitely far apart.
+    differing flag (bias, activation, count_pad). Different dtypes or precisions are infinitely far
+    apart: a tf32 config must never serve an fp32 request (its error bound is looser), and an fp32
+    config is tuned for a different cost than a tf32 one.
     """
     if a.op != b.op or a.dtype != b.dtype:
+        return math.inf
+    if getattr(a, "precision", "fp32") != getattr(b, "precision", "fp32"):
         return math.inf
     ga, gb = a.geometry(), b.geometry()
     sizes = ["N", "C", "H", "W"]
