@@ -132,3 +132,65 @@ def test_tensor_core_kernels_verify_against_float64(op, precision):
                 failures.append(f"{name} {config}: {check.verification.message}")
     assert checked >= 5 * len(_problems(op, precision)) - 2
     assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:8])
+
+
+def _two_pass_configs(limits):
+    """(name, problem, config) for conv_wgrad's two-pass combine: the default with its splits
+    written to the workspace, on every tested shape and precision where the reduction splits."""
+    kernels = TensorCoreKernels("conv_wgrad")
+    out = []
+    for precision in PRECISIONS:
+        for name, problem in _problems("conv_wgrad", precision):
+            default = kernels.default_config(problem, limits)
+            config = {**default.as_dict(), "TWO_PASS": 1, "SPLITK": max(2, default["SPLITK"])}
+            try:
+                config = kernels.space(problem, limits).validate(config)
+            except InfeasibleConfigError:
+                continue   # a reduction of a single BK step cannot split
+            out.append((f"{name} {precision}", problem, config))
+    return out
+
+
+def test_two_pass_wgrad_adds_the_second_pass_and_its_workspace():
+    limits = DeviceLimits.for_arch("sm_90")
+    kernels = TensorCoreKernels("conv_wgrad")
+    configs = _two_pass_configs(limits)
+    assert len(configs) >= 6
+    name, problem, config = configs[0]
+    plan = kernels.plan(problem, config)
+    assert [launch.kernel for launch in plan.launches] == ["conv_wgrad", "conv_wgrad_reduce"]
+    assert "constexpr bool TWO_PASS = true;" in plan.source and "conv_wgrad_reduce(" in plan.source
+    with pytest.raises(InfeasibleConfigError, match="second pass needs SPLITK >= 2"):
+        kernels.space(problem, limits).validate({**config.as_dict(), "SPLITK": 1})
+    atomic = kernels.plan(problem, kernels.space(problem, limits).validate({**config.as_dict(), "TWO_PASS": 0}))
+    assert "conv_wgrad_reduce(" not in atomic.source and len(atomic.launches) == 1
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_two_pass_wgrad_builds_without_spills(tmp_path):
+    limits = DeviceLimits.for_arch("sm_90")
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    kernels = TensorCoreKernels("conv_wgrad")
+    name, problem, config = _two_pass_configs(limits)[0]
+    module = compiler.compile(kernels.plan(problem, config).source, config=config)
+    assert not module.reports["conv_wgrad"].spills and not module.reports["conv_wgrad_reduce"].spills
+
+
+@pytest.mark.gpu
+def test_two_pass_wgrad_verifies_against_float64():
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    limits = current_device(0).limits()
+    loader = KernelLoader()
+    kernels = TensorCoreKernels("conv_wgrad")
+    failures = []
+    configs = _two_pass_configs(limits)
+    for name, problem, config in configs:
+        check = check_candidate(loader.load(kernels.plan(problem, config)), problem, time_it=False)
+        if not check.verification.passed:
+            failures.append(f"{name} {config}: {check.verification.message}")
+    assert len(configs) >= 6
+    assert not failures, "\n".join(failures)

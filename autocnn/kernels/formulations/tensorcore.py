@@ -12,8 +12,9 @@ nearest), tf32 one product per term.
 Parameters: block tile BM x BN x BK, warps WM x WN (the warp tile is BM/WM x BN/WN), pipeline
 STAGES with CP_ASYNC (cp.async global->shared copies; without it, a register double buffer),
 shared-memory padding PAD_A/PAD_B (bank conflicts of the fragment reads), TABLE_A (the A gather's
-per-k context tabulated in shared memory), UNROLL_K, and for conv_wgrad SPLITK (partial sums
-combined by atomics).
+per-k context tabulated in shared memory), UNROLL_K, and for conv_wgrad SPLITK with TWO_PASS (the
+splits' partial sums combined by atomics, or written to a workspace and summed in a fixed order by
+igemm's second-pass kernel: deterministic results, no zeroing of the outputs).
 
 The operations do not prefer it for their heuristic defaults yet (its speed against the other
 formulations is for the tuner to find), so registering it changed no default.
@@ -26,6 +27,7 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.conv_bwd_data import stride_phases
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
+from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES, wgrad_reduce_launch
 from autocnn.kernels.operation import GRID_YZ_LIMIT, Launch, at_most, cdiv, next_pow2, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -78,7 +80,8 @@ def params(gemm: TcGemm) -> list[Param]:
         Param("UNROLL_K", (1, 0), "unrolling of the k-steps of a tile (0: complete)"),
     ]
     if gemm.op == "conv_wgrad":
-        out.append(Param("SPLITK", SPLITS, "blocks sharing one output tile's reduction (atomics combine them)"))
+        out.append(Param("SPLITK", SPLITS, "blocks sharing one output tile's reduction"))
+        out.append(Param("TWO_PASS", (0, 1), "splits combined by a second pass over a workspace (else atomics)"))
     else:
         out.append(Param("TABLE_A", (0, 1), "the A gather's per-k context tabulated in shared memory"))
     return out
@@ -131,6 +134,10 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
             Constraint(("SPLITK", "BK"), lambda s, bk: None if s <= max(1, cdiv(gemm.GK, bk))
                        else f"SPLITK={s} exceeds the {cdiv(gemm.GK, bk)} reduction steps"),
             Constraint(("SPLITK",), lambda s: None if s <= GRID_YZ_LIMIT else "too many splits"),
+            Constraint(("TWO_PASS", "SPLITK"), lambda t, s: None if not t or s >= 2 else "a second pass needs SPLITK >= 2"),
+            Constraint(("TWO_PASS", "SPLITK"),
+                       lambda t, s: None if not t or 4 * s * (gemm.GM * gemm.GN + gemm.GM) <= WORKSPACE_LIMIT_BYTES
+                       else f"the two-pass workspace exceeds {WORKSPACE_LIMIT_BYTES >> 20} MiB"),
         ]
     else:
         out.append(smem_rule(limits, ("BM", "BN", "BK", "STAGES", "PAD_A", "PAD_B", "TABLE_A"),
@@ -144,7 +151,7 @@ def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
     base = {"formulation": FORMULATION_TC, "STAGES": 2, "CP_ASYNC": 0, "UNROLL_K": 0}
     a_kmajor, b_kmajor = KMAJOR[gemm.op]
     pads = {"PAD_A": 4 if a_kmajor else 8, "PAD_B": 4 if b_kmajor else 8}
-    extra = {"SPLITK": 1} if gemm.op == "conv_wgrad" else {"TABLE_A": 1}
+    extra = {"SPLITK": 1, "TWO_PASS": 0} if gemm.op == "conv_wgrad" else {"TABLE_A": 1}
     out = []
     for bm, bn, bk, wm, wn in ((128, 64, 16, 2, 2), (64, 64, 16, 2, 2), (64, 32, 16, 2, 2), (32, 32, 8, 2, 2)):
         cand = {**base, **pads, **extra, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn}
@@ -178,7 +185,8 @@ class TcConv(OpFormulation):
 
     def __init__(self, op: str):
         self.op = op
-        self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", f"gemm_operands_{op}.cuh.j2")
+        self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", f"gemm_operands_{op}.cuh.j2",
+                          *(("igemm_conv_wgrad_reduce.cu.j2",) if op == "conv_wgrad" else ()))
 
     def params(self, problem: Any) -> list[Param]:
         return params(gemm_for(problem))
@@ -199,15 +207,24 @@ class TcConv(OpFormulation):
         smem = smem_bytes(gemm.op, c["BM"], c["BN"], c["BK"], c["STAGES"], c["PAD_A"], c["PAD_B"], table, gemm.GK)
         z = c["SPLITK"] if gemm.op == "conv_wgrad" else gemm.grid_z
         grid = (cdiv(gemm.GM, c["BM"]), cdiv(gemm.GN, c["BN"]), z)
-        return (Launch(gemm.op, grid, (32 * c["WM"] * c["WN"], 1, 1), smem, self.ARGS[gemm.op]),)
+        main = Launch(gemm.op, grid, (32 * c["WM"] * c["WN"], 1, 1), smem, self.ARGS[gemm.op])
+        if gemm.op == "conv_wgrad" and c["TWO_PASS"]:
+            return (main, wgrad_reduce_launch(problem))
+        return (main,)
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
-        if self.op == "conv_wgrad" and config["SPLITK"] > 1:
+        if self.op != "conv_wgrad":
+            return (), ()
+        if config["TWO_PASS"]:
+            gemm = gemm_for(problem)
+            return (), (("ws", config["SPLITK"] * gemm.GM * gemm.GN), ("ws_bias", config["SPLITK"] * gemm.GM))
+        if config["SPLITK"] > 1:
             return ("dw", "db"), ()   # the splits' atomics add into zeroed outputs
         return (), ()
 
     def code_helpers(self) -> tuple:
-        return (gemm_for, TcGemm, smem_bytes, pragma_unroll, KMAJOR, TABLE_ENTRY_BYTES, self.ARGS)
+        return (gemm_for, TcGemm, smem_bytes, pragma_unroll, KMAJOR, TABLE_ENTRY_BYTES, self.ARGS,
+                wgrad_reduce_launch, WORKSPACE_LIMIT_BYTES)
 
 
 TENSOR_CORE = Formulation(FORMULATION_TC, tuple(TcConv(op) for op in TC_OPS))
