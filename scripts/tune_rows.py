@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Tune chosen rows of the seed suite in chosen precisions on one GPU, under one wall-clock budget.
+
+`autocnn tune --suite seed` tunes every row of one precision; this runs a named subset (the
+compute-bound rows, say) in both precisions, spreading a time budget evenly over the problems, with
+parameters optionally held (`--fix formulation=tc`). Records go to the tuning database as usual
+(AUTOCNN_TUNING_DB chooses where). Prints one line per problem, then a table.
+
+Usage (GPU host):
+  python3 scripts/tune_rows.py --rows modern_56,modern_14,sweep_3x3 --ops conv_fwd,conv_wgrad \\
+      --precisions fp32,tf32 --trials 24 --budget 480 --fix formulation=tc
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
+
+
+def parse_args(argv: list[str] | None):
+    from autocnn.kernels.suite import seed_problems
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", required=True, help="seed rows, comma-separated (e.g. modern_56,sweep_3x3)")
+    parser.add_argument("--ops", default=",".join(CONV_OPS))
+    parser.add_argument("--precisions", default="fp32,tf32")
+    parser.add_argument("--trials", type=int, default=24)
+    parser.add_argument("--budget", type=float, default=None, help="wall-clock seconds for all problems")
+    parser.add_argument("--fix", default="", help="parameters held at one value, e.g. formulation=tc")
+    parser.add_argument("--storage", default=None, help="Optuna storage URL")
+    parser.add_argument("--device", type=int, default=0)
+    args = parser.parse_args(argv)
+    ops = args.ops.split(",")
+    precisions = args.precisions.split(",")
+    rows = args.rows.split(",")
+    for op in ops:
+        if op not in CONV_OPS:
+            parser.error(f"--ops: {op!r} is not one of {', '.join(CONV_OPS)}")
+        known = {n for n, _ in seed_problems(op)}
+        for row in rows:
+            if row not in known:
+                parser.error(f"--rows: {row!r} is not a seed row of {op}; rows are {', '.join(sorted(known))}")
+    for precision in precisions:
+        if precision not in ("fp32", "tf32"):
+            parser.error(f"--precisions: {precision!r} is not fp32 or tf32")
+    if args.trials < 1:
+        parser.error("--trials must be at least 1")
+    if args.budget is not None and args.budget <= 0:
+        parser.error("--budget must be positive")
+    return args, ops, precisions, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, ops, precisions, rows = parse_args(argv)
+    from autocnn.cli import _parse_fixed
+    from autocnn.kernels.suite import seed_problems
+    from autocnn.store import TuningDatabase
+    from autocnn.tuning.sources import GpuSource
+    from autocnn.tuning.tuner import TuneSettings, Tuner
+
+    problems = [(op, name, dataclasses.replace(p, precision=precision))
+                for precision in precisions for op in ops for name, p in seed_problems(op) if name in rows]
+    settings = TuneSettings(trials=args.trials, storage=args.storage, fixed=_parse_fixed(args.fix))
+    source = GpuSource(args.device)
+    rows_out = []
+    start = time.monotonic()
+    try:
+        tuner = Tuner(source, TuningDatabase(), settings, progress=False, log=None)
+        for i, (op, name, problem) in enumerate(problems):
+            timeout = None
+            if args.budget is not None:
+                left = args.budget - (time.monotonic() - start)
+                if left <= 5:
+                    print(f"budget spent: {len(problems) - i} problems not tuned", flush=True)
+                    break
+                timeout = left / (len(problems) - i)
+            o = tuner.tune(op, problem, timeout_s=timeout)
+            best = o.best.time_us if o.best else None
+            default = o.default.time_us if o.default else None
+            cfg = o.best.config if o.best else None
+            rows_out.append((op, name, problem.precision, best, default, cfg))
+            print(f"{op} {name} {problem.precision}: best {best} us, default {default} us, "
+                  f"{o.measured} measured in {o.seconds:.0f} s {o.stopped_because}; {cfg}", flush=True)
+    finally:
+        source.close()
+    print(f"\n| op | row | precision | tuned us | default us |\n| --- | --- | --- | --- | --- |")
+    for op, name, precision, best, default, _ in rows_out:
+        f = lambda v: "-" if v is None else f"{v:.1f}"
+        print(f"| {op} | {name} | {precision} | {f(best)} | {f(default)} |")
+    return 0 if all(r[3] is not None for r in rows_out) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
