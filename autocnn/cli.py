@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from autocnn.errors import AutocnnError
+from autocnn.errors import AutocnnError, InvalidProblemError
+from autocnn.kernels.problem import DEFAULT_PRECISION, PRECISIONS, ConvProblem
 
 EXAMPLES = """examples:
   autocnn tune --op conv_fwd --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3 --trials 100
   autocnn tune --network kriz09 --batch 128 --trials 400
+  autocnn tune --suite seed --ops conv_fwd --precision tf32
   autocnn db list
   autocnn train --network lenet5 --epochs 10 --backend cuda
 """
@@ -98,8 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--fix", default="", help="parameters held at one value, e.g. formulation=direct,PAD=1")
     t.add_argument("--replay", nargs="+", type=Path, default=None,
                    help="answer from recorded GPU measurements instead of a GPU (replay files)")
+    t.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="what the convolutions must be as accurate as: fp32 (default; FP32-accurate, tensor "
+                        "cores through 3xTF32) or tf32 (opt-in: one TF32 product per term, a looser bound). "
+                        "Applies to every convolution tuned (--op, --suite, --network, --stale: there, only "
+                        "the stale records of this precision); pooling has no precision. With --op it may "
+                        "also be given in --shape as precision=tf32")
     t.add_argument("--cudnn", action="store_true",
-                   help="also time PyTorch/cuDNN (FP32, TF32 off) on each shape and keep it in the record")
+                   help="also time PyTorch/cuDNN on each shape and keep it in the record (TF32 off for fp32 "
+                        "problems, on for tf32 ones)")
     t.add_argument("--json", action="store_true", help="print the results as JSON")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_tune)
@@ -167,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _db_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=None, help="only GPUs whose name contains this text")
     p.add_argument("--op", default=None, help="only this operation")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="only convolution records of this precision (pooling records have none and are "
+                        "left out)")
 
 
 # -- tune -------------------------------------------------------------------------------------------
@@ -192,6 +206,34 @@ def _parse_ops(text: str | None) -> list[str]:
     return ops
 
 
+def _at_precision(problem: Any, precision: str) -> Any:
+    """The convolution problem at this precision; a pooling problem as it is (it has none)."""
+    if isinstance(problem, ConvProblem) and problem.precision != precision:
+        return dataclasses.replace(problem, precision=precision)
+    return problem
+
+
+def _has_precision(problem: Any, precision: str) -> bool:
+    return not isinstance(problem, ConvProblem) or problem.precision == precision
+
+
+_PRECISION_IN_SHAPE = re.compile(r"(^|,)\s*precision\s*=")
+
+
+def _shape_problem(op: str, shape: str, flag: str | None) -> Any:
+    """--op's problem from --shape, at the precision of --precision or of the shape string (not both,
+    unless they agree)."""
+    from autocnn.kernels import parse_shape
+
+    problem = parse_shape(op, shape)
+    if flag is None or not isinstance(problem, ConvProblem):
+        return problem   # pooling has no precision: its kernels are the same at both
+    if _PRECISION_IN_SHAPE.search(shape) and problem.precision != flag:
+        raise ValueError(f"--shape says precision={problem.precision} but --precision says {flag}: "
+                         f"give one of them, or the same value in both")
+    return _at_precision(problem, flag)
+
+
 def _make_source(args: argparse.Namespace):
     if args.replay:
         from autocnn.tuning.sources import ReplayFile, ReplaySource
@@ -204,13 +246,15 @@ def _make_source(args: argparse.Namespace):
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from autocnn.store import TuningDatabase
-    from autocnn.kernels import parse_shape
     from autocnn.tuning.tuner import TuneSettings, Tuner, tune_problems
 
     if args.op and not args.shape:
         raise ValueError("--op needs --shape, e.g. --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3")
     if args.network and args.shape:
         raise ValueError("--shape goes with --op; a network's shapes come from the network and --batch")
+    precision = args.precision or DEFAULT_PRECISION
+    # Parsed before any source is opened: a bad shape or a precision clash costs no GPU start.
+    op_problem = _shape_problem(args.op, args.shape, args.precision) if args.op else None
     settings = TuneSettings(trials=args.trials, timeout_s=args.timeout if not args.network else None,
                             sampler=args.sampler, seed=args.seed, storage=args.storage,
                             fixed=_parse_fixed(args.fix))
@@ -219,11 +263,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         tuner = Tuner(source, TuningDatabase(), settings, progress=not (args.no_progress or args.json), log=log)
         if args.op:
-            outcomes = [tuner.tune(args.op, parse_shape(args.op, args.shape))]
+            outcomes = [tuner.tune(args.op, op_problem)]
         elif args.stale:
-            problems = TuningDatabase().stale_problems(source.device, _parse_ops(args.ops))
+            stale = TuningDatabase().stale_problems(source.device, _parse_ops(args.ops))
+            problems = [p for p in stale if _has_precision(p, precision)]
             if log:
                 log(f"{len(problems)} shapes with stale records for {source.device.name}")
+                others = sorted({p.precision for p in stale if not _has_precision(p, precision)})
+                if others:
+                    log(f"{len(stale) - len(problems)} more stale shapes are {'/'.join(others)}: "
+                        f"tune them with --precision {others[0]}")
             outcomes = []
             for problem in problems:
                 if log:
@@ -238,13 +287,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 for name, problem in seed_problems(op):
                     if log:
                         log(f"{op} {name}")
-                    outcomes.append(tuner.tune(op, problem))
+                    outcomes.append(tuner.tune(op, _at_precision(problem, precision)))
         else:
             from autocnn.nn.zoo import load_network
 
             if args.batch < 1:
                 raise ValueError(f"--batch must be at least 1, not {args.batch}")
             model = load_network(args.network)
+            model.precision = precision
             problems = model.problems(args.batch)
             if args.ops:
                 ops = _parse_ops(args.ops)
@@ -265,30 +315,26 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _add_cudnn_times(outcomes, db) -> None:
-    """Time PyTorch/cuDNN on each tuned shape (same protocol) and keep it in the stored record."""
-    import dataclasses
-
-    from autocnn.tuning.baselines import cudnn_runner, torch_available
+    """Time PyTorch/cuDNN on each tuned shape (same protocol, at the problem's precision) and keep it
+    in the stored record."""
     from autocnn.device import current_device
-    from autocnn.tuning.measure import L2Flusher, time_callable
+    from autocnn.tuning.baselines import time_cudnn, torch_available
+    from autocnn.tuning.measure import L2Flusher
 
     if not torch_available():
         print("autocnn: --cudnn needs PyTorch with CUDA; cuDNN times were not taken", file=sys.stderr)
         return
     flusher = L2Flusher(current_device().l2_bytes)
     for o in outcomes:
-        runner = cudnn_runner(o.op, o.problem)
-        if runner is None:
-            continue
-        o.cudnn_us = time_callable(runner, flusher=flusher, budget_s=0.2).median_us
-        if o.record is not None:
+        o.cudnn_us = time_cudnn(o.op, o.problem, flusher=flusher, budget_s=0.2)
+        if o.cudnn_us is not None and o.record is not None:
             o.record = dataclasses.replace(o.record, cudnn_time_us=o.cudnn_us)
             db.put(o.record)
 
 
 def _outcome_row(o) -> dict[str, Any]:
     return {
-        "op": o.op, "shape": o.problem.shape_string(),
+        "op": o.op, "shape": o.problem.shape_string(), "precision": _precision_text(o.problem),
         "default_us": o.default.time_us if o.default and o.default.ok else None,
         "tuned_us": o.best.time_us if o.best else None,
         "speedup": o.speedup, "cudnn_us": getattr(o, "cudnn_us", None),
@@ -305,11 +351,12 @@ def _fmt(v: Any, spec: str = ".1f") -> str:
 
 
 def _outcome_table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'op':14s} {'shape':52s} {'default us':>10s} {'tuned us':>10s} {'speed-up':>8s} {'cuDNN us':>9s} "
+    width = max([len("shape"), *(len(r["shape"]) for r in rows)])   # never cut: the end names the precision
+    lines = [f"{'op':14s} {'shape':{width}s} {'default us':>10s} {'tuned us':>10s} {'speed-up':>8s} {'cuDNN us':>9s} "
              f"{'vs cuDNN':>8s} {'trials':>6s} {'failed':>6s} {'seconds':>7s}  stopped after"]
     for r in rows:
         failed = sum(r["failures"].values())
-        lines.append(f"{r['op']:14s} {r['shape'][:52]:52s} {_fmt(r['default_us']):>10s} {_fmt(r['tuned_us']):>10s} "
+        lines.append(f"{r['op']:14s} {r['shape']:{width}s} {_fmt(r['default_us']):>10s} {_fmt(r['tuned_us']):>10s} "
                      f"{_fmt(r['speedup'], '.2f'):>8s} {_fmt(r['cudnn_us']):>9s} {_fmt(r['vs_cudnn'], '.2f'):>8s} "
                      f"{r['measured']:6d} {failed:6d} {r['seconds']:7.1f}  {r['stopped']}")
     return "\n".join(lines)
@@ -317,18 +364,35 @@ def _outcome_table(rows: list[dict[str, Any]]) -> str:
 
 # -- db ---------------------------------------------------------------------------------------------
 
+def _precision_text(problem: Any) -> str:
+    """A record's precision as db list and show print it ("-" for pooling, which has none)."""
+    return problem.precision if isinstance(problem, ConvProblem) else "-"
+
+
 def _matching(db, args: argparse.Namespace, shape: str | None = None, stale: bool = False):
+    from autocnn.kernels import problem_from_dict
+
+    wanted: dict[str, Any] = {}   # op -> the problem --shape (and --precision) names for it
+
+    def named(op: str) -> Any:
+        if op not in wanted:
+            try:
+                wanted[op] = _shape_problem(op, shape, args.precision)
+            except InvalidProblemError:
+                wanted[op] = None   # a shape of another kind of operation: no record of this op matches
+        return wanted[op]
+
     out = []
     for rec in ([r for r, _ in db.stale_records()] if stale else db.records()):
         if args.gpu and args.gpu.lower() not in rec.key.gpu.lower():
             continue
         if args.op and rec.key.op != args.op:
             continue
-        if shape is not None:
-            from autocnn.kernels import problem_from_dict
-
-            if problem_from_dict(rec.key.problem).shape_string() != shape:
-                continue
+        problem = problem_from_dict(rec.key.problem)
+        if args.precision and _precision_text(problem) != args.precision:
+            continue
+        if shape is not None and named(rec.key.op) != problem:
+            continue
         out.append(rec)
     return out
 
@@ -336,21 +400,31 @@ def _matching(db, args: argparse.Namespace, shape: str | None = None, stale: boo
 def cmd_db_list(args: argparse.Namespace) -> int:
     from autocnn.store import TuningDatabase
 
-    db = TuningDatabase()
-    rows = [r for r in db.summary_rows() if (not args.gpu or args.gpu.lower() in r.gpu.lower())
-            and (not args.op or r.op == args.op)]
-    if args.json:
-        from dataclasses import asdict
+    from autocnn.kernels import parse_shape
 
-        print(json.dumps([asdict(r) for r in rows], indent=2))
+    db = TuningDatabase()
+    rows = []
+    for r in db.summary_rows():
+        # The shape string is the problem's canonical text (a tf32 one ends in precision=tf32), so
+        # parsing it back gives the precision without a second pass over the records.
+        precision = _precision_text(parse_shape(r.op, r.shape))
+        if ((not args.gpu or args.gpu.lower() in r.gpu.lower()) and (not args.op or r.op == args.op)
+                and (not args.precision or precision == args.precision)):
+            rows.append((r, precision))
+    if args.json:
+        print(json.dumps([{**dataclasses.asdict(r), "precision": precision} for r, precision in rows], indent=2))
         return 0
     if not rows:
-        print("no tuned records (run autocnn tune first)")
+        print("no tuned records (run autocnn tune first)" if not (args.gpu or args.op or args.precision)
+              else "no tuned record matches the filters")
         return 0
-    print(f"{'gpu':22s} {'op':14s} {'shape':50s} {'tuned us':>9s} {'default us':>10s} {'speed-up':>8s}")
-    for r in rows:
-        print(f"{r.gpu[:22]:22s} {r.op:14s} {r.shape[:50]:50s} {_fmt(r.time_us):>9s} {_fmt(r.default_time_us):>10s} "
-              f"{_fmt(r.speedup, '.2f'):>8s}")
+    # Shapes are never cut: their ends (epilogue, precision) tell records apart.
+    width = max([len("shape"), *(len(r.shape) for r, _ in rows)])
+    print(f"{'gpu':22s} {'op':14s} {'precision':9s} {'shape':{width}s} {'tuned us':>9s} {'default us':>10s} "
+          f"{'speed-up':>8s}")
+    for r, precision in rows:
+        print(f"{r.gpu[:22]:22s} {r.op:14s} {precision:9s} {r.shape:{width}s} {_fmt(r.time_us):>9s} "
+              f"{_fmt(r.default_time_us):>10s} {_fmt(r.speedup, '.2f'):>8s}")
     return 0
 
 
@@ -361,7 +435,11 @@ def cmd_db_show(args: argparse.Namespace) -> int:
     if not recs:
         print("no matching record")
         return 1
-    print(json.dumps([r.to_dict() for r in recs], indent=2))
+    from autocnn.kernels import problem_from_dict
+
+    # The stored key leaves fp32 out (records made before precision existed keep their keys): say it.
+    print(json.dumps([{"precision": _precision_text(problem_from_dict(r.key.problem)), **r.to_dict()}
+                      for r in recs], indent=2))
     return 0
 
 
