@@ -1,0 +1,80 @@
+"""The pooling layer, AvgPool2d (pooling kernels compute in FP32: they have no precision)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from autocnn.errors import InvalidProblemError
+from autocnn.kernels.problem import AvgPoolFwdProblem
+from autocnn.nn.backend import Array, Backend, KernelProblem
+from autocnn.nn.layer_base import Layer, Shape, check_padding, check_pair
+
+
+class AvgPool2d(Layer):
+    """Average pooling over ``window`` (stride defaults to the window: non-overlapping).
+
+    ``count_pad``: True divides by the full window size everywhere (PyTorch's
+    count_include_pad); False divides by the positions inside the image only.
+    """
+
+    def __init__(self, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
+                 padding: int | Sequence[int] = 0, count_pad: bool = True, name: str | None = None) -> None:
+        super().__init__(name)
+        owner = "AvgPool2d"
+        self.window = check_pair(owner, "window", window)
+        self.stride = self.window if stride is None else check_pair(owner, "stride", stride)
+        self.padding = check_padding(owner, padding)
+        if not isinstance(count_pad, bool):
+            raise ValueError(f"{owner}: count_pad must be True or False, got {count_pad!r}")
+        self.count_pad = count_pad
+        kh, kw = self.window
+        pt, pl, pb, pr = self.padding
+        if max(pt, pb) >= kh or max(pl, pr) >= kw:
+            raise ValueError(f"{owner}: padding {self.padding} must be smaller than the window "
+                             f"{self.window} on every side")
+
+    def config_text(self) -> str:
+        text = f"window={self.window}"
+        if self.stride != self.window:
+            text += f", stride={self.stride}"
+        if any(self.padding):
+            text += f", padding={self.padding}"
+        if not self.count_pad:
+            text += ", count_pad=False"
+        return text
+
+    def _fwd_problem(self, input_shape: Shape, batch_size: int) -> AvgPoolFwdProblem:
+        C, H, W = input_shape
+        return AvgPoolFwdProblem(N=batch_size, C=C, H=H, W=W, window=self.window, stride=self.stride,
+                                 padding=self.padding, count_pad=self.count_pad)
+
+    def compute_output_shape(self, input_shape: Shape) -> Shape:
+        if len(input_shape) != 3:
+            raise self._shape_error("(C, H, W)", input_shape)
+        try:
+            p = self._fwd_problem(input_shape, 1)
+        except InvalidProblemError as exc:
+            raise self._problem_error(exc, input_shape) from exc
+        return (input_shape[0], p.P, p.Q)
+
+    def make_problems(self, input_shape: Shape, batch_size: int) -> list[KernelProblem]:
+        fwd = self._fwd_problem(input_shape, batch_size)
+        # Without a trainable layer before it, nothing needs the pooled input's gradient.
+        return [fwd, fwd.with_op("avgpool_bwd")] if self.needs_input_grad else [fwd]
+
+    def _allocate(self, backend: Backend, batch_size: int) -> None:
+        self._y = backend.zeros((batch_size, *self.output_shape))  # type: ignore[misc]
+        self._dx = backend.zeros((batch_size, *self.input_shape)) if self.needs_input_grad else None  # type: ignore[misc]
+
+    def forward(self, x: Array) -> Array:
+        backend = self._require_built()
+        self._check_batch("input", x, self.input_shape)  # type: ignore[arg-type]
+        backend.avgpool_fwd(self._problems[0], x, self._y)
+        return self._y
+
+    def backward(self, dy: Array) -> Array | None:
+        backend = self._require_built()
+        self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
+        if not self.needs_input_grad:
+            return None
+        backend.avgpool_bwd(self._problems[1], dy, self._dx)
+        return self._dx
