@@ -163,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="learning-rate schedule over the epochs (default cosine; RPROP ignores it)")
     tr.add_argument("--no-standardize", action="store_true",
                     help="keep pixel values in [0, 1] instead of zero mean and unit variance")
+    tr.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+                    help="the convolutions' precision on the cuda backend: fp32 (default, FP32-accurate) or "
+                         "tf32 (tensor cores round operands to TF32). The numpy backend computes in float32 "
+                         "either way. The dispatch table shows each layer's")
     tr.add_argument("--seed", type=int, default=None)
     tr.add_argument("--limit", type=int, default=None, help="use only this many training images")
     tr.add_argument("--save", type=Path, default=None, help="write the trained weights (.npz)")
@@ -510,7 +514,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     report = train(args.network, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
                    backend=args.backend, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                    data_root=args.data_root, limit=args.limit, verbose=not args.json,
-                   standardize=not args.no_standardize,
+                   standardize=not args.no_standardize, precision=args.precision,
                    lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule)
     if args.save:
         report.model.save(args.save)

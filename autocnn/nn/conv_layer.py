@@ -7,10 +7,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
+from autocnn.kernels.problem import DEFAULT_PRECISION, ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from autocnn.nn.backend import Array, Backend, KernelProblem
 from autocnn.nn.layer_base import (Shape, WeightedLayer, check_activation, check_int, check_pair, check_padding,
-                                   init_weights)
+                                   check_precision, init_weights)
 
 
 class Conv2d(WeightedLayer):
@@ -18,15 +18,25 @@ class Conv2d(WeightedLayer):
 
     ``padding``: an int, (height, width) or (top, left, bottom, right) (asymmetric padding, as
     an even filter needs to keep the size: 8x8 with (4, 4, 3, 3)).
+
+    ``precision``: what this layer's three convolutions (forward, backward-data, weight gradient)
+    must be as accurate as on a GPU. None (the default) takes the model's (``Sequential(...,
+    precision=)``, itself "fp32" unless told otherwise); "fp32" or "tf32" overrides it for this
+    layer only. "fp32" is FP32-accurate whatever kernel runs; "tf32" lets tensor cores round the
+    operands to TF32 (faster, with a looser bound). The layer's kernel problems carry the
+    effective precision (``precision``), so tuning, lookups and dispatch use the records of it.
+    The numpy backend ignores it: it computes in the model's dtype (float32 or float64) either way.
     """
 
     trainable = True
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | Sequence[int],
                  stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, bias: bool = True,
-                 activation: str = "none", name: str | None = None) -> None:
+                 activation: str = "none", name: str | None = None, precision: str | None = None) -> None:
         super().__init__(name)
         owner = "Conv2d"
+        self.precision_override = check_precision(owner, precision, inherit=True)
+        self._model_precision = DEFAULT_PRECISION
         self.in_channels = check_int(owner, "in_channels", in_channels, 1)
         self.out_channels = check_int(owner, "out_channels", out_channels, 1)
         self.kernel_size = check_pair(owner, "kernel_size", kernel_size)
@@ -50,7 +60,16 @@ class Conv2d(WeightedLayer):
             text += f", stride={self.stride}"
         if any(self.padding):
             text += f", padding={self.padding}"
-        return text + self._epilogue_text()
+        text += self._epilogue_text()
+        return text + (f", precision={self.precision_override!r}" if self.precision_override else "")
+
+    @property
+    def precision(self) -> str:
+        """The precision this layer's convolutions run at: its own, else the model's."""
+        return self.precision_override or self._model_precision
+
+    def use_model_precision(self, precision: str) -> None:
+        self._model_precision = precision
 
     def compute_output_shape(self, input_shape: Shape) -> Shape:
         if len(input_shape) != 3 or input_shape[0] != self.in_channels:
@@ -81,7 +100,7 @@ class Conv2d(WeightedLayer):
         R, S = self.kernel_size
         return ConvFwdProblem(N=batch_size, C=C, H=H, W=W, K=self.out_channels, R=R, S=S,
                               stride=self.stride, padding=self.padding, bias=self.use_bias,
-                              activation=self.activation)
+                              activation=self.activation, precision=self.precision)
 
     def make_problems(self, input_shape: Shape, batch_size: int) -> list[KernelProblem]:
         fwd = self._fwd_problem(input_shape, batch_size)

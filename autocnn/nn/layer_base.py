@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels.problem import ACTIVATIONS
+from autocnn.kernels.problem import ACTIVATIONS, PRECISIONS
 from autocnn.nn.backend import Array, Backend, KernelProblem, activation_grad
 
 Shape = tuple[int, ...]
@@ -63,6 +63,16 @@ def check_activation(owner: str, name: Any) -> str:
     if not isinstance(name, str) or name.lower() not in ACTIVATIONS:
         raise ValueError(f"{owner}: activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}")
     return name.lower()
+
+
+def check_precision(owner: str, value: Any, inherit: bool = False) -> str | None:
+    """A precision name ("fp32" or "tf32"); with ``inherit``, None (take the model's) is allowed too."""
+    if inherit and value is None:
+        return None
+    if not isinstance(value, str) or value.lower() not in PRECISIONS:
+        allowed = ", ".join(PRECISIONS) + (" or None (the model's)" if inherit else "")
+        raise ValueError(f"{owner}: precision must be one of {allowed}, got {value!r}")
+    return value.lower()
 
 
 def shape_text(shape: Sequence[Any]) -> str:
@@ -129,6 +139,10 @@ class Layer(abc.ABC):
     def make_problems(self, input_shape: Shape, batch_size: int) -> list[KernelProblem]:
         """The kernel problems this layer runs at ``batch_size`` (none for non-kernel layers)."""
         return []
+
+    def use_model_precision(self, precision: str) -> None:
+        """Told the model's precision (by Sequential, before the next build). Only layers whose
+        kernels have a precision (Conv2d) keep it; the others compute in FP32 and ignore it."""
 
     # -- allocation ------------------------------------------------------------------------------
     def build(self, input_shape: Sequence[int], batch_size: int, backend: Backend,

@@ -27,6 +27,8 @@ from autocnn.nn.arena import ParameterArena
 from autocnn.nn.backend import Array, Backend, CapturedStep, KernelDispatch
 from autocnn.nn.backend_choice import get_backend
 from autocnn.nn.fitting import FitLoop
+from autocnn.kernels.problem import DEFAULT_PRECISION
+from autocnn.nn.layer_base import check_precision
 from autocnn.nn.layers import Layer
 from autocnn.nn.losses import Accuracy, SoftmaxCrossEntropy
 from autocnn.nn.model_kernels import ModelKernels
@@ -44,10 +46,21 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
     ``backend``: "numpy", "cuda" or a Backend instance. ``dtype``: float32 by default (float64 on
     the numpy backend for gradient checks). ``seed`` makes the initial weights and the shuffling
     reproducible.
+
+    ``precision``: what the model's convolutions must be as accurate as on a GPU, "fp32" (the
+    default: FP32-accurate, whatever kernel runs) or "tf32" (tensor cores may round operands to
+    TF32: faster, with a looser error bound). It is the model's setting for every Conv2d that does
+    not set its own (``Conv2d(..., precision="fp32")`` keeps a layer in fp32 in a tf32 model), and
+    may be changed later (``model.precision = "tf32"``; a built model is built again, keeping its
+    weights). Building, fitting, tuning (``tune``), ``problems`` and the dispatch report all use
+    it: each convolution's kernel problems carry their layer's precision, so tuning and lookups
+    use the records of that precision. Pooling has no precision, and Dense layers always compute
+    in FP32 (cuBLAS SGEMM). The numpy backend computes in ``dtype`` (float32 or float64) at either
+    precision: precision only chooses among the GPU kernels.
     """
 
     def __init__(self, layers: Sequence[Layer], input_shape: Sequence[int], backend: str | Backend = "numpy",
-                 seed: int | None = None, dtype: Any = None) -> None:
+                 seed: int | None = None, dtype: Any = None, precision: str = DEFAULT_PRECISION) -> None:
         layers = list(layers)
         if not layers:
             raise ValueError("Sequential needs at least one layer")
@@ -91,6 +104,7 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         self._weights_n: int | None = None  # the weight buffer holds n ones, then zeros (None: other)
         self.optimizer: Optimizer | None = None
         self.batch_size: int | None = None
+        self.precision = precision   # after batch_size: setting it rebuilds a built model
         self.dispatch: list[KernelDispatch] = []
         self._pending_params: dict[int, dict[str, np.ndarray]] = {}
         self._arena: ParameterArena | None = None
@@ -125,7 +139,20 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
 
     def __repr__(self) -> str:
         return (f"Sequential({len(self.layers)} layers, input {self.input_shape}, {self.num_classes} classes, "
-                f"backend={self.backend.name}, dtype={self.dtype.name})")
+                f"backend={self.backend.name}, dtype={self.dtype.name}, precision={self.precision!r})")
+
+    @property
+    def precision(self) -> str:
+        """The model's precision: "fp32" or "tf32" (see the class docstring)."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:
+        self._precision = check_precision("Sequential", value)
+        for layer in self.layers:
+            layer.use_model_precision(self._precision)
+        if self.batch_size is not None:
+            self._rebuild()   # the layers' problems change: the backend must choose their kernels again
 
     def summary(self) -> str:
         """A table of the layers: name, configuration, output shape and parameter count."""
@@ -136,7 +163,8 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
             total += count
             rows.append((str(layer.name), repr(layer), "x".join(map(str, shape)), f"{count:,}"))
         text = format_table(rows)
-        return f"{text}\ninput {'x'.join(map(str, self.input_shape))}, {total:,} parameters"
+        return (f"{text}\ninput {'x'.join(map(str, self.input_shape))}, {total:,} parameters, "
+                f"precision {self.precision}")
 
     @property
     def built(self) -> bool:
@@ -183,6 +211,11 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         if verbose:
             print(self.dispatch_report())
         return self
+
+    def _rebuild(self) -> None:
+        """Build again at the built batch size (problems and kernels chosen anew, weights kept)."""
+        size, self.batch_size = self._require_built(), None
+        self.build(size)
 
     def _require_built(self) -> int:
         if self.batch_size is None:

@@ -57,25 +57,28 @@ class ModelKernels:
             reset = getattr(self.backend, "forget", None)
             if reset is not None:
                 reset(problems)
-            size, self.batch_size = self.batch_size, None
-            self.build(size)
+            self._rebuild()
         return outcomes
 
     def dispatch_report(self) -> str:
-        """Which implementation runs each kernel of each layer, as a table (Dense layers too)."""
+        """Which implementation runs each kernel of each layer, as a table (Dense layers too), with
+        each kernel's precision: the layer's for convolutions, "-" for pooling (it has none),
+        fp32 for Dense (cuBLAS SGEMM)."""
         self._require_built()
         by_problem = {d.problem: d for d in self.dispatch}
-        rows = [("layer", "op", "shape", "kernel", "detail")]
+        rows = [("layer", "op", "precision", "shape", "kernel", "detail")]
         for i, layer in enumerate(self.layers):
             for p in layer.problems():
                 d = by_problem[p]
-                rows.append((str(layer.name), p.op, p.shape_string(), d.source, d.detail))
+                rows.append((str(layer.name), p.op, getattr(p, "precision", "-"), p.shape_string(), d.source,
+                             d.detail))
             if isinstance(layer, Dense):
                 head = i == len(self.layers) - 1 and layer.can_end_with_loss
                 source, detail = self.backend.dense_dispatch(layer.in_features, layer.out_features, head)
                 shape = f"N={self.batch_size},in={layer.in_features},out={layer.out_features}"
-                rows.append((str(layer.name), "dense+loss" if head else "dense", shape, source, detail))
-        title = f"kernels on the {self.backend.name} backend at batch size {self.batch_size}"
+                rows.append((str(layer.name), "dense+loss" if head else "dense", "fp32", shape, source, detail))
+        title = (f"kernels on the {self.backend.name} backend at batch size {self.batch_size}, "
+                 f"model precision {self.precision}")
         if not self.dispatch:
             title += " (no convolution or pooling layers)"
         if len(rows) == 1:

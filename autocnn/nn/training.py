@@ -15,6 +15,7 @@ from typing import Any, Callable
 from autocnn.nn.backend import Backend
 from autocnn.nn.data import ImageDataset, load_cifar10, load_fashion_mnist, load_mnist
 from autocnn.nn.fitting import History
+from autocnn.nn.layer_base import check_precision
 from autocnn.nn.model import Sequential
 from autocnn.nn.optim import Optimizer, get_optimizer
 from autocnn.nn.zoo import load_network
@@ -56,6 +57,8 @@ class TrainingReport:
     test_accuracy: list[float]
     seconds: float
     dispatch_report: str
+    precision: str = "fp32"    # the model's; layers that set their own are named in precision_text
+    precision_text: str = "fp32"
     model: Sequential | None = field(default=None, repr=False, compare=False)   # the trained model
 
     @property
@@ -64,7 +67,8 @@ class TrainingReport:
 
     def summary(self) -> str:
         lines = [f"{self.network} on {self.dataset} ({self.train_samples} train / {self.test_samples} test "
-                 f"samples), {self.backend} backend, {self.optimizer}, batch {self.batch_size}"]
+                 f"samples), {self.backend} backend, {self.optimizer}, batch {self.batch_size}, "
+                 f"precision {self.precision_text}"]
         for e in range(self.history.epochs):
             lines.append(f"  epoch {e + 1}: loss {self.history.loss[e]:.4f}, train acc "
                          f"{self.history.accuracy[e]:.4f}, test loss {self.history.val_loss[e]:.4f}, "
@@ -77,7 +81,8 @@ class TrainingReport:
                 "optimizer": self.optimizer, "epochs": self.epochs, "batch_size": self.batch_size,
                 "train_samples": self.train_samples, "test_samples": self.test_samples,
                 "history": self.history.to_dict(), "test_accuracy": list(self.test_accuracy),
-                "seconds": self.seconds, "dispatch_report": self.dispatch_report}
+                "seconds": self.seconds, "precision": self.precision, "precision_text": self.precision_text,
+                "dispatch_report": self.dispatch_report}
 
 
 def load_dataset(name: str, root: str | Path | None = None) -> ImageDataset:
@@ -91,16 +96,23 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
           batch_size: int = 64, backend: str | Backend = "numpy", optimizer: str | Optimizer = "adam",
           lr: float | None = None, seed: int | None = None, data_root: str | Path | None = None,
           limit: int | None = None, verbose: bool = True, memory_limit_gib: float = 8.0,
-          standardize: bool = True, lr_schedule: str | None = "cosine") -> TrainingReport:
+          standardize: bool = True, lr_schedule: str | None = "cosine", precision: str | None = None
+          ) -> TrainingReport:
     """Train ``network`` (a seed network name, a .json file or a Sequential) on ``dataset``.
 
     ``limit`` keeps the first ``limit`` samples of each split (quick runs). The fitted images
     are held in memory; a run that would need more than ``memory_limit_gib`` (scherer10's
     256x256 inputs: 256 KiB per image) is refused with the number, so pass ``limit``.
     ``backend`` and ``seed`` apply when the network is given by name or file.
+    ``precision`` ("fp32" or "tf32") becomes the model's precision (``Sequential.precision``:
+    layers that set their own keep it); None keeps the model's, fp32 for a network by name or file.
     """
+    if precision is not None:
+        check_precision("train", precision)   # before any data is read
     model = network if isinstance(network, Sequential) else load_network(network, backend=backend, seed=seed)
     network_name = "model" if isinstance(network, Sequential) else str(network)
+    if precision is not None:
+        model.precision = precision
     opt = get_optimizer(optimizer, lr)
     data = load_dataset(dataset, data_root).limit(limit)
     if data.num_classes != model.num_classes:
@@ -127,4 +139,12 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
         network=network_name, dataset=data.name, backend=model.backend.name, optimizer=repr(opt),
         epochs=epochs, batch_size=batch_size, train_samples=len(data.x_train), test_samples=len(data.x_test),
         history=history, test_accuracy=[float(a) for a in history.val_accuracy],  # type: ignore[arg-type]
-        seconds=seconds, dispatch_report=model.dispatch_report(), model=model)
+        seconds=seconds, dispatch_report=model.dispatch_report(), precision=model.precision,
+        precision_text=describe_precision(model), model=model)
+
+
+def describe_precision(model: Sequential) -> str:
+    """The model's precision, and the layers that differ from it: "tf32 (conv2d_1 fp32)"."""
+    own = [f"{layer.name} {layer.precision}" for layer in model.layers
+           if getattr(layer, "precision", model.precision) != model.precision]
+    return model.precision + (f" ({', '.join(own)})" if own else "")
