@@ -20,3 +20,28 @@ def rng() -> np.random.Generator:
     # Fresh data every run: the seed is drawn, and printed on failure by pytest's -ra summary via repr.
     seed = int(np.random.SeedSequence().entropy % (2**32))
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL server for the session (tests/postgres_server.py); skipped with the
+    reason where the server binaries or the driver are missing."""
+    from tests.postgres_server import PostgresServer, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    server = PostgresServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server, request):
+    """The URL of a fresh database on the session's PostgreSQL server, one per test."""
+    import re
+
+    name = "t_" + re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:50]
+    return postgres_server.create_database(f"{name}_{id(request) % 100000}")

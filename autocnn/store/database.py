@@ -120,18 +120,31 @@ class TuningDatabase(RecordLookup, RecordExchange):
         record is validated first (RecordError), so nothing is written that loading would skip.
 
         ``keep_faster``: a record replaces one with the same key (user or shipped) only when it is
-        faster; the cuDNN time of the record it replaces is kept when the new one has none.
+        faster; the cuDNN time of the record it replaces is kept when the new one has none. The
+        user file is compared under its lock, so of tuners storing the same key at once the
+        fastest record stays, whichever writes last.
         """
         valid = [validate_record(r).record for r in records]
-        if keep_faster:
-            valid = faster_records(valid, self.records())
+        shipped = [e.record for e in self._entries() if e.origin == "shipped"] if keep_faster else []
         by_file: dict[Path, list[TuningRecord]] = {}
         for r in valid:
             by_file.setdefault(self.path_for(r.key), []).append(r)
+        stored: list[TuningRecord] = []
         for path, group in by_file.items():
-            new = {r.key.identity(): r.to_dict() for r in group}   # the last of equal keys wins
-            self._rewrite(path, lambda raws: [raw for raw in raws if raw_identity(raw) not in new] + list(new.values()))
-        return valid
+            def change(raws: list[Any], group: list[TuningRecord] = group) -> list[Any]:
+                new = {r.key.identity(): r for r in group}   # the last of equal keys wins
+                if keep_faster:
+                    current = [TuningRecord.from_dict(raw) for raw in raws if raw_identity(raw) in new]   # user over shipped
+                    new = {r.key.identity(): r for r in faster_records(list(new.values()), shipped + current)}
+                stored.extend(new.values())
+                return [raw for raw in raws if raw_identity(raw) not in new] + [r.to_dict() for r in new.values()]
+            self._rewrite(path, change)
+        return stored
+
+    def record_for(self, key: RecordKey) -> TuningRecord | None:
+        """The valid record (user over shipped) with this key, or None."""
+        identity = key.identity()
+        return next((e.record for e in self._entries() if e.record.key.identity() == identity), None)
 
     def remove(self, what: RecordKey | Callable[[TuningRecord], bool]) -> int:
         """Remove user records with this key, or for which the predicate is true; returns how many.

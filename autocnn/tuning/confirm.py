@@ -1,0 +1,83 @@
+"""The end of a search: the winner timed again, interleaved with the runner-up and the default, and
+stored in the tuning database only when it is faster than what the database holds for its key (so
+of several tuners sharing a study the fastest confirmed winner stays, whichever finished last)."""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Mapping
+
+from autocnn import __version__
+from autocnn.kernels.space import Config
+from autocnn.tuning.settings import TuneOutcome, TuneSettings
+from autocnn.tuning.sources import MeasurementSource, TrialResult
+
+
+def contenders(known: Mapping[str, TrialResult], default: Config) -> list[Config]:
+    """The two fastest verified configs, and the default where it was verified too."""
+    ranked = sorted((r for r in known.values() if r.ok and r.time_us is not None), key=lambda r: r.time_us)
+    out = [r.config for r in ranked[:2]]
+    if default.key() not in {c.key() for c in out} and default.key() in known and known[default.key()].ok:
+        out.append(default)
+    return out
+
+
+def retime(source: MeasurementSource, op: str, problem: Any, configs: list[Config],
+           rounds: int) -> tuple[dict[str, float], dict[str, TrialResult]]:
+    """Median times of interleaved rounds (a config that fails once is out), and each config's last result."""
+    times: dict[str, list[float]] = {c.key(): [] for c in configs}
+    last: dict[str, TrialResult] = {}
+    for r in source.measure(op, problem, [c for _ in range(rounds) for c in configs]):
+        if r.ok and r.time_us is not None:
+            times[r.config.key()].append(r.time_us)
+            last[r.config.key()] = r
+        else:
+            times[r.config.key()].append(math.inf)
+    medians = {k: statistics.median(v) for k, v in times.items() if v}
+    return {k: v for k, v in medians.items() if math.isfinite(v)}, last
+
+
+def confirm_and_store(source: MeasurementSource, db: Any, settings: TuneSettings, operation: Any, problem: Any,
+                      default: Config, known: Mapping[str, TrialResult], study_measured: int,
+                      outcome: TuneOutcome) -> TuneOutcome:
+    """Time the winner again with the runner-up and the default, then store it (keeping a faster record)."""
+    finite, last = retime(source, outcome.op, problem, contenders(known, default), settings.confirm_rounds)
+    if not finite:
+        outcome.best = None
+        outcome.stopped_because += "; no contender verified again, nothing stored"
+        return outcome
+    winner_key = min(finite, key=finite.get)
+    winner = last[winner_key]
+    outcome.best = TrialResult(winner.config, True, finite[winner_key], timing=winner.timing)
+    runner = [k for k in finite if k != winner_key and k != default.key()]
+    if default.key() in finite:
+        outcome.default = TrialResult(default, True, finite[default.key()])
+    if db is None:
+        return outcome
+    from autocnn.store import RecordKey, TuningRecord, now_utc
+    from autocnn.tuning.storage import default_storage_url
+
+    timing = winner.timing or {}
+    record = TuningRecord(
+        key=RecordKey.for_(source.device, problem, operation.config_fingerprint(winner.config)),
+        config=winner.config.as_dict(),
+        time_us=finite[winner_key],
+        spread=float(timing.get("spread", 0.0)),
+        default_time_us=finite.get(default.key()),
+        cudnn_time_us=None,
+        trials=study_measured,
+        tuned_at=now_utc(),
+        autocnn_version=__version__,
+        sampler=settings.sampler,
+        study=outcome.study_name,
+        storage=settings.storage or default_storage_url(),   # the record redacts any password
+        runner_up={"config": last[runner[0]].config.as_dict(), "time_us": finite[runner[0]]} if runner else None,
+    )
+    stored = db.put_many([record], keep_faster=True)
+    if stored:
+        outcome.record = stored[0]
+    else:
+        kept = db.record_for(record.key)
+        outcome.stopped_because += (f"; the database keeps its faster record ({kept.time_us:.1f} us)"
+                                    if kept is not None else "; the database keeps its faster record")
+    return outcome

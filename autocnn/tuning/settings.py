@@ -1,0 +1,78 @@
+"""What a tuning run is asked to do (TuneSettings, checked on construction, before any device is
+touched) and what it did (TuneOutcome)."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from autocnn.tuning.samplers import SAMPLERS
+from autocnn.tuning.sources import TrialResult
+from autocnn.tuning.storage import StorageSpec, parse_storage
+
+
+def check_timeout(seconds: float | None, what: str = "--timeout") -> float | None:
+    """A wall-clock budget in seconds: positive and finite, or None for none."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise ValueError(f"{what} must be a number of seconds, not {seconds!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{what} must be a positive number of seconds, not {seconds}")
+    return float(seconds)
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    trials: int = 100                    # measured trials per study (a re-run continues to this total)
+    timeout_s: float | None = None       # wall-clock budget per study
+    sampler: str = "tpe"
+    seed: int | None = None
+    storage: str | None = None           # see tuning/storage.py; None: SQLite in the cache
+    batch: int = 16                      # configs proposed at once (compiled in parallel)
+    fixed: Mapping[str, Any] = field(default_factory=dict)   # parameters held at one value
+    warm_start: bool = True              # enqueue the default, old winners of the shape, nearest shapes' winners
+    confirm_rounds: int = 3              # interleaved re-timing rounds of winner, runner-up and default
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler {self.sampler!r} is not one of {', '.join(SAMPLERS)}")
+        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
+            raise ValueError(f"trials must be a whole number of at least 1, not {self.trials!r}")
+        check_timeout(self.timeout_s, "timeout")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"batch must be a whole number of at least 1, not {self.batch!r}")
+        if self.confirm_rounds < 1:
+            raise ValueError(f"confirm_rounds must be at least 1, not {self.confirm_rounds}")
+        if self.storage is not None:
+            parse_storage(self.storage)   # StorageUrlError naming the accepted forms
+
+    @property
+    def storage_spec(self) -> StorageSpec:
+        return parse_storage(self.storage)
+
+
+@dataclass
+class TuneOutcome:
+    op: str
+    problem: Any
+    study_name: str
+    best: TrialResult | None
+    default: TrialResult | None
+    measured: int = 0                    # trials this tuner measured
+    infeasible: int = 0
+    reused: int = 0
+    failures: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+    record: Any = None                   # the record stored (None: none, or the stored one was as fast)
+    stopped_because: str = ""
+    study_measured: int = 0              # measured trials in the whole study (every process, every run)
+    recovered: int = 0                   # trials of ended tuners this one failed and queued again
+    device: str = ""                     # the GPU (or replay source) that measured, for several devices
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best and self.default and self.default.ok and self.best.time_us:
+            return self.default.time_us / self.best.time_us
+        return None
