@@ -16,8 +16,9 @@ EXAMPLES = """examples:
   autocnn tune --op conv_fwd --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3 --trials 100
   autocnn tune --network kriz09 --batch 128 --trials 400
   autocnn tune --suite seed --ops conv_fwd --precision tf32
-  autocnn db list
-  autocnn train --network lenet5 --epochs 10 --backend cuda
+  autocnn db list --precision tf32
+  autocnn train --network lenet5 --epochs 10 --backend cuda --precision tf32
+  autocnn bench --ops conv_fwd --shapes modern_14 --precision both
 """
 
 
@@ -145,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     dc = dsub.add_parser("check", help="report unreadable files and records that are skipped")
     dc.set_defaults(func=cmd_db_check)
 
-    b = sub.add_parser("bench", help="benchmark the kernel families against cuDNN on the seed shapes")
+    b = sub.add_parser("bench", help="benchmark the kernel families on the seed shapes against cuDNN, fp32 and "
+                                     "tf32 side by side (--precision fp32|tf32|both), with TFLOP/s and shares "
+                                     "of the measured SGEMM and TF32 GEMM rates")
     b.add_argument("args", nargs=argparse.REMAINDER, help="arguments of scripts/bench_kernels.py")
     b.set_defaults(func=cmd_bench)
 

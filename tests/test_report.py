@@ -381,6 +381,72 @@ def test_bad_arguments(inputs, tmp_path, capsys):
     assert f"benchmark {tmp_path / 'b.json'} does not exist" in captured.err and out.exists()
 
 
+# -- precision ----------------------------------------------------------------------------------------
+
+def test_tf32_records_are_labelled_and_compared_with_cudnn_tf32(tmp_path, capsys):
+    """One seed shape tuned in both precisions; the benchmark (as autocnn bench writes it) timed
+    cuDNN in FP32 and in TF32 and measured both GEMM rates: each record meets its own."""
+    import dataclasses
+
+    from autocnn.tuning.bench_table import BenchRow, GpuRates
+    from autocnn.tuning.benchmark import _write
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    db = TuningDatabase(user_dir=tmp_path / "db", shipped_dir=empty)
+    fp32 = _problem("conv_fwd", "kriz09")
+    tf32 = dataclasses.replace(fp32, precision="tf32")
+    times = {"fp32": (100.0, 150.0), "tf32": (50.0, 40.0)}     # (tuned us, cuDNN us in the benchmark)
+    operation = get_operation("conv_fwd")
+    for problem in (fp32, tf32):
+        config = operation.default_config(problem, LIMITS).as_dict()
+        db.put(TuningRecord(key=RecordKey.for_(DEVICE, problem, operation.config_fingerprint(config)), config=config,
+                            time_us=times[problem.precision][0], spread=0.01, default_time_us=200.0,
+                            cudnn_time_us=None, trials=5, tuned_at=now_utc(), autocnn_version=__version__,
+                            sampler="tpe", study=None, storage=None))
+    rates = GpuRates(4000.0, 50.0, 400.0)
+    rows = [BenchRow("conv_fwd", "kriz09", p.precision, operation.flops(p), operation.min_bytes(p),
+                     best_us=times[p.precision][0], cudnn_us=times[p.precision][1]) for p in (fp32, tf32)]
+    records = [{"op": "conv_fwd", "shape": "kriz09", "precision": p.precision, "problem": p.to_dict(),
+                "results": []} for p in (fp32, tf32)]
+    bench = tmp_path / "bench.json"
+    _write(bench, DEVICE.to_dict(), 1, 4, ("fp32", "tf32"), rates, rows, records)
+    out = tmp_path / "r.html"
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    optuna.storages.RDBStorage(url)   # an empty storage: no studies
+    assert main(["--db", str(tmp_path / "db"), "--storage", url, "--bench", str(bench), "--out", str(out)]) == 0
+    md, html_text = out.with_suffix(".md").read_text(), out.read_text()
+    assert "copy 4000 GB/s, SGEMM 50.0 TFLOP/s, TF32 GEMM 400.0 TFLOP/s" in md
+    flops, nbytes = operation.flops(fp32), operation.min_bytes(fp32)
+    for problem, peak in ((fp32, 50.0), (tf32, 400.0)):
+        tuned, cudnn = times[problem.precision]
+        cells = _md_row(md, "conv_fwd", problem.shape_string())
+        assert cells[3] == f"{tuned:.1f}" and cells[5] == f"{cudnn:.1f} (bench)" and cells[7] == f"{cudnn / tuned:.2f}×"
+        roof = min(peak * 1000, 4000.0 * flops / nbytes)
+        assert cells[8] == f"{100 * flops / (tuned * 1e-6) / 1e9 / roof:.0f}%"
+    assert tf32.shape_string().endswith(",precision=tf32")
+    assert "<span class='seed'>kriz09 · tf32</span>" in html_text and "TF32 GEMM peak 400.0 TFLOP" in html_text
+    title = "NVIDIA H200 (sm_90, 132 SMs, CUDA 13020, driver 13000)"
+    assert _md_row(md, title, "conv_fwd")[2:] == ["1", "2.00×", "1.50×", "1 of 1"]
+    assert _md_row(md, title, "conv_fwd · tf32")[2:] == ["1", "4.00×", "0.80×", "0 of 1"]
+    out_text = capsys.readouterr().out
+    assert "conv_fwd · tf32: 1 kernels" in out_text
+
+
+def test_ceilings_take_an_optional_tf32_rate():
+    from autocnn.reports.inputs import parse_ceilings
+
+    c = parse_ceilings("4227,51.1,378")
+    assert (c.copy_gbps, c.sgemm_tflops, c.tf32_tflops) == (4227.0, 51.1, 378.0)
+    assert c.roof(1e6, "tf32") == 378_000.0 and c.roof(1e6, "fp32") == 51_100.0 and c.roof(1.0, "tf32") == 4227.0
+    assert parse_ceilings("4227,51.1").roof(1e6, "tf32") is None    # unknown: no share is shown
+    import argparse
+
+    for bad in ("1,2,3,4", "1", "1,2,-3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="COPY_GBPS,SGEMM_TFLOPS|positive"):
+            parse_ceilings(bad)
+
+
 # -- in a browser ------------------------------------------------------------------------------------
 
 def _chromium() -> str | None:

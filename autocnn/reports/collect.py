@@ -9,7 +9,7 @@ import warnings
 from typing import Any
 
 from autocnn.reports.inputs import open_database, problems_of_network, read_bench
-from autocnn.reports.labels import op_order, problem_key, seed_name
+from autocnn.reports.labels import op_order, precision_of, precision_suffix, problem_key, seed_name
 from autocnn.reports.model import (Ceilings, Fallback, Group, KernelRow, ReportData, ReportError, StudyView,
                                    first_line)
 from autocnn.reports.studies import absolute_sqlite, open_storage_for_report, read_studies
@@ -62,7 +62,9 @@ def _row_for(record: Any, gpu_label: str, cudnn_bench: dict, bench_gpu: str | No
         source = "bench" if cudnn is not None else None
     return KernelRow(
         gpu_label=gpu_label, op=record.key.op, shape=problem.shape_string(),
-        label=f"{record.key.op} · {seed[1] if seed else problem.shape_string()}", layer=layer,
+        label=(f"{record.key.op} · {seed[1]}{precision_suffix(problem)}" if seed
+               else f"{record.key.op} · {problem.shape_string()}"),
+        layer=layer, precision=precision_of(problem), seed_index=seed[0] if seed else None,
         config=_config_text(record.config), time_us=record.time_us, default_us=record.default_time_us,
         cudnn_us=cudnn, cudnn_source=source, trials=record.trials, study=record.study, tuned_at=record.tuned_at,
         flops=int(operation.flops(problem)), min_bytes=int(operation.min_bytes(problem)))
@@ -71,11 +73,8 @@ def _row_for(record: Any, gpu_label: str, cudnn_bench: dict, bench_gpu: str | No
 def _row_sort_key(row: KernelRow, problem_order: dict[str, int] | None = None) -> tuple:
     if problem_order is not None:
         return (problem_order.get(f"{row.op}|{row.shape}", 10**6), row.shape)
-    seed = row.label.split(" · ", 1)[1]
-    from autocnn.kernels.suite import seed_shapes
-
-    names = [s.name for s in seed_shapes()]
-    return (op_order(row.op), names.index(seed) if seed in names else len(names), row.shape)
+    # seed shapes in the suite's order (each fp32 before tf32), then the others by shape
+    return (op_order(row.op), row.seed_index if row.seed_index is not None else 10**6, row.precision, row.shape)
 
 
 def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData:
@@ -145,13 +144,11 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
         return None
 
     if args.ceilings is not None:
-        ceilings_text = (f"copy {args.ceilings.copy_gbps:.0f} GB/s, SGEMM {args.ceilings.sgemm_tflops:.1f} TFLOP/s "
-                         f"(given with --ceilings, used for every GPU)")
+        ceilings_text = f"{args.ceilings.text()} (given with --ceilings, used for every GPU)"
     elif bench_ceilings is not None:
-        ceilings_text = (f"copy {bench_ceilings.copy_gbps:.0f} GB/s, SGEMM {bench_ceilings.sgemm_tflops:.1f} TFLOP/s "
-                         f"(measured on {bench_gpu} by autocnn bench)")
+        ceilings_text = f"{bench_ceilings.text()} (measured on {bench_gpu} by autocnn bench)"
     else:
-        ceilings_text = "unknown (give --bench bench_kernels.json or --ceilings COPY_GBPS,SGEMM_TFLOPS)"
+        ceilings_text = "unknown (give --bench bench_kernels.json or --ceilings COPY_GBPS,SGEMM_TFLOPS[,TF32_TFLOPS])"
 
     # the Optuna storage
     explicit = args.storage is not None

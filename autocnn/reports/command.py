@@ -1,14 +1,17 @@
 """The tuning report: one self-contained HTML file and a Markdown summary of tuning results.
 
-    autocnn report [--db DIR|FILE] [--storage URL] [--bench bench_kernels.json | --ceilings GBPS,TFLOPS]
+    autocnn report [--db DIR|FILE] [--storage URL] [--bench bench_kernels.json | --ceilings GBPS,TFLOPS[,TF32]]
                    [--network NAME --batch N] [--gpu TEXT] [--op OP] [--out report.html] [--markdown report.md]
 
 (``python scripts/tuning_report.py ...`` runs the same code.)
 
 From the tuning database: per GPU (and per network, with ``--network``) a table of every tuned kernel
 with its config, tuned, default and cuDNN times and the speed-ups, a bar chart of the speed-ups and a
-roofline-style plot of each kernel against the GPU's measured ceilings (copy bandwidth and SGEMM
-peak, from a benchmark JSON of ``autocnn bench`` or ``--ceilings``). With ``--network`` the kernels
+roofline-style plot of each kernel against the GPU's measured ceilings (copy bandwidth, SGEMM
+peak and, for tf32 kernels, the TF32 GEMM peak, from a benchmark JSON of ``autocnn bench`` or
+``--ceilings``). A tf32 record shows its precision in its shape (``...,precision=tf32``) and
+label (``conv_fwd · modern_14 · tf32``), is compared with cuDNN TF32 and summed up apart from the
+fp32 ones (each kernel against cuDNN at its own precision). With ``--network`` the kernels
 the network needs that would still run on a fallback (not an exact record) are listed with the
 fallback that answered. From the Optuna storage: per study its trial counts, failures by class, the
 optimisation history, the parameter importances (PED-ANOVA, which needs no extra package) and the
@@ -50,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "tuner's default, SQLite in the autocnn cache directory)")
     ap.add_argument("--bench", type=Path, default=None,
                     help="a benchmark JSON of autocnn bench: the GPU's measured ceilings and cuDNN times")
-    ap.add_argument("--ceilings", type=parse_ceilings, default=None, metavar="COPY_GBPS,SGEMM_TFLOPS",
-                    help="the GPU's ceilings, e.g. 4227,51.1 (overrides those of --bench)")
+    ap.add_argument("--ceilings", type=parse_ceilings, default=None, metavar="COPY_GBPS,SGEMM_TFLOPS[,TF32_TFLOPS]",
+                    help="the GPU's ceilings, e.g. 4227,51.1 or, with the TF32 GEMM rate that tf32 kernels are "
+                         "placed against, 4227,51.1,378 (overrides those of --bench)")
     ap.add_argument("--network", default=None,
                     help="report the kernels of this zoo network (or network JSON file), and those on a fallback")
     ap.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")

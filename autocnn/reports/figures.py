@@ -20,7 +20,8 @@ _FAILURE_COLOURS = {"invalid_problem": "#7f7f7f", "invalid_config": "#bcbd22", "
 # The roofline figure's caption (the HTML page prints it under the figure).
 ROOFLINE_NOTE = ("Each kernel at its arithmetic intensity (the operation's flops over the bytes it must move at "
                  "least once) and its achieved rate. Filled: tuned; open: the default config; x: cuDNN. The lines "
-                 "are the GPU's measured copy bandwidth and SGEMM rate; cuDNN can lie above them with algorithms "
+                 "are the GPU's measured copy bandwidth, SGEMM rate and (with tf32 kernels, diamonds) TF32 GEMM rate; "
+                 "fp32 kernels on tensor cores (3xTF32) may pass the SGEMM line; cuDNN can lie above them with algorithms "
                  "that do fewer flops than a direct convolution (FFT, Winograd).")
 
 
@@ -77,11 +78,12 @@ def roofline_figure(group: Group) -> str | None:
     if not rows:
         return None
     fig = go.Figure()
-    for op in sorted({r.op for r in rows}, key=op_order):
-        mine = [r for r in rows if r.op == op]
+    for op, precision in sorted({(r.op, r.precision) for r in rows}, key=lambda k: (op_order(k[0]), k[1])):
+        mine = [r for r in rows if (r.op, r.precision) == (op, precision)]
+        tf32 = precision == "tf32"   # diamonds: placed against the TF32 GEMM line
         fig.add_trace(go.Scatter(
-            name=f"{op} tuned", x=[r.intensity for r in mine], y=[r.gflops for r in mine], mode="markers",
-            marker=dict(size=10, color=_OP_COLOURS.get(op, "#333")),
+            name=f"{op} tuned" + (" tf32" if tf32 else ""), x=[r.intensity for r in mine], y=[r.gflops for r in mine],
+            mode="markers", marker=dict(size=10, color=_OP_COLOURS.get(op, "#333"), symbol="diamond" if tf32 else "circle"),
             hovertext=[f"{r.label}<br>{r.shape}<br>{r.gflops:.0f} GFLOP/s, {r.gbps:.0f} GB/s"
                        + (f", {roof_percent(r, group.ceilings):.0f}% of roof" if group.ceilings else "")
                        for r in mine], hoverinfo="text"))
@@ -103,7 +105,8 @@ def roofline_figure(group: Group) -> str | None:
     if c is not None:
         ridge = c.peak_gflops / c.copy_gbps
         x0, x1 = min(x0, ridge / 2), max(x1, ridge * 2)
-        y0, y1 = min(y0, c.copy_gbps * x0), max(y1, c.peak_gflops * 2)
+        tf32_peak = c.peak_gflops_for("tf32") if any(r.precision == "tf32" for r in rows) else None
+        y0, y1 = min(y0, c.copy_gbps * x0), max(y1, c.peak_gflops * 2, (tf32_peak or 0.0) * 2)
         xm = min(x1, y1 / c.copy_gbps)   # the bandwidth line, drawn to the top of the plot
         fig.add_trace(go.Scatter(name=f"copy bandwidth {c.copy_gbps:.0f} GB/s", x=[x0, xm],
                                  y=[c.copy_gbps * x0, c.copy_gbps * xm], mode="lines",
@@ -111,11 +114,15 @@ def roofline_figure(group: Group) -> str | None:
         fig.add_trace(go.Scatter(name=f"SGEMM peak {c.sgemm_tflops:.1f} TFLOP/s", x=[x0, x1],
                                  y=[c.peak_gflops, c.peak_gflops], mode="lines",
                                  line=dict(color="#444", dash="dot"), hoverinfo="name"))
+        if tf32_peak is not None:
+            fig.add_trace(go.Scatter(name=f"TF32 GEMM peak {c.tf32_tflops:.1f} TFLOP/s", x=[x0, x1],
+                                     y=[tf32_peak, tf32_peak], mode="lines",
+                                     line=dict(color="#444", dash="dashdot"), hoverinfo="name"))
         title = f"Kernels against the measured ceilings: {group.title}"
     else:
         title = f"Kernels against the ceilings (ceilings unknown): {group.title}"
         fig.add_annotation(text="GPU ceilings unknown: give --bench bench_kernels.json or --ceilings "
-                                "COPY_GBPS,SGEMM_TFLOPS", xref="paper", yref="paper", x=0.5, y=1.0,
+                                "COPY_GBPS,SGEMM_TFLOPS[,TF32_TFLOPS]", xref="paper", yref="paper", x=0.5, y=1.0,
                            showarrow=False, font=dict(color="#b00"))
     fig.update_layout(title=title, legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
                       xaxis=dict(type="log", range=[math.log10(x0), math.log10(x1)], dtick=1,

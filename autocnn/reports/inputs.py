@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import tempfile
@@ -15,7 +16,12 @@ from autocnn.reports.model import Ceilings, ReportError, first_line
 
 
 def read_bench(path: Path) -> tuple[dict[str, Any] | None, Ceilings | None, dict[tuple[str, str], float], str | None]:
-    """(device dict, ceilings, {(op, problem key): cuDNN us}, error) of a benchmark JSON."""
+    """(device dict, ceilings, {(op, problem key): cuDNN us}, error) of a benchmark JSON.
+
+    A row's cuDNN time is keyed by its problem at the row's precision (a tf32 row was timed with
+    cuDNN TF32, an fp32 one with TF32 off), so each record meets the cuDNN time of its precision.
+    Benchmarks made before precision existed have fp32 rows only.
+    """
     from autocnn.kernels import problem_from_dict
     from autocnn.kernels.suite import seed_shape
 
@@ -31,26 +37,33 @@ def read_bench(path: Path) -> tuple[dict[str, Any] | None, Ceilings | None, dict
     ceilings = None
     c = data.get("ceilings")
     if isinstance(c, dict):
-        try:
-            gbps, tflops = float(c["copy_gbps"]), float(c["sgemm_tflops"])
-            if gbps > 0 and tflops > 0 and math.isfinite(gbps) and math.isfinite(tflops):
-                ceilings = Ceilings(gbps, tflops, f"measured by autocnn bench ({path})")
-        except (KeyError, TypeError, ValueError):
-            pass
-    problems: dict[tuple[str, str], dict[str, Any]] = {}
+        from autocnn.tuning.bench_table import GpuRates
+
+        rates = GpuRates.from_dict(c)   # unmeasured or unusable numbers come back as None
+        if rates.copy_gbps is not None and rates.sgemm_tflops is not None:
+            ceilings = Ceilings(rates.copy_gbps, rates.sgemm_tflops, f"measured by autocnn bench ({path})",
+                                rates.tf32_tflops)
+    problems: dict[tuple[str, str, str], dict[str, Any]] = {}
     for rec in data.get("records") or []:
         if isinstance(rec, dict) and isinstance(rec.get("problem"), dict):
-            problems[(str(rec.get("op")), str(rec.get("shape")))] = rec["problem"]
+            precision = str(rec["problem"].get("precision", "fp32"))
+            problems[(str(rec.get("op")), str(rec.get("shape")), precision)] = rec["problem"]
     cudnn: dict[tuple[str, str], float] = {}
     for row in data.get("rows", []):
         if not isinstance(row, dict):
             continue
         op, shape, us = row.get("op"), row.get("shape"), row.get("cudnn_us")
+        precision = str(row.get("precision") or "fp32")
         if not isinstance(us, (int, float)) or not us > 0:
             continue
         try:
-            raw = problems.get((str(op), str(shape)))
-            problem = problem_from_dict(raw) if raw is not None else seed_shape(str(shape)).problem(str(op))
+            raw = problems.get((str(op), str(shape), "fp32" if precision == "-" else precision))
+            if raw is not None:
+                problem = problem_from_dict(raw)
+            else:
+                problem = seed_shape(str(shape)).problem(str(op))
+                if precision != "-" and hasattr(problem, "precision"):
+                    problem = dataclasses.replace(problem, precision=precision)
         except Exception:  # noqa: BLE001 - a row of a shape this autocnn does not know is left out
             continue
         cudnn[(problem.op, problem_key(problem.to_dict()))] = float(us)
@@ -58,15 +71,19 @@ def read_bench(path: Path) -> tuple[dict[str, Any] | None, Ceilings | None, dict
 
 
 def parse_ceilings(text: str) -> Ceilings:
+    """``COPY_GBPS,SGEMM_TFLOPS[,TF32_TFLOPS]`` as given to ``--ceilings``."""
     parts = [p.strip() for p in text.split(",")]
     try:
-        gbps, tflops = (float(p) for p in parts)
+        numbers = [float(p) for p in parts]
     except ValueError:
+        numbers = []
+    if len(numbers) not in (2, 3):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not COPY_GBPS,SGEMM_TFLOPS (two positive numbers, e.g. 4227,51.1)") from None
-    if not (gbps > 0 and tflops > 0 and math.isfinite(gbps) and math.isfinite(tflops)):
-        raise argparse.ArgumentTypeError(f"{text!r}: both ceilings must be positive numbers")
-    return Ceilings(gbps, tflops, "given with --ceilings")
+            f"{text!r} is not COPY_GBPS,SGEMM_TFLOPS[,TF32_TFLOPS] (two or three positive numbers, e.g. "
+            f"4227,51.1 or 4227,51.1,378)")
+    if not all(v > 0 and math.isfinite(v) for v in numbers):
+        raise argparse.ArgumentTypeError(f"{text!r}: every ceiling must be a positive number")
+    return Ceilings(numbers[0], numbers[1], "given with --ceilings", numbers[2] if len(numbers) == 3 else None)
 
 
 def open_database(db_arg: Path | None, stack: contextlib.ExitStack) -> tuple[Any, list[str], list[str]]:

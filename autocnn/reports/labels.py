@@ -19,9 +19,28 @@ def op_order(op: str) -> int:
 _SEED_NAMES: dict[tuple[str, str], tuple[int, str]] | None = None
 
 
+def precision_of(problem: Any) -> str:
+    """A problem's precision as the report shows it: fp32 or tf32, "-" for pooling (it has none)."""
+    return getattr(problem, "precision", "-")
+
+
+def precision_suffix(problem: Any) -> str:
+    """What a label adds for a problem that is not at the default precision: " · tf32"."""
+    from autocnn.kernels.problem import DEFAULT_PRECISION
+
+    precision = precision_of(problem)
+    return "" if precision in ("-", DEFAULT_PRECISION) else f" · {precision}"
+
+
 def seed_name(op: str, problem: Any) -> tuple[int, str] | None:
-    """(position, name) of the seed shape this problem is, or None."""
+    """(position, name) of the seed shape this problem is, at any precision, or None."""
     global _SEED_NAMES
+    if precision_suffix(problem):
+        import dataclasses
+
+        from autocnn.kernels.problem import DEFAULT_PRECISION
+
+        problem = dataclasses.replace(problem, precision=DEFAULT_PRECISION)
     if _SEED_NAMES is None:
         from autocnn.kernels import OPERATIONS
         from autocnn.kernels.suite import seed_problems

@@ -31,14 +31,27 @@ class Ceilings:
     copy_gbps: float
     sgemm_tflops: float
     source: str
+    tf32_tflops: float | None = None   # the TF32 tensor-core GEMM rate, where it was measured or given
 
     @property
     def peak_gflops(self) -> float:
         return self.sgemm_tflops * 1000.0
 
-    def roof(self, intensity: float) -> float:
-        """The attainable GFLOP/s at this arithmetic intensity (flop per byte)."""
-        return min(self.peak_gflops, self.copy_gbps * intensity)
+    def peak_gflops_for(self, precision: str) -> float | None:
+        """The compute ceiling of a kernel of this precision: the SGEMM rate for fp32 (and pooling),
+        the TF32 GEMM rate for tf32 (None where that is unknown)."""
+        if precision == "tf32":
+            return None if self.tf32_tflops is None else self.tf32_tflops * 1000.0
+        return self.peak_gflops
+
+    def roof(self, intensity: float, precision: str = "fp32") -> float | None:
+        """The attainable GFLOP/s at this arithmetic intensity (flop per byte) and precision."""
+        peak = self.peak_gflops_for(precision)
+        return None if peak is None else min(peak, self.copy_gbps * intensity)
+
+    def text(self) -> str:
+        tf32 = "" if self.tf32_tflops is None else f", TF32 GEMM {self.tf32_tflops:.1f} TFLOP/s"
+        return f"copy {self.copy_gbps:.0f} GB/s, SGEMM {self.sgemm_tflops:.1f} TFLOP/s{tf32}"
 
 
 @dataclass
@@ -48,7 +61,7 @@ class KernelRow:
     gpu_label: str
     op: str
     shape: str
-    label: str                 # seed shape name where the problem is a seed shape, else the shape
+    label: str                 # "op · seed shape name" where the problem is a seed shape, else "op · shape"
     layer: str                 # the network layer(s) that run it ("" without --network)
     config: str
     time_us: float
@@ -60,6 +73,8 @@ class KernelRow:
     tuned_at: str
     flops: int
     min_bytes: int
+    precision: str = "fp32"    # fp32 or tf32 ("-" for pooling); tf32 rows are compared with cuDNN TF32
+    seed_index: int | None = None   # position of the seed shape in the suite, for ordering
 
     @property
     def speedup_default(self) -> float | None:

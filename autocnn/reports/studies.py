@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from autocnn.reports.labels import op_order, seed_name
+from autocnn.reports.labels import op_order, precision_suffix, seed_name
 from autocnn.reports.model import StudyView, first_line
 
 # PED-ANOVA compares the best trials with the rest: with fewer complete trials it says nothing.
@@ -116,7 +116,8 @@ def read_studies(storage: Any, gpu_filter: str | None, ops: set[str] | None,
         except Exception:  # noqa: BLE001 - an unknown operation
             stale = True
         seed = seed_name(op, problem) if problem is not None else None
-        label = f"{op} · {seed[1] if seed else shape}" + (" (older templates)" if stale else "")
+        label = (f"{op} · {seed[1] if seed else shape}" + (precision_suffix(problem) if seed else "")
+                 + (" (older templates)" if stale else ""))
         states: Counter = Counter()
         complete: list[tuple[int, float, bool]] = []
         failures: Counter = Counter()

@@ -31,12 +31,14 @@ def geomean(values: Iterable[float | None]) -> float | None:
 
 
 def op_summary(group: Group) -> list[dict[str, Any]]:
-    """Per operation: kernels, geometric-mean speed-ups over the default and over cuDNN."""
+    """Per operation and precision: kernels, geometric-mean speed-ups over the default and over
+    cuDNN (each row against cuDNN at its own precision). A tf32 line is named "conv_fwd · tf32"."""
     out = []
-    ops = sorted({r.op for r in group.rows}, key=op_order)
-    for op in ops + (["all"] if len(ops) > 1 else []):
-        rows = [r for r in group.rows if op == "all" or r.op == op]
-        out.append({"op": op, "kernels": len(rows),
+    kinds = sorted({(r.op, r.precision) for r in group.rows}, key=lambda k: (op_order(k[0]), k[1] == "tf32"))
+    for op, precision in kinds + ([("all", "")] if len(kinds) > 1 else []):
+        rows = [r for r in group.rows if op == "all" or (r.op, r.precision) == (op, precision)]
+        name = op + (f" · {precision}" if precision == "tf32" else "")
+        out.append({"op": name, "precision": precision, "kernels": len(rows),
                     "vs_default": geomean(r.speedup_default for r in rows),
                     "n_default": sum(1 for r in rows if r.speedup_default is not None),
                     "vs_cudnn": geomean(r.speedup_cudnn for r in rows),
@@ -46,9 +48,12 @@ def op_summary(group: Group) -> list[dict[str, Any]]:
 
 
 def roof_percent(row: KernelRow, ceilings: Ceilings | None) -> float | None:
+    """The achieved rate's share of the roof at the row's intensity and precision (an fp32 kernel
+    on tensor cores, 3xTF32, may pass the SGEMM roof)."""
     if ceilings is None or row.gflops is None or not math.isfinite(row.intensity):
         return None
-    return 100.0 * row.gflops / ceilings.roof(row.intensity)
+    roof = ceilings.roof(row.intensity, row.precision)
+    return None if roof is None else 100.0 * row.gflops / roof
 
 
 def failure_text(failures: Counter) -> str:

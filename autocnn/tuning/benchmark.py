@@ -1,125 +1,139 @@
 """Benchmark every kernel family on the seed shapes, next to cuDNN, in one run on one GPU.
 
-For each family and shape: the default config and the best of a random sample of valid configs
-(every one verified against the float64 reference before it is timed), and PyTorch/cuDNN for the same
-operation. Writes every measurement as JSON and prints a table last.
+For each operation, shape and precision: the default config and the best of a random sample of
+valid configs (every one verified against the float64 reference, at the precision's bound, before
+it is timed), and PyTorch/cuDNN for the same operation at the same precision: fp32 against cuDNN
+in FP32 (``allow_tf32`` off), tf32 against cuDNN with TF32 on. Convolutions run in both precisions
+by default (``--precision`` chooses one); pooling has no precision and runs once. The GPU's SGEMM
+and TF32 GEMM rates and its copy bandwidth are measured first, under the same timing protocol, and
+each convolution's achieved TFLOP/s is shown as a share of both GEMM rates. Every measurement is
+written as JSON as it comes; the tables are printed last (``autocnn.tuning.bench_table``).
 
     autocnn bench --samples 64 --out bench.json      (or python scripts/bench_kernels.py ...)
+    autocnn bench --precision tf32 --ops conv_fwd --shapes modern_14,modern_56
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from autocnn.kernels import OPERATIONS, operation_for
-from autocnn.kernels.suite import CONV_OPS, POOL_OPS, seed_problems
+from autocnn.kernels.suite import CONV_OPS, POOL_OPS, seed_problems, seed_shapes
+from autocnn.tuning.bench_table import CONV_PRECISIONS, GpuRates, progress_line, row_from_results, tables
+
+PRECISION_CHOICES = {"both": CONV_PRECISIONS, **{p: (p,) for p in CONV_PRECISIONS}}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="autocnn bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=64, help="random valid configs per family and shape")
     ap.add_argument("--ops", default=",".join(CONV_OPS + POOL_OPS), help="comma-separated operations")
     ap.add_argument("--shapes", default="", help="comma-separated seed shape names (default: all)")
+    ap.add_argument("--precision", choices=tuple(PRECISION_CHOICES), default="both",
+                    help="the convolutions' precision: fp32 (against cuDNN FP32), tf32 (against cuDNN TF32) or "
+                         "both, side by side (default)")
     ap.add_argument("--budget", type=float, default=0.08, help="seconds of timed repetitions per variant")
     ap.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, printed)")
     ap.add_argument("--out", type=Path, default=Path("bench_kernels.json"), help="JSON results")
     ap.add_argument("--device", type=int, default=0)
-    args = ap.parse_args(argv)
+    return ap
 
-    from autocnn.tuning.baselines import cudnn_runner, measure_ceilings, torch_available
-    from autocnn.gpu import require_cupy
-    from autocnn.tuning.measure import L2Flusher, time_callable
-    from autocnn.tuning.sources import GpuSource
 
+@dataclasses.dataclass(frozen=True)
+class BenchPlan:
+    """What a run measures, checked before any GPU work: (op, shape name, problem) in order."""
+
+    problems: list[tuple[str, str, Any]]
+    precisions: tuple[str, ...]
+
+
+def plan(args: argparse.Namespace) -> BenchPlan:
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = [o for o in ops if o not in OPERATIONS]
     if unknown:
-        ap.error(f"unknown operation(s) {unknown}; choose from {sorted(OPERATIONS)}")
+        raise ValueError(f"--ops: unknown operation(s) {unknown}; choose from {', '.join(OPERATIONS)}")
     wanted = {s.strip() for s in args.shapes.split(",") if s.strip()}
+    known = {s.name for s in seed_shapes()}
+    if wanted - known:
+        raise ValueError(f"--shapes: unknown seed shape(s) {sorted(wanted - known)}; known: {', '.join(sorted(known))}")
+    if args.samples < 0:
+        raise ValueError(f"--samples must be at least 0, not {args.samples}")
+    precisions = PRECISION_CHOICES[args.precision]
+    problems = []
+    for op in ops:
+        for name, problem in seed_problems(op):
+            if wanted and name not in wanted:
+                continue
+            if op in CONV_OPS:
+                problems += [(op, name, dataclasses.replace(problem, precision=p)) for p in precisions]
+            else:
+                problems.append((op, name, problem))
+    if not problems:
+        raise ValueError(f"no seed shape of {', '.join(ops)} is named {', '.join(sorted(wanted))}")
+    return BenchPlan(problems, precisions)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        work = plan(args)   # every input checked before the GPU starts
+    except ValueError as exc:
+        ap.error(str(exc))
+
+    from autocnn.gpu import require_cupy
+    from autocnn.tuning.baselines import measure_ceilings, time_cudnn, torch_available
+    from autocnn.tuning.measure import L2Flusher
+    from autocnn.tuning.sources import GpuSource
+
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     rng = random.Random(seed)
-
     cp = require_cupy()
     cp.cuda.Device(args.device).use()
     source = GpuSource(args.device, budget_s=args.budget)
     device = source.device
     flusher = L2Flusher(device.l2_bytes)
     have_torch = torch_available()
-    ceilings = measure_ceilings() if have_torch else None
-    print(f"# {device.name} ({device.arch}, {device.sm_count} SMs), sampling seed {seed}", flush=True)
-    if ceilings:
-        print(f"# measured ceilings: copy {ceilings.copy_gbps:.0f} GB/s, SGEMM {ceilings.sgemm_tflops:.1f} TFLOP/s",
-              flush=True)
+    rates = GpuRates()
+    if have_torch:
+        c = measure_ceilings(flusher)
+        rates = GpuRates(c.copy_gbps, c.sgemm_tflops, c.tf32_tflops)
+    print(f"# {device.name} ({device.arch}, {device.sm_count} SMs), sampling seed {seed}"
+          + ("" if have_torch else "; no PyTorch with CUDA: no cuDNN times and no GEMM rates"), flush=True)
+    print(rates.header(), flush=True)
 
     rows, records = [], []
     start = time.time()
-    for op in ops:
-        for name, problem in seed_problems(op):
-            if wanted and name not in wanted:
-                continue
+    try:
+        for op, name, problem in work.problems:
             operation = operation_for(problem)
             limits = device.limits()
             default = operation.default_config(problem, limits)
             configs = [default, *operation.space(problem, limits).sample(rng, args.samples, exclude=[default])]
             results = list(source.measure(op, problem, configs))
-            ok = [r for r in results if r.ok]
-            best = min(ok, key=lambda r: r.time_us) if ok else None
-            d = results[0]
-            cudnn_us = None
-            if have_torch:
-                runner = cudnn_runner(op, problem)
-                if runner is not None:
-                    cudnn_us = time_callable(runner, flusher=flusher, budget_s=args.budget * 2).median_us
-            failures: dict[str, int] = {}
-            for r in results:
-                if not r.ok:
-                    failures[r.failure.value] = failures.get(r.failure.value, 0) + 1
-            rate_kind = "GFLOP/s" if op in CONV_OPS else "GB/s"
-            amount = operation.flops(problem) if op in CONV_OPS else operation.min_bytes(problem)
-            rate = (amount / (best.time_us * 1e-6) / 1e9) if best else None
-            row = {"op": op, "shape": name, "default_us": d.time_us if d.ok else None,
-                   "default_failure": None if d.ok else f"{d.failure.value}: {d.message[:200]}",
-                   "best_us": best.time_us if best else None, "best_config": best.config.as_dict() if best else None,
-                   "cudnn_us": cudnn_us, "rate": rate, "rate_kind": rate_kind,
-                   "vs_cudnn": (cudnn_us / best.time_us) if (best and cudnn_us) else None,
-                   "measured": len(ok), "failures": failures}
+            cudnn_us = time_cudnn(op, problem, flusher=flusher, budget_s=args.budget * 2) if have_torch else None
+            row = row_from_results(op, name, problem, results, cudnn_us)
             rows.append(row)
-            records.append({"op": op, "shape": name, "problem": problem.to_dict(),
+            records.append({"op": op, "shape": name, "precision": row.precision, "problem": problem.to_dict(),
                             "fingerprint": operation.fingerprint(), "results": [r.to_dict() for r in results]})
-            print(_row_text(row), flush=True)
-            args.out.write_text(json.dumps({"device": device.to_dict(), "seed": seed, "samples": args.samples,
-                                            "ceilings": ceilings.to_dict() if ceilings else None,
-                                            "rows": rows, "records": records}, indent=1))
-    source.close()
+            print(progress_line(row), flush=True)
+            _write(args.out, device.to_dict(), seed, args.samples, work.precisions, rates, rows, records)
+    finally:
+        source.close()
     print(f"\n# {len(rows)} problems in {time.time() - start:.0f} s; full results in {args.out}")
-    print(_table(rows, ceilings))
+    print(tables(rows, rates, work.precisions))
     return 0
 
 
-def _fmt(v, spec=".1f"):
-    return "-" if v is None else format(v, spec)
-
-
-def _row_text(r) -> str:
-    return (f"{r['op']:14s} {r['shape']:17s} default {_fmt(r['default_us']):>9s} us  best {_fmt(r['best_us']):>9s} us"
-            f"  cudnn {_fmt(r['cudnn_us']):>9s} us  x{_fmt(r['vs_cudnn'], '.2f')}  ({r['measured']} ok, "
-            f"failures {r['failures']})")
-
-
-def _table(rows, ceilings) -> str:
-    head = "| op | shape | default us | best us | cuDNN us | best/cuDNN speed-up | rate | of ceiling |"
-    lines = [head, "|" + "---|" * 8]
-    for r in rows:
-        frac = "-"
-        if ceilings and r["rate"]:
-            peak = ceilings.sgemm_tflops * 1000 if r["rate_kind"] == "GFLOP/s" else ceilings.copy_gbps
-            frac = f"{100 * r['rate'] / peak:.0f}%"
-        lines.append(f"| {r['op']} | {r['shape']} | {_fmt(r['default_us'])} | {_fmt(r['best_us'])} | "
-                     f"{_fmt(r['cudnn_us'])} | {_fmt(r['vs_cudnn'], '.2f')} | {_fmt(r['rate'], '.0f')} {r['rate_kind']} | {frac} |")
-    return "\n".join(lines)
-
-
+def _write(path: Path, device: dict[str, Any], seed: int, samples: int, precisions: tuple[str, ...],
+           rates: GpuRates, rows: list, records: list) -> None:
+    """The whole run so far (rewritten after every row, so an interrupted run keeps what it measured)."""
+    path.write_text(json.dumps({"device": device, "seed": seed, "samples": samples, "precisions": list(precisions),
+                                "ceilings": rates.to_dict(),
+                                "rows": [r.to_dict() for r in rows], "records": records}, indent=1))
