@@ -24,6 +24,10 @@ DOCUMENTED = {
                       {"conv_fwd": 2, "conv_wgrad": 2, "conv_bwd_data": 1}),
     "lenet5": ((1, 28, 28), [(6, 28, 28), (6, 14, 14), (16, 10, 10), (16, 5, 5), (400,), (120,), (84,), (10,)],
                {"conv_fwd": 2, "conv_wgrad": 2, "conv_bwd_data": 1, "avgpool_fwd": 2, "avgpool_bwd": 2}),
+    # Its own tests: tests/test_zoo_vgg.py.
+    "vgg_cifar": ((3, 32, 32), [(64, 32, 32), (64, 32, 32), (64, 16, 16), (128, 16, 16), (128, 16, 16), (128, 8, 8),
+                                (256, 8, 8), (256, 8, 8), (256, 4, 4), (4096,), (256,), (10,)],
+                  {"conv_fwd": 6, "conv_wgrad": 6, "conv_bwd_data": 5, "avgpool_fwd": 3, "avgpool_bwd": 3}),
 }
 
 

@@ -1,6 +1,6 @@
-"""The seed networks, and networks described in JSON.
+"""The zoo networks (the seed networks and a VGG-style one), and networks described in JSON.
 
-Seed networks (input -> output shapes):
+Zoo networks (input -> output shapes): the seed networks of the source documents, then vgg_cifar.
 
 * kriz09 -- Krizhevsky's 2009 report: 3x32x32, Conv2d 3->64 8x8 pad (4,4,3,3) logistic
   -> 64x32x32, AvgPool2d(4) -> 64x8x8, Flatten, Dense(4096, 10).
@@ -15,6 +15,10 @@ Seed networks (input -> output shapes):
   Dense(100, 10).
 * lenet5 -- for Fashion-MNIST: 1x28x28, Conv2d 1->6 5x5 pad 2 relu, AvgPool2d(2), Conv2d 6->16
   5x5 relu, AvgPool2d(2), Flatten, Dense(400, 120, relu), Dense(120, 84, relu), Dense(84, 10).
+* vgg_cifar -- a VGG-style CIFAR network with today's layer shapes: 3x32x32, three stages of two
+  Conv2d 3x3 pad 1 relu (64, 128, 256 maps) each followed by AvgPool2d(2) (32 -> 16 -> 8 -> 4),
+  Flatten, Dense(4096, 256, relu), Dense(256, 10). Averaging stands in for VGG's max pooling (the
+  library's pooling), and there is no batch normalisation; the benchmark trains it at batch 128.
 
 JSON networks (``network_from_json``)::
 
@@ -96,6 +100,16 @@ def _lenet5() -> list[Layer]:
             Dense(400, 120, activation="relu"), Dense(120, 84, activation="relu"), Dense(84, 10)]
 
 
+def _vgg_cifar() -> list[Layer]:
+    layers: list[Layer] = []
+    channels = 3
+    for maps in (64, 128, 256):
+        layers += [Conv2d(channels, maps, 3, padding=1, activation="relu"),
+                   Conv2d(maps, maps, 3, padding=1, activation="relu"), AvgPool2d(2)]
+        channels = maps
+    return layers + [Flatten(), Dense(256 * 4 * 4, 256, activation="relu"), Dense(256, 10)]
+
+
 SPECS: dict[str, NetworkSpec] = {s.name: s for s in (
     NetworkSpec("kriz09", (3, 32, 32), "Krizhevsky 2009: one 8x8 logistic conv layer, 4x4 averaging", _kriz09),
     NetworkSpec("scherer10", (1, 256, 256), "Scherer et al. 2010, Table 1 row 1: three 8x8 stride-2 tanh convs",
@@ -106,6 +120,8 @@ SPECS: dict[str, NetworkSpec] = {s.name: s for s in (
                 _chellapilla06),
     NetworkSpec("lenet5", (1, 28, 28), "LeNet-5 style for Fashion-MNIST: two 5x5 relu convs, 2x2 averaging",
                 _lenet5),
+    NetworkSpec("vgg_cifar", (3, 32, 32), "VGG-style CIFAR: 3x3 relu convs in pairs of 64, 128, 256 maps, "
+                "2x2 averaging after each pair", _vgg_cifar),
 )}
 NETWORKS: tuple[str, ...] = tuple(SPECS)
 

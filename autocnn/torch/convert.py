@@ -1,0 +1,119 @@
+"""autocnn.torch.convert: put autocnn's kernels under an existing PyTorch model, and say what it did.
+
+Every torch.nn.Conv2d and torch.nn.AvgPool2d that autocnn's kernels can run becomes an
+autocnn.torch.Conv2d / AvgPool2d in place: the same module object, so parameters, buffers,
+hooks, state_dict keys and an optimizer built before all stay as they were. What cannot run on
+autocnn (groups, dilation, padding modes, dtypes, channels_last, ceil_mode, a subclass with its
+own forward, other convolution and pooling kinds) stays with PyTorch's operator, with one
+message each in the report.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+from torch.nn.modules.conv import _ConvNd
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.modules.pooling import _AdaptiveAvgPoolNd, _AvgPoolNd
+
+from autocnn.kernels.problem import DEFAULT_PRECISION
+from autocnn.nn.text_table import format_table
+from autocnn.torch.geometry import check_precision
+from autocnn.torch.modules import AvgPool2d, Conv2d
+from autocnn.torch.support import conv_reasons, pool_reasons
+
+# Module kinds the report lists when they are left: the convolution and average-pooling families.
+_FAMILIES = (_ConvNd, _AvgPoolNd, _AdaptiveAvgPoolNd)
+
+
+@dataclass(frozen=True)
+class ModuleOutcome:
+    name: str          # the module's qualified name in the model ("" is the model itself)
+    kind: str          # its class name before conversion
+    replaced: bool
+    detail: str        # replaced: what runs it now; left: why PyTorch keeps it
+
+
+@dataclass
+class ConversionReport:
+    """What ``convert`` replaced and what it left to PyTorch, one line each."""
+
+    precision: str
+    modules: list[ModuleOutcome] = field(default_factory=list)
+
+    @property
+    def replaced(self) -> list[ModuleOutcome]:
+        return [m for m in self.modules if m.replaced]
+
+    @property
+    def left(self) -> list[ModuleOutcome]:
+        return [m for m in self.modules if not m.replaced]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"precision": self.precision,
+                "replaced": [{"name": m.name, "kind": m.kind, "detail": m.detail} for m in self.replaced],
+                "left": [{"name": m.name, "kind": m.kind, "reason": m.detail} for m in self.left]}
+
+    def __str__(self) -> str:
+        head = (f"autocnn.torch.convert: {len(self.replaced)} module(s) on autocnn's kernels "
+                f"(convolutions at precision {self.precision}), {len(self.left)} left to PyTorch")
+        if not self.modules:
+            return head + " (the model has no convolution or average-pooling module)"
+        rows = [("module", "kind", "runs on", "why / what")]
+        for m in self.modules:
+            rows.append((m.name or "(model)", m.kind, "autocnn" if m.replaced else "PyTorch", m.detail))
+        return head + ":\n" + format_table(rows)
+
+
+def convert(model: nn.Module, precision: str = DEFAULT_PRECISION, *, verbose: bool = True) -> ConversionReport:
+    """Replace, in place, every supported nn.Conv2d and nn.AvgPool2d of ``model`` (the model itself
+    included) by autocnn.torch's; returns the report and, with ``verbose``, prints it.
+
+    ``precision`` ("fp32" or "tf32") is given to every converted convolution; layers already on
+    autocnn get it too. Converting before or after ``.cuda()`` is the same: the layers run
+    autocnn's kernels whenever their input is a contiguous float32 CUDA tensor.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"convert takes a torch.nn.Module, not {type(model).__name__}")
+    precision = check_precision("autocnn.torch.convert", precision)
+    report = ConversionReport(precision)
+    for name, module in model.named_modules():
+        outcome = _convert_one(name, module, precision)
+        if outcome is not None:
+            report.modules.append(outcome)
+    if verbose:
+        print(report)
+    return report
+
+
+def _convert_one(name: str, module: nn.Module, precision: str) -> ModuleOutcome | None:
+    kind = type(module).__name__
+    if isinstance(module, Conv2d):
+        module.precision = precision
+        return ModuleOutcome(name, kind, True, f"already autocnn.torch.Conv2d (precision {precision})")
+    if isinstance(module, AvgPool2d):
+        return ModuleOutcome(name, kind, True, "already autocnn.torch.AvgPool2d")
+    if type(module) is nn.Conv2d:
+        reasons = conv_reasons(module)
+        if reasons:
+            return ModuleOutcome(name, kind, False, "; ".join(reasons))
+        Conv2d.adopt(module, precision)
+        return ModuleOutcome(name, kind, True, f"autocnn conv_fwd / conv_bwd_data / conv_wgrad (precision {precision})")
+    if type(module) is nn.AvgPool2d:
+        reasons = pool_reasons(module)
+        if reasons:
+            return ModuleOutcome(name, kind, False, "; ".join(reasons))
+        AvgPool2d.adopt(module)
+        return ModuleOutcome(name, kind, True, "autocnn avgpool_fwd / avgpool_bwd")
+    if isinstance(module, LazyModuleMixin):
+        return ModuleOutcome(name, kind, False, "a lazy module whose shapes are not known yet (run one forward "
+                                                "pass, then convert)")
+    if isinstance(module, (nn.Conv2d, nn.AvgPool2d)):
+        base = "Conv2d" if isinstance(module, nn.Conv2d) else "AvgPool2d"
+        return ModuleOutcome(name, kind, False, f"a subclass of torch.nn.{base}, whose forward may differ from "
+                                                f"torch.nn's (use autocnn.torch.{base} in it by hand where it does not)")
+    if isinstance(module, _FAMILIES):
+        return ModuleOutcome(name, kind, False, f"{kind} is not a kernel autocnn has (2-D convolution and "
+                                                f"average pooling only)")
+    return None

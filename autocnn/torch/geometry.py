@@ -1,0 +1,145 @@
+"""torch.nn's layer arguments as autocnn problems: sizes, padding, output shapes, precision.
+
+PyTorch spells a size as an int or a pair and a convolution's padding also as "same" or "valid";
+autocnn's problems take pairs and an explicit (top, left, bottom, right) padding. This module
+turns one into the other and builds the (cached) kernel problems the operators run. It imports
+no torch, so that the arithmetic the fake (meta) implementations share with the real ones is
+plain Python over ints, or over PyTorch's symbolic ints under ``torch.compile``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+from autocnn.kernels.problem import (
+    DEFAULT_PRECISION,
+    PRECISIONS,
+    AvgPoolBwdProblem,
+    AvgPoolFwdProblem,
+    ConvBwdDataProblem,
+    ConvFwdProblem,
+    ConvWgradProblem,
+)
+
+Pair = tuple[int, int]
+Padding = tuple[int, int, int, int]   # top, left, bottom, right
+
+
+def check_precision(where: str, precision: Any) -> str:
+    """The precision, or ValueError naming the allowed ones (as ConvProblem.precision)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"{where}: precision={precision!r} is not one of {', '.join(PRECISIONS)} "
+                         f"(fp32: FP32-accurate, the default; tf32: opt-in, one TF32 product per term)")
+    return precision
+
+
+def pair(name: str, value: Any) -> Pair:
+    """An int or a sequence of two ints as a pair (how torch.nn takes sizes)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    if (isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        return (int(value[0]), int(value[1]))
+    raise ValueError(f"{name} must be an int or a pair of ints, not {value!r}")
+
+
+def conv_padding(padding: Any, kernel_size: Any, dilation: Any = 1) -> Padding:
+    """torch.nn.Conv2d's padding as (top, left, bottom, right).
+
+    "same" pads dilation*(k-1) in all per dimension, the smaller half first, as PyTorch does (an
+    even filter gets one more row at the bottom and one more column at the right).
+    """
+    r, s = pair("kernel_size", kernel_size)
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0, 0, 0)
+        if padding == "same":
+            dh, dw = pair("dilation", dilation)
+            total_h, total_w = dh * (r - 1), dw * (s - 1)
+            return (total_h // 2, total_w // 2, total_h - total_h // 2, total_w - total_w // 2)
+        raise ValueError(f"padding must be an int, a pair of ints, 'same' or 'valid', not {padding!r}")
+    ph, pw = pair("padding", padding)
+    return (ph, pw, ph, pw)
+
+
+def pool_padding(padding: Any) -> Padding:
+    ph, pw = pair("padding", padding)
+    return (ph, pw, ph, pw)
+
+
+def output_size(size: Any, window: int, stride: int, before: int, after: int) -> Any:
+    """Outputs along one dimension; ``size`` may be a symbolic int (fake tensors under compile)."""
+    return (size + before + after - window) // stride + 1
+
+
+def conv_output_shape(x_shape: Sequence[Any], w_shape: Sequence[Any], stride: Sequence[int],
+                      padding: Sequence[int]) -> tuple[Any, ...]:
+    n, _, h, w = x_shape
+    k, _, r, s = w_shape
+    return (n, k, output_size(h, r, stride[0], padding[0], padding[2]),
+            output_size(w, s, stride[1], padding[1], padding[3]))
+
+
+def pool_output_shape(x_shape: Sequence[Any], window: Sequence[int], stride: Sequence[int],
+                      padding: Sequence[int]) -> tuple[Any, ...]:
+    n, c, h, w = x_shape
+    return (n, c, output_size(h, window[0], stride[0], padding[0], padding[2]),
+            output_size(w, window[1], stride[1], padding[1], padding[3]))
+
+
+def concrete(*shapes: Sequence[Any]) -> bool:
+    """Whether every size is a plain int (not a symbolic one of a dynamic-shape trace)."""
+    return all(type(v) is int for shape in shapes for v in shape)
+
+
+# -- problems -------------------------------------------------------------------------------------
+
+def _conv_geometry(where: str, x_shape: Sequence[int], w_shape: Sequence[int], stride: Sequence[int],
+                   padding: Sequence[int], precision: str) -> dict[str, Any]:
+    if len(x_shape) != 4:
+        raise ValueError(f"{where}: the input must be N x C x H x W, not of shape {tuple(x_shape)}")
+    if len(w_shape) != 4:
+        raise ValueError(f"{where}: the weight must be K x C x R x S, not of shape {tuple(w_shape)}")
+    if x_shape[1] != w_shape[1]:
+        raise ValueError(f"{where}: the input has {x_shape[1]} channels (shape {tuple(x_shape)}) but the "
+                         f"weight of shape {tuple(w_shape)} expects {w_shape[1]}")
+    if len(stride) != 2 or len(padding) != 4:
+        raise ValueError(f"{where}: stride must have 2 entries and padding 4 (top, left, bottom, right); "
+                         f"got stride={list(stride)}, padding={list(padding)}")
+    n, c, h, w = (int(v) for v in x_shape)
+    return dict(N=n, C=c, H=h, W=w, K=int(w_shape[0]), R=int(w_shape[2]), S=int(w_shape[3]),
+                stride=tuple(int(v) for v in stride), padding=tuple(int(v) for v in padding),
+                precision=check_precision(where, precision))
+
+
+@functools.lru_cache(maxsize=4096)
+def conv_problem(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], precision: str = DEFAULT_PRECISION, bias: bool = False) -> Any:
+    """The problem of one convolution operation (conv_fwd, conv_bwd_data or conv_wgrad) of the layer
+    with input ``x_shape`` and weight ``w_shape``; InvalidProblemError / ValueError when autocnn
+    cannot compute it (cached: the operators ask once per call)."""
+    geometry = _conv_geometry(f"autocnn {op}", x_shape, w_shape, stride, padding, precision)
+    if op == "conv_fwd":
+        return ConvFwdProblem(**geometry, bias=bias)
+    if op == "conv_bwd_data":
+        return ConvBwdDataProblem(**geometry)
+    if op == "conv_wgrad":
+        return ConvWgradProblem(**geometry, bias=bias)
+    raise ValueError(f"conv_problem: op {op!r} is not conv_fwd, conv_bwd_data or conv_wgrad")
+
+
+@functools.lru_cache(maxsize=4096)
+def pool_problem(op: str, x_shape: tuple[int, ...], window: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], count_pad: bool) -> Any:
+    """The problem of average pooling forward or backward over an input of ``x_shape``."""
+    if len(x_shape) != 4:
+        raise ValueError(f"autocnn {op}: the input must be N x C x H x W, not of shape {tuple(x_shape)}")
+    if len(window) != 2 or len(stride) != 2 or len(padding) != 4:
+        raise ValueError(f"autocnn {op}: kernel_size and stride must have 2 entries and padding 4 "
+                         f"(top, left, bottom, right); got {list(window)}, {list(stride)}, {list(padding)}")
+    n, c, h, w = (int(v) for v in x_shape)
+    cls = {"avgpool_fwd": AvgPoolFwdProblem, "avgpool_bwd": AvgPoolBwdProblem}.get(op)
+    if cls is None:
+        raise ValueError(f"pool_problem: op {op!r} is not avgpool_fwd or avgpool_bwd")
+    return cls(N=n, C=c, H=h, W=w, window=tuple(int(v) for v in window), stride=tuple(int(v) for v in stride),
+               padding=tuple(int(v) for v in padding), count_pad=bool(count_pad))

@@ -1,0 +1,131 @@
+"""Running autocnn's kernels on PyTorch tensors: zero-copy views, PyTorch's stream, one backend a GPU.
+
+The kernels are those of autocnn's cuda backend (``autocnn.nn.cuda_backend.CudaBackend``): its
+``prepare`` looks each problem up in the tuning database (exact record, same architecture,
+nearest tuned shape, heuristic default), compiles it through NVRTC and allocates its workspaces;
+its ``conv_fwd`` ... ``avgpool_bwd`` check the buffers and launch on CuPy's current stream.
+Here the buffers are PyTorch's own memory seen through CuPy arrays (the pointer, shape and device
+the CUDA array interface carries, wrapped without a copy), and CuPy's current stream is made
+PyTorch's current stream for the launch, so autocnn's kernels are ordered with PyTorch's work,
+follow ``torch.cuda.stream(...)`` and are recorded by a CUDA-graph capture.
+
+Capture: nothing here allocates or waits while a kernel runs (outputs are PyTorch tensors; the
+backend's workspaces are made when a problem is prepared). A problem met for the first time
+during a capture cannot be compiled there, and says so: run the step once before capturing,
+as PyTorch's own capture recipe does.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from autocnn.errors import DeviceError
+
+
+def _cupy() -> Any:
+    from autocnn.gpu import require_cupy
+
+    return require_cupy()
+
+
+def as_cupy(cp: Any, t: torch.Tensor) -> Any:
+    """A CuPy array over a contiguous float32 CUDA tensor's memory (no copy; the tensor stays its owner).
+
+    The device is given, not looked up from the pointer, so that wrapping makes no CUDA call (it
+    may happen inside a stream capture)."""
+    memory = cp.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t, t.device.index)
+    return cp.ndarray(tuple(t.shape), dtype=cp.float32, memptr=cp.cuda.MemoryPointer(memory, 0))
+
+
+@dataclass
+class DeviceKernels:
+    """autocnn's cuda backend for one GPU, and the problems it has prepared."""
+
+    index: int
+    backend: Any
+    dispatch: dict[Any, Any] = field(default_factory=dict)   # problem -> KernelDispatch
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def prepare(self, problems: Sequence[Any]) -> list[Any]:
+        """Look up, compile and load these problems' kernels (before a capture, or ahead of a step)."""
+        missing = [p for p in problems if p not in self.dispatch]
+        if missing:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"autocnn.torch: {missing[0].op} ({missing[0].shape_string()}) was not prepared before this "
+                    f"CUDA-graph capture, and a kernel cannot be compiled inside one: run the step once before "
+                    f"capturing (PyTorch's warm-up), or call autocnn.torch.prepare(model, example_input)")
+            cp = _cupy()
+            with self.lock, cp.cuda.Device(self.index):
+                for problem, found in zip(missing, self.backend.prepare(missing)):
+                    self.dispatch[problem] = found
+        return [self.dispatch[p] for p in problems]
+
+    def run(self, problem: Any, *tensors: torch.Tensor | None) -> None:
+        """Launch ``problem``'s kernel on PyTorch's current stream of this device, over these tensors
+        in the order of the backend's method for the op (e.g. x, w, bias, y for conv_fwd)."""
+        if problem not in self.dispatch:
+            self.prepare([problem])
+        cp = _cupy()
+        stream = torch.cuda.current_stream(self.index)
+        arrays = [None if t is None else as_cupy(cp, t) for t in tensors]
+        with cp.cuda.Device(self.index), cp.cuda.ExternalStream(stream.cuda_stream, self.index):
+            getattr(self.backend, problem.op)(problem, *arrays)
+
+    def forget(self, problems: Iterable[Any]) -> None:
+        problems = list(problems)
+        with self.lock:
+            self.backend.forget(problems)
+            for p in problems:
+                self.dispatch.pop(p, None)
+
+
+_DEVICES: dict[int, DeviceKernels] = {}
+_DEVICES_LOCK = threading.Lock()
+
+
+def kernels_for(device: torch.device) -> DeviceKernels:
+    """The kernels of one CUDA device (its backend made on first use)."""
+    if device.type != "cuda":
+        raise DeviceError(f"autocnn's kernels run on CUDA devices, not {device}")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    found = _DEVICES.get(index)
+    if found is not None:
+        return found
+    with _DEVICES_LOCK:
+        if index not in _DEVICES:
+            from autocnn.nn.cuda_backend import CudaBackend
+
+            cp = _cupy()
+            with cp.cuda.Device(index):
+                _DEVICES[index] = DeviceKernels(index, CudaBackend(device_id=index))
+        return _DEVICES[index]
+
+
+def forget(problems: Iterable[Any]) -> None:
+    """Drop the kernels chosen for these problems on every device (after tuning: the next call looks again)."""
+    problems = list(problems)
+    for kernels in list(_DEVICES.values()):
+        kernels.forget(problems)
+
+
+def dispatch_rows() -> list[tuple[str, str, str, str, str]]:
+    """(device, op, shape, source, detail) of every problem prepared so far."""
+    rows = []
+    for index, kernels in sorted(_DEVICES.items()):
+        for problem, found in kernels.dispatch.items():
+            rows.append((f"cuda:{index}", problem.op, problem.shape_string(), found.source, found.detail))
+    return rows
+
+
+def launch_counts() -> dict[str, int]:
+    """Generated-kernel launches per op, over every device, since the process started (graph replays
+    are not counted: a replay does not pass through Python)."""
+    total: dict[str, int] = {}
+    for kernels in _DEVICES.values():
+        for op, n in kernels.backend.generated_launches.items():
+            total[op] = total.get(op, 0) + n
+    return total

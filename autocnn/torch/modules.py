@@ -1,0 +1,110 @@
+"""Drop-in layers: autocnn.torch.Conv2d and AvgPool2d take torch.nn's arguments and run autocnn's kernels.
+
+They are subclasses of torch.nn.Conv2d / AvgPool2d with the same parameters, buffers, state_dict
+keys, initialisation and repr (plus ``precision`` for the convolution), so an optimizer, a saved
+state_dict or a hook sees no difference. ``convert`` turns existing torch.nn modules into them in
+place (``adopt``), keeping every parameter object.
+
+A call runs autocnn's operator for a contiguous float32 input on a CUDA device (or a meta one,
+for shape tracing). Any other input runs PyTorch's own operator: on the CPU silently (autocnn
+has no CPU kernels), on a CUDA device with a warning once per layer (a float16 input under
+autocast, a channels_last or strided input), since there the user expected autocnn's kernels.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from autocnn.kernels.problem import DEFAULT_PRECISION
+from autocnn.torch.geometry import check_precision, conv_padding, pair, pool_padding
+from autocnn.torch.support import check_arguments, conv_reasons, pool_reasons, runs_on_autocnn
+
+
+def _warn_fallback(module: nn.Module, x: torch.Tensor) -> None:
+    if x.device.type != "cuda" or torch.compiler.is_compiling() or getattr(module, "_autocnn_warned", False):
+        return
+    module._autocnn_warned = True
+    layout = "contiguous" if x.is_contiguous() else "non-contiguous (e.g. channels_last)"
+    warnings.warn(f"autocnn.torch.{type(module).__name__}: a {layout} {x.dtype} input of {x.dim()} dimensions "
+                  f"runs PyTorch's operator; autocnn's kernels take contiguous float32 N x C x H x W tensors",
+                  RuntimeWarning, stacklevel=3)
+
+
+def _batched(x: torch.Tensor, run: Any) -> torch.Tensor:
+    """torch.nn's layers also take one image (C x H x W); the kernels take a batch of one."""
+    if x.dim() == 3:
+        return run(x.unsqueeze(0)).squeeze(0)
+    return run(x)
+
+
+class Conv2d(nn.Conv2d):
+    """torch.nn.Conv2d on autocnn's tuned kernels (forward, backward-data, weight gradient).
+
+    Arguments are torch.nn.Conv2d's, plus ``precision``: "fp32" (default, FP32-accurate) or
+    "tf32" (opt-in, one TF32 product per term), as ``ConvProblem.precision``. groups, dilation,
+    padding modes other than "zeros", padding not smaller than the kernel and dtypes other than
+    float32 are refused with a message; torch.nn.Conv2d computes those.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
+                 dilation: Any = 1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
+                 device: Any = None, dtype: Any = None, *, precision: str = DEFAULT_PRECISION) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, device=device, dtype=dtype)
+        self.precision = check_precision("autocnn.torch.Conv2d", precision)
+        check_arguments("Conv2d", conv_reasons(self))
+
+    @classmethod
+    def adopt(cls, module: nn.Conv2d, precision: str = DEFAULT_PRECISION) -> "Conv2d":
+        """Turn a supported torch.nn.Conv2d into this class in place (same object, parameters, hooks)."""
+        precision = check_precision("autocnn.torch.Conv2d", precision)
+        check_arguments("Conv2d", conv_reasons(module))
+        module.__class__ = cls
+        module.precision = precision
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not runs_on_autocnn(x, self.weight, self.bias):
+            _warn_fallback(self, x)
+            return super().forward(x)
+        stride = pair("stride", self.stride)
+        padding = conv_padding(self.padding, self.kernel_size, self.dilation)
+        return _batched(x, lambda b: torch.ops.autocnn.conv2d(b, self.weight, self.bias, stride, padding,
+                                                               self.precision))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", precision={self.precision}"
+
+
+class AvgPool2d(nn.AvgPool2d):
+    """torch.nn.AvgPool2d on autocnn's pooling kernels (forward and backward).
+
+    Arguments are torch.nn.AvgPool2d's; ceil_mode=True and divisor_override are refused with a
+    message (torch.nn.AvgPool2d computes those). ``count_include_pad`` chooses the divisor as in
+    PyTorch (autocnn's ``PoolProblem.count_pad``).
+    """
+
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+                 count_include_pad: bool = True, divisor_override: int | None = None) -> None:
+        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        check_arguments("AvgPool2d", pool_reasons(self))
+
+    @classmethod
+    def adopt(cls, module: nn.AvgPool2d) -> "AvgPool2d":
+        """Turn a supported torch.nn.AvgPool2d into this class in place."""
+        check_arguments("AvgPool2d", pool_reasons(module))
+        module.__class__ = cls
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not runs_on_autocnn(x):
+            _warn_fallback(self, x)
+            return super().forward(x)
+        window = pair("kernel_size", self.kernel_size)
+        stride = pair("stride", self.stride if self.stride is not None else self.kernel_size)
+        padding = pool_padding(self.padding)
+        return _batched(x, lambda b: torch.ops.autocnn.avg_pool2d(b, window, stride, padding,
+                                                                   bool(self.count_include_pad)))

@@ -1,0 +1,188 @@
+"""autocnn's kernels as PyTorch operators: torch.ops.autocnn.*.
+
+Five functional operators (they allocate their outputs with PyTorch, so a CUDA-graph capture takes
+them from its private pool):
+
+    conv2d(x, weight, bias?, stride, padding, precision)              -> y
+    conv2d_backward_data(dy, weight, input_size, stride, padding, precision)  -> dx
+    conv2d_weight_grad(x, dy, kernel_size, stride, padding, precision, bias)  -> (dw, db)
+    avg_pool2d(x, kernel_size, stride, padding, count_include_pad)    -> y
+    avg_pool2d_backward(dy, input_size, kernel_size, stride, padding, count_include_pad) -> dx
+
+``padding`` is (top, left, bottom, right); ``db`` is an empty tensor when ``bias`` is false. The
+two forward operators have autograd registered (their backward calls the backward operators, so
+``torch.compile`` sees autocnn's operators in the backward graph too), and every operator has a
+fake implementation giving its outputs' shapes, so that ``torch.compile(fullgraph=True)`` and
+``torch.export`` trace them, and meta tensors run through them.
+
+The real implementations take contiguous float32 CUDA tensors and say so otherwise. This module
+deliberately does not use ``from __future__ import annotations``: custom_op reads the annotations.
+"""
+from typing import Optional, Sequence
+
+import torch
+
+from autocnn.torch.geometry import concrete, conv_output_shape, conv_problem, pool_output_shape, pool_problem
+from autocnn.torch.launch import kernels_for
+
+Tensor = torch.Tensor
+
+
+def _check(op: str, name: str, t: Tensor, device: torch.device) -> None:
+    """A tensor a real implementation can hand to a generated kernel, or a message saying what to change."""
+    if t.device.type != "cuda":
+        raise ValueError(f"autocnn::{op}: {name} is on {t.device}; autocnn's kernels run on CUDA float32 "
+                         f"tensors (move the model and its input with .cuda(), or use torch.nn's layers on "
+                         f"the CPU)")
+    if t.device != device:
+        raise ValueError(f"autocnn::{op}: {name} is on {t.device} but the input is on {device}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"autocnn::{op}: {name} is {t.dtype}; autocnn's kernels take torch.float32")
+    if not t.is_contiguous():
+        raise ValueError(f"autocnn::{op}: {name} must be contiguous (NCHW; weights KCRS), call .contiguous() "
+                         f"first (channels_last and strided views are not supported)")
+
+
+def _ints(values: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+# -- convolution ------------------------------------------------------------------------------------
+
+@torch.library.custom_op("autocnn::conv2d", mutates_args=())
+def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int], padding: Sequence[int],
+           precision: str) -> Tensor:
+    problem = conv_problem("conv_fwd", tuple(x.shape), tuple(weight.shape), _ints(stride), _ints(padding),
+                           precision, bias is not None)
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is not None:
+            _check("conv2d", name, t, x.device)
+    y = x.new_empty(problem.y_shape)
+    kernels_for(x.device).run(problem, x, weight, bias, y)
+    return y
+
+
+@conv2d.register_fake
+def _conv2d_fake(x, weight, bias, stride, padding, precision):
+    if concrete(x.shape, weight.shape):
+        # The same checks as the real operator, at trace time: a bad layer fails before any device work.
+        conv_problem("conv_fwd", tuple(x.shape), tuple(weight.shape), _ints(stride), _ints(padding), precision,
+                     bias is not None)
+    return x.new_empty(conv_output_shape(x.shape, weight.shape, stride, padding))
+
+
+@torch.library.custom_op("autocnn::conv2d_backward_data", mutates_args=())
+def conv2d_backward_data(dy: Tensor, weight: Tensor, input_size: Sequence[int], stride: Sequence[int],
+                         padding: Sequence[int], precision: str) -> Tensor:
+    x_shape = (dy.shape[0], weight.shape[1], *_ints(input_size))
+    problem = conv_problem("conv_bwd_data", x_shape, tuple(weight.shape), _ints(stride), _ints(padding), precision)
+    _expect_dy("conv2d_backward_data", dy, problem.y_shape)
+    _check("conv2d_backward_data", "weight", weight, dy.device)
+    dx = dy.new_empty(problem.x_shape)
+    kernels_for(dy.device).run(problem, dy, weight, dx)
+    return dx
+
+
+@conv2d_backward_data.register_fake
+def _conv2d_backward_data_fake(dy, weight, input_size, stride, padding, precision):
+    return dy.new_empty((dy.shape[0], weight.shape[1], *input_size))
+
+
+@torch.library.custom_op("autocnn::conv2d_weight_grad", mutates_args=())
+def conv2d_weight_grad(x: Tensor, dy: Tensor, kernel_size: Sequence[int], stride: Sequence[int],
+                       padding: Sequence[int], precision: str, bias: bool) -> tuple[Tensor, Tensor]:
+    w_shape = (dy.shape[1], x.shape[1], *_ints(kernel_size))
+    problem = conv_problem("conv_wgrad", tuple(x.shape), w_shape, _ints(stride), _ints(padding), precision, bias)
+    _check("conv2d_weight_grad", "x", x, x.device)
+    _expect_dy("conv2d_weight_grad", dy, problem.y_shape, x.device)
+    dw = x.new_empty(problem.w_shape)
+    db = x.new_empty((problem.K,) if bias else (0,))
+    kernels_for(x.device).run(problem, x, dy, dw, db if bias else None)
+    return dw, db
+
+
+@conv2d_weight_grad.register_fake
+def _conv2d_weight_grad_fake(x, dy, kernel_size, stride, padding, precision, bias):
+    return (x.new_empty((dy.shape[1], x.shape[1], *kernel_size)), x.new_empty((dy.shape[1],) if bias else (0,)))
+
+
+def _expect_dy(op: str, dy: Tensor, shape: Sequence[int], device: Optional[torch.device] = None) -> None:
+    _check(op, "dy", dy, dy.device if device is None else device)
+    if tuple(dy.shape) != tuple(shape):
+        raise ValueError(f"autocnn::{op}: dy has shape {tuple(dy.shape)}, the layer's output shape is {tuple(shape)}")
+
+
+def _conv2d_setup(ctx, inputs, output):
+    x, weight, bias, stride, padding, precision = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.geometry = (_ints(stride), _ints(padding), precision)
+    ctx.has_bias = bias is not None
+
+
+def _conv2d_backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    stride, padding, precision = ctx.geometry
+    # The incoming gradient may be a broadcast or strided view (e.g. of y.sum()); the kernels read NCHW.
+    dy = dy.contiguous()
+    dx = dw = db = None
+    if ctx.needs_input_grad[0]:
+        dx = torch.ops.autocnn.conv2d_backward_data(dy, weight, list(x.shape[2:]), stride, padding, precision)
+    if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+        dw, db = torch.ops.autocnn.conv2d_weight_grad(x, dy, list(weight.shape[2:]), stride, padding, precision,
+                                                       ctx.has_bias)
+        if not ctx.has_bias:
+            db = None
+    return dx, dw, db, None, None, None
+
+
+conv2d.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
+
+
+# -- average pooling ----------------------------------------------------------------------------------
+
+@torch.library.custom_op("autocnn::avg_pool2d", mutates_args=())
+def avg_pool2d(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+               count_include_pad: bool) -> Tensor:
+    problem = pool_problem("avgpool_fwd", tuple(x.shape), _ints(kernel_size), _ints(stride), _ints(padding),
+                           count_include_pad)
+    _check("avg_pool2d", "x", x, x.device)
+    y = x.new_empty(problem.y_shape)
+    kernels_for(x.device).run(problem, x, y)
+    return y
+
+
+@avg_pool2d.register_fake
+def _avg_pool2d_fake(x, kernel_size, stride, padding, count_include_pad):
+    if concrete(x.shape):
+        pool_problem("avgpool_fwd", tuple(x.shape), _ints(kernel_size), _ints(stride), _ints(padding),
+                     count_include_pad)
+    return x.new_empty(pool_output_shape(x.shape, kernel_size, stride, padding))
+
+
+@torch.library.custom_op("autocnn::avg_pool2d_backward", mutates_args=())
+def avg_pool2d_backward(dy: Tensor, input_size: Sequence[int], kernel_size: Sequence[int], stride: Sequence[int],
+                        padding: Sequence[int], count_include_pad: bool) -> Tensor:
+    x_shape = (dy.shape[0], dy.shape[1], *_ints(input_size))
+    problem = pool_problem("avgpool_bwd", x_shape, _ints(kernel_size), _ints(stride), _ints(padding),
+                           count_include_pad)
+    _expect_dy("avg_pool2d_backward", dy, problem.y_shape)
+    dx = dy.new_empty(problem.x_shape)
+    kernels_for(dy.device).run(problem, dy, dx)
+    return dx
+
+
+@avg_pool2d_backward.register_fake
+def _avg_pool2d_backward_fake(dy, input_size, kernel_size, stride, padding, count_include_pad):
+    return dy.new_empty((dy.shape[0], dy.shape[1], *input_size))
+
+
+def _avg_pool2d_setup(ctx, inputs, output):
+    x, kernel_size, stride, padding, count_include_pad = inputs
+    ctx.geometry = (list(x.shape[2:]), _ints(kernel_size), _ints(stride), _ints(padding), count_include_pad)
+
+
+def _avg_pool2d_backward(ctx, dy):
+    return torch.ops.autocnn.avg_pool2d_backward(dy.contiguous(), *ctx.geometry), None, None, None, None
+
+
+avg_pool2d.register_autograd(_avg_pool2d_backward, setup_context=_avg_pool2d_setup)

@@ -1,0 +1,254 @@
+"""Tuning a PyTorch model's kernels: its problems found by hooks, one budget spent by time share.
+
+``collect_problems`` runs the model once on the meta device (no memory, no GPU: only shapes),
+with a hook on every layer autocnn can run, and lists the kernel problems of a training step in
+both directions: the forward of every such layer, the backward-data where the layer's input needs
+a gradient, the weight gradient where its parameters do. A shape met by several layers counts
+once per layer. ``tune`` spends one trial budget over them in proportion to each problem's
+expected share of the step (its count times autocnn's expected time for it), with the tuner of
+autocnn.tuning, and makes the layers look their kernels up again afterwards.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from autocnn.torch.geometry import conv_padding, conv_problem, pair, pool_padding, pool_problem
+from autocnn.torch.launch import forget, kernels_for
+from autocnn.torch.modules import AvgPool2d, Conv2d
+from autocnn.torch.support import conv_reasons, pool_reasons
+
+
+@dataclass(frozen=True)
+class ProblemUse:
+    """A kernel problem of the model's training step, how often a step runs it, and by which layers."""
+
+    problem: Any
+    count: int
+    modules: tuple[str, ...]
+
+
+def _layer_problems(module: nn.Module, x: torch.Tensor, precision: str | None, training: bool) -> list[Any]:
+    """The problems one call of a layer runs on input ``x`` (none when the call falls back to PyTorch)."""
+    if x.dtype != torch.float32 or x.dim() not in (3, 4) or not x.is_contiguous():
+        return []
+    shape = tuple(x.shape) if x.dim() == 4 else (1, *x.shape)
+    if isinstance(module, nn.Conv2d):
+        prec = precision or getattr(module, "precision", "fp32")
+        stride = pair("stride", module.stride)
+        padding = conv_padding(module.padding, module.kernel_size, module.dilation)
+        w_shape = tuple(module.weight.shape)
+        has_bias = module.bias is not None
+        out = [conv_problem("conv_fwd", shape, w_shape, stride, padding, prec, has_bias)]
+        if training and x.requires_grad:
+            out.append(conv_problem("conv_bwd_data", shape, w_shape, stride, padding, prec))
+        if training and (module.weight.requires_grad or (has_bias and module.bias.requires_grad)):
+            out.append(conv_problem("conv_wgrad", shape, w_shape, stride, padding, prec, has_bias))
+        return out
+    window = pair("kernel_size", module.kernel_size)
+    stride = pair("stride", module.stride if module.stride is not None else module.kernel_size)
+    args = (shape, window, stride, pool_padding(module.padding), bool(module.count_include_pad))
+    out = [pool_problem("avgpool_fwd", *args)]
+    if training and x.requires_grad:
+        out.append(pool_problem("avgpool_bwd", *args))
+    return out
+
+
+def _runs_on_autocnn(module: nn.Module) -> bool:
+    if isinstance(module, (Conv2d, AvgPool2d)):
+        return True
+    if type(module) is nn.Conv2d:
+        return not conv_reasons(module)
+    if type(module) is nn.AvgPool2d:
+        return not pool_reasons(module)
+    return False
+
+
+def _as_args(example_input: Any) -> tuple[Any, ...]:
+    if isinstance(example_input, torch.Tensor):
+        return (example_input,)
+    if isinstance(example_input, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in example_input):
+        return tuple(example_input)
+    raise TypeError(f"example_input must be a tensor (or a tuple of the model's input tensors), "
+                    f"not {type(example_input).__name__}")
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+
+
+def collect_problems(model: nn.Module, example_input: Any, *, precision: str | None = None,
+                     training: bool = True) -> list[ProblemUse]:
+    """Every kernel problem a step of ``model`` on ``example_input`` runs on autocnn's kernels,
+    counted per call. Layers count that are autocnn.torch's or that ``convert`` would replace;
+    convolutions at ``precision`` if given, else at their own (torch.nn's: fp32). With
+    ``training`` false, forward problems only."""
+    from autocnn.torch.geometry import check_precision
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"collect_problems takes a torch.nn.Module, not {type(model).__name__}")
+    if precision is not None:
+        check_precision("autocnn.torch.tune", precision)
+    args = tuple(_meta(t) for t in _as_args(example_input))
+    found: dict[Any, list[str]] = {}
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(module: nn.Module, inputs: tuple[Any, ...]) -> None:
+            if inputs and isinstance(inputs[0], torch.Tensor):
+                for p in _layer_problems(module, inputs[0], precision, training):
+                    found.setdefault(p, []).append(name)
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(name)) for name, m in model.named_modules() if _runs_on_autocnn(m)]
+    state = {**{n: _meta(p) for n, p in model.named_parameters()},
+             **{n: _meta(b) for n, b in model.named_buffers()}}
+    try:
+        with torch.set_grad_enabled(training):
+            torch.func.functional_call(model, state, args)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's forward on meta tensors
+        raise RuntimeError(f"autocnn.torch: the model's forward did not run on the meta device ({exc}); "
+                           f"collect_problems traces shapes there, so the forward must not read tensor "
+                           f"values (e.g. .item()) or create tensors on a fixed device") from exc
+    finally:
+        for h in handles:
+            h.remove()
+    return [ProblemUse(p, len(names), tuple(names)) for p, names in found.items()]
+
+
+def split_trials(uses: Sequence[ProblemUse], total: int, minimum: int = 8) -> list[int]:
+    """Trials per problem: ``minimum`` each, the rest in proportion to count x expected time."""
+    from autocnn.tuning.tuner import expected_seconds
+
+    weights = [u.count * expected_seconds(u.problem.op, u.problem) for u in uses]
+    spare = max(0, total - minimum * len(uses))
+    whole = sum(weights) or 1.0
+    return [minimum + int(round(spare * w / whole)) for w in weights]
+
+
+def tune_uses(tuner: Any, uses: Sequence[ProblemUse], trials: int, timeout_s: float | None = None,
+              log: Callable[[str], None] | None = None) -> list[Any]:
+    """Tune each problem with ``tuner`` (autocnn.tuning.tuner.Tuner) under one budget of trials (and
+    of seconds, when given), split by time share; one TuneOutcome per problem."""
+    from autocnn.tuning.tuner import expected_seconds
+
+    weights = [u.count * expected_seconds(u.problem.op, u.problem) for u in uses]
+    whole = sum(weights) or 1.0
+    outcomes = []
+    for use, n, w in zip(uses, split_trials(uses, trials), weights):
+        share = None if timeout_s is None else max(5.0, timeout_s * w / whole)
+        if log:
+            log(f"{use.problem.op} {use.problem.shape_string()} (x{use.count}): {n} trials")
+        outcomes.append(tuner.tune(use.problem.op, use.problem, trials=n, timeout_s=share))
+    forget([u.problem for u in uses])
+    return outcomes
+
+
+def _device_index(model: nn.Module, device: Any) -> int:
+    if device is not None:
+        d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        if d.type != "cuda":
+            raise ValueError(f"device must be a CUDA device (an index or 'cuda:N'), not {device!r}")
+        return d.index or 0
+    for p in model.parameters():
+        if p.device.type == "cuda":
+            return p.device.index or 0
+    return 0
+
+
+def tune(model: nn.Module, example_input: Any, trials: int = 200, *, timeout_s: float | None = None,
+         precision: str | None = None, training: bool = True, device: Any = None, storage: str | None = None,
+         sampler: str = "tpe", seed: int | None = None, progress: bool = True, tuner: Any = None,
+         log: Callable[[str], None] | None = None) -> list[Any]:
+    """Tune every kernel a training step of ``model`` on ``example_input`` runs, on a GPU, and keep
+    the winners in the tuning database (the model's layers use them from their next call).
+
+    ``trials`` is the budget for the whole model (``timeout_s`` too, when given). ``precision``
+    overrides the layers' own. ``tuner``: an autocnn.tuning.tuner.Tuner to use instead of one on
+    ``device`` (default: the model's CUDA device, else 0). One TuneOutcome per problem.
+    """
+    from autocnn.tuning.tuner import TuneSettings
+
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise ValueError(f"trials must be a positive integer (the budget for the whole model), not {trials!r}")
+    if timeout_s is not None and timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, not {timeout_s}")
+    settings = TuneSettings(trials=trials, sampler=sampler, seed=seed, storage=storage)   # checks the sampler
+    index = _device_index(model, device)
+    uses = collect_problems(model, example_input, precision=precision, training=training)
+    if not uses:
+        if log:
+            log("the model has no layer autocnn's kernels run: nothing to tune")
+        return []
+    if tuner is not None:
+        return tune_uses(tuner, uses, trials, timeout_s, log)
+    from autocnn.store import TuningDatabase
+    from autocnn.tuning.sources import GpuSource
+    from autocnn.tuning.tuner import Tuner
+
+    source = GpuSource(index)
+    try:
+        return tune_uses(Tuner(source, TuningDatabase(), settings, progress=progress, log=log), uses, trials,
+                         timeout_s, log)
+    finally:
+        source.close()
+
+
+def prepare(model: nn.Module, example_input: Any, *, training: bool = True) -> list[Any]:
+    """Look up and compile every kernel a step of ``model`` on ``example_input`` runs, on the input's
+    CUDA device, so that the first step (or a CUDA-graph capture) compiles nothing. Returns one
+    autocnn.nn KernelDispatch (source and config) per problem."""
+    args = _as_args(example_input)
+    if args[0].device.type != "cuda":
+        raise ValueError(f"prepare needs the example input on the CUDA device the model will run on, "
+                         f"not on {args[0].device}")
+    uses = collect_problems(model, example_input, training=training)
+    return kernels_for(args[0].device).prepare([u.problem for u in uses])
+
+
+# -- the command line: autocnn tune --torch-model package.module:factory ------------------------------
+
+def load_factory(spec: str) -> nn.Module:
+    """The model ``package.module:factory`` builds (the factory is called without arguments)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--torch-model takes package.module:factory (a function returning a "
+                         f"torch.nn.Module), not {spec!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--torch-model: cannot import {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"--torch-model: {module_name!r} has no attribute {attr!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"--torch-model: {spec} is not callable")
+    model = target()
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"--torch-model: {spec}() returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def parse_input_shape(text: str) -> tuple[int, int, int]:
+    """``C,H,W`` (e.g. ``3,224,224``) as three positive integers."""
+    parts = [t.strip() for t in str(text).split(",")]
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--input-shape takes C,H,W as three positive integers, e.g. 3,224,224; not {text!r}")
+    return (int(parts[0]), int(parts[1]), int(parts[2]))
+
+
+def tune_factory(tuner: Any, spec: str, input_shape: str | Sequence[int], batch: int, trials: int,
+                 timeout_s: float | None = None, precision: str | None = None,
+                 log: Callable[[str], None] | None = None) -> list[Any]:
+    """``autocnn tune --torch-model spec --input-shape C,H,W --batch N``: the model's training-step
+    kernels at that batch, tuned with the command's tuner under one budget of ``trials``."""
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"--batch must be a positive integer, not {batch!r}")
+    shape = parse_input_shape(input_shape) if isinstance(input_shape, str) else tuple(input_shape)
+    model = load_factory(spec)
+    example = torch.empty((batch, *shape), device="meta")
+    return tune(model, example, trials, timeout_s=timeout_s, precision=precision, tuner=tuner, log=log)

@@ -1,0 +1,89 @@
+"""vgg_cifar, the zoo's network with today's layer shapes: its layers, its kernel problems at the
+benchmark's batch, that it learns, that the benchmark's PyTorch twin computes the same function,
+and (GPU) that the cuda backend trains it as the numpy backend does."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autocnn import nn
+from autocnn.kernels.problem import AvgPoolFwdProblem, ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
+
+BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_training.py"
+
+
+def test_vgg_cifar_layers():
+    model = nn.build_network("vgg_cifar", seed=0)
+    convs = [layer for layer in model.layers if isinstance(layer, nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels) for c in convs] == [(3, 64), (64, 64), (64, 128), (128, 128),
+                                                                (128, 256), (256, 256)]
+    for c in convs:
+        assert c.kernel_size == (3, 3) and c.stride == (1, 1) and c.padding == (1, 1, 1, 1)
+        assert c.activation == "relu" and c.use_bias
+    pools = [layer for layer in model.layers if isinstance(layer, nn.AvgPool2d)]
+    assert [(p.window, p.stride) for p in pools] == [((2, 2), (2, 2))] * 3
+    model.build(2)
+    # 3x3 filters of the six convolutions, the two dense layers, every bias.
+    assert sum(int(np.prod(w.shape)) for w in model.get_weights().values()) == 2_196_810
+
+
+def test_vgg_cifar_problems_at_the_benchmark_batch():
+    problems = nn.build_network("vgg_cifar").problems(128)
+    by_op: dict[str, list] = {}
+    for p in problems:
+        by_op.setdefault(p.op, []).append(p)
+    assert {op: len(ps) for op, ps in by_op.items()} == {
+        "conv_fwd": 6, "conv_wgrad": 6, "conv_bwd_data": 5, "avgpool_fwd": 3, "avgpool_bwd": 3}
+    assert ConvFwdProblem(N=128, C=128, H=16, W=16, K=128, R=3, S=3, padding=(1, 1, 1, 1), bias=True,
+                          activation="relu") in problems
+    assert ConvWgradProblem(N=128, C=256, H=8, W=8, K=256, R=3, S=3, padding=(1, 1, 1, 1), bias=True) in problems
+    # The first layer's input is the data: nothing needs its gradient.
+    assert all(p.C != 3 for p in by_op["conv_bwd_data"])
+    assert ConvBwdDataProblem(N=128, C=64, H=32, W=32, K=64, R=3, S=3, padding=(1, 1, 1, 1)) in problems
+    assert AvgPoolFwdProblem(N=128, C=256, H=8, W=8, window=(2, 2)) in problems
+
+
+def test_vgg_cifar_learns_a_small_batch():
+    # Eight images, two classes told apart by the sign of their mean: Adam must fit them.
+    rng = np.random.default_rng(0)
+    model = nn.build_network("vgg_cifar", backend=nn.NumpyBackend(blas_threads=1), seed=0)
+    model.build(8).compile(nn.Adam(1e-3))
+    y = np.array([0, 1] * 4)
+    x = (rng.standard_normal((8, 3, 32, 32)) + np.where(y == 0, -0.5, 0.5)[:, None, None, None]).astype(np.float32)
+    losses = [model.train_step(x, y).loss for _ in range(12)]
+    assert all(np.isfinite(losses))
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_training", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmarks_pytorch_twin_computes_the_same_function():
+    torch = pytest.importorskip("torch", reason="the PyTorch twin needs PyTorch (pip install 'autocnn[torch]')")
+    bench = _bench()
+    model = nn.build_network("vgg_cifar", backend=nn.NumpyBackend(np.float64), seed=3)
+    model.build(2)
+    twin = bench.torch_model(model, device="cpu").double()
+    bench.copy_weights(model, twin)
+    x = np.random.default_rng(1).standard_normal((2, 3, 32, 32))
+    ours = model.predict(x, batch_size=2)
+    with torch.no_grad():
+        theirs = torch.softmax(twin(torch.from_numpy(x)), dim=1).numpy()
+    np.testing.assert_allclose(theirs, ours, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_vgg_cifar_on_the_cuda_backend_matches_numpy():
+    from tests import test_gpu_training as gpu
+
+    # The zoo's GPU checks, on this network: forward, loss, gradients and three SGD steps against the
+    # numpy backend, and every convolution and pooling call a generated kernel.
+    gpu.test_cuda_matches_numpy_forward_gradients_and_steps("vgg_cifar")
+    gpu.test_every_conv_and_pool_call_runs_a_generated_kernel("vgg_cifar")
