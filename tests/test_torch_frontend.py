@@ -5,10 +5,8 @@ against PyTorch in float64, gradcheck, training, compile, CUDA graphs) is test_t
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import warnings
-from pathlib import Path
 
 import pytest
 
@@ -28,6 +26,7 @@ from autocnn.kernels.problem import (  # noqa: E402
 )
 from autocnn.torch.geometry import conv_padding, conv_problem  # noqa: E402
 from autocnn.torch.tuning import load_factory, parse_input_shape, split_trials, tune_factory  # noqa: E402
+from tests.bench_module import load_bench  # noqa: E402
 
 META = torch.device("meta")
 
@@ -422,10 +421,7 @@ def test_torch_model_factory_for_the_command_line():
 # -- the benchmark's share of autocnn's kernels ----------------------------------------------------------------
 
 def test_benchmark_attributes_device_time_to_autocnn_operators():
-    spec = importlib.util.spec_from_file_location(
-        "bench_training", Path(__file__).resolve().parent.parent / "scripts" / "bench_training.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench()
     events = [
         {"cat": "cpu_op", "name": "autocnn::conv2d", "tid": 1, "ts": 100, "dur": 50},
         {"cat": "cpu_op", "name": "aten::relu", "tid": 1, "ts": 160, "dur": 10},

@@ -3,16 +3,13 @@ benchmark's batch, that it learns, that the benchmark's PyTorch twin computes th
 and (GPU) that the cuda backend trains it as the numpy backend does."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from autocnn import nn
 from autocnn.kernels.problem import AvgPoolFwdProblem, ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
+from tests.bench_module import load_bench
 
-BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_training.py"
 
 
 def test_vgg_cifar_layers():
@@ -58,16 +55,10 @@ def test_vgg_cifar_learns_a_small_batch():
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_training", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_the_benchmarks_pytorch_twin_computes_the_same_function():
     torch = pytest.importorskip("torch", reason="the PyTorch twin needs PyTorch (pip install 'autocnn[torch]')")
-    bench = _bench()
+    bench = load_bench()
     model = nn.build_network("vgg_cifar", backend=nn.NumpyBackend(np.float64), seed=3)
     model.build(2)
     twin = bench.torch_model(model, device="cpu").double()

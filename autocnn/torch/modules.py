@@ -6,9 +6,10 @@ state_dict or a hook sees no difference. ``convert`` turns existing torch.nn mod
 place (``adopt``), keeping every parameter object.
 
 A call runs autocnn's operator for a contiguous float32 input on a CUDA device (or a meta one,
-for shape tracing). Any other input runs PyTorch's own operator: on the CPU silently (autocnn
-has no CPU kernels), on a CUDA device with a warning once per layer (a float16 input under
-autocast, a channels_last or strided input), since there the user expected autocnn's kernels.
+for shape tracing), outside torch.autocast. Any other call runs PyTorch's own operator: on the CPU
+silently (autocnn has no CPU kernels), on a CUDA device with a warning once per layer (under
+autocast, a float16 input, a channels_last or strided one), since there the user expected
+autocnn's kernels.
 """
 from __future__ import annotations
 
@@ -27,10 +28,13 @@ def _warn_fallback(module: nn.Module, x: torch.Tensor) -> None:
     if x.device.type != "cuda" or torch.compiler.is_compiling() or getattr(module, "_autocnn_warned", False):
         return
     module._autocnn_warned = True
-    layout = "contiguous" if x.is_contiguous() else "non-contiguous (e.g. channels_last)"
-    warnings.warn(f"autocnn.torch.{type(module).__name__}: a {layout} {x.dtype} input of {x.dim()} dimensions "
-                  f"runs PyTorch's operator; autocnn's kernels take contiguous float32 N x C x H x W tensors",
-                  RuntimeWarning, stacklevel=3)
+    if torch.is_autocast_enabled("cuda"):
+        what = "under torch.autocast, the layer runs PyTorch's operator at autocast's precision"
+    else:
+        layout = "contiguous" if x.is_contiguous() else "non-contiguous (e.g. channels_last)"
+        what = f"a {layout} {x.dtype} input of {x.dim()} dimensions runs PyTorch's operator"
+    warnings.warn(f"autocnn.torch.{type(module).__name__}: {what}; autocnn's kernels take contiguous float32 "
+                  f"N x C x H x W tensors outside autocast", RuntimeWarning, stacklevel=3)
 
 
 def _batched(x: torch.Tensor, run: Any) -> torch.Tensor:

@@ -67,13 +67,15 @@ def check_arguments(kind: str, reasons: list[str]) -> None:
 
 def runs_on_autocnn(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
     """Whether a call goes to autocnn's operator: a contiguous float32 batch (or single image) on a
-    CUDA device, with parameters alike. Meta tensors count as CUDA ones, so that shapes are traced
-    through the operators' fake implementations. Kept to tensor attributes: torch.compile traces it
-    into guards, without a graph break."""
+    CUDA device, with parameters alike, outside autocast. Meta tensors count as CUDA ones, so that
+    shapes are traced through the operators' fake implementations. Kept to tensor attributes and
+    the autocast state: torch.compile traces it into guards, without a graph break."""
     if x.device.type not in ("cuda", "meta") or x.dtype != torch.float32 or x.dim() not in (3, 4):
         return False
     if not x.is_contiguous():
         return False
+    if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+        return False   # autocast's lower precision is PyTorch's to apply; the operators run float32
     for p in params:
         if p is not None and (p.device != x.device or p.dtype != torch.float32 or not p.is_contiguous()):
             return False
