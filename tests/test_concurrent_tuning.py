@@ -49,14 +49,17 @@ def study_trials(url: str, rf: ReplayFile) -> list:
 
 
 def measured_trials(trials) -> list:
-    """Trials that spent GPU time: a told result that is not a reuse, and measured by its class."""
+    """Told trials that spent GPU time: complete, or failed by a measured failure class (not reused)."""
     out = []
     for t in trials:
         result = t.user_attrs.get(RESULT_ATTR)
         if result is None or result.get("reused") or t.user_attrs.get(CONFIG_ATTR) is None:
             continue
+        if ABANDONED_ATTR in t.user_attrs:
+            continue   # its tuner died between writing the result and telling the trial: not told
         failure = result.get("failure")
-        if failure is None or TrialResult(None, False, failure=FailureClass(failure)).measured:
+        if t.state.name == "COMPLETE" or (
+                failure is not None and TrialResult(None, False, failure=FailureClass(failure)).measured):
             out.append(t)
     return out
 

@@ -117,7 +117,7 @@ def test_the_advisory_lock_orders_processes_and_dies_with_its_holder(postgres_ur
 def test_owners_on_other_hosts_are_judged_by_their_heartbeats(postgres_url, monkeypatch):
     rf = ReplayFile.load(POOL_FILE)
     space = get_operation(rf.op).space(rf.problem, rf.device.limits())
-    configs = list(space.feasible_configs())[:4]
+    configs = list(space.feasible_configs())[:5]
     study = optuna.create_study(study_name="remote", storage=open_storage(postgres_url))
     beating = Owner("elsewhere/1", 42, 7, "a")
     silent = Owner("elsewhere/1", 43, 7, "b")
@@ -133,15 +133,21 @@ def test_owners_on_other_hosts_are_judged_by_their_heartbeats(postgres_url, monk
     me = new_owner()
     try:
         flight = in_flight(study, space, me)
-        assert flight.keys == {configs[0].key(), configs[2].key(), configs[3].key()}
-        assert [c.key() for c in flight.abandoned] == [configs[1].key()]
-        # An owner-less trial (an older autocnn) counts as abandoned only after STALE_TRIAL_S.
+        # An owner-less RUNNING trial seen under the study's lock was being taken by a tuner that died.
+        assert flight.keys == {configs[0].key()}
+        assert [c.key() for c in flight.abandoned] == [configs[1].key(), configs[2].key(), configs[3].key()]
+        # A remote owner that never wrote a heartbeat counts as gone only after STALE_TRIAL_S.
+        mute = Owner("elsewhere/2", 44, 7, "c")
+        t = study.ask()
+        t.set_user_attr(CONFIG_ATTR, configs[4].as_dict())
+        t.set_user_attr(OWNER_ATTR, mute.to_attr())
+        trials.append(t)
+        assert in_flight(study, space, me).keys == {configs[0].key(), configs[4].key()}
         monkeypatch.setattr(leases, "STALE_TRIAL_S", 0.0)
         flight = in_flight(study, space, me)
-        assert flight.keys == {configs[0].key()}
-        assert {c.key() for c in flight.abandoned} == {configs[2].key(), configs[3].key()}
+        assert flight.keys == {configs[0].key()} and [c.key() for c in flight.abandoned] == [configs[4].key()]
     finally:
         retire(me)
     states = [study.get_trials(deepcopy=False)[t.number] for t in trials]
-    assert [s.state.name for s in states] == ["RUNNING", "FAIL", "FAIL", "FAIL"]
+    assert [s.state.name for s in states] == ["RUNNING", "FAIL", "FAIL", "FAIL", "FAIL"]
     assert "no heartbeat" in states[1].user_attrs[ABANDONED_ATTR]

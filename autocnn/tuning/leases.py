@@ -10,8 +10,10 @@ How an owner is known to be gone:
   this very process, its tuner has ended;
 - on another host (a shared PostgreSQL storage): its process stopped writing the heartbeat it
   keeps in the study's attributes every HEARTBEAT_S for HEARTBEAT_GRACE_S (a host that lost power);
-- a trial without an owner (an older autocnn), or of a remote process that never wrote a
-  heartbeat, after STALE_TRIAL_S (no measurement takes that long).
+- a trial without an owner: at once, since tuners take trials and mark them under the study's
+  lock (``study_lock``), which whoever asks holds: its tuner died while taking it;
+- a trial of a remote process that never wrote a heartbeat, after STALE_TRIAL_S (no measurement
+  takes that long).
 """
 from __future__ import annotations
 
@@ -135,7 +137,11 @@ class Liveness:
             if started is None or (owner.started and started != owner.started):
                 return f"{owner} has ended"
             return None
-        if owner is not None and owner.process in self.heartbeats:
+        if owner is None:
+            # Tuners take trials and mark their owners under the study's lock, which the caller
+            # holds: an owner-less RUNNING trial is one whose tuner died while taking it.
+            return "its tuner ended while taking it"
+        if owner.process in self.heartbeats:
             silent = self.now - self.heartbeats[owner.process]
             return f"{owner} sent no heartbeat for {silent:.0f} s" if silent > HEARTBEAT_GRACE_S else None
         if trial_started is None:
