@@ -223,6 +223,80 @@ def resource_violations(module: CompiledModule, plan: Any, regs_per_sm: int = 65
     return reasons
 
 
+class ResourceReporter:
+    """ptxas's resource report of a source for one architecture, without a GPU, cached on disk by
+    the source's hash (a lookup asks again for the same borrowed config on every build).
+
+    Compiles with ``nvcc -cubin -Xptxas -v`` where nvcc is installed (NvccCompiler's cache holds the
+    report beside the cubin), else with NVRTC through CuPy (``-Xptxas=-v`` to a cubin of the real
+    architecture), which is what a GPU host without the CUDA toolkit has.
+    """
+
+    def __init__(self, arch: str, cache_dir: Path | None = None):
+        self.arch = arch
+        self.cache_dir = cache_dir
+        self._nvcc: NvccCompiler | None = None
+        if nvcc_path() is not None:
+            self._nvcc = NvccCompiler(arch, cache_dir=cache_dir)
+        elif not _cupy_nvrtc_available():
+            raise CompileError(f"neither nvcc nor NVRTC (through CuPy) is available to check {arch} kernels")
+
+    def reports(self, source: str) -> dict[str, ResourceReport]:
+        """One report per kernel of ``source``; CompileError when it does not compile."""
+        if self._nvcc is not None:
+            return self._nvcc.compile(source).reports
+        return self._nvrtc_reports(source)
+
+    def _nvrtc_reports(self, source: str) -> dict[str, ResourceReport]:
+        from cupy_backends.cuda.libs import nvrtc
+
+        options = (*NVRTC_FLAGS, f"-arch={self.arch}", "-Xptxas=-v")
+        version = ".".join(str(v) for v in nvrtc.getVersion())
+        digest = source_hash(source, "nvrtc", version, *options)
+        meta = (self.cache_dir or cache_root() / "ptxas") / self.arch / f"{digest}.json"
+        try:
+            return {k: ResourceReport(**v) for k, v in json.loads(meta.read_text()).items()}
+        except (OSError, ValueError, TypeError):
+            pass   # not cached yet (or a damaged entry): compile below
+        prog = nvrtc.createProgram(source, "autocnn.cu", [], [])
+        try:
+            try:
+                nvrtc.compileProgram(prog, list(options))
+            except nvrtc.NVRTCError:
+                raise CompileError(f"NVRTC failed for {self.arch}", log=nvrtc.getProgramLog(prog)) from None
+            reports = parse_ptxas_report(nvrtc.getProgramLog(prog))
+        finally:
+            nvrtc.destroyProgram(prog)
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        tmp = meta.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({k: asdict(v) for k, v in reports.items()}))
+        os.replace(tmp, meta)
+        return reports
+
+
+def _cupy_nvrtc_available() -> bool:
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+    except Exception:  # noqa: BLE001 - no CuPy, or CuPy without a loadable NVRTC
+        return False
+    return True
+
+
+_REPORTERS: dict[str, ResourceReporter | None] = {}
+
+
+def resource_reporter(arch: str) -> ResourceReporter | None:
+    """The process's reporter for ``arch``, or None where no compiler can check kernels."""
+    if arch not in _REPORTERS:
+        try:
+            _REPORTERS[arch] = ResourceReporter(arch)
+        except CompileError:
+            _REPORTERS[arch] = None
+    return _REPORTERS[arch]
+
+
 class CompilePool:
     """Compiles plans ahead of the GPU: nvcc processes driven from a thread pool."""
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from autocnn.device import DeviceInfo
+from autocnn.store.feasibility import ResourceCheck
 from autocnn.store.files import (Entry, FileScan, Origin, canonical_identity, default_shipped_dir, default_user_dir,
                                  file_signature, raw_identity, rewrite_locked, scan_file)
 from autocnn.store.lookup import RecordLookup
@@ -41,7 +42,10 @@ class SummaryRow:
 class TuningDatabase(RecordLookup, RecordExchange):
     """Shipped (read-only) and user records, validated on load, written atomically under a lock."""
 
-    def __init__(self, user_dir: Path | None = None, shipped_dir: Path | None = None):
+    def __init__(self, user_dir: Path | None = None, shipped_dir: Path | None = None,
+                 resource_check: ResourceCheck | None = None):
+        if resource_check is not None:   # default: ptxas_check (see RecordLookup.lookup)
+            self.resource_check = resource_check
         self.user_dir = Path(user_dir) if user_dir is not None else default_user_dir()
         self.shipped_dir = Path(shipped_dir) if shipped_dir is not None else default_shipped_dir()
         # path -> (stat signature, scan): a file is validated again only when it changed

@@ -2,7 +2,8 @@
 
 Lookup falls back in a fixed chain and says which step answered:
 exact GPU identity -> same compute capability -> nearest tuned shape -> the heuristic default.
-A record whose template fingerprint is old (stale) is never run; it names a shape to tune again and
+A config borrowed from a nearest shape is handed out only when its ptxas report shows it can run
+on the device (``feasibility``). A record whose template fingerprint is old (stale) is never run; it names a shape to tune again and
 offers its config as a first guess.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from autocnn.device import DeviceInfo
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation, problem_from_dict
 from autocnn.kernels.space import Config, SearchSpace
+from autocnn.store.feasibility import ResourceCheck, ptxas_check
 from autocnn.store.files import CorruptFile, Entry, ForeignFormat, Origin, read_raw
 from autocnn.store.records import RecordError, RecordKey, StaleRecordError, TuningRecord, validate_record
 
@@ -24,6 +26,8 @@ from autocnn.store.records import RecordError, RecordKey, StaleRecordError, Tuni
 # both 4x larger (4) and C 4x smaller (2) plus a different padding (1). Farther away, the op's
 # problem-adaptive heuristic default is the better guess.
 NEAREST_SHAPE_MAX_DISTANCE = 8.0
+# Borrowed configs checked (each compiled once per host, then cached) before the default answers.
+MAX_CHECKED_NEIGHBOURS = 4
 
 LookupSource = Literal["exact", "same_arch", "nearest_shape", "default"]
 
@@ -90,8 +94,15 @@ class RecordLookup:
                 gpu: str | None = None, arch: str | None = None) -> list[TuningRecord]:
         raise NotImplementedError
 
+    resource_check: ResourceCheck = staticmethod(ptxas_check)
+
     def lookup(self, device: DeviceInfo, problem: Any) -> LookupResult:
-        """The config to run ``problem`` on ``device``: exact > same_arch > nearest_shape > default."""
+        """The config to run ``problem`` on ``device``: exact > same_arch > nearest_shape > default.
+
+        Exact and same-architecture records ran this very problem's code; a nearest shape's config
+        is handed out only when ``resource_check`` (ptxas's report) shows it can run here, else the
+        next one is tried (MAX_CHECKED_NEIGHBOURS in all), then the op's heuristic default, whose
+        candidates fit by construction."""
         operation = get_operation(problem.op)
         operation.check_problem(problem)
         limits = device.limits()
@@ -127,16 +138,31 @@ class RecordLookup:
                                     f"tuned on another {arch} GPU ({_gpu_text(e.record.key)}): "
                                     f"{e.record.time_us:.1f} us there ({e.origin} record)")
 
+        # A borrowed config runs code generated for this shape, which no one has compiled: its ptxas
+        # report (cached) must show it fits this device (registers, shared memory, no spills).
+        skipped: list[str] = []
+        checked: set[str] = set()
         for distance, e, config in self._nearest(entries, problem, arch, space):
+            if config.key() in checked:
+                continue
+            if len(checked) >= MAX_CHECKED_NEIGHBOURS:
+                break
+            checked.add(config.key())
+            reasons = self.resource_check(operation.plan(problem, config), device)
+            if reasons:
+                skipped.append(f"{e.valid.problem.shape_string()}'s config {reasons[0]}")
+                continue
             return LookupResult(config, "nearest_shape", e.record,
                                 f"borrowed from the nearest tuned {problem.op} shape "
                                 f"{e.valid.problem.shape_string()} on {_gpu_text(e.record.key)} "
-                                f"(distance {distance:.2f}; {e.origin} record)")
+                                f"(distance {distance:.2f}; {e.origin} record"
+                                + (f"; {len(skipped)} nearer cannot run here" if skipped else "") + ")")
 
         config = operation.default_config(problem, limits)
         return LookupResult(config, "default", None,
                             f"no tuned {problem.op} record usable for {problem.shape_string()} on {arch}: "
-                            f"heuristic default")
+                            f"heuristic default" + (f" (nearest shapes that cannot run here: {'; '.join(skipped)})"
+                                                    if skipped else ""))
 
     def _nearest(self, entries: Iterable[Entry], problem: Any, arch: str,
                  space: SearchSpace) -> Iterable[tuple[float, Entry, Config]]:

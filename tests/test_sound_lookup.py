@@ -1,0 +1,157 @@
+"""Sound lookups: a config borrowed from another shape is handed out only when ptxas's report of
+the code it generates for this shape fits the device (registers per block, shared memory, no
+spills); otherwise the next neighbour, then the heuristic default.
+
+The random-shape test draws shapes around the shipped records (seeded; the seed is printed), looks
+each up with the shipped database and compiles every answer with nvcc for the records' GPU,
+checking the report; compiled sources are cached by hash, so a config the lookup checked is not
+compiled twice."""
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from autocnn.errors import InvalidProblemError
+from autocnn.kernels import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem, get_operation
+from autocnn.kernels.compiler import (CompiledModule, NvccCompiler, ResourceReport, ResourceReporter, nvcc_path,
+                                      resource_violations)
+from autocnn.store import TuningDatabase, default_shipped_dir
+from autocnn.store.feasibility import ptxas_check
+from autocnn.tuning.sources import ReplayFile
+
+REPLAY = Path(__file__).parent / "data" / "replay" / "avgpool_bwd__modern_pool.json.gz"
+H200 = ReplayFile.load(REPLAY).device          # the GPU the shipped records were tuned on
+SEED = 1411
+SHAPES_PER_OP = 6
+needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed (CUDA toolkit)")
+
+
+def _neighbour_db(tmp_path, check):
+    """Two tuned neighbours of TARGET (K=16 at distance 1, N=256 at 2) whose configs are valid for it."""
+    db = TuningDatabase(user_dir=tmp_path / "db", shipped_dir=tmp_path / "none", resource_check=check)
+    from autocnn.store import RecordKey, TuningRecord, now_utc
+
+    op = get_operation("conv_fwd")
+    for problem, kb in ((dataclasses.replace(TARGET, K=16), 8), (dataclasses.replace(TARGET, N=256), 4)):
+        config = {**DIRECT, "KB": kb}
+        db.put(TuningRecord(RecordKey.for_(H200, problem, op.config_fingerprint(config)), config, 10.0, 0.0, None,
+                            None, 5, now_utc(), "0", "tpe"))
+    return db
+
+
+TARGET = ConvFwdProblem(N=64, C=16, H=32, W=32, K=8, R=3, S=3, padding=1)
+DIRECT = {"formulation": "direct", "KPT": 4, "TP": 8, "TQ": 32, "PPT": 2, "QPT": 4, "CB": 4, "PAD": 1, "UNROLL_R": 1}
+
+
+def test_a_neighbour_that_cannot_run_is_passed_over_for_the_next_then_the_default(tmp_path):
+    asked = []
+
+    def refuse_kb8(plan, device):
+        asked.append(plan.config["KB"])
+        return ["spills registers (planted)"] if plan.config["KB"] == 8 else []
+
+    result = _neighbour_db(tmp_path, refuse_kb8).lookup(H200, TARGET)
+    assert asked == [8, 4]
+    assert result.source == "nearest_shape" and result.config["KB"] == 4
+    assert "1 nearer cannot run here" in result.detail
+
+    result = _neighbour_db(tmp_path / "2", lambda plan, device: ["spills registers (planted)"]).lookup(H200, TARGET)
+    assert result.source == "default"
+    assert result.config == get_operation("conv_fwd").default_config(TARGET, H200.limits())
+    assert "spills registers (planted)" in result.detail and "N=256" in result.detail
+
+
+def test_ptxas_check_reads_the_report(monkeypatch):
+    import autocnn.kernels.compiler as compiler
+
+    plan = get_operation("conv_fwd").plan(TARGET, get_operation("conv_fwd").space(TARGET, H200.limits()).validate(
+        {**DIRECT, "KB": 4}))
+    kernel = plan.launches[0].kernel
+
+    class Reporter:
+        def __init__(self, report):
+            self.report = report
+
+        def reports(self, source):
+            assert source == plan.source
+            return {kernel: self.report}
+
+    monkeypatch.setattr(compiler, "resource_reporter",
+                        lambda arch: Reporter(ResourceReport(kernel, registers=64, spill_stores=8, spill_loads=8)))
+    assert any("spills registers" in r for r in ptxas_check(plan, H200))
+    monkeypatch.setattr(compiler, "resource_reporter",
+                        lambda arch: Reporter(ResourceReport(kernel, registers=255)))
+    assert any("registers" in r and "exceed" in r for r in ptxas_check(plan, H200)) == (
+        255 * plan.launches[0].threads > H200.regs_per_sm)
+    monkeypatch.setattr(compiler, "resource_reporter", lambda arch: None)
+    assert any("no compiler" in r for r in ptxas_check(plan, H200))
+
+
+@needs_nvcc
+def test_reports_are_cached_by_source(tmp_path, monkeypatch):
+    import subprocess
+
+    plan = get_operation("conv_fwd").plan(TARGET, get_operation("conv_fwd").default_config(TARGET, H200.limits()))
+    reporter = ResourceReporter("sm_90", cache_dir=tmp_path)
+    fresh = ResourceReporter("sm_90", cache_dir=tmp_path)   # another process's, over the same cache
+    first = reporter.reports(plan.source)
+    assert first and all(r.registers > 0 for r in first.values())
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again although the report is cached")
+
+    monkeypatch.setattr(subprocess, "run", no_compiler)
+    assert fresh.reports(plan.source) == first
+
+
+def _random_shapes(rng: random.Random, records) -> list:
+    """Shapes around the shipped ones: each size scaled by a random factor, strides and filters kept."""
+    out = []
+    by_op: dict[str, list] = {}
+    for r in records:
+        by_op.setdefault(r.key.op, []).append(r)
+    from autocnn.kernels import problem_from_dict
+
+    for op in sorted(by_op):
+        drawn = 0
+        while drawn < SHAPES_PER_OP:
+            base = problem_from_dict(rng.choice(by_op[op]).key.problem)
+            sizes = ("N", "C", "H", "W", "K") if "K" in base.geometry() else ("N", "C", "H", "W")
+            changes = {n: max(1, int(getattr(base, n) * rng.choice((0.25, 0.5, 0.75, 1.5, 2, 3)) + rng.randint(0, 3)))
+                       for n in rng.sample(sizes, rng.randint(1, len(sizes)))}
+            try:
+                out.append(dataclasses.replace(base, **changes))
+            except (InvalidProblemError, ValueError):
+                continue
+            drawn += 1
+    return out
+
+
+@needs_nvcc
+@pytest.mark.filterwarnings("ignore::autocnn.store.StaleRecordWarning")
+def test_lookup_over_random_shapes_answers_only_configs_that_run(tmp_path):
+    print(f"shapes drawn with seed {SEED}")
+    db = TuningDatabase(user_dir=tmp_path / "db")
+    shipped = [r for r in TuningDatabase(user_dir=tmp_path / "db", shipped_dir=default_shipped_dir()).records()
+               if r.key.arch == H200.arch]
+    assert shipped, "no shipped sm_90 records"
+    problems = _random_shapes(random.Random(SEED), shipped)
+    # The shape a user found a spilling borrowed config for, in all three convolutions.
+    problems += [P(N=13, C=7, H=31, W=29, K=19, R=5, S=3) for P in (ConvFwdProblem, ConvBwdDataProblem, ConvWgradProblem)]
+    compiler = NvccCompiler(H200.arch)
+    sources, skipped = [], 0
+    for problem in problems:
+        result = db.lookup(H200, problem)
+        sources.append(result.source)
+        skipped += result.detail.count("cannot run here")
+        plan = get_operation(problem.op).plan(problem, result.config)
+        module = compiler.compile(plan.source)
+        reasons = resource_violations(module, plan, H200.regs_per_sm, H200.max_smem_per_block)
+        assert not reasons, f"{problem.op} {problem.shape_string()}: {result.source} answer cannot run: {reasons}"
+        assert isinstance(module, CompiledModule) and module.reports
+    print(dict(Counter(sources)), "; passed over:", skipped)
+    assert "nearest_shape" in sources, sources   # the shapes were drawn near tuned ones
