@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from autocnn.kernels.codegen import code_source, render_family, template_fingerprint
 from autocnn.device import DeviceLimits
@@ -37,15 +37,88 @@ def next_pow2(n: int) -> int:
 
 @dataclass(frozen=True)
 class Launch:
+    """A generated kernel's launch: buffers by name, then int scalars (e.g. the first image of a
+    block of images, where a formulation runs one kernel per block)."""
+
     kernel: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int
     args: tuple[str, ...]
+    scalars: tuple[int, ...] = ()
 
     @property
     def threads(self) -> int:
         return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass(frozen=True)
+class MatrixView:
+    """Row-major matrices inside a plan buffer (a float32 array of its own, an input, an output or
+    a workspace): element (i, j) of matrix b is buffer[offset + b*batch_stride + i*ld + j]. A
+    batch_stride of 0 repeats one matrix over the batch."""
+
+    buffer: str
+    offset: int
+    ld: int
+    batch_stride: int = 0
+
+    def extent(self, rows: int, cols: int, batch: int) -> int:
+        """One past the last element the view reaches."""
+        return self.offset + (batch - 1) * self.batch_stride + (rows - 1) * self.ld + cols
+
+
+@dataclass(frozen=True)
+class LibraryGemm:
+    """A step between generated kernels: ``batch`` float32 GEMMs C = op(A) op(B) (+ C when
+    ``accumulate``) by cuBLAS (strided-batched SGEMM) on views of the plan's buffers; op(A) is
+    m x k, op(B) k x n, C m x n. ``trans_a`` says A is stored as its transpose (k x m), likewise
+    ``trans_b``. ``tf32`` allows TF32 tensor-op math (only a tf32 problem's formulation asks for
+    it); without it cuBLAS computes in FP32 (kernels/cublas_gemm.py)."""
+
+    m: int
+    n: int
+    k: int
+    a: MatrixView
+    b: MatrixView
+    c: MatrixView
+    trans_a: bool = False
+    trans_b: bool = False
+    batch: int = 1
+    accumulate: bool = False
+    tf32: bool = False
+
+    # What the plan's users ask of every step: a library call runs no block of ours and needs no
+    # dynamic shared memory from the plan; it is named by the routine that runs it.
+    kernel: ClassVar[str] = "cublasSgemmStridedBatched"
+    shared_bytes: ClassVar[int] = 0
+    threads: ClassVar[int] = 0
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"a library GEMM needs {name} >= 1, not {getattr(self, name)}")
+        for name, (rows, cols) in self.stored_shapes().items():
+            view = getattr(self, name)
+            if view.ld < cols or view.offset < 0 or view.batch_stride < 0:
+                raise ValueError(f"GEMM operand {name}: a {rows}x{cols} matrix cannot have ld={view.ld}, "
+                                 f"offset={view.offset}, batch_stride={view.batch_stride}")
+        if self.batch > 1 and self.c.batch_stride < self.c.extent(self.m, self.n, 1) - self.c.offset:
+            raise ValueError(f"GEMM output matrices overlap (batch_stride {self.c.batch_stride})")
+
+    def stored_shapes(self) -> dict[str, tuple[int, int]]:
+        """(rows, cols) of each operand as stored."""
+        return {"a": (self.k, self.m) if self.trans_a else (self.m, self.k),
+                "b": (self.n, self.k) if self.trans_b else (self.k, self.n),
+                "c": (self.m, self.n)}
+
+    def extents(self) -> dict[str, tuple[str, int]]:
+        """For each operand: its buffer and the elements the step reaches in it."""
+        return {name: (getattr(self, name).buffer, getattr(self, name).extent(rows, cols, self.batch))
+                for name, (rows, cols) in self.stored_shapes().items()}
+
+
+Step = Launch | LibraryGemm
 
 
 @dataclass(frozen=True)
@@ -55,14 +128,24 @@ class KernelPlan:
     config: Config
     source: str
     fingerprint: str
-    launches: tuple[Launch, ...]
+    launches: tuple[Launch, ...]     # the generated kernels' launches, in order
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     zero_first: tuple[str, ...] = ()
     workspaces: tuple[tuple[str, int], ...] = ()   # (name, float32 elements)
+    steps: tuple[Step, ...] = ()     # all the plan runs, in order: its launches and library GEMMs between them
+
+    def __post_init__(self) -> None:
+        # A formulation's launches() is the whole sequence (Operation.plan passes it as
+        # ``launches``): it becomes the steps, and ``launches`` keeps the generated kernels' only,
+        # which is what everything that inspects kernels (resources, block sizes) means by it.
+        if not self.steps:
+            object.__setattr__(self, "steps", tuple(self.launches))
+        object.__setattr__(self, "launches", tuple(s for s in self.launches if isinstance(s, Launch)))
 
     @property
     def kernel_names(self) -> tuple[str, ...]:
+        """The generated kernels the plan launches (library GEMMs are not in its source)."""
         seen: list[str] = []
         for launch in self.launches:
             if launch.kernel not in seen:
@@ -70,8 +153,17 @@ class KernelPlan:
         return tuple(seen)
 
     @property
+    def library_gemms(self) -> tuple[LibraryGemm, ...]:
+        return tuple(step for step in self.steps if isinstance(step, LibraryGemm))
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Device memory the plan needs besides its inputs and outputs."""
+        return 4 * sum(n for _, n in self.workspaces)
+
+    @property
     def max_shared_bytes(self) -> int:
-        return max(launch.shared_bytes for launch in self.launches)
+        return max((launch.shared_bytes for launch in self.launches), default=0)
 
 
 class Operation:
@@ -318,6 +410,16 @@ def smem_rule(limits: DeviceLimits, params: tuple[str, ...], nbytes) -> Constrai
         b = nbytes(*values)
         if b > limits.max_smem_per_block:
             return f"{b} bytes of shared memory exceed the device's {limits.max_smem_per_block} per block"
+        return None
+    return Constraint(params, check)
+
+
+def workspace_rule(limit_bytes: int, params: tuple[str, ...], nbytes) -> Constraint:
+    """A formulation's workspace (bytes, from the problem and these parameters) within the limit."""
+    def check(*values):
+        b = nbytes(*values)
+        if b > limit_bytes:
+            return f"{b} bytes of workspace exceed the limit of {limit_bytes}"
         return None
     return Constraint(params, check)
 

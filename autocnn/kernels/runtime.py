@@ -1,13 +1,16 @@
-"""Loading compiled kernel plans and launching them on the current CUDA device (through CuPy)."""
+"""Loading compiled kernel plans and running them on the current CUDA device (through CuPy): the
+generated kernels' launches, and the library GEMMs between them (kernels/cublas_gemm.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping
 
+import numpy as np
+
 from autocnn.kernels.compiler import NvrtcCompiler
 from autocnn.errors import CompileError, DeviceError, LaunchError
 from autocnn.gpu import require_cupy
-from autocnn.kernels.operation import KernelPlan
+from autocnn.kernels.operation import KernelPlan, LibraryGemm
 
 # Shared memory a block may use without opting in to more (CUDA's static limit).
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
@@ -34,6 +37,17 @@ class LoadedPlan:
             self.functions[name] = fn
         # Absent optional buffers (no bias, no workspace) are passed as this one-float placeholder.
         self._placeholder = self.cp.zeros(1, dtype=self.cp.float32)
+        self._gemm = None
+        if plan.library_gemms:
+            from autocnn.kernels.cublas_gemm import gemm_engine
+
+            self._gemm = gemm_engine(self.cp)
+            self._gemm.prepare(self.cp.cuda.get_current_stream().ptr)
+
+    def prepare_stream(self, stream: Any) -> None:
+        """Ready the plan's library GEMMs for ``stream`` before a CUDA graph captures on it."""
+        if self._gemm is not None:
+            self._gemm.prepare(stream.ptr)
 
     def workspaces(self) -> dict[str, Any]:
         return {name: self.cp.empty(max(1, n), dtype=self.cp.float32) for name, n in self.plan.workspaces}
@@ -49,8 +63,12 @@ class LoadedPlan:
             if buf is not None:
                 cp.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes,
                                             (stream or cp.cuda.get_current_stream()).ptr)
-        for launch in self.plan.launches:
+        for launch in self.plan.steps:
+            if isinstance(launch, LibraryGemm):
+                self._gemm(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
+                continue
             args = tuple(buffers.get(a) if buffers.get(a) is not None else self._placeholder for a in launch.args)
+            args += tuple(np.int32(v) for v in launch.scalars)
             try:
                 self.functions[launch.kernel](launch.grid, launch.block, args,
                                               shared_mem=launch.shared_bytes, stream=stream)

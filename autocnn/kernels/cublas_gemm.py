@@ -1,0 +1,142 @@
+"""The library GEMM steps of kernel plans (operation.LibraryGemm): cuBLAS strided-batched SGEMM on
+raw pointers into the plan's buffers, callable while a CUDA graph is being captured.
+
+Why not cupy.matmul: CuPy refuses every cuBLAS call while a stream captures, and the training
+step is captured as a CUDA graph. cuBLAS itself supports capture when a handle has a workspace of
+its own and was made before the capture, so each stream gets a handle and a fixed workspace here
+(two streams must not share a workspace: a weight gradient runs beside an input gradient).
+``prepare(stream)`` makes a stream's handle ahead of a capture on it.
+
+Precision: each call sets the handle's math mode. FP32 steps run with CUBLAS_DEFAULT_MATH (no
+TF32, whatever CUPY_TF32 or NVIDIA_TF32_OVERRIDE say: CuPy's variable does not reach this handle,
+and NVIDIA's can only turn TF32 off); a step of a tf32 problem that asks for it runs with
+CUBLAS_TF32_TENSOR_OP_MATH.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+from autocnn.errors import DeviceError
+from autocnn.kernels.operation import LibraryGemm
+
+# cuBLAS's enums (cublas_api.h).
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
+# What NVIDIA recommends for Hopper; with it cuBLAS never allocates while a stream captures.
+HANDLE_WORKSPACE_BYTES = 32 * 1024 * 1024
+NEEDED = ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2",
+          "cublasSetMathMode", "cublasSgemmStridedBatched")
+LIBRARY_NAMES = tuple(f"libcublas.so{suffix}" for suffix in (".13", ".12", ".11", "")) + \
+    tuple(f"cublas64_{v}.dll" for v in (13, 12, 11))
+
+
+@functools.lru_cache(maxsize=1)
+def cublas_library() -> ctypes.CDLL:
+    """The cuBLAS shared library with every entry point the GEMM steps call."""
+    tried = []
+    for name in LIBRARY_NAMES:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError as exc:
+            tried.append(f"{name}: {exc}")
+            continue
+        missing = [f for f in NEEDED if not hasattr(lib, f)]
+        if not missing:
+            _declare(lib)
+            return lib
+        tried.append(f"{name} lacks {', '.join(missing)}")
+    raise DeviceError("cannot load cuBLAS for the library GEMM steps: " + "; ".join(tried))
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+    lib.cublasSgemmStridedBatched.argtypes = [vp, i, i, i, i, i, vp, vp, i, ll, vp, i, ll, vp, vp, i, ll, i]
+    lib.cublasSetStream_v2.argtypes = [vp, vp]
+    lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+    lib.cublasSetMathMode.argtypes = [vp, i]
+    lib.cublasDestroy_v2.argtypes = [vp]
+
+
+def _status(code: int, what: str) -> None:
+    if code != 0:
+        raise DeviceError(f"{what} failed with cuBLAS status {code}")
+
+
+class CublasGemm:
+    """Runs LibraryGemm steps on the current device, a handle and workspace per stream."""
+
+    def __init__(self, cp: Any) -> None:
+        self.cp = cp
+        # Loading cuBLAS through CuPy first makes the library name resolve to the one CuPy uses.
+        cp.cuda.device.get_cublas_handle()
+        self.lib = cublas_library()
+        self._handles: dict[int, tuple[ctypes.c_void_p, Any]] = {}
+        self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+    def prepare(self, stream_ptr: int) -> None:
+        """Make a stream's handle now: before a capture on the stream (making one is not captured)."""
+        self._handle(stream_ptr)
+
+    def _handle(self, stream_ptr: int) -> ctypes.c_void_p:
+        entry = self._handles.get(stream_ptr)
+        if entry is None:
+            if self.cp.cuda.runtime.streamIsCapturing(stream_ptr):
+                raise DeviceError("a library GEMM step runs on a stream that is being captured and has no cuBLAS "
+                                  "handle yet: call LoadedPlan.prepare_stream(stream) before the capture")
+            handle = ctypes.c_void_p()
+            _status(self.lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+            workspace = self.cp.empty(HANDLE_WORKSPACE_BYTES, dtype=self.cp.uint8)
+            # Setting the stream resets the handle's workspace to cuBLAS's own pool: stream first.
+            _status(self.lib.cublasSetStream_v2(handle, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
+            _status(self.lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr),
+                                                   HANDLE_WORKSPACE_BYTES), "cublasSetWorkspace")
+            entry = self._handles[stream_ptr] = (handle, workspace)
+        return entry[0]
+
+    def __call__(self, step: LibraryGemm, buffers: dict[str, Any], stream_ptr: int) -> None:
+        """Run one step on the buffers it names (float32 device arrays), on the given stream."""
+        pointers = {}
+        for operand, (name, extent) in step.extents().items():
+            buf = buffers.get(name)
+            if buf is None:
+                raise ValueError(f"the library GEMM's operand {operand} is in buffer {name!r}, which was not given")
+            if buf.dtype != self.cp.float32 or not buf.flags.c_contiguous:
+                raise ValueError(f"buffer {name!r} must be a C-contiguous float32 array, not {buf.dtype}")
+            if extent > buf.size:
+                raise ValueError(f"the library GEMM reaches element {extent} of {name!r}, which has {buf.size}")
+            pointers[operand] = buf.data.ptr + 4 * getattr(step, operand).offset
+        lib = self.lib
+        handle = self._handle(stream_ptr)
+        _status(lib.cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH if step.tf32 else CUBLAS_DEFAULT_MATH),
+                "cublasSetMathMode")
+        # Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B goes first, and a row-major
+        # matrix stored untransposed is its own transpose to cuBLAS.
+        a, b, c = step.a, step.b, step.c
+        _status(lib.cublasSgemmStridedBatched(
+            handle, CUBLAS_OP_T if step.trans_b else CUBLAS_OP_N, CUBLAS_OP_T if step.trans_a else CUBLAS_OP_N,
+            step.n, step.m, step.k, ctypes.byref(self._one),
+            ctypes.c_void_p(pointers["b"]), b.ld, b.batch_stride,
+            ctypes.c_void_p(pointers["a"]), a.ld, a.batch_stride,
+            ctypes.byref(self._one if step.accumulate else self._zero),
+            ctypes.c_void_p(pointers["c"]), c.ld, c.batch_stride, step.batch), "cublasSgemmStridedBatched")
+
+    def __del__(self) -> None:
+        for handle, _workspace in getattr(self, "_handles", {}).values():
+            try:
+                self.lib.cublasDestroy_v2(handle)
+            except Exception:  # noqa: BLE001 -- at interpreter exit the library may be gone
+                pass
+
+
+_ENGINES: dict[int, CublasGemm] = {}
+
+
+def gemm_engine(cp: Any) -> CublasGemm:
+    """The process's engine for the current device (handles belong to a device's context)."""
+    device = cp.cuda.runtime.getDevice()
+    engine = _ENGINES.get(device)
+    if engine is None:
+        engine = _ENGINES[device] = CublasGemm(cp)
+    return engine

@@ -1,0 +1,76 @@
+"""Checks every new formulation's tests make: its operations (with it registered), nvcc builds of
+its default and sampled configs without spills, and GPU verification against float64."""
+from __future__ import annotations
+
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+from autocnn.device import DeviceLimits
+from autocnn.kernels.compiler import NvccCompiler
+from autocnn.kernels.conv_bwd_data import ConvBwdData
+from autocnn.kernels.conv_fwd import ConvFwd
+from autocnn.kernels.conv_wgrad import ConvWgrad
+from autocnn.kernels.formulations import REGISTRY, Formulation
+
+
+def operations_with(formulation: Formulation) -> dict[str, Any]:
+    """The convolutions with the formulation registered last (as REGISTRY offers it, or will)."""
+    registry = (*(f for f in REGISTRY if f.name != formulation.name), formulation)
+    return {op.name: op for op in (ConvFwd(registry), ConvBwdData(registry), ConvWgrad(registry))
+            if formulation.serves(op.name)}
+
+
+def sampled(operation: Any, name: str, problem: Any, limits: DeviceLimits, rng: random.Random, count: int) -> list:
+    """The formulation's default config for the problem, and ``count`` sampled ones."""
+    default = operation.default_config(problem, limits, formulation=name)
+    space = operation.space(problem, limits).restrict({"formulation": name})
+    return [default, *space.sample(rng, count, exclude=[default])]
+
+
+def build_failures(operations: dict[str, Any], name: str, problems: dict[str, Sequence[tuple[str, Any]]],
+                   arch: str, cache_dir: Any, samples: int = 2) -> list[str]:
+    """nvcc -cubin of each problem's default and sampled configs: kernels missing or spilling."""
+    limits = DeviceLimits.for_arch(arch)
+    compiler = NvccCompiler(arch, cache_dir=cache_dir)
+    rng = random.Random()
+    jobs = [(f"{op} {label} {config}", operation.plan(problem, config))
+            for op, operation in operations.items() for label, problem in problems[op]
+            for config in sampled(operation, name, problem, limits, rng, samples)]
+
+    def build(job):
+        what, plan = job
+        module = compiler.compile(plan.source, config=plan.config)
+        missing = set(plan.kernel_names) - set(module.reports)
+        spills = [str(r) for r in module.reports.values() if r.spills]
+        return f"{what}: missing {missing}, spills {spills}" if missing or spills else None
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return [f for f in pool.map(build, jobs) if f]
+
+
+def assert_verifies_on_gpu(operation: Any, name: str, problems: Sequence[tuple[str, Any]], samples: int,
+                           workspace_limit: int) -> None:
+    """Each problem's default and ``samples`` sampled configs run on the GPU with fresh inputs:
+    every element within the problem's bound of float64, and the workspace within the limit."""
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    limits = current_device(0).limits()
+    loader = KernelLoader()
+    rng = random.Random()
+    failures, checked = [], 0
+    for label, problem in problems:
+        for config in sampled(operation, name, problem, limits, rng, samples):
+            plan = operation.plan(problem, config)
+            checked += 1
+            if plan.workspace_bytes > workspace_limit:
+                failures.append(f"{label} {config}: {plan.workspace_bytes} bytes of workspace")
+                continue
+            check = check_candidate(loader.load(plan), problem, time_it=False)
+            if not check.verification.passed:
+                failures.append(f"{label} {config}: {check.verification.message}")
+    assert checked >= samples * len(problems), f"only {checked} configs ran"
+    assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:8])

@@ -1,0 +1,74 @@
+"""A NumPy interpreter of kernel plans for CPU tests of formulations with library GEMM steps: each
+LibraryGemm runs on exactly the buffer views it names (as cuBLAS would), each generated kernel by
+a NumPy function a test supplies, all in float64 on flat buffers."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from autocnn.kernels import reference
+from autocnn.kernels.operation import LibraryGemm, MatrixView
+
+
+def view(buf: np.ndarray, mv: MatrixView, rows: int, cols: int, batch: int) -> np.ndarray:
+    """The (batch, rows, cols) matrices a MatrixView names in a flat buffer (writable)."""
+    assert mv.extent(rows, cols, batch) <= buf.size, f"{mv} reaches past {buf.size} elements"
+    item = buf.itemsize
+    return np.lib.stride_tricks.as_strided(buf[mv.offset:], shape=(batch, rows, cols),
+                                           strides=(mv.batch_stride * item, mv.ld * item, item))
+
+
+def numpy_gemm(step: LibraryGemm, buffers: dict[str, np.ndarray]) -> None:
+    shapes = step.stored_shapes()
+    a = view(buffers[step.a.buffer], step.a, *shapes["a"], step.batch)
+    b = view(buffers[step.b.buffer], step.b, *shapes["b"], step.batch)
+    c = view(buffers[step.c.buffer], step.c, *shapes["c"], step.batch)
+    product = (a.transpose(0, 2, 1) if step.trans_a else a) @ (b.transpose(0, 2, 1) if step.trans_b else b)
+    c[...] = product + c if step.accumulate else product
+
+
+def run_plan(plan: Any, inputs: dict[str, np.ndarray], kernels: Any, dtype: Any = np.float64) -> dict[str, np.ndarray]:
+    """Run a plan's steps in order on buffers of ``dtype`` (float32 to see a formulation's
+    rounding): outputs and workspaces start as NaN (so an unwritten element shows); a generated
+    kernel's launch calls ``kernels.<kernel name>(buffers, *scalars)``."""
+    buffers = {name: a.astype(dtype).ravel() for name, a in inputs.items()}
+    shapes = reference.output_shapes(plan.problem)
+    for name, shape in shapes.items():
+        buffers[name] = np.full(int(np.prod(shape)), np.nan, dtype=dtype)
+    for name, n in plan.workspaces:
+        buffers[name] = np.full(n, np.nan, dtype=dtype)
+    for step in plan.steps:
+        if isinstance(step, LibraryGemm):
+            numpy_gemm(step, buffers)
+        else:
+            getattr(kernels, step.kernel)(buffers, *step.scalars)
+    return {name: buffers[name].reshape(shape) for name, shape in shapes.items()}
+
+
+def relative_errors(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> dict[str, float]:
+    """||got - expected|| / ||expected|| per output; NaN where an element was not written."""
+    out = {}
+    for name, ref in expected.items():
+        if not np.all(np.isfinite(got[name])):
+            out[name] = float("nan")
+        else:
+            out[name] = float(np.linalg.norm(got[name].astype(np.float64) - ref) / np.linalg.norm(ref))
+    return out
+
+
+def check_plans(operation: Any, problems: Any, configs_for: Any, kernels_for: Any, rng: np.random.Generator,
+                tolerance: float = 1e-12) -> int:
+    """Each problem's configs (``configs_for(problem)``) planned and run in float64 on fresh inputs
+    against the float64 reference: an error above ``tolerance`` or an unwritten element fails.
+    Returns how many plans ran."""
+    checked = 0
+    for name, problem in problems:
+        inputs = {k: rng.standard_normal(s) for k, s in reference.input_shapes(problem).items()}
+        expected = reference.run_problem(problem, inputs)
+        for config in configs_for(problem):
+            plan = operation.plan(problem, config)
+            errors = relative_errors(run_plan(plan, inputs, kernels_for(problem, config)), expected)
+            assert all(e < tolerance for e in errors.values()), f"{name} {config}: relative errors {errors}"
+            checked += 1
+    return checked
