@@ -52,7 +52,7 @@ def test_the_space_needs_tensor_cores_and_caps_fp32_warp_tiles():
         kernels.default_config(problem, DeviceLimits("sm_75"))
     limits = DeviceLimits.for_arch("sm_90")
     big_warp = {"formulation": "tc", "BM": 128, "BN": 128, "BK": 16, "WM": 2, "WN": 2, "STAGES": 2, "CP_ASYNC": 0,
-                "PAD_A": 8, "PAD_B": 4, "UNROLL_K": 0, "TABLE_A": 1}
+                "PAD_A": 8, "PAD_B": 4, "UNROLL_K": 0, "TABLE_A": 1, "VEC": 1, "NHWC": 0}
     big = dataclasses.replace(problem, N=64, H=64, W=64, C=64, K=128)
     with pytest.raises(InfeasibleConfigError, match="mma tiles per warp exceed 16"):
         kernels.space(big, limits).validate(big_warp)
@@ -194,3 +194,72 @@ def test_two_pass_wgrad_verifies_against_float64():
             failures.append(f"{name} {config}: {check.verification.message}")
     assert len(configs) >= 6
     assert not failures, "\n".join(failures)
+
+
+def _staged_fwd_configs(limits):
+    """(name, problem, config) for conv_fwd with X staged as NHWC, with float4 loads where the
+    channels allow them and single floats otherwise, cp.async and register pipelines, on every tested
+    shape and precision."""
+    kernels = TensorCoreKernels("conv_fwd")
+    out = []
+    for precision in PRECISIONS:
+        for name, problem in _problems("conv_fwd", precision):
+            default = kernels.default_config(problem, limits).as_dict()
+            space = kernels.space(problem, limits)
+            for extra in ({"NHWC": 1}, {"NHWC": 1, "CP_ASYNC": 1, "STAGES": 3}, {"NHWC": 0}):
+                try:   # float4 loads where the channels and the tile allow them, else single floats
+                    config = space.validate({**default, **extra, "VEC": 4})
+                except InfeasibleConfigError:
+                    config = space.validate({**default, **extra, "VEC": 1})
+                out.append((f"{name} {precision} {extra}", problem, config))
+    return out
+
+
+def test_nhwc_staging_adds_its_kernels_and_float4_loads_need_whole_runs():
+    limits = DeviceLimits.for_arch("sm_90")
+    kernels = TensorCoreKernels("conv_fwd")
+    configs = _staged_fwd_configs(limits)
+    name, problem, config = next(c for c in configs if c[2]["NHWC"] and c[2]["VEC"] == 4)
+    plan = kernels.plan(problem, config)
+    assert [launch.kernel for launch in plan.launches] == ["conv_fwd_stage_x", "conv_fwd_stage_w", "conv_fwd"]
+    assert dict(plan.workspaces) == {"xt": problem.N * problem.C * problem.H * problem.W,
+                                     "wt": problem.K * problem.C * problem.R * problem.S}
+    assert "constexpr int VEC_A = 4, VEC_B = 4;" in plan.source and "cp.async.cg.shared.global" in plan.source
+    plain = kernels.plan(problem, kernels.space(problem, limits).validate({**config.as_dict(), "NHWC": 0, "VEC": 1}))
+    assert len(plain.launches) == 1 and "constexpr int VEC_A = 1, VEC_B = 1;" in plain.source
+    odd = next(p for n, p in _problems("conv_fwd", "fp32") if p.C % 4)
+    with pytest.raises(InfeasibleConfigError, match="NHWC input need C % 4 == 0"):
+        kernels.space(odd, limits).validate({**kernels.default_config(odd, limits).as_dict(), "NHWC": 1, "VEC": 4})
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_nhwc_staging_builds(tmp_path):
+    limits = DeviceLimits.for_arch("sm_90")
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    kernels = TensorCoreKernels("conv_fwd")
+    built = 0
+    for name, problem, config in _staged_fwd_configs(limits)[:6]:
+        module = compiler.compile(kernels.plan(problem, config).source, config=config)
+        assert {"conv_fwd"} <= set(module.reports), name
+        built += 1
+    assert built == 6
+
+
+@pytest.mark.gpu
+def test_nhwc_staging_and_float4_loads_verify_against_float64():
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    limits = current_device(0).limits()
+    loader = KernelLoader()
+    kernels = TensorCoreKernels("conv_fwd")
+    configs = _staged_fwd_configs(limits)
+    failures = []
+    for name, problem, config in configs:
+        check = check_candidate(loader.load(kernels.plan(problem, config)), problem, time_it=False)
+        if not check.verification.passed:
+            failures.append(f"{name} {config}: {check.verification.message}")
+    assert len(configs) == 3 * len(PRECISIONS) * len(_problems("conv_fwd", "fp32"))
+    assert not failures, f"{len(failures)} of {len(configs)} failed:\n" + "\n".join(failures[:8])

@@ -12,7 +12,10 @@ nearest), tf32 one product per term.
 Parameters: block tile BM x BN x BK, warps WM x WN (the warp tile is BM/WM x BN/WN), pipeline
 STAGES with CP_ASYNC (cp.async global->shared copies; without it, a register double buffer),
 shared-memory padding PAD_A/PAD_B (bank conflicts of the fragment reads), TABLE_A (the A gather's
-per-k context tabulated in shared memory), UNROLL_K, and for conv_wgrad SPLITK with TWO_PASS (the
+per-k context tabulated in shared memory), UNROLL_K; for conv_fwd VEC (16-byte loads of the
+operands contiguous along the reduction) and NHWC (X and W staged as NHWC / KRSC in a workspace by
+two small kernels first, so that both operands are contiguous along the reduction k = (r,s,c):
+the gather's index work per element becomes per float4); and for conv_wgrad SPLITK with TWO_PASS (the
 splits' partial sums combined by atomics, or written to a workspace and summed in a fixed order by
 igemm's second-pass kernel: deterministic results, no zeroing of the outputs).
 
@@ -50,6 +53,16 @@ class TcGemm:
     GK: int
     grid_z: int       # stride phases (conv_bwd_data); splits come from the config
     split3: bool      # fp32: 3xTF32
+    C: int = 0        # conv_fwd: input channels (the NHWC float4 runs)
+    staged_floats: int = 0   # conv_fwd: X and W as staged for NHWC
+
+
+def vector_widths(gemm: TcGemm, vec: int, nhwc: int) -> tuple[int, int]:
+    """(VEC_A, VEC_B): conv_fwd's B (W along c,r,s or Wt along r,s,c) is contiguous along k; its A
+    only once X is NHWC. Other ops move single floats."""
+    if gemm.op != "conv_fwd" or vec == 1:
+        return 1, 1
+    return (vec if nhwc else 1), vec
 
 
 def arch_number(arch: str) -> int:
@@ -57,9 +70,15 @@ def arch_number(arch: str) -> int:
     return int(digits) if digits else 0
 
 
+def kmajor(op: str, nhwc: int = 0) -> tuple[bool, bool]:
+    """Which operands are contiguous along the reduction; conv_fwd's A is too once X is NHWC."""
+    a, b = KMAJOR[op]
+    return (a or bool(nhwc), b)
+
+
 def smem_bytes(op: str, BM: int, BN: int, BK: int, STAGES: int, PAD_A: int, PAD_B: int, TABLE_A: int,
-               table_k: int) -> int:
-    a_kmajor, b_kmajor = KMAJOR[op]
+               table_k: int, nhwc: int = 0) -> int:
+    a_kmajor, b_kmajor = kmajor(op, nhwc)
     fa = BM * (BK + PAD_A) if a_kmajor else BK * (BM + PAD_A)
     fb = BN * (BK + PAD_B) if b_kmajor else BK * (BN + PAD_B)
     table = TABLE_ENTRY_BYTES * cdiv(table_k, BK) * BK if TABLE_A else 0
@@ -79,6 +98,9 @@ def params(gemm: TcGemm) -> list[Param]:
         Param("PAD_B", (0, 4, 8), "floats of padding per shared-memory row of B (bank conflicts)"),
         Param("UNROLL_K", (1, 0), "unrolling of the k-steps of a tile (0: complete)"),
     ]
+    if gemm.op == "conv_fwd":
+        out.append(Param("VEC", (1, 4), "floats per load of the operands contiguous along the reduction"))
+        out.append(Param("NHWC", (0, 1), "X and W staged as NHWC / KRSC first (both operands k-contiguous)"))
     if gemm.op == "conv_wgrad":
         out.append(Param("SPLITK", SPLITS, "blocks sharing one output tile's reduction"))
         out.append(Param("TWO_PASS", (0, 1), "splits combined by a second pass over a workspace (else atomics)"))
@@ -111,6 +133,13 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
             return f"a {bm}x{bk} / {bn}x{bk} tile does not split evenly over {n} threads"
         return None
 
+    def even_vectors(bm, bn, bk, wm, wn, vec, nhwc):
+        va, vb = vector_widths(gemm, vec, nhwc)
+        n = 32 * wm * wn
+        if (bm * bk) % (n * va) or (bn * bk) % (n * vb):
+            return f"a {bm}x{bk} / {bn}x{bk} tile does not split into float4s over {n} threads"
+        return None
+
     def pipeline(stages, cp_async):
         return None if cp_async or stages == 2 else "a register-staged pipeline has 2 stages"
 
@@ -127,7 +156,19 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
         Constraint(("BN",), lambda bn: None if cdiv(gemm.GN, bn) <= GRID_YZ_LIMIT
                    else f"{cdiv(gemm.GN, bn)} blocks along y exceed {GRID_YZ_LIMIT}"),
     ]
-    if op == "conv_wgrad":
+    if op == "conv_fwd":
+        out += [
+            Constraint(("VEC",), lambda v: None if v == 1 or gemm.GK % 4 == 0
+                       else f"float4 loads need C*R*S % 4 == 0, not {gemm.GK}"),
+            Constraint(("NHWC", "VEC"), lambda nhwc, v: None if not (nhwc and v == 4) or gemm.C % 4 == 0
+                       else f"float4 loads of NHWC input need C % 4 == 0, not {gemm.C}"),
+            Constraint(("BM", "BN", "BK", "WM", "WN", "VEC", "NHWC"), even_vectors),
+            Constraint(("NHWC",), lambda nhwc: None if not nhwc or 4 * gemm.staged_floats <= WORKSPACE_LIMIT_BYTES
+                       else f"the NHWC staging workspace exceeds {WORKSPACE_LIMIT_BYTES >> 20} MiB"),
+            smem_rule(limits, ("BM", "BN", "BK", "STAGES", "PAD_A", "PAD_B", "TABLE_A", "NHWC"),
+                      lambda bm, bn, bk, st, pa, pb, ta, nhwc: smem_bytes(op, bm, bn, bk, st, pa, pb, ta, gemm.GK, nhwc)),
+        ]
+    elif op == "conv_wgrad":
         out += [
             smem_rule(limits, ("BM", "BN", "BK", "STAGES", "PAD_A", "PAD_B"),
                       lambda *v: smem_bytes(op, *v, 0, 0)),
@@ -152,6 +193,8 @@ def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
     a_kmajor, b_kmajor = KMAJOR[gemm.op]
     pads = {"PAD_A": 4 if a_kmajor else 8, "PAD_B": 4 if b_kmajor else 8}
     extra = {"SPLITK": 1, "TWO_PASS": 0} if gemm.op == "conv_wgrad" else {"TABLE_A": 1}
+    if gemm.op == "conv_fwd":
+        extra.update({"VEC": 1, "NHWC": 0})
     out = []
     for bm, bn, bk, wm, wn in ((128, 64, 16, 2, 2), (64, 64, 16, 2, 2), (64, 32, 16, 2, 2), (32, 32, 8, 2, 2)):
         cand = {**base, **pads, **extra, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn}
@@ -167,7 +210,8 @@ def gemm_for(problem: Any) -> TcGemm:
     p = problem
     split3 = p.precision == "fp32"
     if p.op == "conv_fwd":
-        return TcGemm(p.op, p.N * p.P * p.Q, p.K, p.C * p.R * p.S, 1, split3)
+        return TcGemm(p.op, p.N * p.P * p.Q, p.K, p.C * p.R * p.S, 1, split3, C=p.C,
+                      staged_floats=p.N * p.C * p.H * p.W + p.K * p.C * p.R * p.S)
     if p.op == "conv_bwd_data":
         phases = stride_phases(p)
         return TcGemm(p.op, max(p.N * ph.Ha * ph.Wb for ph in phases), p.C,
@@ -198,21 +242,37 @@ class TcConv(OpFormulation):
         return default_candidates(gemm_for(problem))
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
+        nhwc = config["NHWC"] if "NHWC" in config else 0
+        vec_a, vec_b = vector_widths(gemm_for(problem), config["VEC"] if "VEC" in config else 1, nhwc)
         return {"split3": problem.precision == "fp32", "UNROLL_K": pragma_unroll(config["UNROLL_K"]),
-                "TABLE_A": config["TABLE_A"] if "TABLE_A" in config else 0}
+                "TABLE_A": config["TABLE_A"] if "TABLE_A" in config else 0,
+                "NHWC": nhwc, "VEC_A": vec_a, "VEC_B": vec_b}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         gemm, c = gemm_for(problem), config
         table = c["TABLE_A"] if "TABLE_A" in c else 0
-        smem = smem_bytes(gemm.op, c["BM"], c["BN"], c["BK"], c["STAGES"], c["PAD_A"], c["PAD_B"], table, gemm.GK)
+        nhwc = c["NHWC"] if "NHWC" in c else 0
+        smem = smem_bytes(gemm.op, c["BM"], c["BN"], c["BK"], c["STAGES"], c["PAD_A"], c["PAD_B"], table, gemm.GK,
+                          nhwc)
         z = c["SPLITK"] if gemm.op == "conv_wgrad" else gemm.grid_z
         grid = (cdiv(gemm.GM, c["BM"]), cdiv(gemm.GN, c["BN"]), z)
-        main = Launch(gemm.op, grid, (32 * c["WM"] * c["WN"], 1, 1), smem, self.ARGS[gemm.op])
+        threads = (32 * c["WM"] * c["WN"], 1, 1)
+        if nhwc:
+            p = problem
+            # The staging kernels first, with the GEMM's block size (see tc_conv_fwd.cu.j2).
+            stage_x = Launch("conv_fwd_stage_x", (cdiv(p.H * p.W, 32), cdiv(p.C, 32), p.N), threads, 0, ("x", "xt"))
+            stage_w = Launch("conv_fwd_stage_w", (min(1024, cdiv(p.K * gemm.GK, threads[0])), 1, 1), threads, 0,
+                             ("w", "wt"))
+            return (stage_x, stage_w, Launch(gemm.op, grid, threads, smem, (*self.ARGS[gemm.op], "xt", "wt")))
+        main = Launch(gemm.op, grid, threads, smem, self.ARGS[gemm.op])
         if gemm.op == "conv_wgrad" and c["TWO_PASS"]:
             return (main, wgrad_reduce_launch(problem))
         return (main,)
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
+        if self.op == "conv_fwd" and config["NHWC"]:
+            p = problem
+            return (), (("xt", p.N * p.C * p.H * p.W), ("wt", p.K * p.C * p.R * p.S))
         if self.op != "conv_wgrad":
             return (), ()
         if config["TWO_PASS"]:
@@ -223,7 +283,7 @@ class TcConv(OpFormulation):
         return (), ()
 
     def code_helpers(self) -> tuple:
-        return (gemm_for, TcGemm, smem_bytes, pragma_unroll, KMAJOR, TABLE_ENTRY_BYTES, self.ARGS,
+        return (gemm_for, TcGemm, smem_bytes, kmajor, vector_widths, pragma_unroll, KMAJOR, TABLE_ENTRY_BYTES, self.ARGS,
                 wgrad_reduce_launch, WORKSPACE_LIMIT_BYTES)
 
 
