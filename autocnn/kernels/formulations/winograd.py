@@ -1,0 +1,203 @@
+"""winograd: Winograd's minimal filtering F(m x m, 3x3) for 3x3 stride-1 convolutions, conv_fwd and
+conv_bwd_data (Lavin and Gray 2016). With d an (m+2) x (m+2) input tile and g a 3x3 filter, an
+m x m output tile of the correlation is A^T [(G g G^T) . (B^T d B)] A; over channels the
+element-wise products become, for each of the (m+2)^2 points of the transformed tile, a GEMM:
+
+    winograd_filter   U[e][co][ci] = (G g[co][ci] G^T)[e]        a generated kernel
+    winograd_input    V[e][ci][t]  = (B^T d[ci][t] B)[e]          a generated kernel, per block of images
+    the products      M[e] = U[e] V[e], (m+2)^2 GEMMs             cuBLAS batched SGEMM (FP32), a
+                                                                  library GEMM step of the plan
+    winograd_output   Y tile = A^T M[.][co][t] A, + bias, activation, cropped to the output
+
+conv_bwd_data of a stride-1 convolution is a forward one: dX is the correlation of dY with the
+filters flipped and transposed (C outputs, K inputs), padded by R-1-pad_top and S-1-pad_left;
+the filter transform reads them so. Parameters: TILE (m = 2 or 4: F(4x4,3x3) does 4x fewer
+multiplications than the direct form, F(2x2,3x3) 2.25x, with larger rounding from its larger
+transform constants: the tuner's verification decides where it passes the bound), IMGS (images
+per block: the workspaces V and M hold one block), THREADS of the transform kernels, and
+TF32_GEMM for tf32 problems.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from autocnn.device import DeviceLimits
+from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
+from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.operation import Launch, LibraryGemm, MatrixView, cdiv, next_pow2, workspace_rule
+from autocnn.kernels.space import Config, Constraint, Param
+
+NAME = "winograd"
+TILES = (2, 4)
+IMGS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+THREADS = (64, 128, 256)
+DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
+
+_h = Fraction(1, 2)
+# (B^T, G, A^T) of F(m x m, 3x3) for m = 2 and 4 (the points 0, +-1 and 0, +-1, +-2, infinity).
+TRANSFORMS: dict[int, tuple[tuple[tuple[Fraction, ...], ...], ...]] = {
+    2: (((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
+        ((1, 0, 0), (_h, _h, _h), (_h, -_h, _h), (0, 0, 1)),
+        ((1, 1, 1, 0), (0, 1, -1, -1))),
+    4: (((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0), (0, -2, -1, 2, 1, 0),
+         (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)),
+        ((Fraction(1, 4), 0, 0), (Fraction(-1, 6), Fraction(-1, 6), Fraction(-1, 6)),
+         (Fraction(-1, 6), Fraction(1, 6), Fraction(-1, 6)), (Fraction(1, 24), Fraction(1, 12), Fraction(1, 6)),
+         (Fraction(1, 24), Fraction(-1, 12), Fraction(1, 6)), (0, 0, 1)),
+        ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))),
+}
+
+
+@dataclass(frozen=True)
+class WinogradView:
+    """A 3x3 stride-1 convolution as a forward correlation: in CIN x HI x WI, out COUT x HO x WO."""
+
+    op: str
+    N: int
+    CIN: int
+    COUT: int
+    HI: int
+    WI: int
+    HO: int
+    WO: int
+    PAD_T: int
+    PAD_L: int
+    FLIP: bool          # the filters flipped and transposed (conv_bwd_data)
+
+
+def serves(p: Any) -> bool:
+    return p.R == 3 and p.S == 3 and tuple(p.stride) == (1, 1)
+
+
+def view(p: Any) -> WinogradView:
+    if p.op == "conv_fwd":
+        return WinogradView(p.op, p.N, p.C, p.K, p.H, p.W, p.P, p.Q, p.padding[0], p.padding[1], False)
+    return WinogradView(p.op, p.N, p.K, p.C, p.P, p.Q, p.H, p.W, p.R - 1 - p.padding[0], p.S - 1 - p.padding[1], True)
+
+
+def tiles(v: WinogradView, m: int) -> tuple[int, int]:
+    """Output tiles along the height and the width."""
+    return cdiv(v.HO, m), cdiv(v.WO, m)
+
+
+def block_tiles(v: WinogradView, m: int, imgs: int) -> int:
+    """Columns of V and M: the tiles of one block of images."""
+    th, tw = tiles(v, m)
+    return min(imgs, v.N) * th * tw
+
+
+def workspace_elements(v: WinogradView, m: int, imgs: int) -> dict[str, int]:
+    points = (m + 2) ** 2
+    cols = block_tiles(v, m, imgs)
+    return {"wg_u": points * v.COUT * v.CIN, "wg_v": points * v.CIN * cols, "wg_m": points * v.COUT * cols}
+
+
+def _literal(c: Fraction) -> str:
+    c = Fraction(c)
+    return f"{c.numerator}.0f" if c.denominator == 1 else f"({c.numerator}.0f / {c.denominator}.0f)"
+
+
+def _combination(coeffs: tuple, terms: list[str]) -> str:
+    """sum_k coeffs[k] * terms[k] as C, zero coefficients left out."""
+    out = ""
+    for c, term in zip(coeffs, terms):
+        c = Fraction(c)
+        if c == 0:
+            continue
+        sign = "-" if c < 0 else "+"
+        body = term if abs(c) == 1 else f"{_literal(abs(c))} * {term}"
+        out += f" {sign} {body}" if out else (f"-{body}" if c < 0 else body)
+    return out or "0.0f"
+
+
+def sandwich(out: str, mat: tuple, src: str, cols: int, tmp: str) -> list[str]:
+    """Statements computing out = mat src mat^T (src cols x cols, out rows x rows) through tmp."""
+    rows = len(mat)
+    code = [f"float {tmp}[{rows}][{cols}];"]
+    for i in range(rows):
+        for j in range(cols):
+            code.append(f"{tmp}[{i}][{j}] = {_combination(mat[i], [f'{src}[{k}][{j}]' for k in range(cols)])};")
+    for i in range(rows):
+        for j in range(rows):
+            code.append(f"{out}[{i}][{j}] = {_combination(mat[j], [f'{tmp}[{i}][{k}]' for k in range(cols)])};")
+    return code
+
+
+class _Winograd(OpFormulation):
+    formulation = NAME
+    summary = "Winograd F(2x2,3x3) / F(4x4,3x3) transforms + cuBLAS batched products"
+    src, dst = "", ""          # the op's input and output buffers
+
+    def __init__(self, op: str, src: str, dst: str):
+        self.op, self.src, self.dst = op, src, dst
+        self.templates = (f"winograd_{op}.cu.j2", "_winograd.cuh.j2")
+
+    def params(self, problem: Any) -> list[Param]:
+        out = [Param("TILE", TILES, "output tile m of F(m x m, 3x3)"),
+               Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (V and M hold one block)"),
+               Param("THREADS", THREADS, "threads per block of the transform kernels")]
+        if problem.precision == "tf32":
+            out.append(Param("TF32_GEMM", (0, 1), "cuBLAS with TF32 tensor-op math (tf32 problems only)"))
+        return out
+
+    def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
+        p = problem
+        if not serves(p):
+            why = (f"winograd computes 3x3 stride-1 convolutions, not {p.R}x{p.S} with stride "
+                   f"{p.stride[0]}x{p.stride[1]}")
+            return [Constraint(("TILE",), lambda m: why)]
+        v = view(p)
+        return [workspace_rule(WORKSPACE_LIMIT_BYTES, ("TILE", "IMGS"),
+                               lambda m, imgs: 4 * sum(workspace_elements(v, m, imgs).values()))]
+
+    def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
+        """Each tile with the largest block within a quarter of the workspace limit, then one image."""
+        v = view(problem)
+        imgs_choices = choices_upto(IMGS, next_pow2(problem.N))
+        extra = {"TF32_GEMM": 0} if problem.precision == "tf32" else {}
+        out = []
+        for m in (4, 2):
+            fits = [i for i in imgs_choices if 4 * sum(workspace_elements(v, m, i).values()) <= DEFAULT_WORKSPACE_BYTES]
+            out.append({"formulation": NAME, "TILE": m, "IMGS": max(fits, default=1), "THREADS": 128, **extra})
+        out.append({"formulation": NAME, "TILE": 2, "IMGS": 1, "THREADS": 128, **extra})
+        return out
+
+    def context(self, problem: Any, config: Config) -> dict[str, Any]:
+        m = config["TILE"]
+        bt, g, at = TRANSFORMS[m]
+        v = view(problem)
+        return {"wg_m": m, "wg_alpha": m + 2, "wg_threads": config["THREADS"],
+                "wg_block": min(config["IMGS"], v.N), "wg_pad_t": v.PAD_T, "wg_pad_l": v.PAD_L,
+                "wg_filter": sandwich("x", g, "g", 3, "part"), "wg_input": sandwich("x", bt, "d", m + 2, "part"),
+                "wg_output": sandwich("y", at, "mm", m + 2, "part")}
+
+    def buffers(self, problem: Any, config: Config) -> Buffers:
+        return (), tuple(workspace_elements(view(problem), config["TILE"], config["IMGS"]).items())
+
+    def launches(self, problem: Any, config: Config) -> tuple:
+        v, m, threads = view(problem), config["TILE"], config["THREADS"]
+        points = (m + 2) ** 2
+        th, tw = tiles(v, m)
+        ld = block_tiles(v, m, config["IMGS"])   # columns of V and M
+        b = min(config["IMGS"], v.N)
+        steps: list = [Launch("winograd_filter", (cdiv(v.COUT * v.CIN, threads), 1, 1), (threads, 1, 1), 0,
+                              ("w", "wg_u"))]
+        for n0 in range(0, v.N, b):
+            nb = min(b, v.N - n0)
+            steps.append(Launch("winograd_input", (cdiv(v.CIN * ld, threads), 1, 1), (threads, 1, 1), 0,
+                                (self.src, "wg_v"), (n0, nb)))
+            steps.append(LibraryGemm(m=v.COUT, n=nb * th * tw, k=v.CIN, a=MatrixView("wg_u", 0, v.CIN, v.COUT * v.CIN),
+                                     b=MatrixView("wg_v", 0, ld, v.CIN * ld), c=MatrixView("wg_m", 0, ld, v.COUT * ld),
+                                     batch=points, tf32=bool(config.get("TF32_GEMM", 0))))
+            steps.append(Launch("winograd_output", (cdiv(v.COUT * ld, threads), 1, 1), (threads, 1, 1), 0,
+                                ("wg_m", "bias", self.dst), (n0, nb)))
+        return tuple(steps)
+
+    def code_helpers(self) -> tuple:
+        return (WinogradView, serves, view, tiles, block_tiles, workspace_elements, _literal, _combination, sandwich,
+                TRANSFORMS)
+
+
+WINOGRAD = Formulation(NAME, (_Winograd("conv_fwd", "x", "y"), _Winograd("conv_bwd_data", "dy", "dx")))

@@ -1,0 +1,215 @@
+"""The Winograd formulation F(2x2,3x3) / F(4x4,3x3) for 3x3 stride-1 conv_fwd and conv_bwd_data: on
+the CPU, its transforms (the module's B^T, G, A^T) and plans run in NumPy against the float64
+direct reference, F(4x4) and F(2x2) rounding in float32 measured against the FP32 bound, its
+workspace against the limit, its templates through nvcc; on the GPU (-m gpu), every element
+against float64."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+
+from autocnn.device import DeviceLimits
+from autocnn.errors import InfeasibleConfigError
+from autocnn.kernels import reference
+from autocnn.kernels.compiler import nvcc_path
+from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.formulations.winograd import NAME, TRANSFORMS, WINOGRAD, tiles, view, workspace_elements
+from autocnn.kernels.problem import ConvFwdProblem
+from autocnn.kernels.suite import seed_problems
+from autocnn.tuning.measure import error_bound
+from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with
+from tests.plan_numpy import check_plans, relative_errors, run_plan
+
+LIMITS = DeviceLimits.for_arch("sm_90")
+OPERATIONS = operations_with(WINOGRAD)
+OPS = tuple(OPERATIONS)
+SEEDS = ("sweep_3x3", "modern_56", "modern_14")
+
+
+def matrices(m: int, dtype=np.float64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return tuple(np.array([[float(c) for c in row] for row in mat], dtype=dtype) for mat in TRANSFORMS[m])
+
+
+def odd_problems(op: str) -> list[tuple[str, object]]:
+    """3x3 stride-1 shapes that divide no tile evenly: odd sizes, batch 1, asymmetric padding, no
+    padding, an image smaller than one F(4x4) tile, and fused epilogues."""
+    fwd = [("w_odd", ConvFwdProblem(N=3, C=5, H=13, W=11, K=7, R=3, S=3, padding=(0, 2, 1, 1))),
+           ("w_batch1", ConvFwdProblem(N=1, C=4, H=7, W=9, K=3, R=3, S=3, padding=(2, 1, 0, 2))),
+           ("w_nopad", ConvFwdProblem(N=2, C=3, H=5, W=6, K=4, R=3, S=3)),
+           ("w_tiny", ConvFwdProblem(N=2, C=2, H=3, W=3, K=2, R=3, S=3, padding=1)),
+           ("w_odd_relu", ConvFwdProblem(N=3, C=5, H=13, W=11, K=7, R=3, S=3, padding=1, bias=True,
+                                         activation="relu")),
+           ("w_tanh", ConvFwdProblem(N=2, C=6, H=10, W=5, K=9, R=3, S=3, padding=(1, 0, 2, 1), bias=True,
+                                     activation="tanh"))]
+    if op == "conv_fwd":
+        return fwd
+    return [(name, p.with_op(op)) for name, p in fwd if not p.bias]
+
+
+class Kernels:
+    """The formulation's generated kernels in NumPy, from the transforms' definition."""
+
+    def __init__(self, problem, config, dtype=np.float64):
+        self.p, self.v, self.m = problem, view(problem), config["TILE"]
+        self.block = min(config["IMGS"], problem.N)
+        self.bt, self.g, self.at = matrices(self.m, dtype)
+        self.src, self.dst = ("x", "y") if problem.op == "conv_fwd" else ("dy", "dx")
+
+    def _point_major(self, buf, rows):
+        a = self.m + 2
+        th, tw = tiles(self.v, self.m)
+        return buf[:a * a * rows * self.block * th * tw].reshape(a, a, rows, self.block, th, tw)
+
+    def winograd_filter(self, b):
+        v, a = self.v, self.m + 2
+        w = b["w"].reshape(self.p.w_shape)
+        g = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3) if v.FLIP else w   # (COUT, CIN, 3, 3)
+        u = np.einsum("ij,ocjk,lk->iloc", self.g, g, self.g)
+        b["wg_u"][:a * a * v.COUT * v.CIN] = u.ravel()
+
+    def winograd_input(self, b, n0, nb):
+        v, m, a = self.v, self.m, self.m + 2
+        th, tw = tiles(v, m)
+        src = b[self.src].reshape(v.N, v.CIN, v.HI, v.WI)[n0:n0 + nb]
+        pad_b, pad_r = th * m + 2 - v.HI - v.PAD_T, tw * m + 2 - v.WI - v.PAD_L
+        src = np.pad(src, ((0, 0), (0, 0), (v.PAD_T, pad_b), (v.PAD_L, pad_r)))
+        d = np.empty((nb, v.CIN, th, tw, a, a), dtype=src.dtype)
+        for i in range(th):
+            for j in range(tw):
+                d[:, :, i, j] = src[:, :, i * m:i * m + a, j * m:j * m + a]
+        self._point_major(b["wg_v"], v.CIN)[:, :, :, :nb] = np.einsum("ij,bctsjk,lk->ilcbts", self.bt, d, self.bt)
+
+    def winograd_output(self, b, n0, nb):
+        p, v, m = self.p, self.v, self.m
+        th, tw = tiles(v, m)
+        mm = self._point_major(b["wg_m"], v.COUT)[:, :, :, :nb]
+        y = np.einsum("ij,jkobts,lk->botsil", self.at, mm, self.at)          # (nb, COUT, th, tw, m, m)
+        y = y.transpose(0, 1, 2, 4, 3, 5).reshape(nb, v.COUT, th * m, tw * m)[:, :, :v.HO, :v.WO]
+        if p.op == "conv_fwd":
+            if p.bias:
+                y = y + b["bias"].reshape(1, -1, 1, 1)
+            y = reference.activation(y, p.activation)
+        b[self.dst].reshape(v.N, v.COUT, v.HO, v.WO)[n0:n0 + nb] = y
+
+
+def space(op, problem):
+    return OPERATIONS[op].space(problem, LIMITS).restrict({"formulation": NAME})
+
+
+@pytest.mark.parametrize("m", (2, 4))
+def test_transforms_compute_a_tile_of_the_correlation(m, rng):
+    """A^T [(G g G^T) . (B^T d B)] A is the m x m correlation of an (m+2)x(m+2) tile with g."""
+    bt, g, at = matrices(m)
+    d, f = rng.standard_normal((m + 2, m + 2)), rng.standard_normal((3, 3))
+    direct = np.array([[np.sum(d[i:i + 3, j:j + 3] * f) for j in range(m)] for i in range(m)])
+    assert np.allclose(at @ ((g @ f @ g.T) * (bt @ d @ bt.T)) @ at.T, direct, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_plans_compute_the_convolution_in_numpy(op, rng):
+    """Both tiles, blocks that divide the batch and ones that do not, on odd shapes: the plan's
+    transforms and batched GEMM views give the float64 reference's result to rounding."""
+    pyrng = random.Random(int(rng.integers(2**31)))
+
+    def configs(problem):
+        sp = space(op, problem)
+        return [*(sp.validate(c) for c in OPERATIONS[op].candidates(problem, NAME)), *sp.sample(pyrng, 4)]
+
+    checked = check_plans(OPERATIONS[op], odd_problems(op), configs, Kernels, rng)
+    assert checked >= 5 * len(odd_problems(op))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("m", (2, 4))
+def test_float32_rounding_is_within_the_fp32_bound(op, m, rng):
+    """The plan in float32 (transforms and products rounded as on the GPU, up to the order of the
+    GEMM's sums) on the channel counts of the seed 3x3 layers: both tiles pass the FP32 bound,
+    F(4x4,3x3) with less margin. The GPU test and the tuner's verification have the last word."""
+    for name in SEEDS:
+        problem = dataclasses.replace(dict(seed_problems(op))[name], N=2, H=12, W=12)
+        inputs = {k: rng.standard_normal(s).astype(np.float32) for k, s in reference.input_shapes(problem).items()}
+        expected = reference.run_problem(problem, {k: v.astype(np.float64) for k, v in inputs.items()})
+        config = space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": 2, "THREADS": 128})
+        plan = OPERATIONS[op].plan(problem, config)
+        errors = relative_errors(run_plan(plan, inputs, Kernels(problem, config, np.float32), np.float32), expected)
+        for out, err in errors.items():
+            bound = error_bound(reference.reduction_length(problem, out))
+            assert err <= bound / 2, f"{name} F({m}x{m},3x3): {out} error {err:.3g} against the bound {bound:.3g}"
+
+
+def test_only_3x3_stride_1_problems_are_served():
+    strided = ConvFwdProblem(N=2, C=3, H=9, W=9, K=4, R=3, S=3, stride=2, padding=1)
+    five = ConvFwdProblem(N=2, C=3, H=9, W=9, K=4, R=5, S=5)
+    for problem in (strided, five):
+        with pytest.raises(InfeasibleConfigError, match="winograd computes 3x3 stride-1 convolutions"):
+            OPERATIONS["conv_fwd"].default_config(problem, LIMITS, formulation=NAME)
+    assert "conv_wgrad" not in OPERATIONS
+
+
+def test_workspace_is_computed_and_never_above_the_limit():
+    rng = random.Random()
+    for op in OPS:
+        for name, problem in [*((n, p) for n, p in seed_problems(op) if n in SEEDS), *odd_problems(op)]:
+            sp = space(op, problem)
+            for config in [OPERATIONS[op].default_config(problem, LIMITS, formulation=NAME), *sp.sample(rng, 8)]:
+                plan = OPERATIONS[op].plan(problem, config)
+                assert plan.workspace_bytes == 4 * sum(workspace_elements(view(problem), config["TILE"],
+                                                                          config["IMGS"]).values())
+                assert plan.workspace_bytes <= WORKSPACE_LIMIT_BYTES, f"{op} {name} {config}"
+    big = dict(seed_problems("conv_fwd"))["modern_56"]    # 64 images of 56x56x64: V and M of all exceed 256 MiB
+    with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
+        space("conv_fwd", big).validate({"formulation": NAME, "TILE": 2, "IMGS": 64, "THREADS": 128})
+
+
+def test_plans_are_a_filter_transform_then_per_block_transforms_around_one_batched_gemm():
+    problem = odd_problems("conv_bwd_data")[0][1]            # N = 3
+    config = space("conv_bwd_data", problem).validate({"formulation": NAME, "TILE": 4, "IMGS": 2, "THREADS": 64})
+    plan = OPERATIONS["conv_bwd_data"].plan(problem, config)
+    assert [s.kernel for s in plan.steps] == ["winograd_filter"] + 2 * [
+        "winograd_input", "cublasSgemmStridedBatched", "winograd_output"]
+    gemms = plan.library_gemms
+    assert all(g.batch == 36 and not g.tf32 for g in gemms) and [g.n for g in gemms] == [2 * 4 * 3, 4 * 3]
+    assert "constexpr bool FLIP = true;" in plan.source
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+def test_templates_build_without_spills(arch, tmp_path):
+    problems = {op: [*((n, p) for n, p in seed_problems(op) if n in SEEDS[:1]), *odd_problems(op)[:3]] for op in OPS}
+    failures = build_failures(OPERATIONS, NAME, problems, arch, tmp_path)
+    assert not failures, "\n".join(failures[:10])
+
+
+def gpu_problems(op: str) -> list[tuple[str, object]]:
+    return [(n, p) for n, p in seed_problems(op) if n in SEEDS] + odd_problems(op)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+def test_winograd_verifies_against_float64_on_the_gpu(op):
+    """Default candidates (F(4x4) and F(2x2)) and sampled configs of the seed 3x3 shapes and odd
+    ones pass the FP32 bound, every element checked, the workspace within the limit."""
+    pytest.importorskip("cupy")
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, gpu_problems(op), 4, WORKSPACE_LIMIT_BYTES)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("m", (2, 4))
+def test_each_tile_verifies_on_the_seed_shapes(op, m):
+    """F(2x2,3x3) and F(4x4,3x3) each, on every seed 3x3 layer (the README's accuracy table)."""
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    limits = current_device(0).limits()
+    loader = KernelLoader()
+    for name, problem in gpu_problems(op)[:len(SEEDS)]:
+        default = OPERATIONS[op].default_config(problem, limits, formulation=NAME)
+        config = OPERATIONS[op].space(problem, limits).validate({**default.as_dict(), "TILE": m, "IMGS": 1})
+        check = check_candidate(loader.load(OPERATIONS[op].plan(problem, config)), problem, time_it=False)
+        assert check.verification.passed, f"{name} F({m}x{m},3x3): {check.verification.message}"
