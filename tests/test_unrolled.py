@@ -129,7 +129,7 @@ class Kernels:
         side = b["dy_side"][:u.K * self.B * u.PQ].reshape(u.K, self.B, u.PQ)
         side[:, :nb] = b["dy"].reshape(u.N, u.K, u.PQ)[n0:n0 + nb].transpose(1, 0, 2)
 
-    def unrolled_bias_grad(self, b):
+    def conv_bias_grad(self, b):
         b["db"][...] = b["dy"].reshape(self.u.N, self.u.K, self.u.PQ).sum(axis=(0, 2))
 
 

@@ -127,7 +127,7 @@ class _Unrolled(OpFormulation):
 
     def __init__(self, op: str):
         self.op = op
-        self.templates = (f"unrolled_{op}.cu.j2", "_unrolled.cuh.j2")
+        self.templates = (f"unrolled_{op}.cu.j2", "_unrolled.cuh.j2", *(("_bias_grad.cuh.j2",) if op == "conv_wgrad" else ()))
 
     # -- the space ---------------------------------------------------------------------------
     def params(self, problem: Any) -> list[Param]:
@@ -280,7 +280,7 @@ class UnrolledConvWgrad(_Unrolled):
                 steps.append(self.gemm(c, m=u.K, n=u.CRS, k=u.PQ, a=dy, b=col, c=dw, trans_b=not trans,
                                        accumulate=n0 + image > 0))
         if u.epilogue:
-            steps.append(Launch("unrolled_bias_grad", (u.K, 1, 1), (c["THREADS"], 1, 1), 0, ARGS["bias_grad"]))
+            steps.append(Launch("conv_bias_grad", (u.K, 1, 1), (c["THREADS"], 1, 1), 0, ARGS["bias_grad"]))
         return tuple(steps)
 
 
