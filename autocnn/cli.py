@@ -276,10 +276,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
             problems = [p for p in stale if _has_precision(p, precision)]
             if log:
                 log(f"{len(problems)} shapes with stale records for {source.device.name}")
-                others = sorted({p.precision for p in stale if not _has_precision(p, precision)})
-                if others:
-                    log(f"{len(stale) - len(problems)} more stale shapes are {'/'.join(others)}: "
-                        f"tune them with --precision {others[0]}")
+            others = sorted({p.precision for p in stale if not _has_precision(p, precision)})
+            if others:   # said even with --json (on stderr): work this run leaves undone
+                print(f"autocnn: {len(stale) - len(problems)} more stale shapes are {'/'.join(others)}: "
+                      f"tune them with --precision {others[0]}", file=sys.stderr)
             outcomes = []
             for problem in problems:
                 if log:

@@ -365,3 +365,20 @@ def test_cuda_model_runs_its_layers_at_their_precisions(rng):
     gpu.precision = "fp32"
     assert {getattr(d.problem, "precision", "fp32") for d in gpu.dispatch} == {"fp32"}
     assert np.linalg.norm(gpu.predict(x) - ref) / np.linalg.norm(ref) <= 1e-4
+
+
+def test_tune_stale_takes_the_stale_records_of_its_precision(two_precisions, asked, tune, capsys):
+    path = next(Path(TuningDatabase().user_dir).glob("*.json"))
+    doc = json.loads(path.read_text())
+    for record in doc["records"]:
+        record["key"]["fingerprint"] = "0000000000000000"     # every record made stale
+    path.write_text(json.dumps(doc))
+    device = ReplayFile.load(WGRAD_FILE).device
+    assert len(TuningDatabase().stale_problems(device, ["conv_wgrad", "avgpool_bwd"])) == 3
+    tune("--stale", "--ops", "conv_wgrad,avgpool_bwd")
+    assert sorted((op, getattr(p, "precision", "-")) for op, p in asked) == [("avgpool_bwd", "-"),
+                                                                               ("conv_wgrad", "fp32")]
+    assert "1 more stale shapes are tf32: tune them with --precision tf32" in capsys.readouterr().err
+    asked.clear()
+    tune("--stale", "--ops", "conv_wgrad", "--precision", "tf32")
+    assert [(op, p) for op, p in asked] == [("conv_wgrad", dataclasses.replace(two_precisions, precision="tf32"))]

@@ -279,6 +279,20 @@ def test_network_lists_fallbacks(inputs, tmp_path, capsys):
     assert "kriz09 (batch 128) on NVIDIA H200" in capsys.readouterr().out
 
 
+def test_network_at_tf32_looks_up_tf32_records(inputs, tmp_path, capsys):
+    out = tmp_path / "net32.html"
+    assert main(["--db", str(inputs["db"]), "--storage", inputs["url"], "--network", "kriz09", "--batch", "128",
+                 "--precision", "tf32", "--out", str(out)]) == 0
+    md = out.with_suffix(".md").read_text(encoding="utf-8")
+    # pooling has no precision: still exact; the fp32 wgrad record does not serve the tf32 problem
+    _md_row(md, "avgpool_fwd", _problem("avgpool_fwd", "kriz09_pool").shape_string())
+    wgrad = [line for line in md.splitlines() if line.startswith("| conv_wgrad |")]
+    assert len(wgrad) == 1 and ",precision=tf32 |" in wgrad[0] and "| exact |" not in wgrad[0]
+    assert "kriz09 (batch 128, tf32) on NVIDIA H200" in capsys.readouterr().out
+    assert main(["--network", "kriz09", "--precision", "fp16"]) == 2
+    assert "invalid choice: 'fp16'" in capsys.readouterr().err
+
+
 def test_filters_by_gpu_and_operation(inputs, tmp_path):
     out = tmp_path / "f.html"
     assert main(["--db", str(inputs["db"]), "--storage", inputs["url"], "--op", "conv_wgrad", "--gpu", "h200",

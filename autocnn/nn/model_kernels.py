@@ -23,7 +23,8 @@ class ModelKernels:
         return list(seen)
 
     def problems(self, batch_size: int | None = None) -> list[KernelProblem]:
-        """Every kernel problem of a training step at ``batch_size`` (default: the built one), deduplicated."""
+        """Every kernel problem of a training step at ``batch_size`` (default: the built one), deduplicated;
+        each convolution's at its layer's precision (``Conv2d.precision``)."""
         if batch_size is None:
             self._require_built()
             return self._collect_problems(layer.problems() for layer in self.layers)
@@ -36,7 +37,8 @@ class ModelKernels:
              storage: str | None = None, sampler: str = "tpe", progress: bool = True) -> list[Any]:
         """Tune every kernel this model runs at ``batch_size`` on a GPU and keep the winners.
 
-        ``trials`` is the budget for the whole model, spent where the model spends its time. The
+        ``trials`` is the budget for the whole model, spent where the model spends its time. Each
+        convolution is tuned at its layer's precision (set the model's first: ``model.precision``). The
         winners go to the tuning database; a model built on the cuda backend picks them up at once.
         Returns one ``autocnn.tuning.tuner.TuneOutcome`` per kernel problem.
         """

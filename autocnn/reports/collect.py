@@ -97,7 +97,7 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
     # the network, first: a misspelt name should fail before anything is read
     network_problems: list[tuple[Any, str]] | None = None
     if args.network:
-        network_problems = problems_of_network(args.network, args.batch)
+        network_problems = problems_of_network(args.network, args.batch, args.precision)
         if ops is not None:
             network_problems = [(p, layer) for p, layer in network_problems if p.op in ops]
 
@@ -195,7 +195,9 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
             notes.append(f"no GPU in the database or the storage to look up the kernels of {args.network} on")
         for gk in gpu_keys:
             device = _device_for(gk, study_devices, bench_device)
-            group = Group(f"g{len(groups) + 1}", f"{args.network} (batch {args.batch}) on {_gpu_title(gk)}", gk, [],
+            tf32 = ", tf32" if args.precision == "tf32" else ""   # fp32, the default, goes unsaid
+            group = Group(f"g{len(groups) + 1}", f"{args.network} (batch {args.batch}{tf32}) on {_gpu_title(gk)}",
+                          gk, [],
                           ceilings_for(gk), network=args.network)
             order = {}
             with warnings.catch_warnings():
@@ -225,7 +227,8 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
     if args.op:
         filters.append(f"operation in {args.op}")
     if args.network:
-        filters.append(f"network {args.network} at batch {args.batch}")
+        filters.append(f"network {args.network} at batch {args.batch}"
+                       + (" in tf32" if args.precision == "tf32" else ""))
     return ReportData(
         made_at=made_at, version=__version__, db_sources=db_sources, db_files=db_files,
         storage_url=shown_url, storage_opened=storage is not None, storage_note=storage_note,

@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--network", default=None,
                     help="report the kernels of this zoo network (or network JSON file), and those on a fallback")
     ap.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")
+    ap.add_argument("--precision", choices=("fp32", "tf32"), default="fp32",
+                    help="with --network: the model's precision, whose records its convolutions look up "
+                         "(default fp32)")
     ap.add_argument("--gpu", default=None, help="only GPUs whose name contains this text (case-insensitive)")
     ap.add_argument("--op", default=None, help="only these operations (comma-separated)")
     ap.add_argument("--out", type=Path, default=Path("report.html"), help="the HTML file (default report.html)")

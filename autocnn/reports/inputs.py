@@ -113,14 +113,16 @@ def open_database(db_arg: Path | None, stack: contextlib.ExitStack) -> tuple[Any
     return db, sources, files
 
 
-def problems_of_network(name: str, batch: int) -> list[tuple[Any, str]]:
-    """(problem, layers that run it) of every kernel a training step of the network needs."""
+def problems_of_network(name: str, batch: int, precision: str = "fp32") -> list[tuple[Any, str]]:
+    """(problem, layers that run it) of every kernel a training step of the network needs, with the
+    model at ``precision`` (its convolutions' problems carry it)."""
     from autocnn.nn.zoo import load_network
 
     if batch < 1:
         raise ReportError(f"--batch must be at least 1, not {batch}")
     try:
         model = load_network(name)
+        model.precision = precision
         problems = model.problems(batch)
     except (ValueError, KeyError, FileNotFoundError, OSError) as exc:
         raise ReportError(f"--network {name}: {exc}") from None
