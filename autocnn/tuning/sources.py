@@ -56,15 +56,23 @@ class GpuSource:
     """Measures on a CUDA device: nvcc in a compile pool, verification and timing in a worker process."""
 
     def __init__(self, device_id: int = 0, timeout_s: float = 60.0, budget_s: float = 0.1,
-                 compile_workers: int | None = None, allow_spills: bool = False):
+                 compile_workers: int | None = None, allow_spills: bool = False,
+                 pools: dict[str, Any] | None = None):
+        """``pools``: nvcc pools by architecture shared with other sources (GPUs of one host): this
+        source takes its architecture's, or adds one, and leaves closing them to the owner."""
         from autocnn.kernels.compiler import CompilePool
         from autocnn.tuning.worker import MeasureWorker
 
         self.worker = MeasureWorker(device_id, timeout_s=timeout_s)
-        self.worker._start()
+        self.worker.start()
         assert self.worker.device is not None
         self.device = DeviceInfo.from_dict(self.worker.device)
-        self.pool = CompilePool(self.device.arch, workers=compile_workers)
+        self._owns_pool = pools is None
+        if pools is None:
+            self.pool = CompilePool(self.device.arch, workers=compile_workers)
+        else:
+            self.pool = pools.get(self.device.arch) or pools.setdefault(
+                self.device.arch, CompilePool(self.device.arch, workers=compile_workers))
         self.budget_s = budget_s
         self.allow_spills = allow_spills
         self.rng = random.Random()
@@ -99,7 +107,8 @@ class GpuSource:
         return operation.plan(problem, config)
 
     def close(self) -> None:
-        self.pool.close()
+        if self._owns_pool:
+            self.pool.close()
         self.worker.close()
 
 

@@ -2,7 +2,8 @@
 
 Between reading what a study holds (finished and in-flight configs) and marking a new config as
 in flight, no other tuner may do the same. For a storage on this host (SQLite, journal) a file lock
-beside it orders processes; for PostgreSQL a session-level advisory lock keyed by the study name
+per study beside it (in ``PATH.locks/``; flock, so a killed holder releases it) orders
+processes; for PostgreSQL a session-level advisory lock keyed by the study name
 orders processes on every host (the server releases it when a holder's connection dies, so a killed
 tuner never leaves it held). Threads of one process (one tuner per GPU) also take a lock of their
 own, since a file lock is re-entrant within a process.
@@ -13,10 +14,12 @@ import contextlib
 import hashlib
 import threading
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 from autocnn.tuning.storage import StorageSpec
 
+STORAGE_LOCK = "(the storage itself)"   # the name whose lock guards creating a storage's tables
 LOCK_TIMEOUT_S = 600.0   # holders keep it for one proposal (milliseconds); minutes means a stuck process
 _POLL_S = 0.05
 
@@ -34,6 +37,13 @@ def _thread_lock(name: str) -> threading.Lock:
         return _thread_locks.setdefault(name, threading.Lock())
 
 
+def lock_file(spec: StorageSpec, study_name: str) -> Path:
+    """The file lock of one study of a local storage: one per study, so that tuners of different
+    problems (one per GPU) never wait for each other's proposals."""
+    digest = hashlib.sha256(study_name.encode()).hexdigest()[:20]
+    return Path(f"{spec.path}.locks") / f"{digest}.lock"
+
+
 def advisory_key(study_name: str) -> int:
     """A signed 64-bit key for pg_advisory_lock, the same on every host for one study."""
     return int.from_bytes(hashlib.sha256(study_name.encode()).digest()[:8], "big", signed=True)
@@ -42,20 +52,21 @@ def advisory_key(study_name: str) -> int:
 @contextlib.contextmanager
 def study_lock(spec: StorageSpec, study_name: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold the study's lock for the block (see the module's text for which lock)."""
-    scope = spec.path if spec.local else spec.url
-    local = _thread_lock(f"{scope}|{study_name}" if spec.kind == "postgresql" else str(scope))
+    local = _thread_lock(f"{spec.path or spec.url}|{study_name}")
     if not local.acquire(timeout=timeout_s):
         raise StudyLockTimeout(f"another thread held the lock of study {study_name} for {timeout_s:.0f} s")
     try:
         if spec.local:
             from filelock import FileLock, Timeout
 
+            path = lock_file(spec, study_name)
+            path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                with FileLock(f"{spec.path}.propose.lock", timeout=timeout_s):
+                with FileLock(str(path), timeout=timeout_s):
                     yield
             except Timeout:
-                raise StudyLockTimeout(f"{spec.path}.propose.lock was held for {timeout_s:.0f} s by another "
-                                       f"process; if none is running, delete the file") from None
+                raise StudyLockTimeout(f"{path} (the lock of study {study_name}) was held for {timeout_s:.0f} s "
+                                       f"by another process") from None
         elif spec.kind == "postgresql":
             with _advisory_lock(spec, advisory_key(study_name), study_name, timeout_s):
                 yield

@@ -40,7 +40,7 @@ from autocnn.tuning.samplers import (SAMPLERS, ExhaustiveSampler, enqueue_params
 from autocnn.tuning.settings import TuneOutcome, TuneSettings, check_timeout  # noqa: F401
 from autocnn.tuning.sources import MeasurementSource, TrialResult
 from autocnn.tuning.storage import (StorageSpec, StorageUrlError, default_storage_url, open_storage,  # noqa: F401
-                                    parse_storage)
+                                    parse_storage, shared_storage)
 from autocnn.tuning.study_lock import study_lock
 from autocnn.tuning.trials import (ABANDONED_ATTR, CONFIG_ATTR, RESULT_ATTR, in_flight, known_results,  # noqa: F401
                                    measured_count, queued_keys, tell)
@@ -88,7 +88,7 @@ class Tuner:
     @property
     def storage(self) -> Any:
         if self._storage is None:
-            self._storage = open_storage(self.spec.url)
+            self._storage = shared_storage(self.spec)
         return self._storage
 
     def space_for(self, op: str, problem: Any) -> SearchSpace:

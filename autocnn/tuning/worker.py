@@ -126,7 +126,8 @@ class MeasureWorker:
         self.device: dict[str, Any] | None = None
         self.restarts = 0
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the process and wait until it holds its GPU (DeviceError when it cannot)."""
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_serve, args=(child, self.device_id), daemon=True)
         proc.start()
@@ -154,7 +155,7 @@ class MeasureWorker:
     def run(self, job: MeasureJob, timeout_s: float | None = None) -> MeasureResult:
         if self._proc is None or not self._proc.is_alive():
             self._stop()
-            self._start()
+            self.start()
         limit = self.timeout_s if timeout_s is None else timeout_s
         start = time.perf_counter()
         self._conn.send(job)
