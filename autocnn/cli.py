@@ -4,13 +4,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from autocnn.errors import AutocnnError, InvalidProblemError
-from autocnn.kernels.problem import DEFAULT_PRECISION, PRECISIONS, ConvProblem
+from autocnn.cli_db import (cmd_db_check, cmd_db_export, cmd_db_import, cmd_db_list, cmd_db_remove, cmd_db_show,
+                            db_filters)
+from autocnn.cli_problems import at_precision, fmt, has_precision, precision_text, shape_problem
+from autocnn.errors import AutocnnError
+from autocnn.kernels.problem import DEFAULT_PRECISION, PRECISIONS
 
 EXAMPLES = """examples:
   autocnn tune --op conv_fwd --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3 --trials 100
@@ -119,16 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("db", help="list, show, export, import or remove tuned records")
     dsub = d.add_subparsers(title="database commands")
     dl = dsub.add_parser("list", help="one line per tuned kernel")
-    _db_filters(dl)
+    db_filters(dl)
     dl.add_argument("--json", action="store_true")
     dl.set_defaults(func=cmd_db_list)
     ds = dsub.add_parser("show", help="every field of the matching records")
-    _db_filters(ds)
+    db_filters(ds)
     ds.add_argument("--shape", help="shape string of the problem (with --op)")
     ds.set_defaults(func=cmd_db_show)
     de = dsub.add_parser("export", help="write matching records to a JSON file")
     de.add_argument("path", type=Path)
-    _db_filters(de)
+    db_filters(de)
     de.set_defaults(func=cmd_db_export)
     di = dsub.add_parser("import", help="validate and add the records of a JSON file")
     di.add_argument("path", type=Path)
@@ -137,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(keeping its cuDNN time); default: the imported record replaces it")
     di.set_defaults(func=cmd_db_import)
     dr = dsub.add_parser("remove", help="remove matching user records (shipped records stay)")
-    _db_filters(dr)
+    db_filters(dr)
     dr.add_argument("--shape", help="shape string of the problem (with --op)")
     dr.add_argument("--stale", action="store_true",
                     help="match the stale records (tuned with templates that have changed since) instead")
@@ -182,14 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _db_filters(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", default=None, help="only GPUs whose name contains this text")
-    p.add_argument("--op", default=None, help="only this operation")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="only convolution records of this precision (pooling records have none and are "
-                        "left out)")
-
-
 # -- tune -------------------------------------------------------------------------------------------
 
 def _parse_fixed(text: str) -> dict[str, Any]:
@@ -213,34 +207,6 @@ def _parse_ops(text: str | None) -> list[str]:
     return ops
 
 
-def _at_precision(problem: Any, precision: str) -> Any:
-    """The convolution problem at this precision; a pooling problem as it is (it has none)."""
-    if isinstance(problem, ConvProblem) and problem.precision != precision:
-        return dataclasses.replace(problem, precision=precision)
-    return problem
-
-
-def _has_precision(problem: Any, precision: str) -> bool:
-    return not isinstance(problem, ConvProblem) or problem.precision == precision
-
-
-_PRECISION_IN_SHAPE = re.compile(r"(^|,)\s*precision\s*=")
-
-
-def _shape_problem(op: str, shape: str, flag: str | None) -> Any:
-    """--op's problem from --shape, at the precision of --precision or of the shape string (not both,
-    unless they agree)."""
-    from autocnn.kernels import parse_shape
-
-    problem = parse_shape(op, shape)
-    if flag is None or not isinstance(problem, ConvProblem):
-        return problem   # pooling has no precision: its kernels are the same at both
-    if _PRECISION_IN_SHAPE.search(shape) and problem.precision != flag:
-        raise ValueError(f"--shape says precision={problem.precision} but --precision says {flag}: "
-                         f"give one of them, or the same value in both")
-    return _at_precision(problem, flag)
-
-
 def _make_source(args: argparse.Namespace):
     if args.replay:
         from autocnn.tuning.sources import ReplayFile, ReplaySource
@@ -261,7 +227,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ValueError("--shape goes with --op; a network's shapes come from the network and --batch")
     precision = args.precision or DEFAULT_PRECISION
     # Parsed before any source is opened: a bad shape or a precision clash costs no GPU start.
-    op_problem = _shape_problem(args.op, args.shape, args.precision) if args.op else None
+    op_problem = shape_problem(args.op, args.shape, args.precision) if args.op else None
     settings = TuneSettings(trials=args.trials, timeout_s=args.timeout if not args.network else None,
                             sampler=args.sampler, seed=args.seed, storage=args.storage,
                             fixed=_parse_fixed(args.fix))
@@ -273,10 +239,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
             outcomes = [tuner.tune(args.op, op_problem)]
         elif args.stale:
             stale = TuningDatabase().stale_problems(source.device, _parse_ops(args.ops))
-            problems = [p for p in stale if _has_precision(p, precision)]
+            problems = [p for p in stale if has_precision(p, precision)]
             if log:
                 log(f"{len(problems)} shapes with stale records for {source.device.name}")
-            others = sorted({p.precision for p in stale if not _has_precision(p, precision)})
+            others = sorted({p.precision for p in stale if not has_precision(p, precision)})
             if others:   # said even with --json (on stderr): work this run leaves undone
                 print(f"autocnn: {len(stale) - len(problems)} more stale shapes are {'/'.join(others)}: "
                       f"tune them with --precision {others[0]}", file=sys.stderr)
@@ -294,7 +260,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 for name, problem in seed_problems(op):
                     if log:
                         log(f"{op} {name}")
-                    outcomes.append(tuner.tune(op, _at_precision(problem, precision)))
+                    outcomes.append(tuner.tune(op, at_precision(problem, precision)))
         else:
             from autocnn.nn.zoo import load_network
 
@@ -341,7 +307,7 @@ def _add_cudnn_times(outcomes, db) -> None:
 
 def _outcome_row(o) -> dict[str, Any]:
     return {
-        "op": o.op, "shape": o.problem.shape_string(), "precision": _precision_text(o.problem),
+        "op": o.op, "shape": o.problem.shape_string(), "precision": precision_text(o.problem),
         "default_us": o.default.time_us if o.default and o.default.ok else None,
         "tuned_us": o.best.time_us if o.best else None,
         "speedup": o.speedup, "cudnn_us": getattr(o, "cudnn_us", None),
@@ -353,154 +319,16 @@ def _outcome_row(o) -> dict[str, Any]:
     }
 
 
-def _fmt(v: Any, spec: str = ".1f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def _outcome_table(rows: list[dict[str, Any]]) -> str:
     width = max([len("shape"), *(len(r["shape"]) for r in rows)])   # never cut: the end names the precision
     lines = [f"{'op':14s} {'shape':{width}s} {'default us':>10s} {'tuned us':>10s} {'speed-up':>8s} {'cuDNN us':>9s} "
              f"{'vs cuDNN':>8s} {'trials':>6s} {'failed':>6s} {'seconds':>7s}  stopped after"]
     for r in rows:
         failed = sum(r["failures"].values())
-        lines.append(f"{r['op']:14s} {r['shape']:{width}s} {_fmt(r['default_us']):>10s} {_fmt(r['tuned_us']):>10s} "
-                     f"{_fmt(r['speedup'], '.2f'):>8s} {_fmt(r['cudnn_us']):>9s} {_fmt(r['vs_cudnn'], '.2f'):>8s} "
+        lines.append(f"{r['op']:14s} {r['shape']:{width}s} {fmt(r['default_us']):>10s} {fmt(r['tuned_us']):>10s} "
+                     f"{fmt(r['speedup'], '.2f'):>8s} {fmt(r['cudnn_us']):>9s} {fmt(r['vs_cudnn'], '.2f'):>8s} "
                      f"{r['measured']:6d} {failed:6d} {r['seconds']:7.1f}  {r['stopped']}")
     return "\n".join(lines)
-
-
-# -- db ---------------------------------------------------------------------------------------------
-
-def _precision_text(problem: Any) -> str:
-    """A record's precision as db list and show print it ("-" for pooling, which has none)."""
-    return problem.precision if isinstance(problem, ConvProblem) else "-"
-
-
-def _matching(db, args: argparse.Namespace, shape: str | None = None, stale: bool = False):
-    from autocnn.kernels import problem_from_dict
-
-    wanted: dict[str, Any] = {}   # op -> the problem --shape (and --precision) names for it
-
-    def named(op: str) -> Any:
-        if op not in wanted:
-            try:
-                wanted[op] = _shape_problem(op, shape, args.precision)
-            except InvalidProblemError:
-                wanted[op] = None   # a shape of another kind of operation: no record of this op matches
-        return wanted[op]
-
-    out = []
-    for rec in ([r for r, _ in db.stale_records()] if stale else db.records()):
-        if args.gpu and args.gpu.lower() not in rec.key.gpu.lower():
-            continue
-        if args.op and rec.key.op != args.op:
-            continue
-        problem = problem_from_dict(rec.key.problem)
-        if args.precision and _precision_text(problem) != args.precision:
-            continue
-        if shape is not None and named(rec.key.op) != problem:
-            continue
-        out.append(rec)
-    return out
-
-
-def cmd_db_list(args: argparse.Namespace) -> int:
-    from autocnn.store import TuningDatabase
-
-    from autocnn.kernels import parse_shape
-
-    db = TuningDatabase()
-    rows = []
-    for r in db.summary_rows():
-        # The shape string is the problem's canonical text (a tf32 one ends in precision=tf32), so
-        # parsing it back gives the precision without a second pass over the records.
-        precision = _precision_text(parse_shape(r.op, r.shape))
-        if ((not args.gpu or args.gpu.lower() in r.gpu.lower()) and (not args.op or r.op == args.op)
-                and (not args.precision or precision == args.precision)):
-            rows.append((r, precision))
-    if args.json:
-        print(json.dumps([{**dataclasses.asdict(r), "precision": precision} for r, precision in rows], indent=2))
-        return 0
-    if not rows:
-        print("no tuned records (run autocnn tune first)" if not (args.gpu or args.op or args.precision)
-              else "no tuned record matches the filters")
-        return 0
-    # Shapes are never cut: their ends (epilogue, precision) tell records apart.
-    width = max([len("shape"), *(len(r.shape) for r, _ in rows)])
-    print(f"{'gpu':22s} {'op':14s} {'precision':9s} {'shape':{width}s} {'tuned us':>9s} {'default us':>10s} "
-          f"{'speed-up':>8s}")
-    for r, precision in rows:
-        print(f"{r.gpu[:22]:22s} {r.op:14s} {precision:9s} {r.shape:{width}s} {_fmt(r.time_us):>9s} "
-              f"{_fmt(r.default_time_us):>10s} {_fmt(r.speedup, '.2f'):>8s}")
-    return 0
-
-
-def cmd_db_show(args: argparse.Namespace) -> int:
-    from autocnn.store import TuningDatabase
-
-    recs = _matching(TuningDatabase(), args, args.shape)
-    if not recs:
-        print("no matching record")
-        return 1
-    from autocnn.kernels import problem_from_dict
-
-    # The stored key leaves fp32 out (records made before precision existed keep their keys): say it.
-    print(json.dumps([{"precision": _precision_text(problem_from_dict(r.key.problem)), **r.to_dict()}
-                      for r in recs], indent=2))
-    return 0
-
-
-def cmd_db_export(args: argparse.Namespace) -> int:
-    from autocnn.store import TuningDatabase
-
-    db = TuningDatabase()
-    keys = {r.key for r in _matching(db, args)}
-    count = db.export(args.path, lambda rec: rec.key in keys)
-    print(f"wrote {count} records to {args.path}")
-    return 0
-
-
-def cmd_db_import(args: argparse.Namespace) -> int:
-    from autocnn.store import TuningDatabase
-
-    report = TuningDatabase().import_file(args.path, keep_faster=args.keep_faster)
-    stored = len(report.accepted) - len(report.kept_existing)
-    print(f"imported {stored} records from {args.path}"
-          + (f"; kept {len(report.kept_existing)} existing records that are as fast or faster"
-             if report.kept_existing else ""))
-    for reason in report.rejected:
-        print(f"  rejected: {reason}")
-    return 0 if not report.rejected else 1
-
-
-def cmd_db_remove(args: argparse.Namespace) -> int:
-    from autocnn.store import TuningDatabase
-
-    db = TuningDatabase()
-    recs = _matching(db, args, args.shape, stale=args.stale)
-    if not recs:
-        print("no matching stale record" if args.stale else "no matching record")
-        return 1
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise ValueError(f"{len(recs)} records match; add --yes to remove them without a prompt")
-        answer = input(f"remove {len(recs)} records? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            return 1
-    removed = db.remove(lambda rec: any(rec.key == r.key for r in recs))
-    print(f"removed {removed} records")
-    return 0
-
-
-def cmd_db_check(args: argparse.Namespace) -> int:
-    from autocnn.store import TuningDatabase
-
-    problems = TuningDatabase().check()
-    for p in problems:
-        print(p)
-    if not problems:
-        print("the tuning database is consistent")
-    return 0 if not problems else 1
 
 
 # -- bench, train, report ------------------------------------------------------------------------

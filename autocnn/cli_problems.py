@@ -1,0 +1,46 @@
+"""Problems, precisions and numbers as the command line reads and prints them: ``--shape`` with
+``--precision``, a problem moved to a precision, and table cells."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from autocnn.kernels.problem import ConvProblem
+
+
+def at_precision(problem: Any, precision: str) -> Any:
+    """The convolution problem at this precision; a pooling problem as it is (it has none)."""
+    if isinstance(problem, ConvProblem) and problem.precision != precision:
+        return dataclasses.replace(problem, precision=precision)
+    return problem
+
+
+def has_precision(problem: Any, precision: str) -> bool:
+    return not isinstance(problem, ConvProblem) or problem.precision == precision
+
+
+_PRECISION_IN_SHAPE = re.compile(r"(^|,)\s*precision\s*=")
+
+
+def shape_problem(op: str, shape: str, flag: str | None) -> Any:
+    """--op's problem from --shape, at the precision of --precision or of the shape string (not both,
+    unless they agree)."""
+    from autocnn.kernels import parse_shape
+
+    problem = parse_shape(op, shape)
+    if flag is None or not isinstance(problem, ConvProblem):
+        return problem   # pooling has no precision: its kernels are the same at both
+    if _PRECISION_IN_SHAPE.search(shape) and problem.precision != flag:
+        raise ValueError(f"--shape says precision={problem.precision} but --precision says {flag}: "
+                         f"give one of them, or the same value in both")
+    return at_precision(problem, flag)
+
+
+def precision_text(problem: Any) -> str:
+    """A record's precision as db list and show print it ("-" for pooling, which has none)."""
+    return problem.precision if isinstance(problem, ConvProblem) else "-"
+
+
+def fmt(v: Any, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
