@@ -416,6 +416,11 @@ def test_torch_model_factory_for_the_command_line():
         load_factory("builtins:dict")
     with pytest.raises(ValueError, match="--batch must be a positive integer"):
         tune_factory(tuner, "tests.test_torch_frontend:small_net", "3,16,16", 0, trials=5)
+    with pytest.raises(ValueError, match="--trials must be a positive integer"):
+        tune_factory(tuner, "tests.test_torch_frontend:small_net", "3,16,16", 8, trials=0)
+    # What the command line checks before it opens a GPU: the same problems as the model's hooks find.
+    uses = at.factory_problems("tests.test_torch_frontend:small_net", (3, 16, 16), 8, precision="tf32")
+    assert uses == at.collect_problems(small_net(), torch.empty(8, 3, 16, 16), precision="tf32")
 
 
 # -- the benchmark's share of autocnn's kernels ----------------------------------------------------------------

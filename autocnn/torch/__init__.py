@@ -28,7 +28,8 @@ from autocnn.torch import ops  # noqa: F401,E402  (registers torch.ops.autocnn.*
 from autocnn.torch.convert import ConversionReport, ModuleOutcome, convert  # noqa: F401,E402
 from autocnn.torch.launch import launch_counts  # noqa: F401,E402
 from autocnn.torch.modules import AvgPool2d, Conv2d  # noqa: F401,E402
-from autocnn.torch.tuning import ProblemUse, collect_problems, prepare, tune, tune_factory  # noqa: F401,E402
+from autocnn.torch.tuning import (  # noqa: F401,E402
+    ProblemUse, collect_problems, factory_problems, prepare, tune, tune_factory, tune_uses)
 
 
 def dispatch_report() -> str:
@@ -43,4 +44,5 @@ def dispatch_report() -> str:
 
 
 __all__ = ["AvgPool2d", "Conv2d", "ConversionReport", "ModuleOutcome", "ProblemUse", "collect_problems",
-           "convert", "dispatch_report", "launch_counts", "prepare", "tune", "tune_factory"]
+           "convert", "dispatch_report", "factory_problems", "launch_counts", "prepare", "tune", "tune_factory",
+           "tune_uses"]

@@ -67,12 +67,13 @@ class DeviceKernels:
     def run(self, problem: Any, *tensors: torch.Tensor | None) -> None:
         """Launch ``problem``'s kernel on PyTorch's current stream of this device, over these tensors
         in the order of the backend's method for the op (e.g. x, w, bias, y for conv_fwd)."""
-        if problem not in self.dispatch:
-            self.prepare([problem])
         cp = _cupy()
         stream = torch.cuda.current_stream(self.index)
-        arrays = [None if t is None else as_cupy(cp, t) for t in tensors]
         with cp.cuda.Device(self.index), cp.cuda.ExternalStream(stream.cuda_stream, self.index):
+            if problem not in self.dispatch:
+                # On PyTorch's stream: what loading a plan queues (and a library GEMM's handle) is for it.
+                self.prepare([problem])
+            arrays = [None if t is None else as_cupy(cp, t) for t in tensors]
             getattr(self.backend, problem.op)(problem, *arrays)
 
     def forget(self, problems: Iterable[Any]) -> None:

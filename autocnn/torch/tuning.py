@@ -11,6 +11,8 @@ autocnn.tuning, and makes the layers look their kernels up again afterwards.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -217,6 +219,10 @@ def load_factory(spec: str) -> nn.Module:
     if not sep or not module_name or not attr:
         raise ValueError(f"--torch-model takes package.module:factory (a function returning a "
                          f"torch.nn.Module), not {spec!r}")
+    # The working directory, as for ``python -m``: the console script's path does not include it,
+    # and a user's model usually lives there rather than in an installed package.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
@@ -241,14 +247,22 @@ def parse_input_shape(text: str) -> tuple[int, int, int]:
     return (int(parts[0]), int(parts[1]), int(parts[2]))
 
 
+def factory_problems(spec: str, input_shape: str | Sequence[int], batch: int,
+                     precision: str | None = None) -> list[ProblemUse]:
+    """The training-step problems of the model ``package.module:factory`` builds, at ``batch`` inputs of
+    ``input_shape`` (C,H,W): everything ``autocnn tune --torch-model`` checks before it opens a GPU."""
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"--batch must be a positive integer, not {batch!r}")
+    shape = parse_input_shape(input_shape) if isinstance(input_shape, str) else tuple(input_shape)
+    model = load_factory(spec)
+    return collect_problems(model, torch.empty((batch, *shape), device="meta"), precision=precision)
+
+
 def tune_factory(tuner: Any, spec: str, input_shape: str | Sequence[int], batch: int, trials: int,
                  timeout_s: float | None = None, precision: str | None = None,
                  log: Callable[[str], None] | None = None) -> list[Any]:
     """``autocnn tune --torch-model spec --input-shape C,H,W --batch N``: the model's training-step
     kernels at that batch, tuned with the command's tuner under one budget of ``trials``."""
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise ValueError(f"--batch must be a positive integer, not {batch!r}")
-    shape = parse_input_shape(input_shape) if isinstance(input_shape, str) else tuple(input_shape)
-    model = load_factory(spec)
-    example = torch.empty((batch, *shape), device="meta")
-    return tune(model, example, trials, timeout_s=timeout_s, precision=precision, tuner=tuner, log=log)
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise ValueError(f"--trials must be a positive integer (the budget for the whole model), not {trials!r}")
+    return tune_uses(tuner, factory_problems(spec, input_shape, batch, precision), trials, timeout_s, log)
