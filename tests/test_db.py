@@ -445,6 +445,17 @@ def test_import_reports_rejections_and_stores_only_accepted(db, tmp_path):
     assert "BM" in report.rejected[1].reason and "conv_fwd" in report.rejected[1].what
     assert "not a mapping" in report.rejected[2].reason
     assert [r.key.problem["H"] for r in db.records()] == [KRIZ.H]
+    assert report.failed
+    lines = report.sentences(path)
+    assert lines[0] == f"imported 1 of the 4 records in {path}"
+    assert lines[1].startswith("record 1 (conv_fwd ") and "was not imported: key.fingerprint: stale" in lines[1]
+    assert all("ImportRejection" not in line for line in lines)
+    # A file whose every record is rejected fails, and says so.
+    raw_file(path, [stale, evil])
+    report = db.import_file(path)
+    assert report.failed and report.sentences(path)[-1] == f"no record of {path} was imported"
+    raw_file(path, [good])
+    assert not db.import_file(path).failed
     path.write_text("{")
     with pytest.raises(DatabaseError, match="not valid JSON"):
         db.import_file(path)

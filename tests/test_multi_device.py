@@ -193,3 +193,15 @@ def test_every_gpu_of_this_host_tunes_a_network(tmp_path):
     assert outcomes and all(o.record is not None for o in outcomes)
     gpus_used = {d for o in outcomes for d in o.device.split(", ")}
     assert len(gpus_used) >= 2, gpus_used
+
+
+def test_gpus_share_an_in_memory_study_and_separate_runs_do_not(tmp_path):
+    files = _files()
+    gpus = [PacedSource(files, f"A{i}", [], pace_s=0.0) for i in range(2)]
+    settings = dataclasses.replace(_settings(tmp_path, files), storage="memory")
+    o = tune_on_devices(gpus, each_problem([files[1].problem], 16), settings, _db(tmp_path))[0]
+    both = [k for g in gpus for k in g.searched[f"{files[1].op} {files[1].problem.shape_string()}"]]
+    assert o.measured == o.study_measured == 16 and len(set(both)) == 16
+    # A second run on "memory" starts afresh (replay experiments rely on it).
+    again = tune_on_devices(gpus[:1], each_problem([files[1].problem], 16), settings, _db(tmp_path))[0]
+    assert again.measured == 16

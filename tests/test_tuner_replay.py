@@ -82,6 +82,9 @@ def test_budget_in_trials_and_seconds(db, tmp_path):
     rf = source.files[0]
     outcome = tuner.tune(rf.op, rf.problem)
     assert outcome.measured == 7
+    line = outcome.summary()   # what a run whose output is not a terminal writes per problem
+    assert "\n" not in line and line.startswith(f"{rf.op} {rf.problem.shape_string()}: ")
+    assert f"{outcome.best.time_us:.1f} us" in line and "7 trials measured" in line
     confirm = 3 * 3   # winner, runner-up and default, three rounds
     assert source.calls <= 7 + confirm
     tuner2, _ = tuner_for([WGRAD_FILE], db, tmp_path, trials=10_000, batch=4, timeout_s=0.5)

@@ -19,6 +19,10 @@ class ImportRejection:
     what: str           # op, shape and GPU where they could be read
     reason: str
 
+    def __str__(self) -> str:
+        what = f" ({self.what})" if self.what else ""
+        return f"record {self.index}{what} was not imported: {self.reason}"
+
 
 @dataclass(frozen=True)
 class ImportReport:
@@ -26,6 +30,22 @@ class ImportReport:
     rejected: tuple[ImportRejection, ...]
     # Valid records not stored because the database already had a record as fast (keep_faster).
     kept_existing: tuple[RecordKey, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        """True when any record was rejected: ``autocnn db import`` then exits non-zero."""
+        return bool(self.rejected)
+
+    def sentences(self, path: Path) -> list[str]:
+        """What the import did, one plain sentence a line."""
+        stored = len(self.accepted) - len(self.kept_existing)
+        lines = [f"imported {stored} of the {len(self.accepted) + len(self.rejected)} records in {path}"
+                 + (f"; kept {len(self.kept_existing)} existing records that are as fast or faster"
+                    if self.kept_existing else "")]
+        lines += [str(r) for r in self.rejected]
+        if self.rejected and not self.accepted:
+            lines.append(f"no record of {path} was imported")
+        return lines
 
 
 def faster_records(records: Sequence[TuningRecord], stored: Sequence[TuningRecord]) -> list[TuningRecord]:

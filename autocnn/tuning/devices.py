@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 from autocnn.tuning.network import ProblemBudget
 from autocnn.tuning.settings import TuneOutcome, TuneSettings, check_timeout
 from autocnn.tuning.sources import MeasurementSource
+from autocnn.tuning.storage import shared_storage
 
 
 def parse_devices(text: str | None) -> list[int] | str:
@@ -173,6 +174,7 @@ def tune_on_devices(sources: Sequence[MeasurementSource], budgets: Sequence[Prob
     for i, source in enumerate(sources):
         groups.setdefault(kind_of(source), []).append(i)
     schedules = {kind: _Schedule(budgets) for kind in groups}
+    storage = shared_storage(settings.storage_spec)   # one for every GPU (also an in-memory one)
     errors: list[BaseException] = []
     report_lock = threading.Lock()
 
@@ -186,7 +188,7 @@ def tune_on_devices(sources: Sequence[MeasurementSource], budgets: Sequence[Prob
             if log:
                 log(f"{_label(source, index)}: {b.problem.op} {b.problem.shape_string()} ({b.trials} trials)")
             try:
-                outcome = Tuner(source, db, settings, progress=False, log=log).tune(
+                outcome = Tuner(source, db, settings, progress=False, log=log, storage=storage).tune(
                     b.problem.op, b.problem, trials=b.trials, timeout_s=b.timeout_s)
                 outcome.device = _label(source, index)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread

@@ -76,3 +76,18 @@ class TuneOutcome:
         if self.best and self.default and self.default.ok and self.best.time_us:
             return self.default.time_us / self.best.time_us
         return None
+
+    def summary(self) -> str:
+        """One line for a finished problem (what a tuner writes when its output is not a terminal)."""
+        shape = self.problem.shape_string() if hasattr(self.problem, "shape_string") else str(self.problem)
+        if self.best is None:
+            result = "no verified config"
+        else:
+            result = f"{self.best.time_us:.1f} us"
+            if self.speedup is not None:
+                result += f" ({self.speedup:.2f}x the default's {self.default.time_us:.1f} us)"
+        failed = sum(self.failures.values())
+        where = f" on {self.device}" if self.device else ""
+        return (f"{self.op} {shape}: {result}; {self.measured} trials measured{where}"
+                + (f", {failed} failed" if failed else "") + f", {self.seconds:.1f} s; stopped after {self.stopped_because}"
+                + ("" if self.record is not None or self.best is None else "; not stored"))

@@ -164,9 +164,11 @@ _shared_guard = threading.Lock()
 def shared_storage(spec: StorageSpec) -> Any:
     """This process's one storage object for a URL (tuners of several GPUs share it: Optuna's
     storages are thread-safe), opened under the storage's lock: processes that start together
-    would otherwise race to create the same tables."""
+    would otherwise race to create the same tables. ``memory`` is a new, empty storage each time."""
     from autocnn.tuning.study_lock import STORAGE_LOCK, study_lock
 
+    if spec.kind == "memory":
+        return open_storage(spec.url)
     with _shared_guard:
         storage = _shared.get(spec.url)
         if storage is None:

@@ -76,13 +76,15 @@ class Tuner:
     """Searches one problem at a time against a measurement source, storing winners in a database."""
 
     def __init__(self, source: MeasurementSource, database: Any = None, settings: TuneSettings | None = None,
-                 progress: bool = True, log: Callable[[str], None] | None = None):
+                 progress: bool = True, log: Callable[[str], None] | None = None, storage: Any = None):
+        """``storage``: an opened Optuna storage to use (tuners of several GPUs pass one); default:
+        the process's storage for ``settings.storage``."""
         self.source = source
         self.db = database
         self.settings = settings or TuneSettings()
         self.progress = progress
         self.log = log or (lambda text: None)
-        self._storage = None
+        self._storage = storage
         self.spec: StorageSpec = self.settings.storage_spec
 
     @property
