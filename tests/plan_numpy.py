@@ -1,6 +1,7 @@
-"""A NumPy interpreter of kernel plans for CPU tests of formulations with library GEMM steps: each
-LibraryGemm runs on exactly the buffer views it names (as cuBLAS would), each generated kernel by
-a NumPy function a test supplies, all in float64 on flat buffers."""
+"""A NumPy interpreter of kernel plans for CPU tests of formulations with library steps: each
+LibraryGemm runs on exactly the buffer views it names (as cuBLAS would), each LibraryFft on the
+planes and half spectra it names (unnormalised, as cuFFT), each generated kernel by a NumPy
+function a test supplies, all in float64 on flat buffers."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from autocnn.kernels import reference
-from autocnn.kernels.operation import LibraryGemm, MatrixView
+from autocnn.kernels.operation import LibraryFft, LibraryGemm, MatrixView
 
 
 def view(buf: np.ndarray, mv: MatrixView, rows: int, cols: int, batch: int) -> np.ndarray:
@@ -28,6 +29,20 @@ def numpy_gemm(step: LibraryGemm, buffers: dict[str, np.ndarray]) -> None:
     c[...] = product + c if step.accumulate else product
 
 
+def numpy_fft(step: LibraryFft, buffers: dict[str, np.ndarray]) -> None:
+    (src, src_end), (dst, dst_end) = step.extents()["src"], step.extents()["dst"]
+    assert src_end <= buffers[src].size and dst_end <= buffers[dst].size, f"{step} reaches past a buffer"
+    complex_type = np.result_type(buffers[src].dtype, np.complex64)
+    h, w, n = step.height, step.width, step.batch
+    source = buffers[src][step.src_offset:src_end]
+    target = buffers[dst][step.dst_offset:dst_end]
+    if step.kind == "r2c":
+        target.view(complex_type)[...] = np.fft.rfft2(source.reshape(n, h, w)).ravel()
+    else:
+        spectra = source.view(complex_type).reshape(n, h, w // 2 + 1)
+        target[...] = (np.fft.irfft2(spectra, s=(h, w)) * (h * w)).ravel()
+
+
 def run_plan(plan: Any, inputs: dict[str, np.ndarray], kernels: Any, dtype: Any = np.float64) -> dict[str, np.ndarray]:
     """Run a plan's steps in order on buffers of ``dtype`` (float32 to see a formulation's
     rounding): outputs and workspaces start as NaN (so an unwritten element shows); a generated
@@ -41,6 +56,8 @@ def run_plan(plan: Any, inputs: dict[str, np.ndarray], kernels: Any, dtype: Any 
     for step in plan.steps:
         if isinstance(step, LibraryGemm):
             numpy_gemm(step, buffers)
+        elif isinstance(step, LibraryFft):
+            numpy_fft(step, buffers)
         else:
             getattr(kernels, step.kernel)(buffers, *step.scalars)
     return {name: buffers[name].reshape(shape) for name, shape in shapes.items()}

@@ -19,6 +19,7 @@ import functools
 from typing import Any
 
 from autocnn.errors import DeviceError
+from autocnn.kernels.library_steps import device_engine, load_library, pointers, refuse_in_capture, release_all
 from autocnn.kernels.operation import LibraryGemm
 
 # cuBLAS's enums (cublas_api.h).
@@ -35,19 +36,9 @@ LIBRARY_NAMES = tuple(f"libcublas.so{suffix}" for suffix in (".13", ".12", ".11"
 @functools.lru_cache(maxsize=1)
 def cublas_library() -> ctypes.CDLL:
     """The cuBLAS shared library with every entry point the GEMM steps call."""
-    tried = []
-    for name in LIBRARY_NAMES:
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError as exc:
-            tried.append(f"{name}: {exc}")
-            continue
-        missing = [f for f in NEEDED if not hasattr(lib, f)]
-        if not missing:
-            _declare(lib)
-            return lib
-        tried.append(f"{name} lacks {', '.join(missing)}")
-    raise DeviceError("cannot load cuBLAS for the library GEMM steps: " + "; ".join(tried))
+    lib = load_library("cuBLAS for the library GEMM steps", LIBRARY_NAMES, NEEDED)
+    _declare(lib)
+    return lib
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -82,9 +73,7 @@ class CublasGemm:
     def _handle(self, stream_ptr: int) -> ctypes.c_void_p:
         entry = self._handles.get(stream_ptr)
         if entry is None:
-            if self.cp.cuda.runtime.streamIsCapturing(stream_ptr):
-                raise DeviceError("a library GEMM step runs on a stream that is being captured and has no cuBLAS "
-                                  "handle yet: call LoadedPlan.prepare_stream(stream) before the capture")
+            refuse_in_capture(self.cp, stream_ptr, "cuBLAS GEMM")
             handle = ctypes.c_void_p()
             _status(self.lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
             workspace = self.cp.empty(HANDLE_WORKSPACE_BYTES, dtype=self.cp.uint8)
@@ -97,16 +86,7 @@ class CublasGemm:
 
     def __call__(self, step: LibraryGemm, buffers: dict[str, Any], stream_ptr: int) -> None:
         """Run one step on the buffers it names (float32 device arrays), on the given stream."""
-        pointers = {}
-        for operand, (name, extent) in step.extents().items():
-            buf = buffers.get(name)
-            if buf is None:
-                raise ValueError(f"the library GEMM's operand {operand} is in buffer {name!r}, which was not given")
-            if buf.dtype != self.cp.float32 or not buf.flags.c_contiguous:
-                raise ValueError(f"buffer {name!r} must be a C-contiguous float32 array, not {buf.dtype}")
-            if extent > buf.size:
-                raise ValueError(f"the library GEMM reaches element {extent} of {name!r}, which has {buf.size}")
-            pointers[operand] = buf.data.ptr + 4 * getattr(step, operand).offset
+        ptr = pointers(self.cp, step, {"a": step.a.offset, "b": step.b.offset, "c": step.c.offset}, buffers)
         lib = self.lib
         handle = self._handle(stream_ptr)
         _status(lib.cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH if step.tf32 else CUBLAS_DEFAULT_MATH),
@@ -117,26 +97,15 @@ class CublasGemm:
         _status(lib.cublasSgemmStridedBatched(
             handle, CUBLAS_OP_T if step.trans_b else CUBLAS_OP_N, CUBLAS_OP_T if step.trans_a else CUBLAS_OP_N,
             step.n, step.m, step.k, ctypes.byref(self._one),
-            ctypes.c_void_p(pointers["b"]), b.ld, b.batch_stride,
-            ctypes.c_void_p(pointers["a"]), a.ld, a.batch_stride,
+            ctypes.c_void_p(ptr["b"]), b.ld, b.batch_stride,
+            ctypes.c_void_p(ptr["a"]), a.ld, a.batch_stride,
             ctypes.byref(self._one if step.accumulate else self._zero),
-            ctypes.c_void_p(pointers["c"]), c.ld, c.batch_stride, step.batch), "cublasSgemmStridedBatched")
+            ctypes.c_void_p(ptr["c"]), c.ld, c.batch_stride, step.batch), "cublasSgemmStridedBatched")
 
     def __del__(self) -> None:
-        for handle, _workspace in getattr(self, "_handles", {}).values():
-            try:
-                self.lib.cublasDestroy_v2(handle)
-            except Exception:  # noqa: BLE001 -- at interpreter exit the library may be gone
-                pass
-
-
-_ENGINES: dict[int, CublasGemm] = {}
+        release_all(self.lib.cublasDestroy_v2, (handle for handle, _ in getattr(self, "_handles", {}).values()))
 
 
 def gemm_engine(cp: Any) -> CublasGemm:
-    """The process's engine for the current device (handles belong to a device's context)."""
-    device = cp.cuda.runtime.getDevice()
-    engine = _ENGINES.get(device)
-    if engine is None:
-        engine = _ENGINES[device] = CublasGemm(cp)
-    return engine
+    """The process's cuBLAS GEMM steps for the current device."""
+    return device_engine(cp, CublasGemm)

@@ -118,7 +118,57 @@ class LibraryGemm:
                 for name, (rows, cols) in self.stored_shapes().items()}
 
 
-Step = Launch | LibraryGemm
+@dataclass(frozen=True)
+class LibraryFft:
+    """A step between generated kernels: ``batch`` two-dimensional real FFTs of height x width
+    planes by cuFFT (kernels/cufft_steps.py). "r2c" turns real planes (height*width floats each,
+    from ``src`` at element ``src_offset``) into half spectra (height*(width//2+1) complex numbers,
+    two floats each, in ``dst``); "c2r" turns them back, unnormalised (c2r after r2c multiplies by
+    height*width) and, as cuFFT may, overwriting its input."""
+
+    kind: str
+    src: str
+    src_offset: int
+    dst: str
+    dst_offset: int
+    batch: int
+    height: int
+    width: int
+
+    shared_bytes: ClassVar[int] = 0
+    threads: ClassVar[int] = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("r2c", "c2r"):
+            raise ValueError(f"a library FFT is r2c or c2r, not {self.kind!r}")
+        for name in ("batch", "height", "width"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"a library FFT needs {name} >= 1, not {getattr(self, name)}")
+        if self.src_offset < 0 or self.dst_offset < 0:
+            raise ValueError("library FFT offsets are element counts >= 0")
+
+    @property
+    def kernel(self) -> str:
+        return "cufftExecR2C" if self.kind == "r2c" else "cufftExecC2R"
+
+    @property
+    def real_plane(self) -> int:
+        return self.height * self.width
+
+    @property
+    def spectrum_plane(self) -> int:
+        """Floats of one half spectrum (complex numbers are two floats)."""
+        return 2 * self.height * (self.width // 2 + 1)
+
+    def extents(self) -> dict[str, tuple[str, int]]:
+        """For its source and destination: the buffer and the elements the step reaches in it."""
+        real, spectrum = self.real_plane, self.spectrum_plane
+        src_plane, dst_plane = (real, spectrum) if self.kind == "r2c" else (spectrum, real)
+        return {"src": (self.src, self.src_offset + self.batch * src_plane),
+                "dst": (self.dst, self.dst_offset + self.batch * dst_plane)}
+
+
+Step = Launch | LibraryGemm | LibraryFft
 
 
 @dataclass(frozen=True)
@@ -155,6 +205,10 @@ class KernelPlan:
     @property
     def library_gemms(self) -> tuple[LibraryGemm, ...]:
         return tuple(step for step in self.steps if isinstance(step, LibraryGemm))
+
+    @property
+    def library_ffts(self) -> tuple[LibraryFft, ...]:
+        return tuple(step for step in self.steps if isinstance(step, LibraryFft))
 
     @property
     def workspace_bytes(self) -> int:

@@ -10,7 +10,7 @@ import numpy as np
 from autocnn.kernels.compiler import NvrtcCompiler
 from autocnn.errors import CompileError, DeviceError, LaunchError
 from autocnn.gpu import require_cupy
-from autocnn.kernels.operation import KernelPlan, LibraryGemm
+from autocnn.kernels.operation import KernelPlan, LibraryFft, LibraryGemm
 
 # Shared memory a block may use without opting in to more (CUDA's static limit).
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
@@ -37,17 +37,24 @@ class LoadedPlan:
             self.functions[name] = fn
         # Absent optional buffers (no bias, no workspace) are passed as this one-float placeholder.
         self._placeholder = self.cp.zeros(1, dtype=self.cp.float32)
-        self._gemm = None
+        self._gemm = self._fft = None
         if plan.library_gemms:
             from autocnn.kernels.cublas_gemm import gemm_engine
 
             self._gemm = gemm_engine(self.cp)
-            self._gemm.prepare(self.cp.cuda.get_current_stream().ptr)
+        if plan.library_ffts:
+            from autocnn.kernels.cufft_steps import fft_engine
+
+            self._fft = fft_engine(self.cp)
+        self.prepare_stream(self.cp.cuda.get_current_stream())
 
     def prepare_stream(self, stream: Any) -> None:
-        """Ready the plan's library GEMMs for ``stream`` before a CUDA graph captures on it."""
+        """Ready the plan's library steps (cuBLAS handles, cuFFT plans) for ``stream``: before a
+        CUDA graph captures on it, they cannot be made."""
         if self._gemm is not None:
             self._gemm.prepare(stream.ptr)
+        if self._fft is not None:
+            self._fft.prepare(stream.ptr, self.plan.library_ffts)
 
     def workspaces(self) -> dict[str, Any]:
         return {name: self.cp.empty(max(1, n), dtype=self.cp.float32) for name, n in self.plan.workspaces}
@@ -66,6 +73,9 @@ class LoadedPlan:
         for launch in self.plan.steps:
             if isinstance(launch, LibraryGemm):
                 self._gemm(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
+                continue
+            if isinstance(launch, LibraryFft):
+                self._fft(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
                 continue
             args = tuple(buffers.get(a) if buffers.get(a) is not None else self._placeholder for a in launch.args)
             args += tuple(np.int32(v) for v in launch.scalars)

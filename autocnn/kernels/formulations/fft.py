@@ -1,0 +1,194 @@
+"""fft: convolution in the frequency domain, for filters of 25 taps or more, all three ops.
+
+Each op is one circular correlation or convolution of zero-padded planes of size FH x FW (at least
+the padded input, so nothing wraps around), summed over a channel:
+
+    conv_fwd       Y[n,k]  = corr(X[n,c] placed at (pt, pl), W[k,c]) summed over c, sampled at stride
+    conv_bwd_data  dX[n,c] = conv(dY[n,k] spread at stride (zeros between), W[k,c]) summed over k,
+                   read from (pt, pl)
+    conv_wgrad     dW[k,c] = corr(X[n,c] placed at (pt, pl), dY[n,k] spread at stride) summed over n,
+                   its first R x S; db by conv_bias_grad
+
+Steps: generated kernels place the planes (fft_place_a, fft_place_b), cuFFT transforms them (R2C
+library steps), a generated, tuned complex multiply-accumulate kernel sums the products over the
+channel in the frequency domain (fft_mac: IT x JT outputs per thread, one frequency each), cuFFT
+transforms back (C2R), and fft_crop scales, crops, samples the stride and applies bias and
+activation. Images go in blocks of IMGS (the workspaces hold one block; conv_wgrad accumulates the
+blocks' spectra). FFT_SIZE picks FH, FW: the smallest sizes with prime factors 2, 3, 5, 7
+("smooth") or powers of two. Images whose padded size exceeds MAX_FFT are left to the other
+formulations (this one does not tile images into FFT tiles).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autocnn.device import DeviceLimits
+from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
+from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.operation import Launch, LibraryFft, cdiv, next_pow2, workspace_rule
+from autocnn.kernels.space import Config, Constraint, Param
+
+NAME = "fft"
+MIN_TAPS = 25
+MAX_FFT = 256
+IMGS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+THREADS = (64, 128, 256)
+TILE = (1, 2, 4)
+DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
+
+
+def smooth_size(n: int) -> int:
+    """The smallest size >= n whose prime factors are 2, 3, 5 and 7 (cuFFT's fast sizes)."""
+    while True:
+        m = n
+        for prime in (2, 3, 5, 7):
+            while m % prime == 0:
+                m //= prime
+        if m == 1:
+            return n
+        n += 1
+
+
+@dataclass(frozen=True)
+class FftConv:
+    """One op as a sum of products of spectra: O[i][j] = sum over l of X(i, l) Y(j, l)."""
+
+    op: str
+    N: int
+    C: int
+    K: int
+    HP: int          # padded input height and width: the least FFT size
+    WP: int
+    a_planes: int    # planes of A per image: X (conv_fwd, conv_wgrad) or dY (conv_bwd_data)
+    b_planes: int    # planes of B: the filters (K*C), or per image dY's K (conv_wgrad)
+    out_planes: int  # planes out per image (conv_fwd K, conv_bwd_data C), or K*C (conv_wgrad)
+
+
+def fft_conv(p: Any) -> FftConv:
+    hp, wp = p.H + p.padding[0] + p.padding[2], p.W + p.padding[1] + p.padding[3]
+    a, b, out = {"conv_fwd": (p.C, p.K * p.C, p.K), "conv_bwd_data": (p.K, p.K * p.C, p.C),
+                 "conv_wgrad": (p.C, p.K, p.K * p.C)}[p.op]
+    return FftConv(p.op, p.N, p.C, p.K, hp, wp, a, b, out)
+
+
+def fft_size(f: FftConv, how: str) -> tuple[int, int]:
+    size = smooth_size if how == "smooth" else next_pow2
+    return size(f.HP), size(f.WP)
+
+
+def spectrum(fh: int, fw: int) -> int:
+    """Complex numbers of one half spectrum."""
+    return fh * (fw // 2 + 1)
+
+
+def workspace_elements(f: FftConv, how: str, imgs: int) -> dict[str, int]:
+    """Real planes and half spectra (two floats a complex number) of A, B and the output."""
+    fh, fw = fft_size(f, how)
+    b = min(imgs, f.N)
+    a_planes = b * f.a_planes
+    b_planes = b * f.b_planes if f.op == "conv_wgrad" else f.b_planes
+    o_planes = f.out_planes if f.op == "conv_wgrad" else b * f.out_planes
+    real, spec = fh * fw, 2 * spectrum(fh, fw)
+    return {"fft_a": a_planes * real, "fft_af": a_planes * spec, "fft_b": b_planes * real,
+            "fft_bf": b_planes * spec, "fft_of": o_planes * spec, "fft_o": o_planes * real}
+
+
+class _Fft(OpFormulation):
+    formulation = NAME
+    summary = "cuFFT transforms + a generated complex multiply-accumulate over channels"
+    ARGS = {"conv_fwd": (("x", "y"), ("fft_af", "fft_bf")), "conv_bwd_data": (("dy", "dx"), ("fft_af", "fft_bf")),
+            "conv_wgrad": (("x", "dw"), ("fft_bf", "fft_af"))}
+
+    def __init__(self, op: str):
+        self.op = op
+        self.templates = (f"fft_{op}.cu.j2", "_fft.cuh.j2", *(("_bias_grad.cuh.j2",) if op == "conv_wgrad" else ()))
+
+    def params(self, problem: Any) -> list[Param]:
+        f = fft_conv(problem)
+        sizes = ("smooth",) if fft_size(f, "smooth") == fft_size(f, "pow2") else ("smooth", "pow2")
+        return [Param("FFT_SIZE", sizes, "FFT planes: smallest 2^a 3^b 5^c 7^d size, or power of two"),
+                Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (the workspaces hold one)"),
+                Param("THREADS", THREADS, "threads per block of the generated kernels"),
+                Param("IT", TILE, "multiply-accumulate outputs per thread along its first index"),
+                Param("JT", TILE, "multiply-accumulate outputs per thread along its second index")]
+
+    def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
+        p, f = problem, fft_conv(problem)
+        if p.R * p.S < MIN_TAPS:
+            why = f"fft serves filters of {MIN_TAPS} taps or more, not {p.R}x{p.S}"
+            return [Constraint(("FFT_SIZE",), lambda s: why)]
+
+        def size(how):
+            fh, fw = fft_size(f, how)
+            return None if max(fh, fw) <= MAX_FFT else \
+                f"{fh}x{fw} FFT planes exceed {MAX_FFT} (images this large would need FFT tiling)"
+
+        return [Constraint(("FFT_SIZE",), size),
+                workspace_rule(WORKSPACE_LIMIT_BYTES, ("FFT_SIZE", "IMGS"),
+                               lambda how, imgs: 4 * sum(workspace_elements(f, how, imgs).values()))]
+
+    def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
+        f = fft_conv(problem)
+        imgs = choices_upto(IMGS, next_pow2(problem.N))
+        fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
+        base = {"formulation": NAME, "FFT_SIZE": "smooth", "THREADS": 128}
+        return [{**base, "IMGS": max(fits, default=1), "IT": 2, "JT": 2}, {**base, "IMGS": 1, "IT": 1, "JT": 1}]
+
+    def context(self, problem: Any, config: Config) -> dict[str, Any]:
+        fh, fw = fft_size(fft_conv(problem), config["FFT_SIZE"])
+        return {"fft_h": fh, "fft_w": fw, "fft_threads": config["THREADS"], "fft_it": config["IT"],
+                "fft_jt": config["JT"], "bias_grad_threads": config["THREADS"]}
+
+    def buffers(self, problem: Any, config: Config) -> Buffers:
+        return (), tuple(workspace_elements(fft_conv(problem), config["FFT_SIZE"], config["IMGS"]).items())
+
+    def launches(self, problem: Any, config: Config) -> tuple:
+        f, c = fft_conv(problem), config
+        fh, fw = fft_size(f, c["FFT_SIZE"])
+        threads, real, spec = c["THREADS"], fh * fw, spectrum(fh, fw)
+        (src, dst), (mac_x, mac_y) = self.ARGS[self.op]
+        b = min(c["IMGS"], f.N)
+
+        def kernel(name, count, args, scalars=(), grid_yz=(1, 1)):
+            return Launch(name, (cdiv(count, threads), *grid_yz), (threads, 1, 1), 0, args, scalars)
+
+        def mac(n0, nb):
+            # O[i][j]: conv_fwd i = image, j = filter; conv_bwd_data i = image, j = channel;
+            # conv_wgrad i = filter, j = channel (the images are the sum, accumulated after the first block).
+            rows, cols = (f.K, f.C) if f.op == "conv_wgrad" else (nb, f.out_planes)
+            return kernel("fft_mac", spec, (mac_x, mac_y, "fft_of"), (nb, int(n0 > 0)),
+                          (cdiv(rows, c["IT"]), cdiv(cols, c["JT"])))
+
+        def transform(kind, src_buf, dst_buf, planes):
+            return LibraryFft(kind, src_buf, 0, dst_buf, 0, planes, fh, fw)
+
+        steps: list = []
+        if f.op != "conv_wgrad":   # the filters' spectra, once
+            steps += [kernel("fft_place_b", f.b_planes * real, ("w", "fft_b"), (0, 1)),
+                      transform("r2c", "fft_b", "fft_bf", f.b_planes)]
+        for n0 in range(0, f.N, b):
+            nb = min(b, f.N - n0)
+            steps += [kernel("fft_place_a", nb * f.a_planes * real, (src if f.op != "conv_wgrad" else "x", "fft_a"),
+                             (n0, nb)),
+                      transform("r2c", "fft_a", "fft_af", nb * f.a_planes)]
+            if f.op == "conv_wgrad":
+                steps += [kernel("fft_place_b", nb * f.b_planes * real, ("dy", "fft_b"), (n0, nb)),
+                          transform("r2c", "fft_b", "fft_bf", nb * f.b_planes)]
+            steps.append(mac(n0, nb))
+            if f.op != "conv_wgrad":
+                steps += [transform("c2r", "fft_of", "fft_o", nb * f.out_planes),
+                          kernel("fft_crop", nb * f.out_planes * problem.P * problem.Q if f.op == "conv_fwd"
+                                 else nb * f.out_planes * problem.H * problem.W, ("fft_o", "bias", dst), (n0, nb))]
+        if f.op == "conv_wgrad":
+            steps += [transform("c2r", "fft_of", "fft_o", f.out_planes),
+                      kernel("fft_crop", f.out_planes * problem.R * problem.S, ("fft_o", "bias", dst), (0, 1))]
+            if problem.bias:
+                steps.append(Launch("conv_bias_grad", (f.K, 1, 1), (threads, 1, 1), 0, ("dy", "db")))
+        return tuple(steps)
+
+    def code_helpers(self) -> tuple:
+        return (smooth_size, FftConv, fft_conv, fft_size, spectrum, workspace_elements, self.ARGS)
+
+
+FFT = Formulation(NAME, tuple(_Fft(op) for op in ("conv_fwd", "conv_bwd_data", "conv_wgrad")))

@@ -1,0 +1,198 @@
+"""The fft formulation (cuFFT steps + a generated complex multiply-accumulate) for the three
+convolutions with filters of 25 taps or more: on the CPU, its plans run in NumPy (the FFT steps by
+numpy.fft, unnormalised as cuFFT, each kernel from its definition) against the float64 direct
+reference, its workspace against the limit, its templates through nvcc; on the GPU (-m gpu), every
+element against float64."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+
+from autocnn.device import DeviceLimits
+from autocnn.errors import InfeasibleConfigError
+from autocnn.kernels import reference
+from autocnn.kernels.compiler import nvcc_path
+from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.formulations.fft import FFT, MAX_FFT, NAME, fft_conv, fft_size, smooth_size, workspace_elements
+from autocnn.kernels.operation import LibraryFft
+from autocnn.kernels.problem import PROBLEM_TYPES
+from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
+from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with
+from tests.plan_numpy import check_plans
+
+LIMITS = DeviceLimits.for_arch("sm_90")
+OPERATIONS = operations_with(FFT)
+SEEDS = ("kriz09", "convnet18_c2", "sweep_7x7", "sweep_11x11", "chellapilla06_c2", "scherer10_l3")
+
+
+def small_problems(op: str) -> list[tuple[str, object]]:
+    """Large-filter shapes that divide nothing evenly: the odd shapes with 25 taps or more (5x5
+    stride 3 with asymmetric padding, 7x7 stride 2, batch 1), an image smaller than its filter's
+    padding allows, strides larger than one, and fused epilogues."""
+    make = PROBLEM_TYPES[op]
+    out = [(n, p) for n, p in odd_problems(op) if p.R * p.S >= 25]
+    out += [("f_7x5", make(N=3, C=4, H=9, W=12, K=5, R=7, S=5, stride=1, padding=(3, 1, 2, 4))),
+            ("f_tiny", make(N=2, C=3, H=5, W=5, K=2, R=5, S=5, stride=1, padding=(2, 2, 2, 2))),
+            ("f_s2", make(N=5, C=2, H=16, W=11, K=3, R=6, S=6, stride=(2, 3), padding=(1, 0, 2, 5)))]
+    if op == "conv_fwd":
+        out.append(("f_7x5_relu", dataclasses.replace(dict(out)["f_7x5"], bias=True, activation="tanh")))
+    if op == "conv_wgrad":
+        out.append(("f_s2_nobias", dataclasses.replace(dict(out)["f_s2"], bias=False)))
+    return out
+
+
+def space(op, problem):
+    return OPERATIONS[op].space(problem, LIMITS).restrict({"formulation": NAME})
+
+
+class Kernels:
+    """The formulation's generated kernels in NumPy, from each op's definition as correlations."""
+
+    def __init__(self, problem, config):
+        self.p = problem
+        self.fh, self.fw = fft_size(fft_conv(problem), config["FFT_SIZE"])
+
+    def _planes(self, buf, count):
+        return buf[:count * self.fh * self.fw].reshape(count, self.fh, self.fw)
+
+    def _spectra(self, buf, *shape):
+        count = int(np.prod(shape))
+        return buf[:2 * count * self.fh * (self.fw // 2 + 1)].view(np.complex128).reshape(
+            *shape, self.fh, self.fw // 2 + 1)
+
+    def _place_x(self, b, out, n0, nb):
+        p, (pt, pl) = self.p, self.p.padding[:2]
+        planes = self._planes(b[out], nb * p.C).reshape(nb, p.C, self.fh, self.fw)
+        planes[...] = 0
+        planes[:, :, pt:pt + p.H, pl:pl + p.W] = b["x"].reshape(p.x_shape)[n0:n0 + nb]
+
+    def _place_dy(self, b, out, n0, nb):
+        p, (sh, sw) = self.p, self.p.stride
+        planes = self._planes(b[out], nb * p.K).reshape(nb, p.K, self.fh, self.fw)
+        planes[...] = 0
+        planes[:, :, :sh * p.P:sh, :sw * p.Q:sw] = b["dy"].reshape(p.y_shape)[n0:n0 + nb]
+
+    def fft_place_a(self, b, n0, nb):
+        (self._place_dy if self.p.op == "conv_bwd_data" else self._place_x)(b, "fft_a", n0, nb)
+
+    def fft_place_b(self, b, n0, nb):
+        p = self.p
+        if p.op == "conv_wgrad":
+            return self._place_dy(b, "fft_b", n0, nb)
+        planes = self._planes(b["fft_b"], p.K * p.C).reshape(p.K, p.C, self.fh, self.fw)
+        planes[...] = 0
+        planes[:, :, :p.R, :p.S] = b["w"].reshape(p.w_shape)
+
+    def fft_mac(self, b, nb, accumulate):
+        p = self.p
+        if p.op == "conv_fwd":      # corr(x, w): X conj(W), summed over c
+            a, w = self._spectra(b["fft_af"], nb, p.C), self._spectra(b["fft_bf"], p.K, p.C)
+            self._spectra(b["fft_of"], nb, p.K)[...] = np.einsum("ncf...,kcf...->nkf...", a, np.conj(w))
+        elif p.op == "conv_bwd_data":   # conv(dy spread, w): DY W, summed over k
+            a, w = self._spectra(b["fft_af"], nb, p.K), self._spectra(b["fft_bf"], p.K, p.C)
+            self._spectra(b["fft_of"], nb, p.C)[...] = np.einsum("nkf...,kcf...->ncf...", a, w)
+        else:                           # corr(x, dy spread): X conj(DY), summed over n and blocks
+            a, d = self._spectra(b["fft_af"], nb, p.C), self._spectra(b["fft_bf"], nb, p.K)
+            out = self._spectra(b["fft_of"], p.K, p.C)
+            total = np.einsum("nkf...,ncf...->kcf...", np.conj(d), a)
+            out[...] = out + total if accumulate else total
+
+    def fft_crop(self, b, n0, nb):
+        p, scale = self.p, 1.0 / (self.fh * self.fw)
+        (pt, pl), (sh, sw) = p.padding[:2], p.stride
+        if p.op == "conv_fwd":
+            o = self._planes(b["fft_o"], nb * p.K).reshape(nb, p.K, self.fh, self.fw)
+            y = o[:, :, :sh * p.P:sh, :sw * p.Q:sw] * scale
+            if p.bias:
+                y = y + b["bias"].reshape(1, -1, 1, 1)
+            b["y"].reshape(p.y_shape)[n0:n0 + nb] = reference.activation(y, p.activation)
+        elif p.op == "conv_bwd_data":
+            o = self._planes(b["fft_o"], nb * p.C).reshape(nb, p.C, self.fh, self.fw)
+            b["dx"].reshape(p.x_shape)[n0:n0 + nb] = o[:, :, pt:pt + p.H, pl:pl + p.W] * scale
+        else:
+            o = self._planes(b["fft_o"], p.K * p.C).reshape(p.K, p.C, self.fh, self.fw)
+            b["dw"].reshape(p.w_shape)[...] = o[:, :, :p.R, :p.S] * scale
+
+    def conv_bias_grad(self, b):
+        b["db"][...] = b["dy"].reshape(self.p.y_shape).sum(axis=(0, 2, 3))
+
+
+def test_smooth_sizes_have_only_small_prime_factors():
+    assert [smooth_size(n) for n in (1, 11, 13, 17, 23, 38, 97, 127)] == [1, 12, 14, 18, 24, 40, 98, 128]
+
+
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_plans_compute_the_convolution_in_numpy(op, rng):
+    """Default candidates and sampled configs (both FFT sizes, blocks that do not divide the batch)
+    on odd shapes: placing, transforms, spectra products, cropping and stride sampling give the
+    float64 reference's result to rounding."""
+    pyrng = random.Random(int(rng.integers(2**31)))
+
+    def configs(problem):
+        sp = space(op, problem)
+        return [*(sp.validate(c) for c in OPERATIONS[op].candidates(problem, NAME)), *sp.sample(pyrng, 4)]
+
+    checked = check_plans(OPERATIONS[op], small_problems(op), configs, Kernels, rng, tolerance=1e-11)
+    assert checked >= 5 * len(small_problems(op))
+
+
+def test_filters_below_25_taps_and_images_beyond_the_largest_fft_are_left_to_others():
+    three = PROBLEM_TYPES["conv_fwd"](N=2, C=3, H=9, W=9, K=4, R=3, S=3, padding=1)
+    with pytest.raises(InfeasibleConfigError, match="filters of 25 taps or more, not 3x3"):
+        OPERATIONS["conv_fwd"].default_config(three, LIMITS, formulation=NAME)
+    big = PROBLEM_TYPES["conv_fwd"](N=1, C=1, H=MAX_FFT, W=8, K=1, R=5, S=5, padding=2)
+    with pytest.raises(InfeasibleConfigError, match="need FFT tiling"):
+        OPERATIONS["conv_fwd"].default_config(big, LIMITS, formulation=NAME)
+
+
+def test_workspace_is_computed_and_never_above_the_limit():
+    rng = random.Random()
+    for op in CONV_OPS:
+        for name, problem in [*((n, p) for n, p in seed_problems(op) if n in SEEDS), *small_problems(op)]:
+            for config in [OPERATIONS[op].default_config(problem, LIMITS, formulation=NAME),
+                           *space(op, problem).sample(rng, 6)]:
+                plan = OPERATIONS[op].plan(problem, config)
+                expected = workspace_elements(fft_conv(problem), config["FFT_SIZE"], config["IMGS"])
+                assert plan.workspace_bytes == 4 * sum(expected.values()) <= WORKSPACE_LIMIT_BYTES, f"{op} {name}"
+    # sweep_11x11's 4,096 filter spectra and 64 images of 64 planes each exceed 256 MiB.
+    problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]
+    with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
+        space("conv_fwd", problem).validate({"formulation": NAME, "FFT_SIZE": "pow2", "IMGS": 128, "THREADS": 128,
+                                             "IT": 2, "JT": 2})
+
+
+def test_wgrad_transforms_back_once_after_accumulating_every_block():
+    problem = dict(small_problems("conv_wgrad"))["f_s2"]     # N = 5
+    config = space("conv_wgrad", problem).validate({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2,
+                                                    "THREADS": 64, "IT": 1, "JT": 2})
+    plan = OPERATIONS["conv_wgrad"].plan(problem, config)
+    macs = [s for s in plan.steps if s.kernel == "fft_mac"]
+    assert [m.scalars for m in macs] == [(2, 0), (2, 1), (1, 1)]
+    assert [s.kind for s in plan.library_ffts].count("c2r") == 1 and plan.steps[-1].kernel == "conv_bias_grad"
+    fwd = dict(small_problems("conv_fwd"))["f_s2"]
+    steps = OPERATIONS["conv_fwd"].plan(fwd, space("conv_fwd", fwd).validate(config.as_dict())).steps
+    assert [s.kernel for s in steps[:2]] == ["fft_place_b", "cufftExecR2C"]     # the filters' spectra once
+    assert sum(isinstance(s, LibraryFft) and s.kind == "c2r" for s in steps) == 3
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+def test_templates_build_without_spills(arch, tmp_path):
+    problems = {op: [*((n, p) for n, p in seed_problems(op) if n in SEEDS[:2]), *small_problems(op)[:3]]
+                for op in CONV_OPS}
+    failures = build_failures(OPERATIONS, NAME, problems, arch, tmp_path)
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_fft_verifies_against_float64_on_the_gpu(op):
+    """Default candidates and sampled configs of the seed shapes with large filters (5x5 to 11x11,
+    strided ones included) and of odd ones (batch 1, asymmetric padding, an image smaller than the
+    filter's reach) pass the FP32 bound, every element checked, the workspace within the limit."""
+    pytest.importorskip("cupy")
+    problems = [(n, p) for n, p in seed_problems(op) if n in SEEDS] + small_problems(op)
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 3, WORKSPACE_LIMIT_BYTES)
