@@ -85,9 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--stale", action="store_true",
                       help="every shape whose record for this GPU kind (shipped or user) was tuned with "
                            "templates that have changed since (with --ops to choose operations)")
+    what.add_argument("--torch-model", metavar="MODULE:FACTORY",
+                      help="a PyTorch model, package.module:factory returning a torch.nn.Module (needs "
+                           "autocnn[torch]; with --input-shape and --batch): tunes every kernel its training "
+                           "step runs on autocnn's operators")
+    t.add_argument("--input-shape", metavar="C,H,W", help="with --torch-model: one input's channels, height, width")
     t.add_argument("--shape", help="with --op: N=..,C=..,H=..,W=..,K=..,R=..,S=..,stride=..,pad=t,l,b,r "
                                    "(pooling: N,C,H,W,window,stride,pad,count_pad)")
-    t.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")
+    t.add_argument("--batch", type=int, default=128,
+                   help="with --network or --torch-model: the batch size (default 128)")
     t.add_argument("--ops", default=None,
                    help="with --suite, --network or --stale: comma-separated operations (default: all five)")
     t.add_argument("--trials", type=int, default=100,
@@ -225,10 +231,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ValueError("--op needs --shape, e.g. --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3")
     if args.network and args.shape:
         raise ValueError("--shape goes with --op; a network's shapes come from the network and --batch")
+    if bool(args.torch_model) != bool(args.input_shape):
+        raise ValueError("--torch-model and --input-shape go together, e.g. "
+                         "--torch-model torchvision.models:resnet18 --input-shape 3,224,224 --batch 64")
     precision = args.precision or DEFAULT_PRECISION
     # Parsed before any source is opened: a bad shape or a precision clash costs no GPU start.
     op_problem = shape_problem(args.op, args.shape, args.precision) if args.op else None
-    settings = TuneSettings(trials=args.trials, timeout_s=args.timeout if not args.network else None,
+    torch_uses = None
+    if args.torch_model:
+        try:
+            import autocnn.torch as autocnn_torch
+        except ImportError as e:
+            raise ValueError(f"--torch-model needs PyTorch (pip install 'autocnn[torch]'): {e}") from None
+        # The model is built and traced on meta tensors: a bad factory or shape costs no GPU start.
+        torch_uses = autocnn_torch.factory_problems(args.torch_model, args.input_shape, args.batch, precision)
+    whole_budget = bool(args.network or args.torch_model)   # --timeout is for all kernels together
+    settings = TuneSettings(trials=args.trials, timeout_s=args.timeout if not whole_budget else None,
                             sampler=args.sampler, seed=args.seed, storage=args.storage,
                             fixed=_parse_fixed(args.fix))
     log = (lambda text: print(text, file=sys.stderr)) if not args.json else None
@@ -237,6 +255,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         tuner = Tuner(source, TuningDatabase(), settings, progress=not (args.no_progress or args.json), log=log)
         if args.op:
             outcomes = [tuner.tune(args.op, op_problem)]
+        elif torch_uses is not None:
+            outcomes = autocnn_torch.tune_uses(tuner, torch_uses, args.trials, args.timeout, log)
         elif args.stale:
             stale = TuningDatabase().stale_problems(source.device, _parse_ops(args.ops))
             problems = [p for p in stale if has_precision(p, precision)]

@@ -382,3 +382,17 @@ def test_tune_stale_takes_the_stale_records_of_its_precision(two_precisions, ask
     asked.clear()
     tune("--stale", "--ops", "conv_wgrad", "--precision", "tf32")
     assert [(op, p) for op, p in asked] == [("conv_wgrad", dataclasses.replace(two_precisions, precision="tf32"))]
+
+
+def test_a_json_network_sets_a_layers_precision():
+    from autocnn.nn.zoo import network_from_dict
+
+    layers = [{"type": "conv2d", "out_channels": 2, "kernel_size": 3, "precision": "tf32"},
+              {"type": "conv2d", "out_channels": 2, "kernel_size": 3},
+              {"type": "flatten"}, {"type": "dense", "out_features": 3}]
+    model = network_from_dict({"input_shape": [1, 8, 8], "layers": layers})
+    precisions = {(p.op, p.C): p.precision for p in model.problems(2) if hasattr(p, "precision")}
+    assert precisions[("conv_fwd", 1)] == "tf32" and precisions[("conv_fwd", 2)] == "fp32"
+    layers[0]["precision"] = "fp16"
+    with pytest.raises(ValueError, match=r"layers\[0\] \(conv2d\).*precision must be one of fp32, tf32"):
+        network_from_dict({"input_shape": [1, 8, 8], "layers": layers})

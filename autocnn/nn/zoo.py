@@ -35,7 +35,9 @@ JSON networks (``network_from_json``)::
 
 Layer types and keys (the constructor arguments of the layer classes):
 
-* conv2d: out_channels, kernel_size (required); in_channels, stride, padding, bias, activation
+* conv2d: out_channels, kernel_size (required); in_channels, stride, padding, bias, activation,
+  precision ("fp32" or "tf32": this layer's, overriding the model's, which `autocnn train/tune
+  --precision` or ``Sequential.precision`` set)
 * avgpool2d: window (required); stride, padding, count_pad
 * dense: out_features (required); in_features, bias, activation
 * flatten: (none)
@@ -148,7 +150,8 @@ def build_network(name: str, backend: str | Backend = "numpy", seed: int | None 
 
 # type -> (required keys, optional keys)
 _JSON_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "conv2d": (("out_channels", "kernel_size"), ("in_channels", "stride", "padding", "bias", "activation", "name")),
+    "conv2d": (("out_channels", "kernel_size"), ("in_channels", "stride", "padding", "bias", "activation", "precision",
+                                                 "name")),
     "avgpool2d": (("window",), ("stride", "padding", "count_pad", "name")),
     "dense": (("out_features",), ("in_features", "bias", "activation", "name")),
     "flatten": ((), ("name",)),
@@ -157,7 +160,7 @@ _JSON_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 _INT_KEYS = {"out_channels", "in_channels", "out_features", "in_features"}
 _SIZE_KEYS = {"kernel_size", "stride", "window", "padding"}
 _BOOL_KEYS = {"bias", "count_pad"}
-_STR_KEYS = {"activation", "name"}
+_STR_KEYS = {"activation", "name", "precision"}
 
 
 def _json_value(where: str, key: str, value: Any) -> Any:
