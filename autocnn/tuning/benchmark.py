@@ -1,7 +1,8 @@
 """Benchmark every kernel family on the seed shapes, next to cuDNN, in one run on one GPU.
 
-For each operation, shape and precision: the default config and the best of a random sample of
-valid configs (every one verified against the float64 reference, at the precision's bound, before
+For each operation, shape and precision: the default config, the config autocnn runs for it (the
+tuning database's lookup: its record where one exists) and a random sample of valid configs, the
+best of them reported (every one verified against the float64 reference, at the precision's bound, before
 it is timed), and PyTorch/cuDNN for the same operation at the same precision: fp32 against cuDNN
 in FP32 (``allow_tf32`` off), tf32 against cuDNN with TF32 on. Convolutions run in both precisions
 by default (``--precision`` chooses one); pooling has no precision and runs once. The GPU's SGEMM
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from autocnn.gpu import require_cupy
     from autocnn.tuning.baselines import measure_ceilings, time_cudnn, torch_available
     from autocnn.tuning.measure import L2Flusher
+    from autocnn.store import TuningDatabase
     from autocnn.tuning.sources import GpuSource
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     source = GpuSource(args.device, budget_s=args.budget)
     device = source.device
     flusher = L2Flusher(device.l2_bytes)
+    database = TuningDatabase()
     have_torch = torch_available()
     rates = GpuRates()
     if have_torch:
@@ -115,12 +118,17 @@ def main(argv: list[str] | None = None) -> int:
             operation = operation_for(problem)
             limits = device.limits()
             default = operation.default_config(problem, limits)
-            configs = [default, *operation.space(problem, limits).sample(rng, args.samples, exclude=[default])]
+            # What autocnn runs for the problem (its record, where one is shipped or tuned here), so
+            # that "best" is at least the tuned kernel, then the random sample.
+            looked = database.lookup(device, problem)
+            configs = [default] + ([looked.config] if looked.config.key() != default.key() else [])
+            configs += operation.space(problem, limits).sample(rng, args.samples, exclude=configs)
             results = list(source.measure(op, problem, configs))
             cudnn_us = time_cudnn(op, problem, flusher=flusher, budget_s=args.budget * 2) if have_torch else None
             row = row_from_results(op, name, problem, results, cudnn_us)
             rows.append(row)
             records.append({"op": op, "shape": name, "precision": row.precision, "problem": problem.to_dict(),
+                            "lookup": {"source": looked.source, "config": looked.config.as_dict()},
                             "fingerprint": operation.fingerprint(), "results": [r.to_dict() for r in results]})
             print(progress_line(row), flush=True)
             _write(args.out, device.to_dict(), seed, args.samples, work.precisions, rates, rows, records)
