@@ -49,9 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from autocnn.store import DatabaseError
+
     try:
         return int(args.func(args) or 0)
-    except AutocnnError as exc:
+    except (AutocnnError, DatabaseError) as exc:   # a corrupt or foreign file, a lock held too long, ...
         print(f"autocnn: {exc}", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError, KeyError) as exc:
@@ -100,11 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measured trials per kernel (with --network: for the whole network; default 100). "
                         "A re-run continues the same study up to this total.")
     t.add_argument("--timeout", type=float, default=None, help="wall-clock seconds per kernel (network: in all)")
-    t.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    where = t.add_mutually_exclusive_group()
+    where.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    where.add_argument("--devices", default=None, metavar="0,1,...|all",
+                       help="several GPUs of this host, one measuring worker each: a run's problems in "
+                            "parallel, and one problem's trials shared by the GPUs of one kind")
     t.add_argument("--storage", default=None,
-                   help="Optuna storage: an RDB URL (sqlite:///path, postgresql://...) or a journal file "
-                        "(*.log). Default: SQLite in the autocnn cache directory. Point several processes at "
-                        "one storage to share the work of one study.")
+                   help="Optuna storage: sqlite:///PATH, postgresql://USER[:PASSWORD]@HOST[:PORT]/DB (the way "
+                        "to share studies between hosts), journal:PATH or a *.log/.journal/.jsonl file, or "
+                        "memory. Default: SQLite in the autocnn cache directory. Processes pointed at one "
+                        "storage share each study's budget; no config is measured twice.")
     t.add_argument("--sampler", default="tpe", choices=("tpe", "random", "grid", "cmaes", "gp"),
                    help="search strategy (default tpe; grid is exhaustive)")
     t.add_argument("--seed", type=int, default=None, help="sampler seed")
@@ -214,18 +221,73 @@ def _parse_ops(text: str | None) -> list[str]:
 
 
 def _make_source(args: argparse.Namespace):
+    """The measurement sources of a run: recorded replay files, the --devices GPUs (one measuring
+    worker each) or the one --device GPU; ``close()`` ends them."""
     if args.replay:
         from autocnn.tuning.sources import ReplayFile, ReplaySource
 
-        return ReplaySource([ReplayFile.load(p) for p in args.replay])
+        return _Sources([ReplaySource([ReplayFile.load(p) for p in args.replay])])
+    if args.devices is not None:
+        from autocnn.tuning.devices import device_count, open_gpu_sources, parse_devices, resolve_devices
+
+        opened = open_gpu_sources(resolve_devices(parse_devices(args.devices), device_count()))
+        return _Sources(opened.sources, opened.close)
     from autocnn.tuning.sources import GpuSource
 
-    return GpuSource(args.device)
+    return _Sources([GpuSource(args.device)])
+
+
+@dataclasses.dataclass
+class _Sources:
+    sources: list
+    closer: Any = None
+
+    @property
+    def device(self):
+        return self.sources[0].device
+
+    def close(self) -> None:
+        if self.closer is not None:
+            self.closer()
+        else:
+            for source in self.sources:
+                source.close()
+
+
+def _tune_problems(args: argparse.Namespace, precision: str, op_problem: Any, torch_uses: Any) -> list[Any]:
+    """The problems of the run, known before any device is touched (None for --stale, which asks
+    the database about the device's kind)."""
+    if args.op:
+        return [op_problem]
+    if torch_uses is not None:
+        return [u.problem for u in torch_uses]
+    if args.suite:
+        from autocnn.kernels.suite import seed_problems
+
+        return [at_precision(problem, precision) for op in _parse_ops(args.ops) for _, problem in seed_problems(op)]
+    if args.network:
+        from autocnn.nn.zoo import load_network
+
+        if args.batch < 1:
+            raise ValueError(f"--batch must be at least 1, not {args.batch}")
+        model = load_network(args.network)
+        model.precision = precision
+        problems = model.problems(args.batch)
+        if args.ops:
+            ops = _parse_ops(args.ops)
+            problems = [p for p in problems if p.op in ops]
+            if not problems:
+                raise ValueError(f"--ops: {args.network} runs no {', '.join(ops)} kernel")
+        return problems
+    return None
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from autocnn.store import TuningDatabase
-    from autocnn.tuning.tuner import TuneSettings, Tuner, tune_problems
+    from autocnn.tuning.devices import each_problem, parse_devices, tune_on_devices
+    from autocnn.tuning.network import plan_budgets
+    from autocnn.tuning.settings import check_timeout
+    from autocnn.tuning.tuner import TuneSettings, Tuner
 
     if args.op and not args.shape:
         raise ValueError("--op needs --shape, e.g. --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3")
@@ -234,8 +296,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if bool(args.torch_model) != bool(args.input_shape):
         raise ValueError("--torch-model and --input-shape go together, e.g. "
                          "--torch-model torchvision.models:resnet18 --input-shape 3,224,224 --batch 64")
+    # Everything is checked before a source is opened: a mistake costs no GPU start.
+    check_timeout(args.timeout)
+    if args.devices is not None:
+        parse_devices(args.devices)
     precision = args.precision or DEFAULT_PRECISION
-    # Parsed before any source is opened: a bad shape or a precision clash costs no GPU start.
     op_problem = shape_problem(args.op, args.shape, args.precision) if args.op else None
     torch_uses = None
     if args.torch_model:
@@ -243,65 +308,60 @@ def cmd_tune(args: argparse.Namespace) -> int:
             import autocnn.torch as autocnn_torch
         except ImportError as e:
             raise ValueError(f"--torch-model needs PyTorch (pip install 'autocnn[torch]'): {e}") from None
-        # The model is built and traced on meta tensors: a bad factory or shape costs no GPU start.
+        # The model is built and traced on meta tensors.
         torch_uses = autocnn_torch.factory_problems(args.torch_model, args.input_shape, args.batch, precision)
+    problems = _tune_problems(args, precision, op_problem, torch_uses)
     whole_budget = bool(args.network or args.torch_model)   # --timeout is for all kernels together
     settings = TuneSettings(trials=args.trials, timeout_s=args.timeout if not whole_budget else None,
                             sampler=args.sampler, seed=args.seed, storage=args.storage,
                             fixed=_parse_fixed(args.fix))
     log = (lambda text: print(text, file=sys.stderr)) if not args.json else None
-    source = _make_source(args)
+    # Not a terminal (a log file, CI): one line per finished problem instead of a redrawn bar.
+    bar = not (args.no_progress or args.json) and sys.stderr.isatty()
+    lines = log is not None and not bar
+
+    def finished(outcome: Any) -> None:
+        if lines:
+            log(outcome.summary())
+
+    opened = _make_source(args)
     try:
-        tuner = Tuner(source, TuningDatabase(), settings, progress=not (args.no_progress or args.json), log=log)
-        if args.op:
-            outcomes = [tuner.tune(args.op, op_problem)]
-        elif torch_uses is not None:
-            outcomes = autocnn_torch.tune_uses(tuner, torch_uses, args.trials, args.timeout, log)
-        elif args.stale:
-            stale = TuningDatabase().stale_problems(source.device, _parse_ops(args.ops))
+        db = TuningDatabase()
+        if problems is None:   # --stale
+            stale = db.stale_problems(opened.device, _parse_ops(args.ops))
             problems = [p for p in stale if has_precision(p, precision)]
             if log:
-                log(f"{len(problems)} shapes with stale records for {source.device.name}")
+                log(f"{len(problems)} shapes with stale records for {opened.device.name}")
             others = sorted({p.precision for p in stale if not has_precision(p, precision)})
             if others:   # said even with --json (on stderr): work this run leaves undone
                 print(f"autocnn: {len(stale) - len(problems)} more stale shapes are {'/'.join(others)}: "
                       f"tune them with --precision {others[0]}", file=sys.stderr)
-            outcomes = []
-            for problem in problems:
-                if log:
-                    log(f"{problem.op} {problem.shape_string()}")
-                outcomes.append(tuner.tune(problem.op, problem))
-        elif args.suite:
-            from autocnn.kernels.suite import seed_problems
-
-            ops = _parse_ops(args.ops)
-            outcomes = []
-            for op in ops:
-                for name, problem in seed_problems(op):
-                    if log:
-                        log(f"{op} {name}")
-                    outcomes.append(tuner.tune(op, at_precision(problem, precision)))
+        if whole_budget:
+            budgets = plan_budgets(problems, args.trials, args.timeout)
         else:
-            from autocnn.nn.zoo import load_network
-
-            if args.batch < 1:
-                raise ValueError(f"--batch must be at least 1, not {args.batch}")
-            model = load_network(args.network)
-            model.precision = precision
-            problems = model.problems(args.batch)
-            if args.ops:
-                ops = _parse_ops(args.ops)
-                problems = [p for p in problems if p.op in ops]
-                if not problems:
-                    raise ValueError(f"--ops: {args.network} runs no {', '.join(ops)} kernel")
-            outcomes = tune_problems(tuner, problems, args.trials, timeout_s=args.timeout, log=log)
+            budgets = each_problem(problems, args.trials, args.timeout)
+        if len(opened.sources) > 1:
+            outcomes = tune_on_devices(opened.sources, budgets, settings, db, log=log, on_outcome=finished)
+        elif torch_uses is not None:
+            tuner = Tuner(opened.sources[0], db, settings, progress=bar, log=log)
+            outcomes = autocnn_torch.tune_uses(tuner, torch_uses, args.trials, args.timeout, log)
+            for outcome in outcomes:
+                finished(outcome)
+        else:
+            tuner = Tuner(opened.sources[0], db, settings, progress=bar, log=log)
+            outcomes = []
+            for b in budgets:
+                if log:
+                    log(f"{b.problem.op} {b.problem.shape_string()}: {b.trials} trials")
+                outcomes.append(tuner.tune(b.problem.op, b.problem, trials=b.trials, timeout_s=b.timeout_s))
+                finished(outcomes[-1])
     finally:
-        source.close()
+        opened.close()
     if args.cudnn and not args.replay:
         _add_cudnn_times(outcomes, TuningDatabase())
     rows = [_outcome_row(o) for o in outcomes]
     if args.json:
-        print(json.dumps({"device": source.device.to_dict(), "results": rows}, indent=2))
+        print(json.dumps({"device": opened.device.to_dict(), "results": rows}, indent=2))
     else:
         print(_outcome_table(rows))
     return 0 if all(r["tuned_us"] is not None for r in rows) else 1

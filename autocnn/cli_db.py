@@ -108,13 +108,9 @@ def cmd_db_import(args: argparse.Namespace) -> int:
     from autocnn.store import TuningDatabase
 
     report = TuningDatabase().import_file(args.path, keep_faster=args.keep_faster)
-    stored = len(report.accepted) - len(report.kept_existing)
-    print(f"imported {stored} records from {args.path}"
-          + (f"; kept {len(report.kept_existing)} existing records that are as fast or faster"
-             if report.kept_existing else ""))
-    for reason in report.rejected:
-        print(f"  rejected: {reason}")
-    return 0 if not report.rejected else 1
+    for line in report.sentences(args.path):
+        print(line)
+    return 1 if report.failed else 0
 
 
 def cmd_db_remove(args: argparse.Namespace) -> int:

@@ -45,3 +45,19 @@ def postgres_url(postgres_server, request):
 
     name = "t_" + re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:50]
     return postgres_server.create_database(f"{name}_{id(request) % 100000}")
+
+
+class SourceOpened(Exception):
+    """Raised by the ``no_gpu_source`` fixture where a command would open a measurement source."""
+
+
+@pytest.fixture
+def no_gpu_source(monkeypatch):
+    """Fails `autocnn tune` the moment it would open a measurement source (a GPU), so a test can show
+    that a mistake was reported before any device was touched."""
+    from autocnn import cli
+
+    def opened(args):
+        raise SourceOpened()
+    monkeypatch.setattr(cli, "_make_source", opened)
+    return SourceOpened

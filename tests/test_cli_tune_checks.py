@@ -1,0 +1,50 @@
+"""`autocnn tune` as a new user meets it: every mistake named before a device is touched, and one
+line per finished problem when the output is not a terminal."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autocnn import cli
+from autocnn.tuning.sources import ReplayFile
+
+REPLAY = Path(__file__).parent / "data" / "replay"
+POOL_FILE = REPLAY / "avgpool_fwd__kriz09_pool.json.gz"
+SHAPE = "N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--op", "conv_fwd", "--shape", SHAPE, "--timeout", "-5"], "--timeout must be a positive number"),
+    (["--network", "lenet5", "--timeout", "-1"], "--timeout must be a positive number"),
+    (["--network", "lenet5", "--batch", "-5"], "--batch must be at least 1"),
+    (["--network", "nosuchnet"], "nosuchnet"),
+    (["--op", "conv_fwd", "--shape", SHAPE.replace("N=128", "N=0")], "N"),
+    (["--op", "conv_fwd", "--shape", SHAPE.replace("stride=1", "stride=0")], "stride"),
+    (["--op", "conv_fwdd", "--shape", SHAPE], "conv_fwdd"),
+    (["--op", "conv_fwd", "--shape", SHAPE, "--storage", "notaurl"], "Accepted forms"),
+    (["--op", "conv_fwd", "--shape", SHAPE, "--devices", "0,x"], "--devices"),
+    (["--suite", "seed", "--ops", "conv_fwd", "--trials", "0"], "trials"),
+])
+def test_mistakes_are_named_before_any_device_is_touched(no_gpu_source, capsys, argv, message):
+    assert cli.main(["tune", *argv]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "GPU" not in err.split(message)[0][-40:], err
+
+
+def test_devices_and_device_are_one_choice(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["tune", "--op", "conv_fwd", "--shape", SHAPE, "--device", "1", "--devices", "all"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_one_line_per_finished_problem_when_the_output_is_not_a_terminal(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
+    rf = ReplayFile.load(POOL_FILE)
+    code = cli.main(["tune", "--op", rf.op, "--shape", rf.problem.shape_string(), "--trials", "6", "--replay",
+                     str(POOL_FILE), "--storage", f"sqlite:///{tmp_path / 'study.db'}"])
+    assert code == 0
+    err = capsys.readouterr().err   # pytest's capture is not a terminal
+    finished = [line for line in err.splitlines() if line.startswith(f"{rf.op} {rf.problem.shape_string()}: ")
+                and "trials measured" in line]
+    assert len(finished) == 1 and "\r" not in err, err
