@@ -40,7 +40,7 @@ class ErrorSample:
     passed: bool
 
 
-def measure(device_id: int) -> list[ErrorSample]:
+def measure(device_id: int, shapes: set[str] | None = None) -> list[ErrorSample]:
     from autocnn.device import current_device
     from autocnn.kernels import OPERATIONS
     from autocnn.kernels.formulations.tensorcore import FORMULATION_TC
@@ -58,6 +58,8 @@ def measure(device_id: int) -> list[ErrorSample]:
         operation = OPERATIONS[op]
         for precision in PRECISIONS:
             for name, seed in seed_problems(op):
+                if shapes and name not in shapes:
+                    continue
                 problem = dataclasses.replace(seed, precision=precision)
                 configs = {"as run": db.lookup(device, problem).config,
                            "tc": operation.default_config(problem, limits, formulation=FORMULATION_TC)}
@@ -74,7 +76,8 @@ def measure(device_id: int) -> list[ErrorSample]:
 
 
 def markdown(samples: list[ErrorSample], gpu: str) -> str:
-    lines = [f"Relative error against float64 over the 14 seed shapes ({gpu}):", "",
+    shapes = len({s.shape for s in samples})
+    lines = [f"Relative error against float64 over {shapes} seed shapes ({gpu}):", "",
              "| operation | precision | config | median | largest | largest bound | all within bound |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for op in CONV_OPS:
@@ -94,11 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write every sample as JSON here")
+    parser.add_argument("--shapes", default="", help="only these seed shapes (comma-separated; default all)")
     args = parser.parse_args(argv)
+    from autocnn.kernels.suite import seed_shapes
+
+    shapes = {s.strip() for s in args.shapes.split(",") if s.strip()}
+    unknown = shapes - {s.name for s in seed_shapes()}
+    if unknown:
+        parser.error(f"--shapes: unknown seed shape(s) {', '.join(sorted(unknown))}")
     from autocnn.device import current_device
 
     gpu = current_device(args.device).name
-    samples = measure(args.device)
+    samples = measure(args.device, shapes or None)
     table = markdown(samples, gpu)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
