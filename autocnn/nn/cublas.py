@@ -83,9 +83,11 @@ class Sgemm:
             handle = ctypes.c_void_p()
             _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
             workspace = self.cp.empty(WORKSPACE_BYTES, dtype=self.cp.uint8)
+            # The stream first: cublasSetStream puts the handle back on cuBLAS's own workspace pool,
+            # which would undo a workspace set before it (and allocate during a graph capture).
+            _check(lib.cublasSetStream_v2(handle, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
             _check(lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr),
                                              ctypes.c_size_t(WORKSPACE_BYTES)), "cublasSetWorkspace")
-            _check(lib.cublasSetStream_v2(handle, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
             entry = self._handles[stream_ptr] = (handle, workspace)
         return entry[0]
 

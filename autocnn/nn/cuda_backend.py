@@ -172,6 +172,13 @@ class CudaBackend(Backend):
         stream = self._capture_stream
         if self._sgemm:
             self._sgemm.prepare(stream.ptr)
+        # Plans with library steps (cuBLAS, cuFFT) make their handles and FFT plans now: inside a
+        # capture they cannot. The weight gradients' side stream is captured too.
+        if self._side_stream is None:
+            self._side_stream = cp.cuda.Stream(non_blocking=True)
+        for loaded in self._plans.values():
+            for s in (stream, self._side_stream):
+                loaded.prepare_stream(s)
         calls_before = collections.Counter(self.kernel_calls)
         generated_before = collections.Counter(self.generated_launches)
         # Work queued before on the current stream is ordered before the replays anyway (they go
