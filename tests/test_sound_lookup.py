@@ -176,3 +176,38 @@ def test_nvrtc_reports_match_nvcc_on_a_gpu_host(tmp_path, monkeypatch):
         verdicts = [resource_violations(CompiledModule("", "sm_90", c, None, r), plan, H200.regs_per_sm,
                                         H200.max_smem_per_block) for c, r in (("nvrtc", reports), ("nvcc", with_nvcc))]
         assert verdicts[0] == verdicts[1] == []
+
+
+def test_a_default_candidate_that_cannot_run_is_passed_over_for_the_next(tmp_path):
+    """As measured on an H100: conv_bwd_data's first default candidate for chellapilla06_c2 spills."""
+    from autocnn.kernels.suite import seed_problems
+
+    problem = dict(seed_problems("conv_bwd_data"))["chellapilla06_c2"]
+    operation = get_operation("conv_bwd_data")
+    candidates = list(operation.default_configs(problem, H200.limits()))
+    assert len(candidates) >= 2 and candidates[0] == operation.default_config(problem, H200.limits())
+    asked = []
+
+    def refuse_first(plan, device):
+        asked.append(plan.config.key())
+        return ["spills registers (planted)"] if plan.config.key() == candidates[0].key() else []
+
+    db = TuningDatabase(user_dir=tmp_path / "db", shipped_dir=tmp_path / "none", resource_check=refuse_first)
+    result = db.lookup(H200, problem)
+    assert result.source == "default" and result.config == candidates[1]
+    assert asked == [candidates[0].key(), candidates[1].key()]
+    assert "default candidate" in result.detail and "spills registers (planted)" in result.detail
+    # Nothing can be checked: the first candidate, as before.
+    db = TuningDatabase(user_dir=tmp_path / "db2", shipped_dir=tmp_path / "none", resource_check=lambda p, d: ["x"])
+    assert db.lookup(H200, problem).config == candidates[0]
+
+
+@needs_nvcc
+def test_the_default_the_lookup_hands_out_for_chellapilla06_c2_does_not_spill(tmp_path):
+    from autocnn.kernels.suite import seed_problems
+
+    problem = dict(seed_problems("conv_bwd_data"))["chellapilla06_c2"]
+    db = TuningDatabase(user_dir=tmp_path / "db", shipped_dir=tmp_path / "none")
+    result = db.lookup(H200, problem)
+    assert result.source == "default"
+    assert ptxas_check(get_operation("conv_bwd_data").plan(problem, result.config), H200) == []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
 
 from autocnn.kernels.codegen import code_source, render_family, template_fingerprint
 from autocnn.device import DeviceLimits
@@ -315,19 +315,32 @@ class Operation:
 
     def default_config(self, problem: Any, limits: DeviceLimits, formulation: str | None = None) -> Config:
         """The first default candidate that fits (of one formulation's, if named)."""
+        for config in self.default_configs(problem, limits, formulation):
+            return config
+        raise AssertionError("default_configs raises when nothing fits")
+
+    def default_configs(self, problem: Any, limits: DeviceLimits, formulation: str | None = None) -> Iterator[Config]:
+        """Every default candidate that fits statically, in preference order (a lookup walks them
+        until ptxas's report of one shows it runs without spills). Raises when none fits."""
         self.check_problem(problem)
         space = self.space(problem, limits)
         reasons: list[str] = []
         candidates = self.default_candidates(problem) if formulation is None else self.candidates(problem, formulation)
+        fitted = 0
         for candidate in candidates:
             try:
-                return space.validate(candidate)
+                config = space.validate(candidate)
             except InfeasibleConfigError as exc:
                 reasons.extend(exc.reasons)
+                continue
             except InvalidConfigError as exc:   # a tile the space leaves out for this problem
                 reasons.append(str(exc))
-        # Reaching this is a bug in the candidate list, which tests check for every seed shape.
-        raise InfeasibleConfigError(self.name, ["no default candidate fits: " + "; ".join(reasons)])
+                continue
+            fitted += 1
+            yield config
+        if not fitted:
+            # Reaching this is a bug in the candidate list, which tests check for every seed shape.
+            raise InfeasibleConfigError(self.name, ["no default candidate fits: " + "; ".join(reasons)])
 
     def template_files(self, formulation: "OpFormulation") -> tuple[str, ...]:
         """Every template file a config of this formulation renders from."""

@@ -158,11 +158,24 @@ class RecordLookup:
                                 f"(distance {distance:.2f}; {e.origin} record"
                                 + (f"; {len(skipped)} nearer cannot run here" if skipped else "") + ")")
 
-        config = operation.default_config(problem, limits)
-        return LookupResult(config, "default", None,
+        # The heuristic default: the first candidate whose ptxas report shows it runs here without
+        # spills (a candidate's static model of registers can be wrong for one shape: measured on an
+        # H100, conv_bwd_data's gather default spilled on chellapilla06_c2), else the first.
+        first, passed_over = None, []
+        for i, config in enumerate(operation.default_configs(problem, limits)):
+            if first is None:
+                first = config
+            if i >= MAX_CHECKED_NEIGHBOURS:
+                break
+            reasons = self.resource_check(operation.plan(problem, config), device)
+            if not reasons:
+                first = config
+                break
+            passed_over.append(f"default candidate {config['formulation']} {reasons[0]}")
+        notes = ([f"nearest shapes that cannot run here: {'; '.join(skipped)}"] if skipped else []) + passed_over
+        return LookupResult(first, "default", None,
                             f"no tuned {problem.op} record usable for {problem.shape_string()} on {arch}: "
-                            f"heuristic default" + (f" (nearest shapes that cannot run here: {'; '.join(skipped)})"
-                                                    if skipped else ""))
+                            f"heuristic default" + (f" ({'; '.join(notes)})" if notes else ""))
 
     def _nearest(self, entries: Iterable[Entry], problem: Any, arch: str,
                  space: SearchSpace) -> Iterable[tuple[float, Entry, Config]]:
