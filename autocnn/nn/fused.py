@@ -1,4 +1,4 @@
-"""The cuda backend's fused element-wise, loss and optimizer kernels (templates/nn_step.cu.j2).
+"""The cuda backend's fused element-wise, loss and optimizer kernels (nn_step.cu.j2, beside this module).
 
 Each replaces several CuPy array operations with one launch on preallocated buffers, reading its
 hyper-parameters and the step counter from device memory, so a whole training step is a fixed
