@@ -176,22 +176,28 @@ def test_two_pass_wgrad_builds_without_spills(tmp_path):
     assert not module.reports["conv_wgrad"].spills and not module.reports["conv_wgrad_reduce"].spills
 
 
-@pytest.mark.gpu
-def test_two_pass_wgrad_verifies_against_float64():
+def _failures_on_the_gpu(op, configs_for):
+    """Verify each (name, problem, config) that ``configs_for(limits)`` gives on GPU 0 against
+    float64; the configs checked and the failures."""
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
     from autocnn.tuning.measure import check_candidate
 
-    limits = current_device(0).limits()
+    configs = configs_for(current_device(0).limits())
     loader = KernelLoader()
-    kernels = TensorCoreKernels("conv_wgrad")
+    kernels = TensorCoreKernels(op)
     failures = []
-    configs = _two_pass_configs(limits)
     for name, problem, config in configs:
         check = check_candidate(loader.load(kernels.plan(problem, config)), problem, time_it=False)
         if not check.verification.passed:
             failures.append(f"{name} {config}: {check.verification.message}")
+    return configs, failures
+
+
+@pytest.mark.gpu
+def test_two_pass_wgrad_verifies_against_float64():
+    configs, failures = _failures_on_the_gpu("conv_wgrad", _two_pass_configs)
     assert len(configs) >= 6
     assert not failures, "\n".join(failures)
 
@@ -247,19 +253,6 @@ def test_nhwc_staging_builds(tmp_path):
 
 @pytest.mark.gpu
 def test_nhwc_staging_and_float4_loads_verify_against_float64():
-    pytest.importorskip("cupy")
-    from autocnn.device import current_device
-    from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
-
-    limits = current_device(0).limits()
-    loader = KernelLoader()
-    kernels = TensorCoreKernels("conv_fwd")
-    configs = _staged_fwd_configs(limits)
-    failures = []
-    for name, problem, config in configs:
-        check = check_candidate(loader.load(kernels.plan(problem, config)), problem, time_it=False)
-        if not check.verification.passed:
-            failures.append(f"{name} {config}: {check.verification.message}")
+    configs, failures = _failures_on_the_gpu("conv_fwd", _staged_fwd_configs)
     assert len(configs) == 3 * len(PRECISIONS) * len(_problems("conv_fwd", "fp32"))
     assert not failures, f"{len(failures)} of {len(configs)} failed:\n" + "\n".join(failures[:8])

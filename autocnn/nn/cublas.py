@@ -28,18 +28,14 @@ class CublasUnavailableError(RuntimeError):
 
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL:
-    errors = []
-    for name in SONAMES:
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError as exc:
-            errors.append(f"{name}: {exc}")
-            continue
-        if all(hasattr(lib, f) for f in ("cublasCreate_v2", "cublasSetStream_v2", "cublasSgemm_v2",
-                                         "cublasSetWorkspace_v2")):
-            return lib
-        errors.append(f"{name}: lacks cublasSetWorkspace_v2 (cuBLAS older than 11.1?)")
-    raise CublasUnavailableError("cannot load cuBLAS for graph-capturable GEMMs: " + "; ".join(errors))
+    from autocnn.errors import DeviceError
+    from autocnn.kernels.library_steps import load_library
+
+    try:   # cublasSetWorkspace_v2: cuBLAS 11.1 or later
+        return load_library("cuBLAS for graph-capturable GEMMs", SONAMES,
+                            ("cublasCreate_v2", "cublasSetStream_v2", "cublasSgemm_v2", "cublasSetWorkspace_v2"))
+    except DeviceError as exc:
+        raise CublasUnavailableError(str(exc)) from None
 
 
 def _check(status: int, what: str) -> None:
