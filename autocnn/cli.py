@@ -124,9 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "Applies to every convolution tuned (--op, --suite, --network, --stale: there, only "
                         "the stale records of this precision); pooling has no precision. With --op it may "
                         "also be given in --shape as precision=tf32")
-    t.add_argument("--cudnn", action="store_true",
-                   help="also time PyTorch/cuDNN on each shape and keep it in the record (TF32 off for fp32 "
-                        "problems, on for tf32 ones)")
+    t.add_argument("--cudnn", action=argparse.BooleanOptionalAction, default=None,
+                   help="time PyTorch/cuDNN on each tuned shape, show the ratio and keep it in the record "
+                        "(TF32 off for fp32 problems, on for tf32 ones); default: on when PyTorch with CUDA "
+                        "is importable")
     t.add_argument("--json", action="store_true", help="print the results as JSON")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_tune)
@@ -357,8 +358,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 finished(outcomes[-1])
     finally:
         opened.close()
-    if args.cudnn and not args.replay:
-        _add_cudnn_times(outcomes, TuningDatabase())
+    if not args.replay and args.cudnn is not False:
+        from autocnn.tuning.baselines import torch_available
+
+        if args.cudnn or torch_available():
+            _add_cudnn_times(outcomes, TuningDatabase())
     rows = [_outcome_row(o) for o in outcomes]
     if args.json:
         print(json.dumps({"device": opened.device.to_dict(), "results": rows}, indent=2))

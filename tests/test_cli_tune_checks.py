@@ -48,3 +48,11 @@ def test_one_line_per_finished_problem_when_the_output_is_not_a_terminal(tmp_pat
     finished = [line for line in err.splitlines() if line.startswith(f"{rf.op} {rf.problem.shape_string()}: ")
                 and "trials measured" in line]
     assert len(finished) == 1 and "\r" not in err, err
+
+
+def test_cudnn_comparison_is_on_unless_refused():
+    parse = cli.build_parser().parse_args
+    base = ["tune", "--op", "conv_fwd", "--shape", SHAPE]
+    assert parse(base).cudnn is None          # on when PyTorch with CUDA is importable
+    assert parse([*base, "--cudnn"]).cudnn is True
+    assert parse([*base, "--no-cudnn"]).cudnn is False
