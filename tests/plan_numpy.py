@@ -41,6 +41,7 @@ def numpy_fft(step: LibraryFft, buffers: dict[str, np.ndarray]) -> None:
     else:
         spectra = source.view(complex_type).reshape(n, h, w // 2 + 1)
         target[...] = (np.fft.irfft2(spectra, s=(h, w)) * (h * w)).ravel()
+        source[...] = np.nan   # cuFFT's C2R may overwrite its input: a plan must not read it again
 
 
 def run_plan(plan: Any, inputs: dict[str, np.ndarray], kernels: Any, dtype: Any = np.float64) -> dict[str, np.ndarray]:

@@ -88,17 +88,17 @@ class Kernels:
 
     def fft_mac(self, b, nb, accumulate):
         p = self.p
+        # As the kernel does: with accumulate the products are added to what O holds.
         if p.op == "conv_fwd":      # corr(x, w): X conj(W), summed over c
             a, w = self._spectra(b["fft_af"], nb, p.C), self._spectra(b["fft_bf"], p.K, p.C)
-            self._spectra(b["fft_of"], nb, p.K)[...] = np.einsum("ncf...,kcf...->nkf...", a, np.conj(w))
+            out, total = self._spectra(b["fft_of"], nb, p.K), np.einsum("ncf...,kcf...->nkf...", a, np.conj(w))
         elif p.op == "conv_bwd_data":   # conv(dy spread, w): DY W, summed over k
             a, w = self._spectra(b["fft_af"], nb, p.K), self._spectra(b["fft_bf"], p.K, p.C)
-            self._spectra(b["fft_of"], nb, p.C)[...] = np.einsum("nkf...,kcf...->ncf...", a, w)
+            out, total = self._spectra(b["fft_of"], nb, p.C), np.einsum("nkf...,kcf...->ncf...", a, w)
         else:                           # corr(x, dy spread): X conj(DY), summed over n and blocks
             a, d = self._spectra(b["fft_af"], nb, p.C), self._spectra(b["fft_bf"], nb, p.K)
-            out = self._spectra(b["fft_of"], p.K, p.C)
-            total = np.einsum("nkf...,ncf...->kcf...", np.conj(d), a)
-            out[...] = out + total if accumulate else total
+            out, total = self._spectra(b["fft_of"], p.K, p.C), np.einsum("nkf...,ncf...->kcf...", np.conj(d), a)
+        out[...] = out + total if accumulate else total
 
     def fft_crop(self, b, n0, nb):
         p, scale = self.p, 1.0 / (self.fh * self.fw)

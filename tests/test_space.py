@@ -163,3 +163,20 @@ def test_a_registered_formulation_joins_the_space_and_changes_no_default():
     with pytest.raises(InfeasibleConfigError, match="BM=48 is not one of igemm's choices"):
         space.validate({**gemm, "BM": 48})
     assert space.restrict({"formulation": "probe"}).size() == 2
+
+
+class _ConditionalProbe(_Probe):
+    """Shares BM with the implicit GEMM but uses it only when SPARE is 2: one parameter cannot say both."""
+
+    def params(self, problem):
+        return [Param("SPARE", (1, 2), "nothing"), Param("BM", (32, 48), "rows of a probe tile", (("SPARE", (2,)),))]
+
+
+def test_a_shared_parameter_with_other_conditions_is_refused():
+    from autocnn.kernels.conv_fwd import ConvFwd
+    from autocnn.kernels.formulations import REGISTRY, Formulation
+
+    op = ConvFwd((*REGISTRY, Formulation("probe", (_ConditionalProbe(),))))
+    problem = seed_problems("conv_fwd")[0][1]
+    with pytest.raises(ValueError, match="parameter BM of probe is active under .*give one of them its own name"):
+        op.space(problem, SM90)

@@ -132,7 +132,7 @@ def test_float32_rounding_is_within_the_fp32_bound(op, m, rng):
         problem = dataclasses.replace(dict(seed_problems(op))[name], N=2, H=12, W=12)
         inputs = {k: rng.standard_normal(s).astype(np.float32) for k, s in reference.input_shapes(problem).items()}
         expected = reference.run_problem(problem, {k: v.astype(np.float64) for k, v in inputs.items()})
-        config = space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": 2, "THREADS": 128})
+        config = space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": 2, "WG_THREADS": 128})
         plan = OPERATIONS[op].plan(problem, config)
         errors = relative_errors(run_plan(plan, inputs, Kernels(problem, config, np.float32), np.float32), expected)
         for out, err in errors.items():
@@ -161,12 +161,12 @@ def test_workspace_is_computed_and_never_above_the_limit():
                 assert plan.workspace_bytes <= WORKSPACE_LIMIT_BYTES, f"{op} {name} {config}"
     big = dict(seed_problems("conv_fwd"))["modern_56"]    # 64 images of 56x56x64: V and M of all exceed 256 MiB
     with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
-        space("conv_fwd", big).validate({"formulation": NAME, "TILE": 2, "IMGS": 64, "THREADS": 128})
+        space("conv_fwd", big).validate({"formulation": NAME, "TILE": 2, "IMGS": 64, "WG_THREADS": 128})
 
 
 def test_plans_are_a_filter_transform_then_per_block_transforms_around_one_batched_gemm():
     problem = odd_problems("conv_bwd_data")[0][1]            # N = 3
-    config = space("conv_bwd_data", problem).validate({"formulation": NAME, "TILE": 4, "IMGS": 2, "THREADS": 64})
+    config = space("conv_bwd_data", problem).validate({"formulation": NAME, "TILE": 4, "IMGS": 2, "WG_THREADS": 64})
     plan = OPERATIONS["conv_bwd_data"].plan(problem, config)
     assert [s.kernel for s in plan.steps] == ["winograd_filter"] + 2 * [
         "winograd_input", "cublasSgemmStridedBatched", "winograd_output"]

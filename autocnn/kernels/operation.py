@@ -429,6 +429,13 @@ def compose_space(op: str, formulations: Sequence["OpFormulation"], problem: Any
                 params[p.name] = Param(p.name, p.choices, p.doc, (("formulation", f.names), *p.active_if))
             else:
                 when = dict(first.active_if)
+                theirs = {k: v for k, v in when.items() if k != "formulation"}
+                if theirs != dict(p.active_if):
+                    # One parameter has one activity rule: differing conditions would switch it on or
+                    # off for the wrong formulation (a required value it does not use, or none).
+                    raise ValueError(f"{op}: parameter {p.name} of {f.formulation} is active under "
+                                     f"{dict(p.active_if) or 'no condition'}, but under {theirs or 'no condition'} "
+                                     f"in a formulation registered before it: give one of them its own name")
                 when["formulation"] = (*when["formulation"], *f.names)
                 choices = (*first.choices, *(c for c in p.choices if c not in first.choices))
                 params[p.name] = Param(p.name, choices, first.doc, tuple(when.items()))

@@ -157,7 +157,10 @@ class _Fft(OpFormulation):
             # O[i][j]: conv_fwd i = image, j = filter; conv_bwd_data i = image, j = channel;
             # conv_wgrad i = filter, j = channel (the images are the sum, accumulated after the first block).
             rows, cols = (f.K, f.C) if f.op == "conv_wgrad" else (nb, f.out_planes)
-            return kernel("fft_mac", spec, (mac_x, mac_y, "fft_of"), (nb, int(n0 > 0)),
+            # Only conv_wgrad sums over blocks of images; the others' blocks are separate images, and
+            # cuFFT's C2R has meanwhile overwritten the previous block's spectra anyway.
+            accumulate = int(f.op == "conv_wgrad" and n0 > 0)
+            return kernel("fft_mac", spec, (mac_x, mac_y, "fft_of"), (nb, accumulate),
                           (cdiv(rows, c["IT"]), cdiv(cols, c["JT"])))
 
         def transform(kind, src_buf, dst_buf, planes):

@@ -14,7 +14,7 @@ filters flipped and transposed (C outputs, K inputs), padded by R-1-pad_top and 
 the filter transform reads them so. Parameters: TILE (m = 2 or 4: F(4x4,3x3) does 4x fewer
 multiplications than the direct form, F(2x2,3x3) 2.25x, with larger rounding from its larger
 transform constants: the tuner's verification decides where it passes the bound), IMGS (images
-per block: the workspaces V and M hold one block), THREADS of the transform kernels, and
+per block: the workspaces V and M hold one block), WG_THREADS of the transform kernels, and
 TF32_GEMM for tf32 problems.
 """
 from __future__ import annotations
@@ -137,7 +137,7 @@ class _Winograd(OpFormulation):
     def params(self, problem: Any) -> list[Param]:
         out = [Param("TILE", TILES, "output tile m of F(m x m, 3x3)"),
                Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (V and M hold one block)"),
-               Param("THREADS", THREADS, "threads per block of the transform kernels")]
+               Param("WG_THREADS", THREADS, "threads per block of the transform kernels")]
         if problem.precision == "tf32":
             out.append(Param("TF32_GEMM", (0, 1), "cuBLAS with TF32 tensor-op math (tf32 problems only)"))
         return out
@@ -160,15 +160,15 @@ class _Winograd(OpFormulation):
         out = []
         for m in (4, 2):
             fits = [i for i in imgs_choices if 4 * sum(workspace_elements(v, m, i).values()) <= DEFAULT_WORKSPACE_BYTES]
-            out.append({"formulation": NAME, "TILE": m, "IMGS": max(fits, default=1), "THREADS": 128, **extra})
-        out.append({"formulation": NAME, "TILE": 2, "IMGS": 1, "THREADS": 128, **extra})
+            out.append({"formulation": NAME, "TILE": m, "IMGS": max(fits, default=1), "WG_THREADS": 128, **extra})
+        out.append({"formulation": NAME, "TILE": 2, "IMGS": 1, "WG_THREADS": 128, **extra})
         return out
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         m = config["TILE"]
         bt, g, at = TRANSFORMS[m]
         v = view(problem)
-        return {"wg_m": m, "wg_alpha": m + 2, "wg_threads": config["THREADS"],
+        return {"wg_m": m, "wg_alpha": m + 2, "wg_threads": config["WG_THREADS"],
                 "wg_block": min(config["IMGS"], v.N), "wg_pad_t": v.PAD_T, "wg_pad_l": v.PAD_L,
                 "wg_filter": sandwich("x", g, "g", 3, "part"), "wg_input": sandwich("x", bt, "d", m + 2, "part"),
                 "wg_output": sandwich("y", at, "mm", m + 2, "part")}
@@ -177,7 +177,7 @@ class _Winograd(OpFormulation):
         return (), tuple(workspace_elements(view(problem), config["TILE"], config["IMGS"]).items())
 
     def launches(self, problem: Any, config: Config) -> tuple:
-        v, m, threads = view(problem), config["TILE"], config["THREADS"]
+        v, m, threads = view(problem), config["TILE"], config["WG_THREADS"]
         points = (m + 2) ** 2
         th, tw = tiles(v, m)
         ld = block_tiles(v, m, config["IMGS"])   # columns of V and M
