@@ -13,6 +13,7 @@ from autocnn.cli_db import (cmd_db_check, cmd_db_export, cmd_db_import, cmd_db_l
 from autocnn.cli_problems import at_precision, fmt, has_precision, precision_text, shape_problem
 from autocnn.errors import AutocnnError
 from autocnn.kernels.problem import DEFAULT_PRECISION, PRECISIONS
+from autocnn.tuning.quick import AUTOTUNE_MODES
 
 EXAMPLES = """examples:
   autocnn tune --op conv_fwd --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3 --trials 100
@@ -186,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the convolutions' precision on the cuda backend: fp32 (default, FP32-accurate) or "
                          "tf32 (tensor cores round operands to TF32). The numpy backend computes in float32 "
                          "either way. The dispatch table shows each layer's")
+    tr.add_argument("--autotune", choices=AUTOTUNE_MODES, default=None,
+                    help="on the cuda backend, for kernel problems that no tuning record covers: quick "
+                         "(measure a handful of candidates, about 2 s each, and keep the fastest as a quick "
+                         "record that a later full tuning replaces), full (tune with a small trial budget) "
+                         "or off (run the nearest shape's or the default config untuned); default: "
+                         "$AUTOCNN_AUTOTUNE, else quick")
     tr.add_argument("--seed", type=int, default=None)
     tr.add_argument("--limit", type=int, default=None, help="use only this many training images")
     tr.add_argument("--save", type=Path, default=None, help="write the trained weights (.npz)")
@@ -429,7 +436,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     report = train(args.network, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
                    backend=args.backend, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                    data_root=args.data_root, limit=args.limit, verbose=not args.json,
-                   standardize=not args.no_standardize, precision=args.precision,
+                   standardize=not args.no_standardize, precision=args.precision, autotune=args.autotune,
                    lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule)
     if args.save:
         report.model.save(args.save)

@@ -21,6 +21,7 @@ import numpy as np
 from autocnn.errors import DeviceError
 from autocnn.nn import fused
 from autocnn.nn.backend import Backend, CapturedStep, KernelDispatch
+from autocnn.tuning.quick import QUICK_BUDGET_S, autotune_mode
 
 # What the training library says about where a kernel's config came from.
 SOURCE_LABELS = {
@@ -28,6 +29,8 @@ SOURCE_LABELS = {
     "same_arch": "tuned on another GPU of this architecture",
     "nearest_shape": "tuned config of the nearest shape",
     "default": "heuristic default (not tuned)",
+    "quick": "quick-tuned",
+    "full": "tuned",
 }
 
 
@@ -51,7 +54,14 @@ class CudaBackend(Backend):
     name: ClassVar[str] = "cuda"
     can_capture: ClassVar[bool] = True
 
-    def __init__(self, dtype: Any = np.float32, device_id: int = 0, database: Any = None):
+    def __init__(self, dtype: Any = np.float32, device_id: int = 0, database: Any = None,
+                 autotune: str | None = None):
+        """``autotune``: what ``prepare`` does for a problem that no record of this problem covers
+        (the lookup borrowed a nearest shape's config or fell back to the default): "quick"
+        measures a handful of candidates in about 2 s and keeps the fastest verified one as a quick
+        record (autocnn.tuning.quick), "full" runs the tuner with a small trial budget, "off" runs
+        the lookup's config untuned. None: $AUTOCNN_AUTOTUNE, else "quick". May be changed later
+        (``backend.autotune = "off"``); it applies to the problems prepared after."""
         from autocnn.device import current_device
         from autocnn.gpu import require_cupy
         from autocnn.kernels.runtime import KernelLoader
@@ -59,11 +69,14 @@ class CudaBackend(Backend):
         if np.dtype(dtype) != np.float32:
             raise ValueError(f"the cuda backend runs float32 kernels; dtype {np.dtype(dtype).name} is not "
                              f"supported (use the numpy backend for float64 gradient checks)")
+        self.autotune = autotune   # checked (and $AUTOCNN_AUTOTUNE read) before the GPU is touched
         cp = require_cupy()
         cp.cuda.Device(device_id).use()
         super().__init__(cp, np.float32)
         self.cp = cp
         self.device = current_device(device_id)
+        self.device_id = device_id
+        self.quick_budget_s = QUICK_BUDGET_S
         if database is None:
             from autocnn.store import TuningDatabase
 
@@ -265,21 +278,41 @@ class CudaBackend(Backend):
         return fused.activation_grad(name, y, dy, out)
 
     # -- kernels ---------------------------------------------------------------------------------
+    @property
+    def autotune(self) -> str:
+        """"off", "quick" or "full": see ``__init__``."""
+        return self._autotune
+
+    @autotune.setter
+    def autotune(self, value: str | None) -> None:
+        self._autotune = autotune_mode(value)
+
     def prepare(self, problems: Sequence[Any]) -> list[KernelDispatch]:
         from autocnn.kernels import get_operation
+        from autocnn.tuning.quick import Autotuner
 
         out = []
-        for problem in problems:
-            if problem not in self._plans:
-                found = self.db.lookup(self.device, problem)
-                plan = get_operation(problem.op).plan(problem, found.config)
-                loaded = self.loader.load(plan)
-                self._plans[problem] = loaded
-                self._workspaces[problem] = loaded.workspaces()
-                label = SOURCE_LABELS.get(found.source, found.source)
-                self._dispatch[problem] = KernelDispatch(problem, label, f"{found.config} ({found.detail})")
-            out.append(self._dispatch[problem])
+        # The measuring worker starts only when some problem is tuned, and stops when all are ready.
+        tuner = Autotuner(self.autotune, self.db, self.device, self._measurement_source, self.quick_budget_s)
+        try:
+            for problem in problems:
+                if problem not in self._plans:
+                    chosen = tuner.choose(problem)
+                    plan = get_operation(problem.op).plan(problem, chosen.config)
+                    loaded = self.loader.load(plan)
+                    self._plans[problem] = loaded
+                    self._workspaces[problem] = loaded.workspaces()
+                    self._dispatch[problem] = KernelDispatch(problem, SOURCE_LABELS.get(chosen.source, chosen.source),
+                                                             f"{chosen.config} ({chosen.detail})")
+                out.append(self._dispatch[problem])
+        finally:
+            tuner.close()
         return out
+
+    def _measurement_source(self) -> Any:
+        from autocnn.tuning.sources import GpuSource
+
+        return GpuSource(self.device_id)
 
     def forget(self, problems: Sequence[Any]) -> None:
         """Drop the kernels chosen for these problems (after tuning, so the next prepare looks again)."""

@@ -38,6 +38,7 @@ from autocnn.nn.staging import BatchStaging
 from autocnn.nn.text_table import format_table
 from autocnn.nn.training_step import TrainingStep, metric_views
 from autocnn.nn.validation import check_batch_size
+from autocnn.tuning.quick import check_autotune
 
 
 class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFiles):
@@ -57,10 +58,21 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
     use the records of that precision. Pooling has no precision, and Dense layers always compute
     in FP32 (cuBLAS SGEMM). The numpy backend computes in ``dtype`` (float32 or float64) at either
     precision: precision only chooses among the GPU kernels.
+
+    ``autotune``: what building on the cuda backend does for a kernel problem that no tuning record
+    covers (as ``torch.backends.cudnn.benchmark`` does for new shapes): "quick" (the default)
+    measures a handful of candidate configs in about 2 s per problem and keeps the fastest verified
+    one in the tuning database as a record marked quick, which a later full tuning (``tune``,
+    ``autocnn tune``) replaces; "full" runs the tuner with a small trial budget; "off" runs the
+    looked-up config (nearest tuned shape or heuristic default) untuned. None keeps the backend's
+    setting: $AUTOCNN_AUTOTUNE, else "quick". It may be changed later (``model.autotune = "off"``)
+    and applies to the problems prepared after. The numpy backend runs no generated kernels: there
+    it is checked and kept, and changes nothing.
     """
 
     def __init__(self, layers: Sequence[Layer], input_shape: Sequence[int], backend: str | Backend = "numpy",
-                 seed: int | None = None, dtype: Any = None, precision: str = DEFAULT_PRECISION) -> None:
+                 seed: int | None = None, dtype: Any = None, precision: str = DEFAULT_PRECISION,
+                 autotune: str | None = None) -> None:
         layers = list(layers)
         if not layers:
             raise ValueError("Sequential needs at least one layer")
@@ -77,7 +89,12 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         if not self.input_shape or any(s < 1 for s in self.input_shape):
             raise ValueError(f"input_shape must be a tuple of positive integers, got {input_shape!r}")
         self.layers = layers
+        if autotune is not None:
+            check_autotune(autotune)   # before a backend (and a GPU) is started
         self.backend: Backend = get_backend(backend, dtype=dtype)
+        self._autotune: str | None = None
+        if autotune is not None:
+            self.autotune = autotune
         self.dtype = self.backend.dtype
         self.seed = seed
         init_seed, shuffle_seed = np.random.SeedSequence(seed).spawn(2)
@@ -153,6 +170,18 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
             layer.use_model_precision(self._precision)
         if self.batch_size is not None:
             self._rebuild()   # the layers' problems change: the backend must choose their kernels again
+
+    @property
+    def autotune(self) -> str | None:
+        """"off", "quick" or "full" (see the class docstring); None on a backend without tuning
+        when none was asked for."""
+        return getattr(self.backend, "autotune", self._autotune)
+
+    @autotune.setter
+    def autotune(self, value: str) -> None:
+        self._autotune = check_autotune(value)
+        if hasattr(self.backend, "autotune"):
+            self.backend.autotune = self._autotune
 
     def summary(self) -> str:
         """A table of the layers: name, configuration, output shape and parameter count."""

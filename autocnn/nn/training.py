@@ -19,6 +19,7 @@ from autocnn.nn.layer_base import check_precision
 from autocnn.nn.model import Sequential
 from autocnn.nn.optim import Optimizer, get_optimizer
 from autocnn.nn.zoo import load_network
+from autocnn.tuning.quick import check_autotune
 
 
 def _fashion(root: str | Path | None) -> ImageDataset:
@@ -96,8 +97,8 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
           batch_size: int = 64, backend: str | Backend = "numpy", optimizer: str | Optimizer = "adam",
           lr: float | None = None, seed: int | None = None, data_root: str | Path | None = None,
           limit: int | None = None, verbose: bool = True, memory_limit_gib: float = 8.0,
-          standardize: bool = True, lr_schedule: str | None = "cosine", precision: str | None = None
-          ) -> TrainingReport:
+          standardize: bool = True, lr_schedule: str | None = "cosine", precision: str | None = None,
+          autotune: str | None = None) -> TrainingReport:
     """Train ``network`` (a seed network name, a .json file or a Sequential) on ``dataset``.
 
     ``limit`` keeps the first ``limit`` samples of each split (quick runs). The fitted images
@@ -106,13 +107,20 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
     ``backend`` and ``seed`` apply when the network is given by name or file.
     ``precision`` ("fp32" or "tf32") becomes the model's precision (``Sequential.precision``:
     layers that set their own keep it); None keeps the model's, fp32 for a network by name or file.
+    ``autotune`` ("off", "quick" or "full") becomes the model's (``Sequential.autotune``: on the
+    cuda backend, how kernel problems no record covers are tuned when the model is built); None
+    keeps the model's: $AUTOCNN_AUTOTUNE, else "quick".
     """
     if precision is not None:
         check_precision("train", precision)   # before any data is read
+    if autotune is not None:
+        check_autotune(autotune)
     model = network if isinstance(network, Sequential) else load_network(network, backend=backend, seed=seed)
     network_name = "model" if isinstance(network, Sequential) else str(network)
     if precision is not None:
         model.precision = precision
+    if autotune is not None:
+        model.autotune = autotune
     opt = get_optimizer(optimizer, lr)
     data = load_dataset(dataset, data_root).limit(limit)
     if data.num_classes != model.num_classes:

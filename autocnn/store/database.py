@@ -124,7 +124,8 @@ class TuningDatabase(RecordLookup, RecordExchange):
         record is validated first (RecordError), so nothing is written that loading would skip.
 
         ``keep_faster``: a record replaces one with the same key (user or shipped) only when it is
-        faster; the cuDNN time of the record it replaces is kept when the new one has none. The
+        faster, except that a full tuning always replaces a quick record and a quick one never
+        replaces a full record (``transfer.replaces``); the cuDNN time of the record it replaces is kept when the new one has none. The
         user file is compared under its lock, so of tuners storing the same key at once the
         fastest record stays, whichever writes last.
         """

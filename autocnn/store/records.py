@@ -213,6 +213,9 @@ class TuningRecord:
     study: str | None = None         # Optuna study name
     storage: str | None = None       # Optuna storage URL, password redacted
     runner_up: dict[str, Any] | None = None   # {"config": {...}, "time_us": float}
+    # Chosen by quick tuning (a handful of candidates, autocnn.tuning.quick), not by a search: any
+    # full tuning of the key replaces it, and it never replaces a full record (transfer.faster_records).
+    quick: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.key, RecordKey), "key", f"{type(self.key).__name__} is not a RecordKey")
@@ -246,6 +249,7 @@ class TuningRecord:
             _check_config_shape(ru["config"], "runner_up.config")
             _positive_time(ru["time_us"], "runner_up.time_us")
             object.__setattr__(self, "runner_up", _json_copy(ru, "runner_up"))
+        _require(isinstance(self.quick, bool), "quick", f"{self.quick!r} is not true or false")
 
     @property
     def speedup(self) -> float | None:
@@ -257,6 +261,8 @@ class TuningRecord:
         for f in dataclasses.fields(self):
             if f.name != "key":
                 out[f.name] = _json_copy(getattr(self, f.name), f.name)
+        if not self.quick:
+            del out["quick"]   # written only when true: records of full tunings keep their bytes
         return out
 
     @staticmethod

@@ -48,14 +48,28 @@ class ImportReport:
         return lines
 
 
+def replaces(new: TuningRecord, old: TuningRecord | None) -> bool:
+    """Whether ``new`` takes the place of ``old`` (same key) under ``keep_faster``.
+
+    A full tuning always replaces a quick record (``TuningRecord.quick``), even when its winner
+    timed slower: the quick one was chosen among a handful of candidates measured once, the full
+    one was searched for and confirmed. A quick record never replaces a full one. Otherwise (both
+    full, or both quick) only a faster record replaces."""
+    if old is None:
+        return True
+    if old.quick != new.quick:
+        return old.quick
+    return new.time_us < old.time_us
+
+
 def faster_records(records: Sequence[TuningRecord], stored: Sequence[TuningRecord]) -> list[TuningRecord]:
-    """The records that replace a ``stored`` one of the same key only when faster (``keep_faster``);
+    """The records that replace a ``stored`` one of the same key (``keep_faster``: see ``replaces``);
     the cuDNN time of the record replaced is kept when the new one has none."""
     existing = {r.key.identity(): r for r in stored}
     chosen = []
     for r in records:
         old = existing.get(r.key.identity())
-        if old is not None and old.time_us <= r.time_us:
+        if not replaces(r, old):
             continue
         if old is not None and r.cudnn_time_us is None and old.cudnn_time_us is not None:
             r = dataclasses.replace(r, cudnn_time_us=old.cudnn_time_us)

@@ -1,0 +1,248 @@
+"""Quick tuning of shapes no record covers, as ``cudnn.benchmark`` does: a handful of candidates
+measured once each within a time budget, the fastest verified one kept as a record marked quick.
+
+The candidates are the lookup's answer, the config of the nearest tuned shape of every
+formulation, and each formulation's default (``quick_candidates``). They are measured through a
+MeasurementSource (``GpuSource``: compiled ahead in a pool, verified against float64 in the worker
+process before timing), in that order, until the budget is spent (``quick_tune``). A candidate
+that fails (compile error, spills, wrong result) is skipped. The winner is stored with
+``TuningRecord.quick`` set: a full tuning of the same key always replaces it, and it never
+replaces a full record (``autocnn.store.transfer.replaces``).
+
+``Autotuner`` is what a backend's ``prepare`` calls per problem, by mode (``AUTOTUNE_MODES``):
+"off" keeps the lookup's answer, "quick" runs ``quick_tune`` and "full" the regular tuner with a
+small trial budget, both only where the lookup found no record of this problem ("nearest_shape"
+or "default"). ``autotune_mode`` reads the mode from an argument or ``AUTOCNN_AUTOTUNE``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+from autocnn import __version__
+from autocnn.errors import InfeasibleConfigError, InvalidConfigError
+from autocnn.kernels import get_operation
+from autocnn.kernels.space import Config
+from autocnn.tuning.sources import MeasurementSource, TrialResult
+
+if TYPE_CHECKING:   # the tuner's modules import Optuna: only "full" needs them
+    from autocnn.tuning.settings import TuneSettings
+
+AutotuneMode = Literal["off", "quick", "full"]
+AUTOTUNE_MODES: tuple[str, ...] = ("off", "quick", "full")
+AUTOTUNE_ENV = "AUTOCNN_AUTOTUNE"
+DEFAULT_AUTOTUNE: AutotuneMode = "quick"
+# About what cudnn.benchmark spends on a new shape, and little next to a training run.
+QUICK_BUDGET_S = 2.0
+# Enough to try the warm-start configs (default, nearest shapes' winners) and a few searched ones.
+FULL_AUTOTUNE_TRIALS = 24
+# At most this many candidates: the lookup's, one nearest record and one default per formulation.
+MAX_QUICK_CANDIDATES = 12
+# Lookup answers that no record of this very problem backs: what quick and full tuning are for.
+UNSEEN_SOURCES = ("nearest_shape", "default")
+
+
+def check_autotune(value: Any, what: str = "autotune") -> AutotuneMode:
+    """``value`` if it is one of AUTOTUNE_MODES, else a ValueError naming what is allowed."""
+    if not isinstance(value, str) or value.lower() not in AUTOTUNE_MODES:
+        raise ValueError(f"{what} must be one of {', '.join(AUTOTUNE_MODES)}, not {value!r}")
+    return value.lower()  # type: ignore[return-value]
+
+
+def check_budget(seconds: Any) -> float:
+    """A quick-tuning budget: a positive, finite number of seconds."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds <= 0:
+        raise ValueError(f"the quick-tuning budget must be a positive number of seconds, not {seconds!r}")
+    return float(seconds)
+
+
+def autotune_mode(value: str | None = None) -> AutotuneMode:
+    """The mode asked for: ``value`` when given, else $AUTOCNN_AUTOTUNE when set, else "quick"."""
+    if value is not None:
+        return check_autotune(value)
+    env = os.environ.get(AUTOTUNE_ENV, "").strip()
+    return check_autotune(env, f"${AUTOTUNE_ENV}") if env else DEFAULT_AUTOTUNE
+
+
+@dataclass(frozen=True)
+class QuickCandidate:
+    config: Config
+    origin: str     # "lookup", "nearest <formulation>" or "default <formulation>"
+
+
+@dataclass(frozen=True)
+class QuickOutcome:
+    """What quick tuning of one problem measured, chose and stored."""
+
+    problem: Any
+    lookup: Any                            # the LookupResult it started from
+    candidates: tuple[QuickCandidate, ...]
+    results: tuple[TrialResult, ...]       # one per candidate measured, in candidate order
+    best: TrialResult | None               # the fastest verified result
+    record: Any                            # the TuningRecord stored, or None
+    seconds: float
+    stopped_because: str
+
+    @property
+    def config(self) -> Config:
+        """The config to run: the fastest verified candidate, else the lookup's answer."""
+        return self.best.config if self.best is not None else self.lookup.config
+
+    @property
+    def failed(self) -> tuple[TrialResult, ...]:
+        return tuple(r for r in self.results if not r.ok)
+
+    def summary(self) -> str:
+        if self.best is None:
+            chosen = f"no candidate verified, kept the lookup's {self.lookup.source} config"
+        else:
+            origin = next(c.origin for c in self.candidates if c.config.key() == self.best.config.key())
+            chosen = f"{self.best.time_us:.1f} us ({origin})"
+        return (f"quick-tuned: {chosen}; {len(self.results)} of {len(self.candidates)} candidates measured"
+                + (f", {len(self.failed)} failed" if self.failed else "")
+                + f" in {self.seconds:.1f} s; {self.stopped_because}"
+                + ("" if self.record is not None or self.best is None else "; not stored"))
+
+
+def _formulation_name(operation: Any, config: Config) -> str:
+    f = operation.formulation_of(config)
+    return f.formulation if f is not None else "?"
+
+
+def quick_candidates(problem: Any, device: Any, db: Any, lookup: Any) -> list[QuickCandidate]:
+    """The lookup's answer, the nearest tuned shape's config of every formulation (nearest
+    first), then each formulation's first default that fits, in the operation's order; distinct
+    configs only, MAX_QUICK_CANDIDATES at most."""
+    operation = get_operation(problem.op)
+    limits = device.limits()
+    space = operation.space(problem, limits)
+    out = [QuickCandidate(lookup.config, "lookup")]
+    nearest_seen: set[str] = set()
+    # neighbour_configs ranks by shape distance; the first config of each formulation is its nearest.
+    for config in db.neighbour_configs(device, problem, space, limit=4 * MAX_QUICK_CANDIDATES):
+        name = _formulation_name(operation, config)
+        if name not in nearest_seen:
+            nearest_seen.add(name)
+            out.append(QuickCandidate(config, f"nearest {name}"))
+    for name in operation.formulation_names:
+        try:
+            config = next(iter(operation.default_configs(problem, limits, name)), None)
+        except (InfeasibleConfigError, InvalidConfigError, KeyError):
+            continue   # this formulation cannot serve the problem (e.g. winograd for a 5x3 filter)
+        if config is not None:
+            out.append(QuickCandidate(config, f"default {name}"))
+    distinct: dict[str, QuickCandidate] = {}
+    for c in out:
+        distinct.setdefault(c.config.key(), c)
+    return list(distinct.values())[:MAX_QUICK_CANDIDATES]
+
+
+def quick_tune(problem: Any, device: Any, db: Any, source: MeasurementSource, budget_s: float = QUICK_BUDGET_S,
+               lookup: Any = None, clock: Callable[[], float] = time.monotonic) -> QuickOutcome:
+    """Measure ``quick_candidates`` of ``problem`` on ``source`` until ``budget_s`` is spent (the
+    first candidate is always measured), and store the fastest verified one in ``db`` as a quick
+    record of ``device`` (kept only where no full record of the key exists). ``lookup``: the
+    database's answer for the problem, when the caller has it already."""
+    budget_s = check_budget(budget_s)
+    operation = get_operation(problem.op)
+    operation.check_problem(problem)
+    start = clock()
+    found = lookup if lookup is not None else db.lookup(device, problem)
+    candidates = quick_candidates(problem, device, db, found)
+    results: list[TrialResult] = []
+    stopped = "every candidate measured"
+    measuring = source.measure(problem.op, problem, [c.config for c in candidates])
+    try:
+        for r in measuring:
+            results.append(r)
+            if len(results) < len(candidates) and clock() - start >= budget_s:
+                stopped = f"the {budget_s:g} s budget was spent"
+                break
+    finally:
+        close = getattr(measuring, "close", None)
+        if close is not None:
+            close()   # a GPU source's compiles still queued are abandoned with it
+    verified = sorted((r for r in results if r.ok and r.time_us is not None), key=lambda r: r.time_us)
+    best = verified[0] if verified else None
+    record = None
+    if best is not None and db is not None:
+        record = _store(db, device, operation, problem, best, verified[1:2], results)
+    return QuickOutcome(problem, found, tuple(candidates), tuple(results), best, record, clock() - start, stopped)
+
+
+def _store(db: Any, device: Any, operation: Any, problem: Any, best: TrialResult, runner: list[TrialResult],
+           results: list[TrialResult]) -> Any:
+    from autocnn.store import RecordKey, TuningRecord, now_utc
+
+    default = operation.default_config(problem, device.limits())
+    default_time = next((r.time_us for r in results if r.ok and r.config.key() == default.key()), None)
+    record = TuningRecord(
+        key=RecordKey.for_(device, problem, operation.config_fingerprint(best.config)),
+        config=best.config.as_dict(), time_us=best.time_us, spread=float((best.timing or {}).get("spread", 0.0)),
+        default_time_us=default_time, cudnn_time_us=None, trials=sum(1 for r in results if r.measured),
+        tuned_at=now_utc(), autocnn_version=__version__, sampler="quick",
+        runner_up={"config": runner[0].config.as_dict(), "time_us": runner[0].time_us} if runner else None,
+        quick=True)
+    stored = db.put_many([record], keep_faster=True)
+    return stored[0] if stored else None
+
+
+@dataclass(frozen=True)
+class AutotuneChoice:
+    """The config a backend runs for one problem, and what to tell people about it."""
+
+    config: Config
+    source: str          # a lookup source, or "quick" / "full" when this run tuned it
+    detail: str
+    outcome: Any = None  # the QuickOutcome or TuneOutcome, when tuning ran
+
+
+class Autotuner:
+    """Per problem of a backend's ``prepare``: the lookup's config, tuned first where no record of
+    the problem exists and the mode asks for it. The measurement source is made on first need
+    (``source_factory``: on a GPU, a GpuSource, whose worker takes seconds to start) and closed
+    by ``close``."""
+
+    def __init__(self, mode: str | None, db: Any, device: Any, source_factory: Callable[[], MeasurementSource],
+                 budget_s: float = QUICK_BUDGET_S, full_settings: TuneSettings | None = None):
+        self.mode = autotune_mode(mode)
+        self.budget_s = check_budget(budget_s)
+        self.db, self.device = db, device
+        self.source_factory = source_factory
+        self.full_settings = full_settings
+        self._source: MeasurementSource | None = None
+
+    def choose(self, problem: Any) -> AutotuneChoice:
+        found = self.db.lookup(self.device, problem)
+        if found.source == "exact" and found.record is not None and found.record.quick:
+            return AutotuneChoice(found.config, "quick", found.detail + ", quick-tuned")
+        if self.mode == "off" or found.source not in UNSEEN_SOURCES:
+            return AutotuneChoice(found.config, found.source, found.detail)
+        if self.mode == "quick":
+            outcome = quick_tune(problem, self.device, self.db, self.source, self.budget_s, lookup=found)
+            if outcome.best is None:
+                return AutotuneChoice(found.config, found.source, f"{found.detail}; {outcome.summary()}", outcome)
+            return AutotuneChoice(outcome.config, "quick", outcome.summary(), outcome)
+        from autocnn.tuning.tuner import Tuner, TuneSettings
+
+        settings = self.full_settings or TuneSettings(trials=FULL_AUTOTUNE_TRIALS)
+        outcome = Tuner(self.source, self.db, settings, progress=False).tune(problem.op, problem)
+        if outcome.best is None:
+            return AutotuneChoice(found.config, found.source, f"{found.detail}; tuning found no verified config",
+                                  outcome)
+        return AutotuneChoice(outcome.best.config, "full", f"tuned now: {outcome.summary()}", outcome)
+
+    @property
+    def source(self) -> MeasurementSource:
+        if self._source is None:
+            self._source = self.source_factory()
+        return self._source
+
+    def close(self) -> None:
+        if self._source is not None:
+            self._source.close()
+            self._source = None
