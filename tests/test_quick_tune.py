@@ -169,15 +169,20 @@ def test_the_time_budget_stops_the_measurements(db):
     candidates = quick_candidates(PROBLEM, DEVICE, db, found)
     assert len(candidates) >= 4
     source = ScriptedSource({candidates[2].config.key(): 5.0}, seconds_each=1.0)
+    source.now = 100.0
     out = quick_tune(PROBLEM, DEVICE, db, source, budget_s=2.5, clock=source.clock)
-    assert len(source.measured) == 3 and len(out.results) == 3
+    # The budget counts from the first result (what comes before it is compiling): at 1, 2 and 3 s
+    # after it the fourth result spends it.
+    assert len(source.measured) == 4 and len(out.results) == 4
     assert out.stopped_because == "the 2.5 s budget was spent"
     assert out.best.time_us == 5.0 and out.record.quick
-    # The first candidate is measured however small the budget.
-    tiny = ScriptedSource({}, seconds_each=1.0)
+    # However small the budget, the lookup's config and the one after it are measured (the budget
+    # starts with the first result).
+    tiny = ScriptedSource({candidates[1].config.key(): 600.0}, seconds_each=1.0)
     db.remove(RecordKey.for_(DEVICE, PROBLEM))
     out = quick_tune(PROBLEM, DEVICE, db, tiny, budget_s=0.01, lookup=found, clock=tiny.clock)
-    assert tiny.measured == [found.config.key()] and out.best.config.key() == found.config.key()
+    assert tiny.measured == [c.config.key() for c in candidates[:2]]
+    assert out.best.config.key() == found.config.key()
     with pytest.raises(ValueError, match="positive number of seconds"):
         quick_tune(PROBLEM, DEVICE, db, tiny, budget_s=0)
 
