@@ -10,6 +10,7 @@ import dataclasses
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -341,6 +342,45 @@ def test_model_train_and_cli_check_the_option(monkeypatch):
     assert parser.parse_args(["train", "--network", "lenet5"]).autotune is None
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "--network", "lenet5", "--autotune", "sometimes"])
+
+
+# -- the benchmark's random shapes ------------------------------------------------------------------
+
+def test_random_shapes_are_seeded_valid_and_unseen():
+    from autocnn.tuning.random_shapes import CONV_OPS, MAX_ELEMENTS, draw_conv, unseen_problems
+
+    first = [draw_conv(random.Random(7), "conv_wgrad") for _ in range(2)]
+    assert first[0] == first[1]                            # the seed decides
+    rng = random.Random(11)
+    drawn = [draw_conv(rng, op) for op in CONV_OPS * 20]
+    assert len({json.dumps(p.to_dict(), sort_keys=True) for p in drawn}) > 50
+    for p in drawn:
+        assert max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q) <= MAX_ELEMENTS
+    assert {p.stride for p in drawn} == {(1, 1), (2, 2)} and any(p.R != p.S for p in drawn)
+    with pytest.raises(ValueError, match="op must be one of conv_fwd, conv_bwd_data, conv_wgrad"):
+        draw_conv(rng, "avgpool_fwd")
+
+    class Covered:
+        """A database whose records cover every problem with an even batch."""
+
+        def lookup(self, device, problem):
+            return SimpleNamespace(source="exact" if problem.N % 2 == 0 else "default")
+
+    got = list(unseen_problems(Covered(), DEVICE, ("conv_fwd", "conv_wgrad"), 6, random.Random(3)))
+    assert len(got) == 6 and all(p.N % 2 == 1 and looked.source == "default" for p, looked in got)
+    assert [p.op for p, _ in got] == ["conv_fwd", "conv_wgrad"] * 3
+
+
+def test_benchmark_script_refuses_bad_arguments_before_the_gpu():
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent.parent / "scripts" / "bench_quick_tune.py"
+    for args, message in ((["--ops", "conv_fwd,pool"], "--ops: pool; choose among conv_fwd"),
+                          (["--budget", "-1"], "positive number of seconds"),
+                          (["--count", "0"], "--count and --rounds must be at least 1")):
+        run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+        assert run.returncode == 2 and message in run.stderr, run.stderr
 
 
 # -- on the GPU -------------------------------------------------------------------------------------
