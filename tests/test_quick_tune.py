@@ -301,6 +301,20 @@ def test_quick_tunes_unseen_problems_once_with_one_source(db, monkeypatch):
     assert "quick-tuned" in again.detail and again.outcome is None
 
 
+def test_a_worker_that_cannot_start_leaves_the_lookup_with_a_warning(db):
+    from autocnn.errors import DeviceError
+
+    def broken():
+        raise DeviceError("the measurement worker cannot use GPU 0: no device")
+
+    tuner = Autotuner("quick", db, DEVICE, broken)
+    with pytest.warns(RuntimeWarning, match="the measuring worker did not start .*cannot use GPU 0"):
+        chosen = tuner.choose(PROBLEM)
+    assert chosen.source == "default" and chosen.outcome is None and tuner.mode == "off"
+    assert tuner.choose(dataclasses.replace(PROBLEM, N=100)).source == "default"   # warned once
+    tuner.close()
+
+
 def test_quick_leaves_a_tuned_problem_alone(db, tmp_path):
     _full_tune(db, tmp_path)
     factory = Factory(ScriptedSource({}))

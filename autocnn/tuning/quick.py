@@ -19,11 +19,12 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from autocnn import __version__
-from autocnn.errors import InfeasibleConfigError, InvalidConfigError
+from autocnn.errors import DeviceError, InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation
 from autocnn.kernels.space import Config
 from autocnn.tuning.sources import MeasurementSource, TrialResult
@@ -229,15 +230,24 @@ class Autotuner:
             return AutotuneChoice(found.config, "quick", found.detail + ", quick-tuned")
         if self.mode == "off" or found.source not in UNSEEN_SOURCES:
             return AutotuneChoice(found.config, found.source, found.detail)
+        try:
+            source = self.source
+        except (DeviceError, RuntimeError, OSError) as exc:
+            # Lookups alone still give a kernel that runs: a worker that cannot start must not
+            # stop a model from being built.
+            warnings.warn(f"autotune={self.mode}: the measuring worker did not start ({exc}); the looked-up "
+                          f"configs run untuned (${AUTOTUNE_ENV}=off skips tuning)", RuntimeWarning, stacklevel=2)
+            self.mode = "off"
+            return AutotuneChoice(found.config, found.source, found.detail)
         if self.mode == "quick":
-            outcome = quick_tune(problem, self.device, self.db, self.source, self.budget_s, lookup=found)
+            outcome = quick_tune(problem, self.device, self.db, source, self.budget_s, lookup=found)
             if outcome.best is None:
                 return AutotuneChoice(found.config, found.source, f"{found.detail}; {outcome.summary()}", outcome)
             return AutotuneChoice(outcome.config, "quick", outcome.summary(), outcome)
         from autocnn.tuning.tuner import Tuner, TuneSettings
 
         settings = self.full_settings or TuneSettings(trials=FULL_AUTOTUNE_TRIALS)
-        outcome = Tuner(self.source, self.db, settings, progress=False).tune(problem.op, problem)
+        outcome = Tuner(source, self.db, settings, progress=False).tune(problem.op, problem)
         if outcome.best is None:
             return AutotuneChoice(found.config, found.source, f"{found.detail}; tuning found no verified config",
                                   outcome)
