@@ -61,3 +61,14 @@ def no_gpu_source(monkeypatch):
         raise SourceOpened()
     monkeypatch.setattr(cli, "_make_source", opened)
     return SourceOpened
+
+
+@pytest.fixture(autouse=True)
+def _gpu_tests_run_the_kernels_the_lookup_hands_out(request, monkeypatch):
+    """GPU tests check the kernels a lookup hands out (records, borrowed configs, defaults): they do
+    not quick-tune unseen shapes (the cuda backend's default, which measures and writes records into
+    the user's database) unless they ask for it with an argument or by unsetting the variable."""
+    import os
+
+    if request.node.get_closest_marker("gpu") and "AUTOCNN_AUTOTUNE" not in os.environ:
+        monkeypatch.setenv("AUTOCNN_AUTOTUNE", "off")

@@ -434,7 +434,7 @@ def test_quick_tuning_of_an_unseen_shape_on_the_gpu(tmp_path):
 
 
 @pytest.mark.gpu
-def test_a_model_on_the_cuda_backend_quick_tunes_its_unseen_kernels_unless_off(tmp_path):
+def test_a_model_on_the_cuda_backend_quick_tunes_its_unseen_kernels_unless_off(tmp_path, monkeypatch):
     from autocnn import nn
     from autocnn.nn.cuda_backend import CudaBackend
 
@@ -448,6 +448,7 @@ def test_a_model_on_the_cuda_backend_quick_tunes_its_unseen_kernels_unless_off(t
     assert off.autotune == "off" and db.records() == []
     assert all(d.source != "quick-tuned" for d in off.dispatch)
 
+    monkeypatch.delenv("AUTOCNN_AUTOTUNE", raising=False)   # conftest turns it off for GPU tests
     quick = model(CudaBackend(database=db)).build(3)   # the default: quick
     assert quick.autotune == "quick"
     assert quick.dispatch and all(d.source == "quick-tuned" for d in quick.dispatch), quick.dispatch_report()

@@ -98,11 +98,18 @@ def kernels_for(device: torch.device) -> DeviceKernels:
         return found
     with _DEVICES_LOCK:
         if index not in _DEVICES:
+            import os
+
             from autocnn.nn.cuda_backend import CudaBackend
+            from autocnn.tuning.quick import AUTOTUNE_ENV
 
             cp = _cupy()
+            # Inside a PyTorch model, kernels are what the tuning database hands out unless the user
+            # asks for more: AUTOCNN_AUTOTUNE=quick|full (or autocnn.torch.tune ahead of training).
+            # Quick tuning here would measure in worker processes on a model's first step.
+            autotune = os.environ.get(AUTOTUNE_ENV) or "off"
             with cp.cuda.Device(index):
-                _DEVICES[index] = DeviceKernels(index, CudaBackend(device_id=index))
+                _DEVICES[index] = DeviceKernels(index, CudaBackend(device_id=index, autotune=autotune))
         return _DEVICES[index]
 
 
