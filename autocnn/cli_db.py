@@ -72,10 +72,10 @@ def cmd_db_list(args: argparse.Namespace) -> int:
     # Shapes are never cut: their ends (epilogue, precision) tell records apart.
     width = max([len("shape"), *(len(r.shape) for r, _ in rows)])
     print(f"{'gpu':22s} {'op':14s} {'precision':9s} {'shape':{width}s} {'tuned us':>9s} {'default us':>10s} "
-          f"{'speed-up':>8s}")
+          f"{'speed-up':>8s}  tuning")
     for r, precision in rows:
         print(f"{r.gpu[:22]:22s} {r.op:14s} {precision:9s} {r.shape:{width}s} {fmt(r.time_us):>9s} "
-              f"{fmt(r.default_time_us):>10s} {fmt(r.speedup, '.2f'):>8s}")
+              f"{fmt(r.default_time_us):>10s} {fmt(r.speedup, '.2f'):>8s}  {'quick' if r.quick else 'full'}")
     return 0
 
 

@@ -523,3 +523,16 @@ def test_remove_stale_user_records_only(db):
     raw_file(db.user_dir / f"{H200.slug()}.json", [stale.to_dict(), current.to_dict()])
     assert db.remove(lambda r: any(r.key == s.key for s, _ in db.stale_records())) == 1
     assert db.stale_records() == [] and db.records() == [current]
+
+
+def test_db_list_says_which_records_were_tuned_quickly(db, monkeypatch, capsys):
+    import autocnn.store.database
+    from autocnn.cli import main
+
+    monkeypatch.setattr(autocnn.store.database, "default_shipped_dir", lambda: db.shipped_dir)
+    db.put(make_record(H200, KRIZ, quick=True))
+    db.put(make_record(H200, MODERN))
+    assert main(["db", "list"]) == 0
+    lines = {line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert lines == {"quick", "full"}
+    assert [r.quick for r in db.summary_rows() if r.shape == KRIZ.shape_string()] == [True]

@@ -37,6 +37,7 @@ class SummaryRow:
     default_time_us: float | None
     speedup: float | None
     origin: Origin
+    quick: bool = False      # tuned quickly on first use (AUTOCNN_AUTOTUNE=quick); a full tuning replaces it
 
 
 class TuningDatabase(RecordLookup, RecordExchange):
@@ -196,7 +197,8 @@ class TuningDatabase(RecordLookup, RecordExchange):
             r, k = e.record, e.record.key
             rows.append(SummaryRow(gpu=k.gpu, arch=k.arch, op=k.op, shape=e.valid.problem.shape_string(),
                                    config=str(e.valid.config), time_us=r.time_us,
-                                   default_time_us=r.default_time_us, speedup=r.speedup, origin=e.origin))
+                                   default_time_us=r.default_time_us, speedup=r.speedup, origin=e.origin,
+                                   quick=r.quick))
         rows.sort(key=lambda row: (row.gpu, row.op, row.shape))
         return rows
 
