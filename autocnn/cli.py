@@ -229,37 +229,21 @@ def _parse_ops(text: str | None) -> list[str]:
 
 
 def _make_source(args: argparse.Namespace):
-    """The measurement sources of a run: recorded replay files, the --devices GPUs (one measuring
-    worker each) or the one --device GPU; ``close()`` ends them."""
+    """The measurement sources of a run (a GpuSources; ``close()`` ends them): recorded replay
+    files, the --devices GPUs (one measuring worker each) or the one --device GPU."""
+    from autocnn.tuning.devices import GpuSources
+
     if args.replay:
         from autocnn.tuning.sources import ReplayFile, ReplaySource
 
-        return _Sources([ReplaySource([ReplayFile.load(p) for p in args.replay])])
+        return GpuSources([ReplaySource([ReplayFile.load(p) for p in args.replay])], {})
     if args.devices is not None:
         from autocnn.tuning.devices import device_count, open_gpu_sources, parse_devices, resolve_devices
 
-        opened = open_gpu_sources(resolve_devices(parse_devices(args.devices), device_count()))
-        return _Sources(opened.sources, opened.close)
+        return open_gpu_sources(resolve_devices(parse_devices(args.devices), device_count()))
     from autocnn.tuning.sources import GpuSource
 
-    return _Sources([GpuSource(args.device)])
-
-
-@dataclasses.dataclass
-class _Sources:
-    sources: list
-    closer: Any = None
-
-    @property
-    def device(self):
-        return self.sources[0].device
-
-    def close(self) -> None:
-        if self.closer is not None:
-            self.closer()
-        else:
-            for source in self.sources:
-                source.close()
+    return GpuSources([GpuSource(args.device)], {})
 
 
 def _tune_problems(args: argparse.Namespace, precision: str, op_problem: Any, torch_uses: Any) -> list[Any]:
@@ -350,7 +334,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             budgets = each_problem(problems, args.trials, args.timeout)
         if len(opened.sources) > 1:
             outcomes = tune_on_devices(opened.sources, budgets, settings, db, log=log, on_outcome=finished)
-        elif torch_uses is not None:
+        elif torch_uses is not None:   # its own split of the budget: by call count x expected time
             tuner = Tuner(opened.sources[0], db, settings, progress=bar, log=log)
             outcomes = autocnn_torch.tune_uses(tuner, torch_uses, args.trials, args.timeout, log)
             for outcome in outcomes:

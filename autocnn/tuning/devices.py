@@ -71,6 +71,11 @@ class GpuSources:
     sources: list[Any]
     pools: dict[str, Any]
 
+    @property
+    def device(self) -> Any:
+        """The first source's GPU (all of a run's kinds are its sources' devices)."""
+        return self.sources[0].device
+
     def close(self) -> None:
         for source in self.sources:
             source.close()
