@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
+from autocnn.kernels.suite import CONV_OPS  # noqa: E402  (after the path above)
 
 
 def parse_args(argv: list[str] | None):
