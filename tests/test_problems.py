@@ -111,3 +111,64 @@ def test_seed_suite_is_complete():
                      "kriz09_pool", "convnet18_pool", "modern_pool"):
         assert required in names
     assert {p.op for _, p in seed_problems("conv_wgrad")} == {"conv_wgrad"}
+
+
+# -- operations beyond the first five register their problem types ----------------------------------
+
+def test_register_problem_type_refuses_a_type_without_a_reference():
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from autocnn.kernels.problem import register_problem_type
+
+    @dataclass(frozen=True)
+    class NoReference:
+        N: int
+        op: ClassVar[str] = "test_no_reference"
+
+    with pytest.raises(ValueError, match="lacks the ReferenceProblem methods"):
+        register_problem_type(NoReference)
+
+
+def test_register_problem_type_refuses_a_taken_op_name():
+    from autocnn.kernels.problem import ConvFwdProblem, register_problem_type
+
+    class Impostor(ConvFwdProblem):
+        def input_shapes(self): return {}
+        def output_shapes(self): return {}
+        def reference(self, inputs): return {}
+        def reduction_length(self, name): return 1
+
+    with pytest.raises(ValueError, match="registered already"):
+        register_problem_type(Impostor)
+
+
+def test_a_registered_problem_type_is_known_to_the_reference_and_the_parser(monkeypatch):
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    import numpy as np
+
+    from autocnn.kernels import problem as problem_module
+    from autocnn.kernels import reference
+
+    monkeypatch.setattr(problem_module, "PROBLEM_TYPES", dict(problem_module.PROBLEM_TYPES))
+
+    @dataclass(frozen=True)
+    class Doubling:
+        N: int
+        op: ClassVar[str] = "test_doubling"
+
+        def input_shapes(self): return {"x": (self.N,)}
+        def output_shapes(self): return {"y": (self.N,)}
+        def reference(self, inputs): return {"y": 2 * inputs["x"]}
+        def reduction_length(self, name): return 1
+
+    problem_module.register_problem_type(Doubling)
+    p = problem_module.parse_shape("test_doubling", "N=3")
+    assert p == Doubling(3)
+    assert problem_module.problem_from_dict({"op": "test_doubling", "N": 3}) == p
+    out = reference.run_problem(p, {"x": np.arange(3.0)})
+    np.testing.assert_array_equal(out["y"], [0.0, 2.0, 4.0])
+    assert reference.output_shapes(p) == {"y": (3,)}
+    assert reference.reduction_length(p, "y") == 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 from autocnn.kernels.problem import (  # noqa: F401
     ACTIVATIONS,
     OP_NAMES,
+    PROBLEM_TYPES,
+    ReferenceProblem,
     AvgPoolBwdProblem,
     AvgPoolFwdProblem,
     ConvBwdDataProblem,
@@ -14,6 +16,7 @@ from autocnn.kernels.problem import (  # noqa: F401
     parse_shape,
     problem_from_dict,
     problem_type,
+    register_problem_type,
 )
 
 from autocnn.kernels.avgpool import AvgPoolBwd, AvgPoolFwd
@@ -30,6 +33,19 @@ OPERATIONS: dict[str, Operation] = {
 }
 
 
+def register_operation(operation: Operation) -> Operation:
+    """Offer an operation beyond the first five (its module calls this when kernels/__init__.py
+    imports it, after registering its problem type): `autocnn tune --ops`, the tuner, lookups and
+    the database then know it like any other."""
+    if operation.name in OPERATIONS:
+        raise ValueError(f"operation {operation.name!r} is registered already")
+    if operation.name not in PROBLEM_TYPES:
+        raise ValueError(f"operation {operation.name!r} has no registered problem type "
+                         "(kernels.problem.register_problem_type)")
+    OPERATIONS[operation.name] = operation
+    return operation
+
+
 def get_operation(name: str) -> Operation:
     from autocnn.errors import InvalidProblemError
 
@@ -41,3 +57,7 @@ def get_operation(name: str) -> Operation:
 
 def operation_for(problem) -> Operation:
     return get_operation(problem.op)
+
+
+# Operations added after the first five register themselves when their modules are imported here
+# (each module: its problem types, its Operation, its reference), after OPERATIONS exists.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Protocol, runtime_checkable
 
 from autocnn.errors import InvalidProblemError
 
@@ -355,14 +355,51 @@ PROBLEM_TYPES: dict[str, type] = {
     "avgpool_fwd": AvgPoolFwdProblem,
     "avgpool_bwd": AvgPoolBwdProblem,
 }
+# The five operations of the design card; operations added later (kernels/sep_conv.py, ...)
+# register their problem types with register_problem_type and appear in PROBLEM_TYPES only.
 OP_NAMES = tuple(PROBLEM_TYPES)
+
+
+@runtime_checkable
+class ReferenceProblem(Protocol):
+    """A problem type that carries its own float64 reference (kernels/reference.py dispatches to
+    these methods): an operation added after the first five keeps its tensors' names and shapes,
+    its reference and its reduction lengths beside its problem, in its own module, instead of a
+    branch in each function of reference.py."""
+
+    op: ClassVar[str]
+
+    def input_shapes(self) -> dict[str, tuple[int, ...]]: ...
+
+    def output_shapes(self) -> dict[str, tuple[int, ...]]: ...
+
+    def reference(self, inputs: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def reduction_length(self, output_name: str) -> int: ...
+
+
+def register_problem_type(cls: type) -> type:
+    """Offer a problem type under its ``op`` name (problem_type, problem_from_dict, parse_shape,
+    the tuning database). Its op name must be new; a problem type outside the first five must
+    implement ReferenceProblem, so that verification knows its reference. Usable as a decorator."""
+    op = getattr(cls, "op", None)
+    if not isinstance(op, str) or not op:
+        raise ValueError(f"{cls.__name__} has no op name")
+    if PROBLEM_TYPES.get(op, cls) is not cls:
+        raise ValueError(f"operation {op!r} is registered already, by {PROBLEM_TYPES[op].__name__}")
+    missing = [m for m in ("input_shapes", "output_shapes", "reference", "reduction_length")
+               if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(f"{cls.__name__} lacks the ReferenceProblem methods {', '.join(missing)}")
+    PROBLEM_TYPES[op] = cls
+    return cls
 
 
 def problem_type(op: str) -> type:
     try:
         return PROBLEM_TYPES[op]
     except KeyError:
-        raise InvalidProblemError("autocnn", "op", op, f"one of {', '.join(OP_NAMES)}") from None
+        raise InvalidProblemError("autocnn", "op", op, f"one of {', '.join(PROBLEM_TYPES)}") from None
 
 
 def problem_from_dict(data: Mapping[str, Any]) -> Any:

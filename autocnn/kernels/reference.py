@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy
 
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels.problem import ACTIVATIONS
+from autocnn.kernels.problem import ACTIVATIONS, ReferenceProblem
 
 # numpy.ndarray or cupy.ndarray: CuPy is optional, so it cannot appear in the annotations.
 Array = Any
@@ -394,6 +394,8 @@ def avgpool_bwd(dy: Array, *, input_hw: Any, window: Any, stride: Any, padding: 
 
 def input_shapes(problem: Any) -> dict[str, tuple[int, ...]]:
     """The arrays ``run_problem`` takes for ``problem``, by name, with their shapes."""
+    if isinstance(problem, ReferenceProblem):
+        return problem.input_shapes()
     op = problem.op
     if op == "conv_fwd":
         shapes = {"x": problem.x_shape, "w": problem.w_shape}
@@ -413,6 +415,8 @@ def input_shapes(problem: Any) -> dict[str, tuple[int, ...]]:
 
 def output_shapes(problem: Any) -> dict[str, tuple[int, ...]]:
     """The arrays ``run_problem`` returns for ``problem``, by name, with their shapes."""
+    if isinstance(problem, ReferenceProblem):
+        return problem.output_shapes()
     op = problem.op
     if op == "conv_fwd":
         return {"y": problem.y_shape}
@@ -441,6 +445,8 @@ def run_problem(problem: Any, inputs: Mapping[str, Array]) -> dict[str, Array]:
         if got != shape:
             raise InvalidProblemError(problem.op, f"{name}.shape", got, f"{shape} for {problem.shape_string()}")
 
+    if isinstance(problem, ReferenceProblem):
+        return problem.reference(inputs)
     op = problem.op
     geo = {"stride": problem.stride, "padding": problem.padding}
     if op == "conv_fwd":
@@ -468,6 +474,8 @@ def reduction_length(problem: Any, output_name: str) -> int:
     outputs = output_shapes(problem)
     if output_name not in outputs:
         raise InvalidProblemError(op, "output_name", output_name, f"one of {', '.join(outputs)}")
+    if isinstance(problem, ReferenceProblem):
+        return problem.reduction_length(output_name)
     sh, sw = problem.stride
     if op == "conv_fwd":
         return problem.C * problem.R * problem.S
