@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from autocnn.cli_db import (cmd_db_check, cmd_db_export, cmd_db_import, cmd_db_list, cmd_db_remove, cmd_db_show,
                             db_filters)
 from autocnn.cli_problems import at_precision, fmt, has_precision, precision_text, shape_problem
+from autocnn.device import set_workspace_limit
 from autocnn.errors import AutocnnError
 from autocnn.kernels.problem import DEFAULT_PRECISION, PRECISIONS
 from autocnn.tuning.quick import AUTOTUNE_MODES
@@ -70,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+WORKSPACE_HELP = ("the most scratch memory one kernel may use, e.g. 64MiB or 1GiB (default: "
+                  "$AUTOCNN_WORKSPACE_LIMIT, else 256MiB; 0 allows only formulations without a workspace)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autocnn", description="Generated, tuned CUDA kernels for CNNs.",
                                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measured trials per kernel (with --network: for the whole network; default 100). "
                         "A re-run continues the same study up to this total.")
     t.add_argument("--timeout", type=float, default=None, help="wall-clock seconds per kernel (network: in all)")
+    t.add_argument("--workspace-limit", default=None, metavar="SIZE",
+                   help=WORKSPACE_HELP + "; configs that need more are never measured")
     where = t.add_mutually_exclusive_group()
     where.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
     where.add_argument("--devices", default=None, metavar="0,1,...|all",
@@ -193,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "record that a later full tuning replaces), full (tune with a small trial budget) "
                          "or off (run the nearest shape's or the default config untuned); default: "
                          "$AUTOCNN_AUTOTUNE, else quick")
+    tr.add_argument("--workspace-limit", default=None, metavar="SIZE",
+                    help=WORKSPACE_HELP + "; lookups and quick tuning hand out no config that needs more")
     tr.add_argument("--seed", type=int, default=None)
     tr.add_argument("--limit", type=int, default=None, help="use only this many training images")
     tr.add_argument("--save", type=Path, default=None, help="write the trained weights (.npz)")
@@ -290,6 +299,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          "--torch-model torchvision.models:resnet18 --input-shape 3,224,224 --batch 64")
     # Everything is checked before a source is opened: a mistake costs no GPU start.
     check_timeout(args.timeout)
+    if args.workspace_limit is not None:
+        set_workspace_limit(args.workspace_limit)   # the workers inherit it
     if args.devices is not None:
         parse_devices(args.devices)
     precision = args.precision or DEFAULT_PRECISION
@@ -417,6 +428,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from autocnn.nn.training import train
 
+    if args.workspace_limit is not None:
+        set_workspace_limit(args.workspace_limit)
     report = train(args.network, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
                    backend=args.backend, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                    data_root=args.data_root, limit=args.limit, verbose=not args.json,

@@ -86,11 +86,19 @@ def cmd_db_show(args: argparse.Namespace) -> int:
     if not recs:
         print("no matching record")
         return 1
-    from autocnn.kernels import problem_from_dict
+    from autocnn.kernels import get_operation
+    from autocnn.store.records import validate_record
 
-    # The stored key leaves fp32 out (records made before precision existed keep their keys): say it.
-    print(json.dumps([{"precision": precision_text(problem_from_dict(r.key.problem)), **r.to_dict()}
-                      for r in recs], indent=2))
+    shown = []
+    for r in recs:
+        valid = validate_record(r)
+        # The stored key leaves fp32 out (records made before precision existed keep their keys): say
+        # it; and records made before workspaces were written get theirs from their config's plan.
+        workspace = r.workspace_bytes
+        if workspace is None:
+            workspace = get_operation(r.key.op).workspace_bytes(valid.problem, valid.config)
+        shown.append({"precision": precision_text(valid.problem), **r.to_dict(), "workspace_bytes": workspace})
+    print(json.dumps(shown, indent=2))
     return 0
 
 

@@ -6,8 +6,58 @@ goes into every tuning record's key.
 """
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
+
+# The scratch memory one kernel plan may ask for (a two-pass weight gradient's partial sums, the
+# unrolled or NHWC copies of an operand, FFT spectra), unless `--workspace-limit` or
+# $AUTOCNN_WORKSPACE_LIMIT say otherwise. 256 MiB keeps every formulation available on the seed
+# shapes and stays small beside a training run's activations on today's 24-141 GiB GPUs.
+DEFAULT_WORKSPACE_BYTES = 256 * 1024 * 1024
+WORKSPACE_LIMIT_ENV = "AUTOCNN_WORKSPACE_LIMIT"
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+               "g": 1024**3, "gb": 1000**3, "gib": 1024**3}
+
+
+def parse_workspace_limit(text: Any, source: str = "--workspace-limit") -> int:
+    """A workspace limit in bytes from e.g. "256MiB", "1GiB", "64M", "0" or 1048576 (bytes).
+
+    0 allows no workspace: only formulations that need none remain. Raises ValueError naming
+    ``source`` and the accepted forms."""
+    if isinstance(text, bool):
+        raise ValueError(f"{source}: {text!r} is not a size")
+    if isinstance(text, int):
+        value = text
+    else:
+        if str(text).strip().startswith("-"):
+            raise ValueError(f"{source}: {text!r} is negative; give a size >= 0")
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _SIZE_UNITS:
+            raise ValueError(f"{source}: {text!r} is not a size; give bytes or a number with a unit "
+                             f"(KiB, MiB, GiB, or KB, MB, GB), e.g. 256MiB")
+        value = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if value < 0:
+        raise ValueError(f"{source}: {text!r} is negative; give a size >= 0")
+    return value
+
+
+def set_workspace_limit(size: Any) -> int:
+    """Set this process's workspace limit (and its measuring workers', which inherit the
+    environment) from a size as parse_workspace_limit takes it; returns the bytes. What the command
+    line's --workspace-limit calls; in Python, call it before the first lookup or tuning."""
+    value = parse_workspace_limit(size)
+    os.environ[WORKSPACE_LIMIT_ENV] = str(value)
+    return value
+
+
+def workspace_limit() -> int:
+    """This process's workspace limit in bytes: $AUTOCNN_WORKSPACE_LIMIT, else the default. The
+    command line's --workspace-limit sets the variable, so measuring workers inherit it."""
+    text = os.environ.get(WORKSPACE_LIMIT_ENV, "").strip()
+    return DEFAULT_WORKSPACE_BYTES if not text else parse_workspace_limit(text, f"${WORKSPACE_LIMIT_ENV}")
 
 
 @dataclass(frozen=True)
@@ -19,6 +69,7 @@ class DeviceLimits:
     regs_per_sm: int = 65536
     max_regs_per_thread: int = 255
     sm_count: int = 1
+    workspace_bytes: int = DEFAULT_WORKSPACE_BYTES   # the most scratch memory one kernel plan may use
 
     @staticmethod
     def for_arch(arch: str) -> "DeviceLimits":
@@ -56,10 +107,12 @@ class DeviceInfo:
         major, minor = self.compute_capability.split(".")
         return f"sm_{major}{minor}"
 
-    def limits(self) -> DeviceLimits:
+    def limits(self, workspace_bytes: int | None = None) -> DeviceLimits:
+        """The device's limits, with the given workspace limit (None: this process's, workspace_limit())."""
         return DeviceLimits(self.arch, max_threads_per_block=1024,
                             max_smem_per_block=self.max_smem_per_block, smem_per_sm=self.smem_per_sm,
-                            regs_per_sm=self.regs_per_sm, sm_count=self.sm_count)
+                            regs_per_sm=self.regs_per_sm, sm_count=self.sm_count,
+                            workspace_bytes=workspace_limit() if workspace_bytes is None else workspace_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -25,6 +25,7 @@ SHAPE = "N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3"
     (["--op", "conv_fwd", "--shape", SHAPE, "--storage", "notaurl"], "Accepted forms"),
     (["--op", "conv_fwd", "--shape", SHAPE, "--devices", "0,x"], "--devices"),
     (["--suite", "seed", "--ops", "conv_fwd", "--trials", "0"], "trials"),
+    (["--op", "conv_fwd", "--shape", SHAPE, "--workspace-limit", "lots"], "--workspace-limit: 'lots' is not a size"),
 ])
 def test_mistakes_are_named_before_any_device_is_touched(no_gpu_source, capsys, argv, message):
     assert cli.main(["tune", *argv]) == 1

@@ -381,6 +381,11 @@ class Operation:
         current = {self.fingerprint(f.names[0]) for f in self.formulations}
         return self.fingerprint() if fingerprint in current else fingerprint
 
+    def workspace_bytes(self, problem: Any, config: Config) -> int:
+        """The scratch memory a config's plan allocates (KernelPlan.workspace_bytes), without rendering."""
+        _zero, workspaces = self.formulation_of(config).buffers(problem, config)
+        return 4 * sum(n for _, n in workspaces)
+
     def plan(self, problem: Any, config: Config) -> KernelPlan:
         """Render the kernel for a validated config and describe how to launch it."""
         self.check_problem(problem)

@@ -216,6 +216,9 @@ class TuningRecord:
     # Chosen by quick tuning (a handful of candidates, autocnn.tuning.quick), not by a search: any
     # full tuning of the key replaces it, and it never replaces a full record (transfer.faster_records).
     quick: bool = False
+    # Scratch memory the config's plan allocates (Operation.workspace_bytes); None in records made
+    # before it was written. A lookup hands the config out only under a workspace limit this fits.
+    workspace_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.key, RecordKey), "key", f"{type(self.key).__name__} is not a RecordKey")
@@ -250,6 +253,8 @@ class TuningRecord:
             _positive_time(ru["time_us"], "runner_up.time_us")
             object.__setattr__(self, "runner_up", _json_copy(ru, "runner_up"))
         _require(isinstance(self.quick, bool), "quick", f"{self.quick!r} is not true or false")
+        _require(self.workspace_bytes is None or (is_int(self.workspace_bytes) and self.workspace_bytes >= 0),
+                 "workspace_bytes", f"{self.workspace_bytes!r} is not a byte count")
 
     @property
     def speedup(self) -> float | None:
@@ -263,6 +268,8 @@ class TuningRecord:
                 out[f.name] = _json_copy(getattr(self, f.name), f.name)
         if not self.quick:
             del out["quick"]   # written only when true: records of full tunings keep their bytes
+        if self.workspace_bytes is None:
+            del out["workspace_bytes"]
         return out
 
     @staticmethod
@@ -282,12 +289,18 @@ class TuningRecord:
 
 # -- validation against the current code ----------------------------------------------------------
 
+UNLIMITED_WORKSPACE = 2**62
+
+
 def _record_limits(key: RecordKey) -> DeviceLimits | None:
     """The static limits of the record's architecture, or None for one this autocnn has no table for."""
     try:
-        return DeviceLimits.for_arch(key.arch)
+        limits = DeviceLimits.for_arch(key.arch)
     except ValueError:
         return None
+    # No workspace limit when a record is read: it was tuned under the limit of its own run, and
+    # the lookup holds it to the limit in force (device.workspace_limit()) when it hands it out.
+    return dataclasses.replace(limits, workspace_bytes=UNLIMITED_WORKSPACE)
 
 
 def _validate_config(space: SearchSpace, config: Mapping[str, Any], field: str, check_feasible: bool) -> Config:
@@ -332,7 +345,8 @@ def validate_record(record: TuningRecord) -> ValidRecord:
                                f"the {key.op} templates of its formulation are now {current} "
                                f"(`autocnn tune --stale` tunes such shapes again on their GPU)")
     limits = _record_limits(key)
-    space = operation.space(problem, limits if limits is not None else DeviceLimits(key.arch))
+    space = operation.space(problem, limits if limits is not None
+                            else DeviceLimits(key.arch, workspace_bytes=UNLIMITED_WORKSPACE))
     config = _validate_config(space, record.config, "config", check_feasible=limits is not None)
     if record.runner_up is not None:
         _validate_config(space, record.runner_up["config"], "runner_up.config", check_feasible=limits is not None)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autocnn.device import set_workspace_limit
 from autocnn.kernels import OPERATIONS, operation_for
 from autocnn.kernels.suite import CONV_OPS, POOL_OPS, seed_problems, seed_shapes
 from autocnn.tuning.bench_table import CONV_PRECISIONS, GpuRates, progress_line, row_from_results, tables
@@ -43,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, printed)")
     ap.add_argument("--out", type=Path, default=Path("bench_kernels.json"), help="JSON results")
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--workspace-limit", default=None, metavar="SIZE",
+                    help="the most scratch memory one kernel may use, e.g. 64MiB (default: "
+                         "$AUTOCNN_WORKSPACE_LIMIT, else 256MiB); sampled and looked-up configs stay within it")
     return ap
 
 
@@ -65,6 +69,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
         raise ValueError(f"--shapes: unknown seed shape(s) {sorted(wanted - known)}; known: {', '.join(sorted(known))}")
     if args.samples < 0:
         raise ValueError(f"--samples must be at least 0, not {args.samples}")
+    if args.workspace_limit is not None:
+        set_workspace_limit(args.workspace_limit)
     precisions = PRECISION_CHOICES[args.precision]
     problems = []
     for op in ops:

@@ -125,7 +125,7 @@ class _Fft(OpFormulation):
                 f"{fh}x{fw} FFT planes exceed {MAX_FFT} (images this large would need FFT tiling)"
 
         return [Constraint(("FFT_SIZE",), size),
-                workspace_rule(WORKSPACE_LIMIT_BYTES, ("FFT_SIZE", "IMGS"),
+                workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS"),
                                lambda how, imgs: 4 * sum(workspace_elements(f, how, imgs).values()))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:

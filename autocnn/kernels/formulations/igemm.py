@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autocnn.device import DeviceLimits
+from autocnn.device import DEFAULT_WORKSPACE_BYTES, DeviceLimits
 from autocnn.kernels.conv_bwd_data import stride_phases
 from autocnn.kernels.formulations.base import (FULL_UNROLL, Buffers, Formulation, OpFormulation, choices_upto,
                                                pragma_unroll)
@@ -30,7 +30,9 @@ CONV_BM = (32, 64, 128, 256)
 CONV_BN = (16, 32, 64, 128)
 CONV_BK = (4, 8, 16, 32)
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-WORKSPACE_LIMIT_BYTES = 256 * 1024 * 1024
+# The default workspace limit (device.DEFAULT_WORKSPACE_BYTES): the budget the formulations' default
+# candidates are sized for. Constraints hold configs to limits.workspace_bytes, the limit in force.
+WORKSPACE_LIMIT_BYTES = DEFAULT_WORKSPACE_BYTES
 REDUCE_THREADS = 256
 
 
@@ -204,8 +206,8 @@ class IgemmConvWgrad(_Igemm):
                        else f"SPLITK={s} exceeds the {cdiv(env.GK, bk)} reduction steps"),
             Constraint(("SPLITK",), lambda s: None if s <= GRID_YZ_LIMIT else "too many splits"),
             Constraint(("formulation", "SPLITK"),
-                       lambda f, s: None if f == ATOMIC or 4 * s * (env.GM * env.GN + env.GM) <= WORKSPACE_LIMIT_BYTES
-                       else f"the two-pass workspace exceeds {WORKSPACE_LIMIT_BYTES >> 20} MiB"),
+                       lambda f, s: None if f == ATOMIC or 4 * s * (env.GM * env.GN + env.GM) <= limits.workspace_bytes
+                       else f"the two-pass workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
         ]
 
     def default_candidates(self, problem: ConvWgradProblem) -> list[dict[str, Any]]:

@@ -163,8 +163,8 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
             Constraint(("NHWC", "VEC"), lambda nhwc, v: None if not (nhwc and v == 4) or gemm.C % 4 == 0
                        else f"float4 loads of NHWC input need C % 4 == 0, not {gemm.C}"),
             Constraint(("BM", "BN", "BK", "WM", "WN", "VEC", "NHWC"), even_vectors),
-            Constraint(("NHWC",), lambda nhwc: None if not nhwc or 4 * gemm.staged_floats <= WORKSPACE_LIMIT_BYTES
-                       else f"the NHWC staging workspace exceeds {WORKSPACE_LIMIT_BYTES >> 20} MiB"),
+            Constraint(("NHWC",), lambda nhwc: None if not nhwc or 4 * gemm.staged_floats <= limits.workspace_bytes
+                       else f"the NHWC staging workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
             smem_rule(limits, ("BM", "BN", "BK", "STAGES", "PAD_A", "PAD_B", "TABLE_A", "NHWC"),
                       lambda bm, bn, bk, st, pa, pb, ta, nhwc: smem_bytes(op, bm, bn, bk, st, pa, pb, ta, gemm.GK, nhwc)),
         ]
@@ -177,8 +177,8 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
             Constraint(("SPLITK",), lambda s: None if s <= GRID_YZ_LIMIT else "too many splits"),
             Constraint(("TWO_PASS", "SPLITK"), lambda t, s: None if not t or s >= 2 else "a second pass needs SPLITK >= 2"),
             Constraint(("TWO_PASS", "SPLITK"),
-                       lambda t, s: None if not t or 4 * s * (gemm.GM * gemm.GN + gemm.GM) <= WORKSPACE_LIMIT_BYTES
-                       else f"the two-pass workspace exceeds {WORKSPACE_LIMIT_BYTES >> 20} MiB"),
+                       lambda t, s: None if not t or 4 * s * (gemm.GM * gemm.GN + gemm.GM) <= limits.workspace_bytes
+                       else f"the two-pass workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
         ]
     else:
         out.append(smem_rule(limits, ("BM", "BN", "BK", "STAGES", "PAD_A", "PAD_B", "TABLE_A"),

@@ -154,9 +154,9 @@ class _Unrolled(OpFormulation):
         u = unrolling(problem)
         modes = MODES[self.op]
         if len(modes) > 1:
-            return [workspace_rule(WORKSPACE_LIMIT_BYTES, ("GEMM_MODE", "IMGS"),
+            return [workspace_rule(limits.workspace_bytes, ("GEMM_MODE", "IMGS"),
                                    lambda mode, imgs: 4 * sum(workspace_elements(u, mode, imgs).values()))]
-        return [workspace_rule(WORKSPACE_LIMIT_BYTES, ("IMGS",),
+        return [workspace_rule(limits.workspace_bytes, ("IMGS",),
                                lambda imgs: 4 * sum(workspace_elements(u, modes[0], imgs).values()))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:

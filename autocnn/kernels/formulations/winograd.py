@@ -149,7 +149,7 @@ class _Winograd(OpFormulation):
                    f"{p.stride[0]}x{p.stride[1]}")
             return [Constraint(("TILE",), lambda m: why)]
         v = view(p)
-        return [workspace_rule(WORKSPACE_LIMIT_BYTES, ("TILE", "IMGS"),
+        return [workspace_rule(limits.workspace_bytes, ("TILE", "IMGS"),
                                lambda m, imgs: 4 * sum(workspace_elements(v, m, imgs).values()))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
