@@ -2,7 +2,8 @@
 
 ``prepare`` (called when a model is built for a batch size) looks each kernel problem up in the
 tuning database (exact record, same architecture, nearest tuned shape, or the heuristic default),
-compiles it through NVRTC and allocates its workspaces, so the training step only launches.
+compiles it through NVRTC and reserves its workspaces (one buffer per operation, shared by its
+plans: autocnn.nn.workspace_arena), so the training step only launches and allocates nothing.
 
 Activations, the Dense epilogue and their gradients run as fused kernels (autocnn.nn.fused), and
 ``capture`` records a training step as a CUDA graph. Memory the step allocates while it is
@@ -21,6 +22,7 @@ import numpy as np
 from autocnn.errors import DeviceError
 from autocnn.nn import fused
 from autocnn.nn.backend import Backend, CapturedStep, KernelDispatch
+from autocnn.nn.workspace_arena import WorkspaceArenas
 from autocnn.tuning.quick import QUICK_BUDGET_S, autotune_mode
 
 # What the training library says about where a kernel's config came from.
@@ -84,7 +86,8 @@ class CudaBackend(Backend):
         self.db = database
         self.loader = KernelLoader()
         self._plans: dict[Any, Any] = {}
-        self._workspaces: dict[Any, dict[str, Any]] = {}
+        # Scratch memory, allocated when plans are prepared: one buffer per operation (workspace_arena).
+        self._workspaces = WorkspaceArenas(cp)
         self._dispatch: dict[Any, KernelDispatch] = {}
         # Launches of generated kernels per op: the tests compare it with kernel_calls.
         self.generated_launches: collections.Counter[str] = collections.Counter()
@@ -179,6 +182,7 @@ class CudaBackend(Backend):
         The kernel-call counters are put back as they were: the work counts when it is replayed.
         """
         cp = self.cp
+        self._workspaces.captured = True   # from now on a grown workspace buffer keeps the old one alive
         if self._graph_pool is None:
             self._graph_pool = cp.cuda.MemoryPool()
             self._capture_stream = cp.cuda.Stream(non_blocking=True)
@@ -301,7 +305,7 @@ class CudaBackend(Backend):
                     plan = get_operation(problem.op).plan(problem, chosen.config)
                     loaded = self.loader.load(plan)
                     self._plans[problem] = loaded
-                    self._workspaces[problem] = loaded.workspaces()
+                    self._workspaces.reserve(problem, problem.op, loaded.plan.workspaces)
                     self._dispatch[problem] = KernelDispatch(problem, SOURCE_LABELS.get(chosen.source, chosen.source),
                                                              f"{chosen.config} ({chosen.detail})")
                 out.append(self._dispatch[problem])
@@ -318,7 +322,7 @@ class CudaBackend(Backend):
         """Drop the kernels chosen for these problems (after tuning, so the next prepare looks again)."""
         for problem in problems:
             self._plans.pop(problem, None)
-            self._workspaces.pop(problem, None)
+            self._workspaces.forget(problem)
             self._dispatch.pop(problem, None)
 
     def _run(self, problem: Any, buffers: dict[str, Any], prezeroed: frozenset[str] = frozenset()) -> None:
@@ -330,7 +334,7 @@ class CudaBackend(Backend):
         for name, array in buffers.items():
             if array is not None and not array.flags.c_contiguous:
                 raise ValueError(f"{problem.op}: {name} must be C-contiguous for a generated kernel")
-        loaded({**buffers, **self._workspaces[problem]}, skip_zero=prezeroed)
+        loaded({**buffers, **self._workspaces.views(problem)}, skip_zero=prezeroed)
         self.generated_launches[problem.op] += 1
 
     def _conv_fwd(self, problem, x, w, bias, out):
