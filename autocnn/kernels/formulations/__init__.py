@@ -6,6 +6,8 @@ REGISTRY is the one place formulations are offered: each operation composes the 
 it, in this order (the order of its "formulation" parameter's choices).
 """
 from autocnn.kernels.formulations.base import Formulation, OpFormulation  # noqa: F401
+from autocnn.kernels.formulations.circular import CIRCULAR
+from autocnn.kernels.formulations.circular_bwd import CIRCULAR_BWD
 from autocnn.kernels.formulations.direct import DIRECT
 from autocnn.kernels.formulations.gather import GATHER
 from autocnn.kernels.formulations.igemm import IGEMM
@@ -17,4 +19,7 @@ from autocnn.kernels.formulations.winograd import WINOGRAD
 
 # fft (formulations/fft.py) is not offered yet: its NumPy model of the plan passes, but on an H100
 # its conv_fwd and conv_bwd_data plans failed verification (2026-11-23); it stays out until they pass.
-REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, WINDOW_GATHER)
+# circular (Scherer et al. 2010) comes after the others: today's defaults do not change.
+# circular_bwd serves conv_bwd_fused only (kernels/conv_bwd_fused.py), the one-pass backward.
+REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, WINDOW_GATHER,
+                                     CIRCULAR, CIRCULAR_BWD)

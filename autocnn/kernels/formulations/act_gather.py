@@ -1,0 +1,31 @@
+"""act_gather: conv_pool_dz (supersampling fused with the activation gradient) as a gather per
+position of the convolution's output map, avgpool_bwd's window_gather with A read beside it.
+
+Memory-bound like avgpool_bwd, so it takes window_gather's parameters (threads per block, values
+of a row per thread, items per thread) and constraints, which depend on the pooling geometry only.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from autocnn.kernels.formulations.base import Formulation
+from autocnn.kernels.formulations.window_gather import WindowGatherBwd
+from autocnn.kernels.operation import Launch, cdiv
+from autocnn.kernels.space import Config
+
+NAME = "act_gather"
+
+
+class ActGatherDz(WindowGatherBwd):
+    formulation = NAME
+    op = "conv_pool_dz"
+    summary = "a gather per position of the pooled gradient, times the activation's gradient"
+    templates = ("act_gather_conv_pool_dz.cu.j2",)
+
+    def launches(self, p: Any, c: Config) -> tuple[Launch, ...]:
+        items = p.N * p.C * p.H * cdiv(p.W, c["WPT"])
+        grid = (cdiv(items, c["THREADS"] * c["IPT"]), 1, 1)
+        return (Launch("conv_pool_dz", grid, (c["THREADS"], 1, 1), 0, ("dy", "a", "dz")),)
+
+
+ACT_GATHER = Formulation(NAME, (ActGatherDz(),))
