@@ -21,20 +21,26 @@ from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import ConvProblem, register_problem_type
 
 
+def _require_bool(op: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidProblemError(op, name, value, "true or false")
+
+
 @dataclass(frozen=True)
 class ConvBwdFusedProblem(ConvProblem):
-    """dX, dW (and db with ``bias``) from X, dY and W in one pass over dY."""
+    """dX, dW (and db with ``bias``, which is on by default as for conv_wgrad) from X, dY and W in
+    one pass over dY."""
 
     bias: bool = True
     op: ClassVar[str] = "conv_bwd_fused"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.bias, bool):
-            raise InvalidProblemError(self.op, "bias", self.bias, "true or false")
+        _require_bool(self.op, "bias", self.bias)
 
     def _epilogue_string(self) -> str:
-        return "" if self.bias else ",bias=0"
+        # Shape strings name the bias only when it is off, as conv_wgrad's do.
+        return ",bias=0" if not self.bias else ""
 
     # -- ReferenceProblem ------------------------------------------------------------------------
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
