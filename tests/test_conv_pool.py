@@ -309,3 +309,40 @@ def test_dz_verifies_against_float64():
                for label, p in shapes(False) for config in _sampled(DZ, p.dz, None, 2)}
     failed = {what: check.verification.message for what, check in results.items() if not check.verification.passed}
     assert len(results) >= 2 * len(shapes(False)) and not failed, failed
+
+
+# -- the benchmark script -------------------------------------------------------------------------
+
+def _bench_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_conv_pool.py"
+    spec = importlib.util.spec_from_file_location("bench_conv_pool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_script_refuses_bad_arguments_before_any_gpu_work(tmp_path, capsys):
+    bench = _bench_script()
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])
+    assert "--search" in capsys.readouterr().out
+    for bad in (["--pairs", "kriz09,alexnet"], ["--batch", "0"], ["--out", str(tmp_path / "f")]):
+        (tmp_path / "f").write_text("")
+        with pytest.raises(SystemExit):
+            bench.main(bad)
+        assert "error" in capsys.readouterr().err
+
+
+def test_bench_table_shows_ratios_and_geometric_means():
+    bench = _bench_script()
+    rows = [{"pair": "kriz09", "fwd_us": {"pair": 200.0, "fused": 90.0, "fused_keep": 100.0, "torch": 150.0},
+             "bwd_us": {"pair": 600.0, "split": 500.0}},
+            {"pair": "lenet5_1", "fwd_us": {"pair": 40.0, "fused": 15.0, "fused_keep": 20.0},
+             "bwd_us": {"pair": 90.0, "split": 100.0, "torch": 80.0}}]
+    text = bench.table(rows)
+    assert "2.00x" in text and "1.50x" in text and "0.90x" in text
+    assert "forward, pair over fused (keep): 2.00x" in text       # sqrt(2 * 2)
+    assert f"backward, pair over split: {((600 / 500) * 0.9) ** 0.5:.2f}x" in text
