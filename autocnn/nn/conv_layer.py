@@ -1,5 +1,6 @@
 """The convolution layer, Conv2d: forward, backward-data and weight-gradient kernels, each a
-ConvProblem at the layer's precision."""
+ConvProblem at the layer's precision; or, with ``separable=``, the separable operations on
+low-rank factors of its filters (autocnn.separable)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -11,6 +12,10 @@ from autocnn.kernels.problem import DEFAULT_PRECISION, ConvBwdDataProblem, ConvF
 from autocnn.nn.backend import Array, Backend, KernelProblem
 from autocnn.nn.layer_base import (Shape, WeightedLayer, check_activation, check_int, check_pair, check_padding,
                                    check_precision, init_weights)
+from autocnn.separable.execution import SeparableUnavailableError, make_execution, separable_problems
+from autocnn.separable.rank import RankChoice, energy_rank
+from autocnn.separable.setting import OFF, SeparableSetting, ineligibility, parse_separable
+from autocnn.separable.svd import SvdReport, SvdSettings
 
 
 class Conv2d(WeightedLayer):
@@ -26,16 +31,44 @@ class Conv2d(WeightedLayer):
     operands to TF32 (faster, with a looser bound). The layer's kernel problems carry the
     effective precision (``precision``), so tuning, lookups and dispatch use the records of it.
     The numpy backend ignores it: it computes in the model's dtype (float32 or float64) either way.
+
+    ``separable``: replace each filter W[k, c] by a rank-r approximation W_eff = sum_j u_j v_j^T
+    (autocnn.separable.setting lists the values: None takes the model's, ``Sequential(...,
+    separable=)``, off unless told; False keeps this layer 2D; True or 1 is rank 1, the seed's
+    setting; an integer is that rank; "energy" or a share in (0, 1] is the smallest rank keeping
+    that share (default 0.9) of the layer's filter energy, chosen once from the weights of the
+    first build). Needs stride 1 and a filter of at least 2x2. Each forward pass first factors the
+    current filters with the batched power-method SVD (``svd``: its SvdSettings, tolerance 1e-6 and
+    a cap of 100 iterations by default), warm-started from the previous pass's vectors, then runs
+    the separable forward (sep_conv_fwd); backward-data runs sep_conv_bwd_data on the same factors.
+    The update: the separable weight gradient gives gu = G v_j and gv = u_j^T G (G the 2D gradient
+    with respect to W_eff), and the layer's weight gradient is G projected onto the tangent space
+    of rank-r matrices at W_eff (autocnn.separable.projection), built from gu, gv, u and v alone.
+    The optimizer updates the full 2D filters W with it, and the next forward pass factors them
+    again, as in the seed. Why the projection: it is the part of G that a rank-r filter can follow
+    to first order, it is the exact gradient with respect to W wherever W has rank r, and it keeps
+    the 2D filters from drifting in directions the approximation discards. ``svd_report()`` tells
+    the last factorisation's iterations and capped filters.
     """
 
     trainable = True
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | Sequence[int],
                  stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, bias: bool = True,
-                 activation: str = "none", name: str | None = None, precision: str | None = None) -> None:
+                 activation: str = "none", name: str | None = None, precision: str | None = None,
+                 separable: Any = None, svd: SvdSettings | None = None) -> None:
         super().__init__(name)
         owner = "Conv2d"
         self.precision_override = check_precision(owner, precision, inherit=True)
+        self.separable_override = parse_separable(owner, separable, inherit=True)
+        self._model_separable: SeparableSetting = OFF
+        if svd is not None and not isinstance(svd, SvdSettings):
+            raise TypeError(f"{owner}: svd must be an autocnn.separable.SvdSettings, got {svd!r}")
+        self.svd_settings = svd or SvdSettings()
+        self.rank_choice: RankChoice | None = None   # the energy rule's choice, once made
+        self._rank: int | None = None
+        self._initial: dict[str, np.ndarray] | None = None
+        self._separable: Any = None
         self._model_precision = DEFAULT_PRECISION
         self.in_channels = check_int(owner, "in_channels", in_channels, 1)
         self.out_channels = check_int(owner, "out_channels", out_channels, 1)
@@ -52,6 +85,11 @@ class Conv2d(WeightedLayer):
         if max(pt, pb) >= R or max(pl, pr) >= S:
             raise ValueError(f"{owner}: padding {self.padding} must be smaller than the kernel "
                              f"{self.kernel_size} on every side")
+        if self.separable_override is not None and self.separable_override.enabled:
+            reason = ineligibility(self.separable_override, self.kernel_size, self.stride)
+            if reason:
+                raise ValueError(f"{owner}: separable={separable!r} needs stride 1 and a filter of at least 2x2 "
+                                 f"(and a rank of at most min(R, S)); this layer has {reason}")
         self._x: Array | None = None
 
     def config_text(self) -> str:
@@ -61,6 +99,8 @@ class Conv2d(WeightedLayer):
         if any(self.padding):
             text += f", padding={self.padding}"
         text += self._epilogue_text()
+        if self.separable_override is not None:
+            text += f", separable={self.separable_override.value()!r}"
         return text + (f", precision={self.precision_override!r}" if self.precision_override else "")
 
     @property
@@ -70,6 +110,65 @@ class Conv2d(WeightedLayer):
 
     def use_model_precision(self, precision: str) -> None:
         self._model_precision = precision
+
+    # -- separable filters ------------------------------------------------------------------------
+    @property
+    def separable(self) -> SeparableSetting:
+        """The separable setting in force: the layer's own, else the model's where this layer is
+        eligible (``separable_ineligibility``), else off."""
+        if self.separable_override is not None:
+            return self.separable_override
+        if self.separable_ineligibility(self._model_separable) is None:
+            return self._model_separable
+        return OFF
+
+    def separable_ineligibility(self, setting: SeparableSetting) -> str | None:
+        """Why ``setting`` cannot apply to this layer (None when it can, or when it is off)."""
+        return ineligibility(setting, self.kernel_size, self.stride) if setting.enabled else None
+
+    def use_model_separable(self, setting: SeparableSetting) -> None:
+        """Told the model's separable setting (by Sequential, before the next build)."""
+        if setting != self._model_separable and self.separable_override is None:
+            self._rank, self.rank_choice = None, None
+        self._model_separable = setting
+
+    @property
+    def separable_rank(self) -> int | None:
+        """The rank the separable layer runs at (None when it is 2D, or energy-chosen and not built)."""
+        setting = self.separable
+        if not setting.enabled:
+            return None
+        return setting.rank if setting.rank is not None else self._rank
+
+    def _choose_rank(self, weights: np.ndarray) -> None:
+        self.rank_choice = energy_rank(weights, self.separable.energy_share)
+        self._rank = self.rank_choice.rank
+
+    def build(self, input_shape: Sequence[int], batch_size: int, backend: Backend,
+              rng: np.random.Generator) -> Shape:
+        setting = self.separable
+        if setting.energy_share is not None and self._rank is None:
+            # The energy rule needs weights before the problems are made: the first build's
+            # initial weights (kept for init_params), or the weights the layer already has.
+            if self._params:
+                self._choose_rank(backend.to_numpy(self._params["weight"]))
+            else:
+                self._initial = self._init_host(rng)
+                self._choose_rank(self._initial["weight"])
+        return super().build(input_shape, batch_size, backend, rng)
+
+    def svd_report(self) -> SvdReport | None:
+        """The last factorisation's iterations and capped filters (None before the first forward
+        pass, or for a 2D layer). On a GPU this waits for the device."""
+        return None if self._separable is None else self._separable.report()
+
+    def factors(self) -> tuple[Array, Array] | None:
+        """The last factorisation's (u [K,C,r,R], v [K,C,r,S]) buffers, live; None for a 2D layer."""
+        return None if self._separable is None else (self._separable.u, self._separable.v)
+
+    def factor_gradients(self) -> tuple[Array, Array] | None:
+        """The last backward pass's (gu, gv), the loss's gradients with respect to u and v."""
+        return None if self._separable is None else (self._separable.gu, self._separable.gv)
 
     def compute_output_shape(self, input_shape: Shape) -> Shape:
         if len(input_shape) != 3 or input_shape[0] != self.in_channels:
@@ -87,6 +186,12 @@ class Conv2d(WeightedLayer):
         return shapes
 
     def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        if self._initial is not None:   # drawn by build for the energy rule
+            params, self._initial = self._initial, None
+            return params
+        return self._init_host(rng)
+
+    def _init_host(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         R, S = self.kernel_size
         shapes = self.param_shapes()
         params = {"weight": init_weights(rng, shapes["weight"], self.in_channels * R * S,
@@ -104,6 +209,17 @@ class Conv2d(WeightedLayer):
 
     def make_problems(self, input_shape: Shape, batch_size: int) -> list[KernelProblem]:
         fwd = self._fwd_problem(input_shape, batch_size)
+        if self.separable.enabled:
+            rank = self.separable_rank
+            if rank is None:
+                raise RuntimeError(f"{self.describe()}: the energy-chosen rank is chosen from the weights when "
+                                   f"the layer is first built; build the model before asking for its problems")
+            try:
+                return separable_problems(fwd, rank, self.needs_input_grad)
+            except SeparableUnavailableError:
+                # The numpy backend computes the separable layer without these problems; the cuda
+                # backend refuses to build it (make_execution says why).
+                return []
         problems: list[KernelProblem] = [fwd]
         if self.needs_input_grad:
             problems.append(fwd.with_op("conv_bwd_data"))
@@ -138,11 +254,24 @@ class Conv2d(WeightedLayer):
         self._dz = backend.zeros(self._y.shape) if self.activation != "none" else None
         self._dx = backend.zeros((batch_size, *self.input_shape)) if self.needs_input_grad else None
         self._x = None
+        rank = self.separable_rank
+        old = self._separable
+        self._separable = None
+        if rank is not None:
+            fwd = self._fwd_problem(self.input_shape, batch_size)
+            self._separable = make_execution(backend, fwd, self._problems, rank, self.svd_settings)
+            if old is not None and old.rank == rank:
+                backend.copy_into(self._separable.v, old.v)   # keep the warm start across rebuilds
 
     def forward(self, x: Array) -> Array:
         backend = self._require_built()
         self._check_batch("input", x, self.input_shape)  # type: ignore[arg-type]
         self._x = x  # kept (not copied) for the weight gradient: the buffer lives until the next step
+        if self._separable is not None:
+            # The filters changed since the last pass (an update, a load): factor them again.
+            self._separable.factorize(self._params["weight"])
+            self._separable.forward(x, self._params.get("bias"), self._y)
+            return self._y
         backend.conv_fwd(self.forward_problem, x, self._params["weight"], self._params.get("bias"), self._y)
         return self._y
 
@@ -150,6 +279,13 @@ class Conv2d(WeightedLayer):
         backend = self._require_built()
         dz = self._through_activation(dy)
         # The weight gradient may run beside the input gradient and the layers below (on a GPU).
+        if self._separable is not None:
+            with backend.parameter_gradients():
+                self._separable.weight_gradient(self._x, dz, self._grads["weight"], self._grads.get("bias"))
+            if not self.needs_input_grad:
+                return None
+            self._separable.backward_data(dz, self._dx)
+            return self._dx
         with backend.parameter_gradients():
             backend.conv_wgrad(self.wgrad_problem, self._x, dz, self._grads["weight"], self._grads.get("bias"))
         if not self.needs_input_grad:

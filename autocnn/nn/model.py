@@ -19,6 +19,7 @@ dispatch_report) and parameter_files (save, load).
 from __future__ import annotations
 
 import collections
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -38,6 +39,7 @@ from autocnn.nn.staging import BatchStaging
 from autocnn.nn.text_table import format_table
 from autocnn.nn.training_step import TrainingStep, metric_views
 from autocnn.nn.validation import check_batch_size
+from autocnn.separable.setting import SeparableSetting, parse_separable
 from autocnn.tuning.quick import check_autotune
 
 
@@ -68,11 +70,18 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
     setting: $AUTOCNN_AUTOTUNE, else "quick". It may be changed later (``model.autotune = "off"``)
     and applies to the problems prepared after. The numpy backend runs no generated kernels: there
     it is checked and kept, and changes nothing.
+
+    ``separable``: separable filters for every eligible Conv2d (stride 1, a filter of at least
+    2x2, and at a fixed rank at most min(R, S)) that does not set its own ``separable=``: False or
+    None (the default) off, True or 1 rank 1 (the seed's setting), an integer that rank, "energy"
+    or a share in (0, 1] the energy-chosen rank (see Conv2d). Ineligible layers stay 2D and are
+    named in one warning. It may be changed later (``model.separable = "energy"``; a built model
+    is built again, keeping its weights).
     """
 
     def __init__(self, layers: Sequence[Layer], input_shape: Sequence[int], backend: str | Backend = "numpy",
                  seed: int | None = None, dtype: Any = None, precision: str = DEFAULT_PRECISION,
-                 autotune: str | None = None) -> None:
+                 autotune: str | None = None, separable: Any = None) -> None:
         layers = list(layers)
         if not layers:
             raise ValueError("Sequential needs at least one layer")
@@ -122,6 +131,7 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         self.optimizer: Optimizer | None = None
         self.batch_size: int | None = None
         self.precision = precision   # after batch_size: setting it rebuilds a built model
+        self._use_separable(separable, stacklevel=4)   # the warning points at the caller of Sequential()
         self.dispatch: list[KernelDispatch] = []
         self._pending_params: dict[int, dict[str, np.ndarray]] = {}
         self._arena: ParameterArena | None = None
@@ -170,6 +180,34 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
             layer.use_model_precision(self._precision)
         if self.batch_size is not None:
             self._rebuild()   # the layers' problems change: the backend must choose their kernels again
+
+    @property
+    def separable(self) -> SeparableSetting:
+        """The model's separable setting (see the class docstring); layers may override it."""
+        return self._separable
+
+    @separable.setter
+    def separable(self, value: Any) -> None:
+        self._use_separable(value, stacklevel=3)
+
+    def _use_separable(self, value: Any, stacklevel: int) -> None:
+        setting = parse_separable("Sequential", value)
+        skipped = []
+        for layer in self.layers:
+            use = getattr(layer, "use_model_separable", None)
+            if use is None:
+                continue
+            use(setting)
+            reason = layer.separable_ineligibility(setting)
+            if reason and layer.separable_override is None:
+                skipped.append(f"{layer.name} ({reason})")
+        if skipped:
+            warnings.warn(f"separable={setting.value()!r} leaves {len(skipped)} convolution layer(s) 2D: "
+                          f"{'; '.join(skipped)}", UserWarning, stacklevel=stacklevel)
+        changed = getattr(self, "_separable", None) not in (None, setting)
+        self._separable = setting
+        if changed and self.batch_size is not None:
+            self._rebuild()
 
     @property
     def autotune(self) -> str | None:

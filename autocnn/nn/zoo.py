@@ -15,6 +15,15 @@ Zoo networks (input -> output shapes): the seed networks of the source documents
   Dense(100, 10).
 * lenet5 -- for Fashion-MNIST: 1x28x28, Conv2d 1->6 5x5 pad 2 relu, AvgPool2d(2), Conv2d 6->16
   5x5 relu, AvgPool2d(2), Flatten, Dense(400, 120, relu), Dense(120, 84, relu), Dense(84, 10).
+* conv4 -- the second network of the separable-filters paper (seed 002, cuda-convnet's
+  layers-conv-local-11pct without its locally connected layers): 3x32x32, Conv2d 3->64 5x5,
+  AvgPool2d, Conv2d 64->64 5x5, AvgPool2d, Conv2d 64->64 3x3, Conv2d 64->32 3x3, Flatten,
+  Dense(2048, 10). Chosen like convnet18's, since the paper gives only sizes and maps: 'same'
+  padding (2 for 5x5, 1 for 3x3) and relu on every convolution, and convnet18's overlapping 3x3
+  stride-2 averaging (padding 1, count_pad=False) that halves the map (32 -> 16 -> 8). Every
+  convolution has stride 1 and a filter of at least 3x3, so ``separable=`` applies to all four.
+  Like convnet18 it takes 3x32x32 images: `autocnn train` fits Fashion-MNIST's 1x28x28 to it
+  (bilinear resize, the grey channel repeated; nn.data.fit_to_input).
 * vgg_cifar -- a VGG-style CIFAR network with today's layer shapes: 3x32x32, three stages of two
   Conv2d 3x3 pad 1 relu (64, 128, 256 maps) each followed by AvgPool2d(2) (32 -> 16 -> 8 -> 4),
   Flatten, Dense(4096, 256, relu), Dense(256, 10). Averaging stands in for VGG's max pooling (the
@@ -23,7 +32,7 @@ Zoo networks (input -> output shapes): the seed networks of the source documents
 JSON networks (``network_from_json``)::
 
     {
-      "name": "my-net",                       (optional, as is "description")
+      "name": "my-net",                       (optional, as are "description" and "separable")
       "input_shape": [1, 28, 28],
       "layers": [
         {"type": "conv2d", "out_channels": 6, "kernel_size": 5, "padding": 2, "activation": "relu"},
@@ -37,7 +46,11 @@ Layer types and keys (the constructor arguments of the layer classes):
 
 * conv2d: out_channels, kernel_size (required); in_channels, stride, padding, bias, activation,
   precision ("fp32" or "tf32": this layer's, overriding the model's, which `autocnn train/tune
-  --precision` or ``Sequential.precision`` set)
+  --precision` or ``Sequential.precision`` set), separable (this layer's: false, true, a rank, "energy",
+  "energy:SHARE" or a share; see autocnn.separable.setting)
+
+The top-level "separable" (same values) is the network's setting: every eligible conv2d without its
+own (``Sequential(separable=)``).
 * avgpool2d: window (required); stride, padding, count_pad
 * dense: out_features (required); in_features, bias, activation
 * flatten: (none)
@@ -102,6 +115,17 @@ def _lenet5() -> list[Layer]:
             Dense(400, 120, activation="relu"), Dense(120, 84, activation="relu"), Dense(84, 10)]
 
 
+def _conv4() -> list[Layer]:
+    def pool() -> AvgPool2d:
+        return AvgPool2d(3, stride=2, padding=1, count_pad=False)   # as convnet18's
+
+    return [Conv2d(3, 64, 5, padding=2, activation="relu"), pool(),
+            Conv2d(64, 64, 5, padding=2, activation="relu"), pool(),
+            Conv2d(64, 64, 3, padding=1, activation="relu"),
+            Conv2d(64, 32, 3, padding=1, activation="relu"),
+            Flatten(), Dense(32 * 8 * 8, 10)]
+
+
 def _vgg_cifar() -> list[Layer]:
     layers: list[Layer] = []
     channels = 3
@@ -122,6 +146,8 @@ SPECS: dict[str, NetworkSpec] = {s.name: s for s in (
                 _chellapilla06),
     NetworkSpec("lenet5", (1, 28, 28), "LeNet-5 style for Fashion-MNIST: two 5x5 relu convs, 2x2 averaging",
                 _lenet5),
+    NetworkSpec("conv4", (3, 32, 32), "separable-filters paper's second network: 5x5, 5x5, 3x3, 3x3 relu convs "
+                "(64, 64, 64, 32 maps), 3x3 averaging after the first two", _conv4),
     NetworkSpec("vgg_cifar", (3, 32, 32), "VGG-style CIFAR: 3x3 relu convs in pairs of 64, 128, 256 maps, "
                 "2x2 averaging after each pair", _vgg_cifar),
 )}
@@ -139,11 +165,13 @@ def input_shape(name: str) -> tuple[int, int, int]:
     return _spec(name).input_shape
 
 
-def build_network(name: str, backend: str | Backend = "numpy", seed: int | None = None, dtype: Any = None
-                  ) -> Sequential:
-    """A fresh, unbuilt Sequential for the seed network ``name`` (see NETWORKS)."""
+def build_network(name: str, backend: str | Backend = "numpy", seed: int | None = None, dtype: Any = None,
+                  separable: Any = None) -> Sequential:
+    """A fresh, unbuilt Sequential for the seed network ``name`` (see NETWORKS); ``separable``: the
+    network's separable setting (Sequential)."""
     spec = _spec(name)
-    return Sequential(spec.make_layers(), spec.input_shape, backend=backend, seed=seed, dtype=dtype)
+    return Sequential(spec.make_layers(), spec.input_shape, backend=backend, seed=seed, dtype=dtype,
+                      separable=separable)
 
 
 # -- JSON ----------------------------------------------------------------------------------------------
@@ -151,7 +179,7 @@ def build_network(name: str, backend: str | Backend = "numpy", seed: int | None 
 # type -> (required keys, optional keys)
 _JSON_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "conv2d": (("out_channels", "kernel_size"), ("in_channels", "stride", "padding", "bias", "activation", "precision",
-                                                 "name")),
+                                                 "separable", "name")),
     "avgpool2d": (("window",), ("stride", "padding", "count_pad", "name")),
     "dense": (("out_features",), ("in_features", "bias", "activation", "name")),
     "flatten": ((), ("name",)),
@@ -186,10 +214,10 @@ def network_from_dict(spec: Any, backend: str | Backend = "numpy", seed: int | N
     """A Sequential from the JSON structure documented in this module (already parsed)."""
     if not isinstance(spec, dict):
         raise ValueError(f"{source}: the top level must be an object with input_shape and layers")
-    unknown = sorted(set(spec) - {"name", "input_shape", "layers", "description"})
+    unknown = sorted(set(spec) - {"name", "input_shape", "layers", "description", "separable"})
     if unknown:
         raise ValueError(f"{source}: unknown top-level key(s) {', '.join(unknown)}; "
-                         f"allowed: name, description, input_shape, layers")
+                         f"allowed: name, description, input_shape, layers, separable")
     shape = spec.get("input_shape")
     if not isinstance(shape, list) or not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0
                                                               for s in shape):
@@ -225,7 +253,8 @@ def network_from_dict(spec: Any, backend: str | Backend = "numpy", seed: int | N
             raise ValueError(f"{where}: {exc}") from None
         layers.append(layer)
     try:
-        return Sequential(layers, tuple(shape), backend=backend, seed=seed, dtype=dtype)
+        return Sequential(layers, tuple(shape), backend=backend, seed=seed, dtype=dtype,
+                          separable=spec.get("separable"))
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
 
