@@ -304,8 +304,9 @@ def test_cuda_separable_layers_match_the_numpy_backend(separable):
     for name in ("conv2d_1.weight", "conv2d_2.weight"):
         K, C, R, S = weights[name].shape
         weights[name] = rank_r_weights(rng, K, C, R, S, min(R, S)) * 0.2
-    gpu.set_weights({k: v.astype(np.float32) for k, v in weights.items()})
-    cpu.set_weights(weights)
+    for model in (gpu, cpu):
+        for name, array in model.params().items():
+            model.backend.upload(weights[name].astype(model.dtype), array)
     x = rng.random((4, 3, 12, 12), dtype=np.float32)
     y = np.array([1, 2, 3, 4])
     loss_gpu = gpu.loss_and_gradients(x, y)

@@ -19,8 +19,6 @@ This module is the NumPy (float64-checkable) form; projection_cuda runs the same
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 # sigma_i^2 at most this share of the filter's largest is taken as zero (float32 rounding of the

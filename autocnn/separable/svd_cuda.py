@@ -178,6 +178,8 @@ class CudaPowerSvd:
             if int(array.size) != size or not array.flags.c_contiguous:
                 raise ValueError(f"batched SVD: {name} must be a contiguous array of {size} elements for "
                                  f"{filters} filters {R}x{S} at rank {rank}, got shape {tuple(array.shape)}")
+        if not w.flags.c_contiguous:
+            raise ValueError(f"batched SVD: the filters must be a contiguous array, got strides {w.strides}")
         if w.dtype != np.float32 or u.dtype != np.float32 or v.dtype != np.float32:
             raise TypeError("batched SVD: w, u and v must be float32")
         if iterations.dtype != np.int32 or status.dtype != np.int32:
