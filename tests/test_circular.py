@@ -231,7 +231,8 @@ def test_the_papers_configuration_is_in_the_space():
     a 70x8 window of which two rows enter each step."""
     problem = ConvFwdProblem(N=60, C=8, H=64, W=64, K=8, R=8, S=8, stride=2, padding=3, bias=True, activation="tanh")
     config = space()(problem).validate({"formulation": NAME, "KB": 8, "KPT": 1, "TQ": 32, "QPT": 1, "PPS": 1,
-                                        "ROWS": 8, "PBLK": 32, "CB": 1, "PAD": 0, "UNROLL_R": 1})
+                                        "ROWS": 8, "PBLK": 32, "CB": 1, "PAD": 0, "UNROLL_R": 1,
+                                        "MINB": 1})
     plan = FWD.plan(problem, config)
     assert plan.launches[0].block == (256, 1, 1) and plan.launches[0].grid == (1, 1, 60)
     assert "IWT = (TQ - 1) * SW + S" in plan.source and strip_width(32, 8, 2) == 70
@@ -243,7 +244,7 @@ def test_rows_below_one_step_are_refused_with_the_reason():
 
     with pytest.raises(InfeasibleConfigError, match="ROWS=8 is fewer than the 10 rows one step of 2 output rows reads"):
         space()(problem).validate({"formulation": NAME, "KB": 8, "KPT": 4, "TQ": 32, "QPT": 2, "PPS": 2,
-                                   "ROWS": 8, "PBLK": 16, "CB": 8, "PAD": 1, "UNROLL_R": 1})
+                                   "ROWS": 8, "PBLK": 16, "CB": 8, "PAD": 1, "UNROLL_R": 1, "MINB": 1})
 
 
 def _registry_without_circular():

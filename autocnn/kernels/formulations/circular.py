@@ -16,7 +16,7 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormulation, choices_upto, pragma_unroll
-from autocnn.kernels.formulations.circular_rows import RowWindow, phase_len
+from autocnn.kernels.formulations.circular_rows import MINB_CHOICES, RowWindow, minb_rule, phase_len
 from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, at_most, cdiv, next_pow2, smem_rule,
                                        threads_rule)
 from autocnn.kernels.problem import ConvFwdProblem
@@ -75,6 +75,7 @@ class CircularConvFwd(OpFormulation):
             Param("CB", choices_upto((1, 2, 4, 8, 16), max(1, next_pow2(p.C))), "input channels staged in shared memory per step"),
             Param("PAD", (0, 1, 2), "floats of padding per shared-memory input row (bank conflicts)"),
             Param("UNROLL_R", (1, FULL_UNROLL), "unrolling of the filter-row loop (0: complete)"),
+            Param("MINB", MINB_CHOICES, "blocks per multiprocessor ptxas keeps registers for (__launch_bounds__)"),
         ]
 
     def constraints(self, p: ConvFwdProblem, limits: DeviceLimits) -> list[Constraint]:
@@ -99,6 +100,7 @@ class CircularConvFwd(OpFormulation):
             at_most("CB", max(1, next_pow2(p.C)), f"only {p.C} input channels"),
             Constraint(("PPS",), lambda pps: None if pps <= max(1, next_pow2(p.P)) else f"only {p.P} output rows"),
             threads_rule(limits, ("KB", "KPT", "TQ", "QPT"), lambda kb, kpt, tq, qpt: (kb // kpt) * (tq // qpt)),
+            minb_rule(lambda kb, kpt, tq, qpt: (kb // kpt) * (tq // qpt), ("KB", "KPT", "TQ", "QPT")),
             Constraint(("KPT", "PPS", "QPT"),
                        lambda kpt, pps, qpt: None if kpt * pps * qpt <= 64
                        else f"{kpt * pps * qpt} accumulators per thread exceed 64 (registers)"),
@@ -127,10 +129,12 @@ class CircularConvFwd(OpFormulation):
             win = RowWindow(p.R, sh, pps, 0)
             return win.need + extra * win.enter
 
-        base = {"formulation": NAME, "CB": cb, "PAD": 1, "UNROLL_R": 1}
+        pblk = max(4, next_pow2(p.P))     # PBLK's bound
+        base = {"formulation": NAME, "CB": cb, "PAD": 1, "UNROLL_R": 1, "MINB": 1}
         return [
-            {**base, "KB": kb, "KPT": min(4, kb), "TQ": tq, "QPT": 2, "PPS": 2, "ROWS": rows(2, 1), "PBLK": 16},
-            {**base, "KB": kb, "KPT": 1, "TQ": tq, "QPT": 1, "PPS": 1, "ROWS": rows(1, 0), "PBLK": 32},
+            {**base, "KB": kb, "KPT": min(2, kb), "TQ": tq, "QPT": 2, "PPS": 2, "ROWS": rows(2, 1),
+             "PBLK": min(16, pblk)},
+            {**base, "KB": kb, "KPT": 1, "TQ": tq, "QPT": 1, "PPS": 1, "ROWS": rows(1, 0), "PBLK": min(32, pblk)},
             {**base, "KB": 4, "KPT": 1, "TQ": 8, "QPT": 1, "PPS": 1, "ROWS": rows(1, 0), "PBLK": 4, "CB": 1, "PAD": 0},
         ]
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
-from autocnn.kernels.formulations.circular_rows import phase_len
+from autocnn.kernels.formulations.circular_rows import MINB_CHOICES, minb_rule, phase_len
 from autocnn.kernels.operation import GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, at_most, cdiv, next_pow2, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -85,6 +85,7 @@ class CircularBwdConvBwdFused(OpFormulation):
             Param("PAD", (0, 1, 2), "floats of padding per shared-memory row (bank conflicts)"),
             Param("UNROLL_Q", (1, 2, 4), "unrolling of the weight-gradient loop over a row's columns"),
             Param("COMBINE", (ATOMIC, TWO_PASS), "how the blocks' partial weight gradients meet"),
+            Param("MINB", MINB_CHOICES, "blocks per multiprocessor ptxas keeps registers for (__launch_bounds__)"),
         ]
 
     def constraints(self, p: "ConvBwdFusedProblem", limits: DeviceLimits) -> list[Constraint]:
@@ -113,6 +114,7 @@ class CircularBwdConvBwdFused(OpFormulation):
             Constraint(("MSPLIT", "TQ"), lambda ms, tq: None if ms <= tq + umax - 1
                        else f"MSPLIT={ms} exceeds the {tq + umax - 1} positions of an accumulator row"),
             Constraint(("KB", "KPT", "SPT", "CB", "MSPLIT"), threads),
+            minb_rule(lambda *v: bwd_threads(p, *v), ("KB", "KPT", "SPT", "CB", "MSPLIT")),
             Constraint(("KPT", "SPT"), lambda kpt, spt: None if kpt * spt <= 32
                        else f"{kpt * spt} weight-gradient accumulators per thread exceed 32 (registers)"),
             Constraint(("KB",), lambda kb: None if kb * umax <= 64
@@ -134,11 +136,18 @@ class CircularBwdConvBwdFused(OpFormulation):
         kb = min(8, max(1, next_pow2(p.K)))
         tq = max(8, min(32, next_pow2(p.Q)))
         spt = min(4, max(1, next_pow2(p.S)))
-        base = {"ROWS": p.R + p.stride[0], "PAD": 1, "UNROLL_Q": 2, "COMBINE": ATOMIC}
+        cb = min(4, max(1, next_pow2(p.C)))
+        # Phase B's threads as many as phase A's and at least 128, so neither phase leaves most of
+        # the block idle.
+        a_threads = (kb // min(4, kb)) * cb * p.R * cdiv(p.S, spt)
+        row_threads = cb * p.R * min(p.stride[1], p.S)
+        msplit = next((m for m in (1, 2, 4, 8, 16, 32) if row_threads * m >= max(a_threads, 128)), 32)
+        rows = max(4, next_pow2(p.P))     # PBLK's bound
+        base = {"ROWS": p.R + p.stride[0], "PAD": 1, "UNROLL_Q": 2, "COMBINE": ATOMIC, "MINB": 1}
         return [
-            {**base, "KB": kb, "KPT": min(4, kb), "SPT": spt, "CB": min(4, max(1, next_pow2(p.C))), "TQ": tq,
-             "PBLK": 16, "MSPLIT": 4},
-            {**base, "KB": kb, "KPT": 1, "SPT": 1, "CB": 1, "TQ": tq, "PBLK": 32, "MSPLIT": 2},
+            {**base, "KB": kb, "KPT": min(4, kb), "SPT": spt, "CB": cb, "TQ": tq, "PBLK": min(16, rows),
+             "MSPLIT": msplit},
+            {**base, "KB": kb, "KPT": 1, "SPT": 1, "CB": 1, "TQ": tq, "PBLK": min(32, rows), "MSPLIT": 2},
             {**base, "KB": 1, "KPT": 1, "SPT": 1, "CB": 1, "TQ": 8, "PBLK": 4, "MSPLIT": 1, "ROWS": p.R, "PAD": 0,
              "UNROLL_Q": 1},
         ]

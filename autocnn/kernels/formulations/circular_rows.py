@@ -20,8 +20,26 @@ exactly its R source rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from autocnn.kernels.operation import cdiv
+from autocnn.kernels.space import Constraint
+
+
+# Both kernels name the blocks per multiprocessor ptxas should keep registers for (the second
+# argument of __launch_bounds__); with the block size alone, CUDA 13's ptxas aimed at full occupancy
+# and spilled blocks of 64 threads at 32 registers.
+MINB_CHOICES = (1, 2, 4)
+MAX_THREADS_PER_SM = 2048   # compute capability 8.0 and 9.0
+
+
+def minb_rule(threads_of: Callable[..., int], params: tuple[str, ...]) -> Constraint:
+    """MINB blocks of the config's size must fit on a multiprocessor."""
+    def check(minb, *values):
+        n = minb * threads_of(*values)
+        return None if n <= MAX_THREADS_PER_SM else \
+            f"MINB={minb} blocks of {threads_of(*values)} threads exceed {MAX_THREADS_PER_SM} threads a multiprocessor"
+    return Constraint(("MINB", *params), check)
 
 
 @dataclass(frozen=True)
