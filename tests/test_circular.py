@@ -296,3 +296,28 @@ def test_circular_verifies_against_float64_on_the_gpu():
     """Defaults and four sampled configs of each shape: every element within the FP32 bound."""
     pytest.importorskip("cupy")
     assert_verifies_on_gpu(FWD, NAME, gpu_problems(), 4, workspace_limit=0)
+
+
+# -- scripts/bench_scherer.py ------------------------------------------------------------------------
+
+def test_the_benchmark_script_runs_here_up_to_the_gpu(monkeypatch):
+    """--help, its refusal of bad batches before any device work, the layers it times (the zoo's
+    scherer10), and the one-core CPU baseline on a small layer."""
+    import os
+    import runpy
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_scherer.py"
+    run = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "95-115x" in run.stdout
+    run = subprocess.run([sys.executable, str(script), "--batches", "60,x"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "--batches" in run.stderr
+    for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):   # the script sets them: undo after
+        monkeypatch.setenv(var, os.environ.get(var, "1"))
+    module = runpy.run_path(str(script))
+    assert [p for _, p in module["scherer10_layers"](60)] == [p for _, p in scherer10_problems(60)]
+    small = ConvFwdProblem(N=2, C=2, H=12, W=12, K=3, R=4, S=4, stride=2, padding=1, bias=True, activation="tanh")
+    seconds = module["cpu_layer_seconds"](small, 1)
+    assert set(seconds) == {"fwd", "bwd"} and all(v > 0 for v in seconds.values())
