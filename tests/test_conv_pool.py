@@ -15,7 +15,7 @@ from autocnn.device import DeviceLimits
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels import OPERATIONS, problem_from_dict, reference
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
-from autocnn.kernels.conv_pool import ConvPoolDzProblem, ConvPoolFwdProblem, zoo_pairs
+from autocnn.kernels.conv_pool import ConvPoolDzProblem, ConvPoolFwdProblem, odd_pairs, zoo_pairs
 from autocnn.kernels.formulations.pool_blocks import rectangle
 from autocnn.kernels.operation import cdiv
 
@@ -25,24 +25,7 @@ needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not install
 
 
 def odd(keep: bool) -> list[tuple[str, ConvPoolFwdProblem]]:
-    """N=1/3, odd maps, asymmetric padding of both, overlapping windows, count_pad False, windows
-    that do not tile the map, gaps between windows, non-square windows."""
-    def p(**kw):
-        return ConvPoolFwdProblem(keep_activation=keep, **kw)
-    return [
-        ("overlap_asym", p(N=1, C=5, H=13, W=11, K=7, R=3, S=5, padding=(1, 2, 1, 2), bias=True, activation="tanh",
-                           pool_window=3, pool_stride=2, pool_padding=(1, 0, 0, 1), count_pad=False)),
-        ("untiled_stride3", p(N=3, C=3, H=17, W=23, K=13, R=5, S=5, stride=3, padding=(2, 1, 0, 2),
-                              activation="relu", pool_window=2)),
-        ("mixed_window", p(N=3, C=7, H=9, W=31, K=10, R=4, S=3, stride=(2, 1), padding=(3, 0, 1, 2), bias=True,
-                           activation="logistic", pool_window=(2, 3), pool_stride=(3, 2), pool_padding=(1, 2, 0, 1),
-                           count_pad=False)),
-        ("padded_nonoverlap", p(N=3, C=4, H=12, W=10, K=5, R=3, S=3, padding=1, bias=True, activation="relu",
-                                pool_window=4, pool_padding=1, count_pad=False)),
-        ("gaps", p(N=2, C=3, H=10, W=10, K=4, R=3, S=3, activation="relu", pool_window=2, pool_stride=4)),
-        ("big_filter_none", p(N=1, C=1, H=15, W=15, K=9, R=7, S=7, stride=2, padding=(3, 3, 2, 2), bias=True,
-                              pool_window=3)),
-    ]
+    return odd_pairs(keep)
 
 
 def shapes(keep: bool) -> list[tuple[str, ConvPoolFwdProblem]]:

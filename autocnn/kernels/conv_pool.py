@@ -239,6 +239,49 @@ def zoo_pairs(batch: int = 128, keep_activation: bool = False) -> list[tuple[str
     ]
 
 
+def odd_pairs(keep_activation: bool = False) -> list[tuple[str, ConvPoolFwdProblem]]:
+    """Shapes that divide nothing evenly: N=1/2/3, odd maps, asymmetric padding of the convolution
+    and of the pooling, overlapping windows, count_pad False, windows that do not tile the map,
+    gaps between windows, non-square windows, strided convolutions."""
+
+    def pair(**fields):
+        return ConvPoolFwdProblem(keep_activation=keep_activation, **fields)
+
+    return [
+        ("overlap_asym", pair(N=1, C=5, H=13, W=11, K=7, R=3, S=5, padding=(1, 2, 1, 2), bias=True, activation="tanh",
+                              pool_window=3, pool_stride=2, pool_padding=(1, 0, 0, 1), count_pad=False)),
+        ("untiled_stride3", pair(N=3, C=3, H=17, W=23, K=13, R=5, S=5, stride=3, padding=(2, 1, 0, 2),
+                                 activation="relu", pool_window=2)),
+        ("mixed_window", pair(N=3, C=7, H=9, W=31, K=10, R=4, S=3, stride=(2, 1), padding=(3, 0, 1, 2), bias=True,
+                              activation="logistic", pool_window=(2, 3), pool_stride=(3, 2),
+                              pool_padding=(1, 2, 0, 1), count_pad=False)),
+        ("padded_nonoverlap", pair(N=3, C=4, H=12, W=10, K=5, R=3, S=3, padding=1, bias=True, activation="relu",
+                                   pool_window=4, pool_padding=1, count_pad=False)),
+        ("gaps", pair(N=2, C=3, H=10, W=10, K=4, R=3, S=3, activation="relu", pool_window=2, pool_stride=4)),
+        ("big_filter_none", pair(N=1, C=1, H=15, W=15, K=9, R=7, S=7, stride=2, padding=(3, 3, 2, 2), bias=True,
+                                 pool_window=3)),
+    ]
+
+
+def _as(op: str, pairs: list[tuple[str, ConvPoolFwdProblem]]) -> list[tuple[str, Any]]:
+    if op == "conv_pool_fwd":
+        return pairs
+    if op == "conv_pool_dz":
+        return [(name, p.dz) for name, p in pairs]
+    raise ValueError(f"{op} is not an operation of kernels.conv_pool")
+
+
+def seed_problems(op: str) -> list[tuple[str, Any]]:
+    """The seed problems of this module's operations (for kernels.suite): the zoo's pairs, the
+    forward with keep_activation (training), as the training step would run them."""
+    return _as(op, zoo_pairs(128, keep_activation=op == "conv_pool_fwd"))
+
+
+def odd_problems(op: str) -> list[tuple[str, Any]]:
+    """The odd problems of this module's operations (for kernels.suite)."""
+    return _as(op, odd_pairs(keep_activation=op == "conv_pool_fwd"))
+
+
 def _register() -> None:
     from autocnn.kernels import register_operation
 
