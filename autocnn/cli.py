@@ -202,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "$AUTOCNN_AUTOTUNE, else quick")
     tr.add_argument("--workspace-limit", default=None, metavar="SIZE",
                     help=WORKSPACE_HELP + "; lookups and quick tuning hand out no config that needs more")
+    tr.add_argument("--separable", default="off", metavar="RANK|energy[:SHARE]|off",
+                    help="separable filters (seed 002) on every stride-1 convolution with a filter of at least "
+                         "2x2: an integer rank (1 is the seed's), 'energy' (the smallest rank per layer keeping "
+                         "90%% of its filters' energy), 'energy:SHARE' or a share such as 0.95, or off (default)")
     tr.add_argument("--seed", type=int, default=None)
     tr.add_argument("--limit", type=int, default=None, help="use only this many training images")
     tr.add_argument("--save", type=Path, default=None, help="write the trained weights (.npz)")
@@ -434,6 +438,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                    backend=args.backend, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                    data_root=args.data_root, limit=args.limit, verbose=not args.json,
                    standardize=not args.no_standardize, precision=args.precision, autotune=args.autotune,
+                   separable=args.separable,
                    lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule)
     if args.save:
         report.model.save(args.save)

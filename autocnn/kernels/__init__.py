@@ -61,3 +61,6 @@ def operation_for(problem) -> Operation:
 
 # Operations added after the first five register themselves when their modules are imported here
 # (each module: its problem types, its Operation, its reference), after OPERATIONS exists.
+import autocnn.kernels.conv_bwd_fused  # noqa: E402,F401  Scherer's one-pass backward (dx, dw, db)
+import autocnn.kernels.conv_pool  # noqa: E402,F401  convolution fused with averaging, and its backward
+import autocnn.kernels.sep_conv  # noqa: E402,F401  separable convolutions (1D filters from the batched SVD)

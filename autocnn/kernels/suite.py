@@ -89,7 +89,38 @@ ODD_SHAPES: tuple[SeedShape, ...] = (
 )
 
 
+def _registered_suite(op: str, which: str) -> list[tuple[str, Any]]:
+    """An operation registered after the first five keeps its suite beside its problem type: its
+    module's seed_problems / odd_problems (e.g. kernels.conv_pool's: the zoo's conv+pool pairs)."""
+    import sys
+
+    from autocnn.kernels.problem import problem_type
+
+    from autocnn.errors import InvalidProblemError
+    from autocnn.kernels.problem import ConvProblem
+
+    cls = problem_type(op)
+    module = sys.modules[cls.__module__]
+    fn = getattr(module, which, None)
+    if fn is not None:
+        return fn(op)
+    if not issubclass(cls, ConvProblem):
+        raise ValueError(f"{op} has no {which.replace('_', ' ')} ({module.__name__} defines none)")
+    # A convolution problem type with the same geometry (e.g. conv_bwd_fused): the convolution
+    # shapes it accepts (a stride-1-only type leaves out the strided ones).
+    out = []
+    for shape in (SEED_SHAPES if which == "seed_problems" else ODD_SHAPES):
+        if shape.kind == "conv":
+            try:
+                out.append((shape.name, cls(**dict(shape.geometry))))
+            except InvalidProblemError:
+                continue
+    return out
+
+
 def odd_problems(op: str) -> list[tuple[str, Any]]:
+    if op not in CONV_OPS + POOL_OPS:
+        return _registered_suite(op, "odd_problems")
     kind = "conv" if op in CONV_OPS else "pool"
     return [(s.name, s.problem(op)) for s in ODD_SHAPES if s.kind == kind]
 
@@ -99,6 +130,8 @@ def seed_shapes(kind: str | None = None) -> list[SeedShape]:
 
 
 def seed_problems(op: str) -> list[tuple[str, Any]]:
+    if op not in CONV_OPS + POOL_OPS:
+        return _registered_suite(op, "seed_problems")
     kind = "conv" if op in CONV_OPS else "pool"
     return [(s.name, s.problem(op)) for s in seed_shapes(kind)]
 

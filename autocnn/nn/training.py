@@ -98,7 +98,7 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
           lr: float | None = None, seed: int | None = None, data_root: str | Path | None = None,
           limit: int | None = None, verbose: bool = True, memory_limit_gib: float = 8.0,
           standardize: bool = True, lr_schedule: str | None = "cosine", precision: str | None = None,
-          autotune: str | None = None) -> TrainingReport:
+          autotune: str | None = None, separable: Any = None) -> TrainingReport:
     """Train ``network`` (a seed network name, a .json file or a Sequential) on ``dataset``.
 
     ``limit`` keeps the first ``limit`` samples of each split (quick runs). The fitted images
@@ -110,7 +110,13 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
     ``autotune`` ("off", "quick" or "full") becomes the model's (``Sequential.autotune``: on the
     cuda backend, how kernel problems no record covers are tuned when the model is built); None
     keeps the model's: $AUTOCNN_AUTOTUNE, else "quick".
+    ``separable`` (a SeparableSetting, or text as ``autocnn train --separable`` takes it: off, a rank,
+    energy, energy:SHARE) becomes the model's (``Sequential.separable``); None keeps the model's.
     """
+    if isinstance(separable, str):
+        from autocnn.separable.setting import parse_separable_text
+
+        separable = parse_separable_text(separable)   # before any data is read
     if precision is not None:
         check_precision("train", precision)   # before any data is read
     if autotune is not None:
@@ -121,6 +127,8 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
         model.precision = precision
     if autotune is not None:
         model.autotune = autotune
+    if separable is not None:
+        model.separable = separable
     opt = get_optimizer(optimizer, lr)
     data = load_dataset(dataset, data_root).limit(limit)
     if data.num_classes != model.num_classes:
