@@ -165,14 +165,14 @@ def model_fused(p: ConvBwdFusedProblem, c, x, w, dy):
                 for t in range(steps):
                     pr = p0 + t
                     if loaded < t * SH + R:
-                        load_rows(buf, x[n], p, c0, h0, w0, loaded, t * SH + R, CB, ROWS, LDM, IWT)
+                        load_rows(buf, x[n], p, c0, h0, w0, loaded, t * SH + R, CB, ROWS, LDM, IWT, SH, R)
                         loaded = t * SH + R
                     gq, gk = q0 + np.arange(TQ)[:, None], k0 + np.arange(KB)[None, :]
                     dy_s[UMAX - 1:UMAX - 1 + TQ] = np.where((gk < p.K) & (gq < p.Q),
                                                             dy[n, np.minimum(gk, p.K - 1), pr, np.minimum(gq, p.Q - 1)], 0.0)
                     pre = min(t * SH + ROWS, total)
                     if loaded < pre:   # before the reads here: a prefetch into a read slot shows
-                        load_rows(buf, x[n], p, c0, h0, w0, loaded, pre, CB, ROWS, LDM, IWT)
+                        load_rows(buf, x[n], p, c0, h0, w0, loaded, pre, CB, ROWS, LDM, IWT, SH, R)
                         loaded = pre
                     # phase A
                     xrow = (ac * ROWS + (base_slot + ar) % ROWS) * SW * LDM

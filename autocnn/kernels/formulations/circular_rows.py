@@ -95,6 +95,12 @@ class StepRows:
     extra_barrier: bool          # a barrier before the "before" loads (their slots were read last step)
 
 
+def row_is_read(win: RowWindow, i: int) -> bool:
+    """Whether some step reads relative row i: with a stride above the rows a step reads
+    (enter > need), the rows between two steps' windows are read by none, and not loaded."""
+    return win.enter <= win.need or i % win.enter < win.need
+
+
 def row_schedule(win: RowWindow, steps: int) -> list[StepRows]:
     """The row loads of one block (one channel group), step by step, as the kernels do them."""
     total = win.total(steps)
@@ -103,14 +109,15 @@ def row_schedule(win: RowWindow, steps: int) -> list[StepRows]:
     for t in range(steps):
         hi = t * win.enter + win.need
         before: tuple[int, ...] = ()
-        if loaded < hi:
-            before = tuple(range(loaded, hi))
+        missing = loaded < hi
+        if missing:
+            before = tuple(i for i in range(loaded, hi) if row_is_read(win, i))
             loaded = hi
         pre_hi = min(t * win.enter + win.ROWS, total)
-        prefetch = tuple(range(loaded, pre_hi)) if loaded < pre_hi else ()
+        prefetch = tuple(i for i in range(loaded, pre_hi) if row_is_read(win, i))
         loaded = max(loaded, pre_hi)
         reads = tuple(range(t * win.enter, t * win.enter + win.need))
-        out.append(StepRows(before, prefetch, reads, extra_barrier=bool(before) and t > 0))
+        out.append(StepRows(before, prefetch, reads, extra_barrier=missing and t > 0))
     return out
 
 
