@@ -34,11 +34,17 @@ def build_failures(operations: dict[str, Any], name: str, problems: dict[str, Se
     """nvcc -cubin of each problem's default and sampled configs: kernels missing, or a default
     that spills (a sampled config may: ptxas's report makes the tuner skip it)."""
     limits = DeviceLimits.for_arch(arch)
-    compiler = NvccCompiler(arch, cache_dir=cache_dir)
     rng = random.Random()
     jobs = [(f"{op} {label} {config}", operation.plan(problem, config), i == 0)
             for op, operation in operations.items() for label, problem in problems[op]
             for i, config in enumerate(sampled(operation, name, problem, limits, rng, samples))]
+    return compile_failures(jobs, arch, cache_dir)
+
+
+def compile_failures(jobs: Sequence[tuple[str, Any, bool]], arch: str, cache_dir: Any) -> list[str]:
+    """nvcc -cubin of each (what, plan, is_default) job: kernels missing from the build, or a
+    default config that spills."""
+    compiler = NvccCompiler(arch, cache_dir=cache_dir)
 
     def build(job):
         what, plan, is_default = job

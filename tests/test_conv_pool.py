@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.conv_pool import ConvPoolDzProblem, ConvPoolFwdProblem, odd_pairs, zoo_pairs
 from autocnn.kernels.formulations.pool_blocks import rectangle
 from autocnn.kernels.operation import cdiv
+from tests.formulation_checks import compile_failures
 
 FWD, DZ = OPERATIONS["conv_pool_fwd"], OPERATIONS["conv_pool_dz"]
 LIMITS = DeviceLimits.for_arch("sm_90")
@@ -234,18 +234,8 @@ def test_every_formulation_renders_with_the_shape_as_constants():
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_90"])
 def test_sampled_configs_compile_with_nvcc_and_defaults_do_not_spill(arch, tmp_path):
-    compiler = NvccCompiler(arch, cache_dir=tmp_path)
-
-    def build(job):
-        what, plan, is_default = job
-        module = compiler.compile(plan.source, config=plan.config)
-        missing = set(plan.kernel_names) - set(module.reports)
-        spills = [str(r) for r in module.reports.values() if r.spills] if is_default else []
-        return f"{what}: missing {missing}, spills {spills}" if missing or spills else None
-
     jobs = _jobs(1)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        failures = [f for f in pool.map(build, jobs) if f]
+    failures = compile_failures(jobs, arch, tmp_path)
     assert len(jobs) > 40
     assert not failures, "\n".join(failures[:8])
 
