@@ -503,6 +503,29 @@ def workspace_rule(limit_bytes: int, params: tuple[str, ...], nbytes) -> Constra
     return Constraint(params, check)
 
 
+# Multiply-adds one unrolled loop body may hold before code size (and compile time) runs away.
+UNROLLED_FMA_LIMIT = 16384
+
+
+def code_size_rule(params: tuple[str, ...], multiply_adds, limit: int = UNROLLED_FMA_LIMIT) -> Constraint:
+    """The multiply-adds of a formulation's unrolled loop body (from these parameters) within ``limit``."""
+    def check(*values):
+        n = multiply_adds(*values)
+        return None if n <= limit else \
+            f"the unrolled loop body holds {n} multiply-adds, more than {limit} (code size)"
+    return Constraint(params, check)
+
+
+def grid_rule(params: tuple[str, ...], blocks, axis: str = "y") -> Constraint:
+    """The blocks of a launch along ``axis`` (from these parameters) within the grid's limit there."""
+    limit = GRID_X_LIMIT if axis == "x" else GRID_YZ_LIMIT
+
+    def check(*values):
+        n = blocks(*values)
+        return None if n <= limit else f"{n} blocks along {axis} exceed {limit}"
+    return Constraint(params, check)
+
+
 def divides(a: str, b: str) -> Constraint:
     return Constraint((a, b), lambda x, y: None if y % x == 0 else f"{a}={x} does not divide {b}={y}")
 

@@ -17,8 +17,8 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormulation, choices_upto, pragma_unroll
 from autocnn.kernels.formulations.circular_rows import MINB_CHOICES, RowWindow, minb_rule, phase_len
-from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, at_most, cdiv, next_pow2, smem_rule,
-                                       threads_rule)
+from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, at_most, cdiv, code_size_rule,
+                                       grid_rule, next_pow2, smem_rule, threads_rule)
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -104,14 +104,11 @@ class CircularConvFwd(OpFormulation):
             Constraint(("KPT", "PPS", "QPT"),
                        lambda kpt, pps, qpt: None if kpt * pps * qpt <= 64
                        else f"{kpt * pps * qpt} accumulators per thread exceed 64 (registers)"),
-            Constraint(("KPT", "PPS", "QPT", "UNROLL_R"),
-                       lambda kpt, pps, qpt, ur: None
-                       if kpt * pps * qpt * p.S * (p.R if ur == FULL_UNROLL else 1) <= 16384
-                       else "the unrolled loop body exceeds 16384 multiply-adds (code size)"),
+            code_size_rule(("KPT", "PPS", "QPT", "UNROLL_R"),
+                           lambda kpt, pps, qpt, ur: kpt * pps * qpt * p.S * (p.R if ur == FULL_UNROLL else 1)),
             smem_rule(limits, ("KB", "TQ", "CB", "ROWS", "PAD"),
                       lambda kb, tq, cb, rows, pad: circular_smem_bytes(p, kb, tq, cb, rows, pad)),
-            Constraint(("KB",), lambda kb: None if cdiv(p.K, kb) <= GRID_YZ_LIMIT
-                       else f"{cdiv(p.K, kb)} blocks along y exceed {GRID_YZ_LIMIT}"),
+            grid_rule(("KB",), lambda kb: cdiv(p.K, kb)),
             Constraint(("TQ", "PBLK"), lambda tq, pb: None if cdiv(p.Q, tq) * cdiv(p.P, pb) <= GRID_X_LIMIT
                        else "too many blocks along x"),
             Constraint(("KB",), lambda kb: None if p.N <= GRID_YZ_LIMIT

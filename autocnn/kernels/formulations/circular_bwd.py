@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.circular_rows import MINB_CHOICES, minb_rule, phase_len
-from autocnn.kernels.operation import GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, at_most, cdiv, next_pow2, smem_rule
+from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, at_most, cdiv, grid_rule, next_pow2,
+                                       smem_rule)
 from autocnn.kernels.space import Config, Constraint, Param
 
 if TYPE_CHECKING:   # the problem's module imports this one's package: no import at run time
@@ -121,8 +122,7 @@ class CircularBwdConvBwdFused(OpFormulation):
                        else f"{kb * umax} filter taps held in registers (KB x ceil(S/SW)) exceed 64"),
             smem_rule(limits, ("KB", "CB", "TQ", "ROWS", "PAD"),
                       lambda kb, cb, tq, rows, pad: bwd_smem_bytes(p, kb, cb, tq, rows, pad)),
-            Constraint(("KB", "CB"), lambda kb, cb: None if cdiv(p.K, kb) * cdiv(p.C, cb) <= GRID_YZ_LIMIT
-                       else f"{cdiv(p.K, kb) * cdiv(p.C, cb)} blocks along y exceed {GRID_YZ_LIMIT}"),
+            grid_rule(("KB", "CB"), lambda kb, cb: cdiv(p.K, kb) * cdiv(p.C, cb)),
             Constraint(("TQ", "PBLK"), lambda tq, pb: None if cdiv(p.Q, tq) * cdiv(p.P, pb) <= GRID_X_LIMIT
                        else "too many blocks along x"),
             Constraint(("KB",), lambda kb: None if p.N <= GRID_YZ_LIMIT

@@ -16,7 +16,8 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.conv_bwd_data import stride_phases
 from autocnn.kernels.formulations.base import (FULL_UNROLL, Formulation, OpFormulation, choices_upto,
                                                pragma_unroll)
-from autocnn.kernels.operation import GRID_YZ_LIMIT, Launch, at_most, cdiv, next_pow2, smem_rule, threads_rule
+from autocnn.kernels.operation import (GRID_YZ_LIMIT, Launch, at_most, cdiv, code_size_rule, grid_rule, next_pow2,
+                                       smem_rule, threads_rule)
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -81,14 +82,11 @@ def direct_constraints(env: CorrelationEnvelope, limits: DeviceLimits) -> list[C
                    else f"{kpt * ppt * qpt} accumulators per thread exceed 64 (registers)"),
         Constraint(("QPT",), lambda qpt: None if (qpt - 1) * env.STW + env.S <= 48
                    else "the register window along a row exceeds 48 floats"),
-        Constraint(("KPT", "PPT", "QPT", "UNROLL_R"),
-                   lambda kpt, ppt, qpt, ur: None
-                   if kpt * ppt * qpt * env.S * (env.R if ur == FULL_UNROLL else 1) <= 16384
-                   else "the unrolled loop body exceeds 16384 multiply-adds (code size)"),
+        code_size_rule(("KPT", "PPT", "QPT", "UNROLL_R"),
+                       lambda kpt, ppt, qpt, ur: kpt * ppt * qpt * env.S * (env.R if ur == FULL_UNROLL else 1)),
         smem_rule(limits, ("KB", "TP", "TQ", "CB", "PAD"),
                   lambda kb, tp, tq, cb, pad: direct_smem_bytes(env, kb, tp, tq, cb, pad)),
-        Constraint(("KB",), lambda kb: None if -(-env.CO // kb) <= GRID_YZ_LIMIT
-                   else f"{-(-env.CO // kb)} blocks along y exceed {GRID_YZ_LIMIT}"),
+        grid_rule(("KB",), lambda kb: -(-env.CO // kb)),
         Constraint(("KB",), lambda kb: None if env.grid_z <= GRID_YZ_LIMIT
                    else f"{env.grid_z} blocks along z exceed {GRID_YZ_LIMIT} (batch too large for direct)"),
     ]

@@ -12,7 +12,7 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.conv_bwd_data import StridePhase, stride_phases
 from autocnn.kernels.formulations.base import Formulation, OpFormulation
-from autocnn.kernels.operation import GRID_YZ_LIMIT, Launch, cdiv, next_pow2, smem_rule, threads_rule
+from autocnn.kernels.operation import Launch, cdiv, code_size_rule, grid_rule, next_pow2, smem_rule, threads_rule
 from autocnn.kernels.problem import ConvBwdDataProblem
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -65,10 +65,8 @@ class GatherConvBwdData(OpFormulation):
                        else f"UNROLL_KS={u} exceeds the {st // ks} staged channels of a group"),
             Constraint(("KSPLIT",), lambda ks: None if ks <= max(1, next_pow2(p.K))
                        else f"KSPLIT={ks} exceeds the {p.K} channels of the reduction"),
-            Constraint(("CPB", "UNROLL_KS"), lambda cpb, u: None if u * taps * cpb <= 8192
-                       else "the unrolled loop body exceeds 8192 multiply-adds (code size)"),
-            Constraint(("CPB",), lambda cpb: None if cdiv(p.C, cpb) <= GRID_YZ_LIMIT
-                       else f"{cdiv(p.C, cpb)} blocks along y exceed {GRID_YZ_LIMIT}"),
+            code_size_rule(("CPB", "UNROLL_KS"), lambda cpb, u: u * taps * cpb, limit=8192),
+            grid_rule(("CPB",), lambda cpb: cdiv(p.C, cpb)),
             smem_rule(limits, ("POS", "CPB", "KSPLIT", "KSTAGE"),
                       lambda pos, cpb, ks, st: gather_smem_bytes(taps, pos, cpb, ks, st)),
         ]

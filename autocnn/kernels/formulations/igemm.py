@@ -18,7 +18,8 @@ from autocnn.device import DEFAULT_WORKSPACE_BYTES, DeviceLimits
 from autocnn.kernels.conv_bwd_data import stride_phases
 from autocnn.kernels.formulations.base import (FULL_UNROLL, Buffers, Formulation, OpFormulation, choices_upto,
                                                pragma_unroll)
-from autocnn.kernels.operation import GRID_YZ_LIMIT, Launch, at_most, cdiv, next_pow2, smem_rule, threads_rule
+from autocnn.kernels.operation import (GRID_YZ_LIMIT, Launch, at_most, cdiv, grid_rule, next_pow2, smem_rule,
+                                       threads_rule)
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -98,8 +99,7 @@ def igemm_constraints(env: GemmEnvelope, limits: DeviceLimits, min_bm: int, min_
         Constraint(("BM", "TM", "BN", "TN", "BK"), registers),
         smem_rule(limits, ("BM", "BN", "BK", "PAD_A", "PAD_B"), igemm_smem_bytes),
         Constraint(("BK", "UNROLL_K"), lambda bk, u: None if u <= bk else f"UNROLL_K={u} exceeds BK={bk}"),
-        Constraint(("BN",), lambda bn: None if -(-env.GN // bn) <= GRID_YZ_LIMIT
-                   else f"{-(-env.GN // bn)} blocks along y exceed {GRID_YZ_LIMIT}"),
+        grid_rule(("BN",), lambda bn: -(-env.GN // bn)),
     ]
 
 

@@ -28,8 +28,6 @@ from autocnn.kernels.space import Config, Constraint, Param
 REGISTER_BUDGET = 200
 REGISTER_OVERHEAD = 32
 TILE_PARAMS = ("KB", "KPT", "TP", "PPT", "TQ", "QPT")
-# Multiply-adds one unrolled loop body may hold before code size (and compile time) runs away.
-UNROLLED_FMA_LIMIT = 16384
 
 
 @dataclass(frozen=True)
@@ -143,14 +141,6 @@ def tile_constraints(g: SepCorrelation, limits: DeviceLimits) -> list[Constraint
 def taps_floats(g: SepCorrelation, channels: int, maps: int, taps: int) -> int:
     """Shared floats of staged filter taps: ``taps`` of each (channel, map, rank), rounded to 4."""
     return (channels * maps * g.RANK * taps + 3) // 4 * 4
-
-
-def fma_limit(params: tuple[str, ...], count) -> Constraint:
-    def check(*values):
-        n = count(*values)
-        return None if n <= UNROLLED_FMA_LIMIT else \
-            f"the unrolled loop body holds {n} multiply-adds, more than {UNROLLED_FMA_LIMIT} (code size)"
-    return Constraint(params, check)
 
 
 def register_limit(limits: DeviceLimits, params: tuple[str, ...], count, threads, what: str) -> Constraint:

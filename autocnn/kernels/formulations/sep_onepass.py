@@ -14,10 +14,10 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormulation, pragma_unroll
 from autocnn.kernels.formulations.sep_geometry import (TILE_PARAMS, SepCorrelation, correlation, fallback_tile,
-                                                       fit_registers, fma_limit, io_args, preferred_tiles,
+                                                       fit_registers, io_args, preferred_tiles,
                                                        register_limit, taps_floats, threads_of, tile_blocks,
                                                        tile_constraints, tile_params, tile_threads)
-from autocnn.kernels.operation import Launch, smem_rule
+from autocnn.kernels.operation import Launch, code_size_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 
 NAME = "sep_onepass"
@@ -61,7 +61,7 @@ class _SepOnepass(OpFormulation):
             register_limit(limits, (*TILE_PARAMS, "VPT"),
                            lambda kb, kpt, tp, ppt, tq, qpt, vpt: onepass_registers(g, kpt, ppt, qpt, vpt),
                            lambda *v: threads_of(*v[:6]), "the accumulators and row windows"),
-            fma_limit(("KPT", "PPT", "QPT", "UNROLL_J"),
+            code_size_rule(("KPT", "PPT", "QPT", "UNROLL_J"),
                       lambda kpt, ppt, qpt, uj: kpt * ppt * qpt * g.S * (g.RANK if uj == FULL_UNROLL else 1)),
             smem_rule(limits, ("KB", "TP", "TQ", "CB", "MC", "PAD"),
                       lambda kb, tp, tq, cb, mc, pad: onepass_smem_bytes(g, kb, tp, tq, cb, mc, pad)),

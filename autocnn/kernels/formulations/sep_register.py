@@ -13,10 +13,10 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormulation, pragma_unroll
-from autocnn.kernels.formulations.sep_geometry import (TILE_PARAMS, correlation, fit_registers, fma_limit, io_args,
+from autocnn.kernels.formulations.sep_geometry import (TILE_PARAMS, correlation, fit_registers, io_args,
                                                        preferred_tiles, register_limit, taps_floats, threads_of,
                                                        tile_blocks, tile_constraints, tile_params, tile_threads)
-from autocnn.kernels.operation import Launch, smem_rule
+from autocnn.kernels.operation import Launch, code_size_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 
 NAME = "sep_register"
@@ -45,7 +45,7 @@ class _SepRegister(OpFormulation):
             register_limit(limits, TILE_PARAMS,
                            lambda kb, kpt, tp, ppt, tq, qpt: register_floats(g.R, g.S, kpt, ppt, qpt), threads_of,
                            "the register window"),
-            fma_limit(("KPT", "PPT", "QPT", "CB", "UNROLL_C", "UNROLL_J"),
+            code_size_rule(("KPT", "PPT", "QPT", "CB", "UNROLL_C", "UNROLL_J"),
                       lambda kpt, ppt, qpt, cb, uc, uj: kpt * (ppt * (qpt + g.S - 1) * g.R + ppt * qpt * g.S)
                       * (cb if uc == FULL_UNROLL else uc) * (g.RANK if uj == FULL_UNROLL else 1)),
             Constraint(("CB", "UNROLL_C"), lambda cb, uc: None if uc <= cb else f"UNROLL_C={uc} exceeds CB={cb}"),

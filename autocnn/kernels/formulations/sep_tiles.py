@@ -12,8 +12,9 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
-from autocnn.kernels.formulations.sep_geometry import fma_limit, register_limit
-from autocnn.kernels.operation import GRID_X_LIMIT, Launch, at_most, cdiv, next_pow2, smem_rule, workspace_rule
+from autocnn.kernels.formulations.sep_geometry import register_limit
+from autocnn.kernels.operation import (GRID_X_LIMIT, Launch, at_most, cdiv, code_size_rule, next_pow2, smem_rule,
+                                       workspace_rule)
 from autocnn.kernels.problem import ConvWgradProblem
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -93,7 +94,7 @@ class SepTilesWgrad(OpFormulation):
             register_limit(limits, ("KB", "CB", "RSPLIT", "TQ", "UNROLL_ROWS"),
                            lambda kb, cb, rs, tq, ur: wgrad_registers(p, tq, ur),
                            lambda kb, cb, rs, tq, ur: wgrad_threads(p.rank, kb, cb, rs), "the filtered rows"),
-            fma_limit(("TQ",), lambda tq: (tq + p.S - 1) * p.R + tq * p.S + tq * p.R),
+            code_size_rule(("TQ",), lambda tq: (tq + p.S - 1) * p.R + tq * p.S + tq * p.R),
             smem_rule(limits, ("KB", "CB", "TP", "TQ", "RSPLIT", "PAD"),
                       lambda *v: wgrad_smem_bytes(p, *v)),
         ]

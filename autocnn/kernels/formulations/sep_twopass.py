@@ -15,10 +15,11 @@ from typing import Any
 from autocnn.device import DEFAULT_WORKSPACE_BYTES, DeviceLimits
 from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormulation, choices_upto, pragma_unroll
 from autocnn.kernels.formulations.sep_geometry import (TILE_PARAMS, SepCorrelation, correlation, fit_registers,
-                                                       fma_limit, preferred_tiles, register_limit, threads_of,
+                                                       preferred_tiles, register_limit, threads_of,
                                                        tile_blocks, tile_constraints, tile_params, tile_threads)
 from autocnn.kernels.formulations.sep_onepass import horizontal_registers
-from autocnn.kernels.operation import Launch, cdiv, next_pow2, smem_rule, threads_rule, workspace_rule
+from autocnn.kernels.operation import (Launch, cdiv, code_size_rule, next_pow2, smem_rule, threads_rule,
+                                       workspace_rule)
 from autocnn.kernels.problem import INDEX_LIMIT
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -91,7 +92,7 @@ class _SepTwopass(OpFormulation):
             register_limit(limits, TILE_PARAMS,
                            lambda kb, kpt, tp, ppt, tq, qpt: horizontal_registers(g.S, kpt, ppt, qpt), threads_of,
                            "the accumulators and row window"),
-            fma_limit(("KPT", "PPT", "QPT", "UNROLL_J"),
+            code_size_rule(("KPT", "PPT", "QPT", "UNROLL_J"),
                       lambda kpt, ppt, qpt, uj: kpt * ppt * qpt * g.S * (g.RANK if uj == FULL_UNROLL else 1)),
             smem_rule(limits, ("VKB", "VCB", "VTP", "VTW"), lambda *v: vpass_smem_bytes(g, *v)),
             smem_rule(limits, ("KB", "TP", "TQ", "CB", "PAD"), lambda *v: hpass_smem_bytes(g, *v)),

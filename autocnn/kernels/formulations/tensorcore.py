@@ -31,7 +31,8 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.conv_bwd_data import stride_phases
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES, wgrad_reduce_launch
-from autocnn.kernels.operation import GRID_YZ_LIMIT, Launch, at_most, cdiv, next_pow2, smem_rule, threads_rule
+from autocnn.kernels.operation import (GRID_YZ_LIMIT, Launch, at_most, cdiv, grid_rule, next_pow2, smem_rule,
+                                       threads_rule)
 from autocnn.kernels.space import Config, Constraint, Param
 
 FORMULATION_TC = "tc"
@@ -153,8 +154,7 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
         at_most("BM", max(32, next_pow2(gemm.GM)), f"only {gemm.GM} GEMM rows"),
         at_most("BN", max(32, next_pow2(gemm.GN)), f"only {gemm.GN} GEMM columns"),
         at_most("BK", max(8, next_pow2(gemm.GK)), f"a reduction of only {gemm.GK} terms"),
-        Constraint(("BN",), lambda bn: None if cdiv(gemm.GN, bn) <= GRID_YZ_LIMIT
-                   else f"{cdiv(gemm.GN, bn)} blocks along y exceed {GRID_YZ_LIMIT}"),
+        grid_rule(("BN",), lambda bn: cdiv(gemm.GN, bn)),
     ]
     if op == "conv_fwd":
         out += [
