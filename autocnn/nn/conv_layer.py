@@ -12,7 +12,7 @@ from autocnn.kernels.problem import DEFAULT_PRECISION, ConvBwdDataProblem, ConvF
 from autocnn.nn.backend import Array, Backend, KernelProblem
 from autocnn.nn.layer_base import (Shape, WeightedLayer, check_activation, check_int, check_pair, check_padding,
                                    check_precision, init_weights)
-from autocnn.separable.execution import SeparableUnavailableError, make_execution, separable_problems
+from autocnn.separable.execution import make_execution, separable_problems
 from autocnn.separable.rank import RankChoice, energy_rank
 from autocnn.separable.setting import OFF, SeparableSetting, ineligibility, parse_separable
 from autocnn.separable.svd import SvdReport, SvdSettings
@@ -214,12 +214,7 @@ class Conv2d(WeightedLayer):
             if rank is None:
                 raise RuntimeError(f"{self.describe()}: the energy-chosen rank is chosen from the weights when "
                                    f"the layer is first built; build the model before asking for its problems")
-            try:
-                return separable_problems(fwd, rank, self.needs_input_grad)
-            except SeparableUnavailableError:
-                # The numpy backend computes the separable layer without these problems; the cuda
-                # backend refuses to build it (make_execution says why).
-                return []
+            return separable_problems(fwd, rank, self.needs_input_grad)
         problems: list[KernelProblem] = [fwd]
         if self.needs_input_grad:
             problems.append(fwd.with_op("conv_bwd_data"))

@@ -337,6 +337,12 @@ class CudaBackend(Backend):
         loaded({**buffers, **self._workspaces.views(problem)}, skip_zero=prezeroed)
         self.generated_launches[problem.op] += 1
 
+    def run_operation(self, problem: Any, buffers: dict[str, Any]) -> None:
+        """Run the prepared plan of any registered operation's problem (e.g. sep_conv_fwd) on named
+        buffers (its inputs, outputs and optional ones as None), counted in ``kernel_calls``."""
+        self.kernel_calls[problem.op] += 1
+        self._run(problem, buffers)
+
     def _conv_fwd(self, problem, x, w, bias, out):
         self._run(problem, {"x": x, "w": w, "bias": bias, "y": out})
 

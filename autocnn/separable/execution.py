@@ -9,17 +9,17 @@ projected weight update (the layer, autocnn.nn.conv_layer, decides when; this mo
 * cuda backend (``CudaSeparable``): the generated batched SVD (separable.svd_cuda) into the layer's
   u and v buffers, then the separable operations of autocnn.kernels.sep_conv (sep_conv_fwd,
   sep_conv_bwd_data, sep_conv_wgrad: gu, gv and db), and the projection kernel
-  (separable.projection_cuda). Without those operations it raises SeparableUnavailableError: it
-  never falls back to 2D kernels, which would compute something else than was asked for.
+  (separable.projection_cuda). It never falls back to 2D kernels, which would compute something
+  else than was asked for: another backend gets SeparableUnavailableError.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
 
 from autocnn.kernels import reference
+from autocnn.kernels.sep_conv import SepConvFwdProblem
 from autocnn.separable.projection import factor_gradients, tangent_projection
 from autocnn.separable.svd import SvdReport, SvdSettings, effective_filters, power_svd
 
@@ -27,25 +27,13 @@ SEP_OPS = ("sep_conv_fwd", "sep_conv_bwd_data", "sep_conv_wgrad")
 
 
 class SeparableUnavailableError(RuntimeError):
-    """The separable convolution operations cannot be used here (their module is missing or broken)."""
-
-
-def sep_conv_module() -> Any:
-    """autocnn.kernels.sep_conv (imported on purpose: importing it registers the three operations)."""
-    try:
-        return importlib.import_module("autocnn.kernels.sep_conv")
-    except ImportError as exc:
-        raise SeparableUnavailableError(
-            f"separable filters on the cuda backend need the separable convolution kernels "
-            f"(autocnn.kernels.sep_conv), which cannot be imported here ({exc}); use the numpy backend, "
-            f"or separable=False for 2D kernels") from exc
+    """Separable filters cannot run on this backend (they run on the numpy and cuda backends)."""
 
 
 def separable_problems(fwd: Any, rank: int, needs_input_grad: bool) -> list[Any]:
     """The separable operations' problems of a layer whose 2D forward problem is ``fwd``."""
-    module = sep_conv_module()
     geometry = fwd.geometry()
-    sep_fwd = module.SepConvFwdProblem(**geometry, bias=fwd.bias, activation=fwd.activation, rank=rank)
+    sep_fwd = SepConvFwdProblem(**geometry, bias=fwd.bias, activation=fwd.activation, rank=rank)
     problems = [sep_fwd]
     if needs_input_grad:
         problems.append(sep_fwd.with_op("sep_conv_bwd_data"))
@@ -116,11 +104,6 @@ class CudaSeparable:
         self.problems = {p.op: p for p in problems}
         K, C, R, S = self.problems["sep_conv_fwd"].w_shape
         self.backend, self.rank, self.settings = backend, rank, settings
-        run = getattr(backend, "_run", None)
-        if run is None:
-            raise SeparableUnavailableError(f"{backend!r} cannot run generated operations by problem "
-                                            f"(it has no _run): separable filters need the cuda backend")
-        self._run_plan = run
         self.svd = shared()
         self.u = backend.zeros((K, C, rank, R))
         self.v = backend.zeros((K, C, rank, S))   # zeros: the first call starts cold
@@ -131,10 +114,6 @@ class CudaSeparable:
         self._call: Any = None
         # Measured and verified now, at build time, so that no training step tunes.
         self.svd.prepare(K * C, R, S, rank, settings)
-
-    def _operation(self, problem: Any, buffers: dict[str, Any]) -> None:
-        self.backend.kernel_calls[problem.op] += 1
-        self._run_plan(problem, buffers)
 
     def factorize(self, w: Any, warm_start: bool = True) -> None:
         self._call = self.svd.decompose(w, self.u, self.v, self.iterations, self.status, self.settings,
@@ -147,16 +126,16 @@ class CudaSeparable:
         return effective_filters(self.u, self.v)
 
     def forward(self, x: Any, bias: Any, y: Any) -> None:
-        self._operation(self.problems["sep_conv_fwd"], {"x": x, "u": self.u, "v": self.v, "bias": bias, "y": y})
+        self.backend.run_operation(self.problems["sep_conv_fwd"], {"x": x, "u": self.u, "v": self.v, "bias": bias, "y": y})
 
     def backward_data(self, dz: Any, dx: Any) -> None:
-        self._operation(self.problems["sep_conv_bwd_data"], {"dy": dz, "u": self.u, "v": self.v, "dx": dx})
+        self.backend.run_operation(self.problems["sep_conv_bwd_data"], {"dy": dz, "u": self.u, "v": self.v, "dx": dx})
 
     def weight_gradient(self, x: Any, dz: Any, dw: Any, db: Any) -> None:
         from autocnn.separable.projection_cuda import tangent_projection as project
 
-        self._operation(self.problems["sep_conv_wgrad"], {"x": x, "dy": dz, "u": self.u, "v": self.v, "gu": self.gu, "gv": self.gv,
-                                "db": db})
+        self.backend.run_operation(self.problems["sep_conv_wgrad"], {"x": x, "dy": dz, "u": self.u, "v": self.v,
+                                                                     "gu": self.gu, "gv": self.gv, "db": db})
         project(self.gu, self.gv, self.u, self.v, dw)
 
 
@@ -166,7 +145,5 @@ def make_execution(backend: Any, fwd: Any, problems: list[Any], rank: int, setti
     if backend.name == "numpy":
         return NumpySeparable(backend, fwd, rank, settings)
     if backend.name == "cuda":
-        if not problems:
-            sep_conv_module()   # raises, saying why the separable operations are missing
         return CudaSeparable(backend, problems, rank, settings)
     raise SeparableUnavailableError(f"separable filters run on the numpy and cuda backends, not {backend.name!r}")
