@@ -9,7 +9,6 @@ import random
 import numpy as np
 import pytest
 
-import autocnn.kernels.conv_pool  # noqa: F401  (registers the operations until kernels/__init__ does)
 from autocnn.device import DeviceLimits
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels import OPERATIONS, problem_from_dict, reference

@@ -87,10 +87,9 @@ class ConvBwdFused(Operation):
 
 
 def _register() -> ConvBwdFused:
-    from autocnn.kernels import OPERATIONS, register_operation
+    from autocnn.kernels import register_operation
 
-    existing = OPERATIONS.get(ConvBwdFused.name)
-    return existing if existing is not None else register_operation(ConvBwdFused())
+    return register_operation(ConvBwdFused())
 
 
 CONV_BWD_FUSED = _register()
