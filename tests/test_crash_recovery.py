@@ -4,7 +4,7 @@ shows that
 
 - each killed run lost at most one measurement (one worker: measured, but never told);
 - no trial is left RUNNING: the trials of the dead processes were failed (marked abandoned) and
-  their configs measured again, each once;
+  their configs measured again (once more for each killed run that lost them);
 - no completed config was ever measured again, and the study ends with exactly its budget.
 """
 from __future__ import annotations
@@ -105,7 +105,12 @@ def test_killed_tuners_resume_losing_at_most_one_trial(kind, tmp_path, request):
     lost_everywhere = {_norm(rf, key) for p, phase, key in entries
                        if p in killed and phase == "search" and _norm(rf, key) not in told_by[p]}
     assert set(repeats) <= lost_everywhere, "a completed config was measured again"
-    assert all(n <= 2 for n in Counter(searched).values())
+    # A config is measured once per killed run that lost it, plus the once that was told: a
+    # requeued config can be lost again when the run that took it over is killed too.
+    lost_count = Counter(_norm(rf, key) for p, phase, key in entries
+                         if p in killed and phase == "search" and _norm(rf, key) not in told_by[p])
+    over = {key: n for key, n in Counter(searched).items() if n > 1 + lost_count[key]}
+    assert not over, f"configs measured more often than their losses explain: {over}"
 
 
 def _norm(rf: ReplayFile, key: str) -> str:
