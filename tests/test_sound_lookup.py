@@ -202,6 +202,26 @@ def test_a_default_candidate_that_cannot_run_is_passed_over_for_the_next(tmp_pat
     assert db.lookup(H200, problem).config == candidates[0]
 
 
+def test_passing_over_a_default_of_an_operation_with_one_formulation(tmp_path):
+    """As measured on an H100: sep_conv_wgrad (one formulation, so no "formulation" parameter) had a
+    first default candidate that spilled on a small layer, and the lookup's note failed to name it."""
+    from autocnn.kernels.sep_conv import SepConvWgradProblem
+
+    problem = SepConvWgradProblem(N=4, C=8, H=6, W=6, K=8, R=3, S=3, stride=1, padding=1, rank=2)
+    operation = get_operation("sep_conv_wgrad")
+    assert len(operation.formulations) == 1
+    candidates = list(operation.default_configs(problem, H200.limits()))
+    assert len(candidates) >= 2 and "formulation" not in candidates[0]
+
+    def refuse_first(plan, device):
+        return ["spills registers (planted)"] if plan.config.key() == candidates[0].key() else []
+
+    db = TuningDatabase(user_dir=tmp_path / "db", shipped_dir=tmp_path / "none", resource_check=refuse_first)
+    result = db.lookup(H200, problem)
+    assert result.source == "default" and result.config == candidates[1]
+    assert "default candidate 1 (sep_tiles) spills registers (planted)" in result.detail
+
+
 @needs_nvcc
 def test_the_default_the_lookup_hands_out_for_chellapilla06_c2_does_not_spill(tmp_path):
     from autocnn.kernels.suite import seed_problems

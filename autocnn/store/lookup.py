@@ -171,7 +171,9 @@ class RecordLookup:
             if not reasons:
                 first = config
                 break
-            passed_over.append(f"default candidate {config['formulation']} {reasons[0]}")
+            # An operation with one formulation has no "formulation" parameter in its configs.
+            form = operation.formulation_of(config)
+            passed_over.append(f"default candidate {i + 1} ({form.formulation if form else problem.op}) {reasons[0]}")
         notes = ([f"nearest shapes that cannot run here: {'; '.join(skipped)}"] if skipped else []) + passed_over
         return LookupResult(first, "default", None,
                             f"no tuned {problem.op} record usable for {problem.shape_string()} on {arch}: "
