@@ -162,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="filter sizes (default 3,5,7,9,11)")
     ap.add_argument("--ranks", default="1", help="ranks, comma-separated (default 1, the seed's)")
-    ap.add_argument("--batch", type=int, default=128, help="images per batch of the convolutions (default 128)")
+    ap.add_argument("--batch", type=int, default=64,
+                    help="images per batch of the convolutions (default 64: the largest power of two at which an "
+                         "11x11 64->64 layer on 64x64 maps keeps every index in 32 bits)")
     ap.add_argument("--hw", type=int, default=64,
                     help="map height and width (default 64: the seed's 16 tiles of 16x16 per map)")
     ap.add_argument("--step", type=float, default=0.01,
@@ -182,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--batch must be >= 1, --hw at least the largest filter size, --budget > 0, 0 < --step < 1")
     if args.out.exists() and not args.out.is_dir():
         ap.error(f"--out {args.out} is a file; give a folder")
+    from autocnn.errors import InvalidProblemError
+    from autocnn.kernels.problem import ConvFwdProblem
+
+    for size in sizes:   # every layer must be a valid problem before any device work starts
+        try:
+            ConvFwdProblem(N=args.batch, C=64, H=args.hw, W=args.hw, K=64, R=size, S=size, padding=size // 2)
+        except InvalidProblemError as exc:
+            ap.error(f"--batch {args.batch} --hw {args.hw} with {size}x{size} filters: {exc}")
 
     from autocnn.gpu import gpu_available
     from autocnn.tuning.baselines import torch_available

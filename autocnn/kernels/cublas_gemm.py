@@ -102,8 +102,9 @@ class CublasGemm:
             ctypes.byref(self._one if step.accumulate else self._zero),
             ctypes.c_void_p(ptr["c"]), c.ld, c.batch_stride, step.batch), "cublasSgemmStridedBatched")
 
-    def __del__(self) -> None:
-        release_all(self.lib.cublasDestroy_v2, (handle for handle, _ in getattr(self, "_handles", {}).values()))
+    # release_all is bound at definition: at interpreter exit this module's globals may be None.
+    def __del__(self, _release_all: Any = release_all) -> None:
+        _release_all(self.lib.cublasDestroy_v2, (handle for handle, _ in getattr(self, "_handles", {}).values()))
 
 
 def gemm_engine(cp: Any) -> CublasGemm:

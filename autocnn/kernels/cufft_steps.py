@@ -76,8 +76,9 @@ class CufftSteps:
         run = self.lib.cufftExecR2C if step.kind == "r2c" else self.lib.cufftExecC2R
         _status(run(plan, ctypes.c_void_p(ptr["src"]), ctypes.c_void_p(ptr["dst"])), step.kernel)
 
-    def __del__(self) -> None:
-        release_all(self.lib.cufftDestroy, getattr(self, "_plans", {}).values())
+    # release_all is bound at definition: at interpreter exit this module's globals may be None.
+    def __del__(self, _release_all: Any = release_all) -> None:
+        _release_all(self.lib.cufftDestroy, getattr(self, "_plans", {}).values())
 
 
 def fft_engine(cp: Any) -> CufftSteps:

@@ -177,9 +177,12 @@ def _orthogonal_completion(V: np.ndarray, S: int) -> np.ndarray:
     return col / np.linalg.norm(col, axis=1, keepdims=True)
 
 
-def _power_iterate(A: np.ndarray, b: np.ndarray, settings: SvdSettings, floor: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Power iteration on each A [n, S, S] from b [n, S]; returns (vectors, products, converged)."""
+def _power_iterate(A: np.ndarray, b: np.ndarray, settings: SvdSettings, floor: np.ndarray,
+                   previous: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Power iteration on each A [n, S, S] from b [n, S], each product projected off the filter's
+    earlier vectors ``previous`` [n, j, S] (A's null space in exact arithmetic; the projection keeps
+    V orthonormal where rounding leaks earlier components into A, as the CUDA kernel does); returns
+    (vectors, products, converged)."""
     n = A.shape[0]
     b = b.copy()
     iterations = np.zeros(n, dtype=np.int64)
@@ -188,6 +191,8 @@ def _power_iterate(A: np.ndarray, b: np.ndarray, settings: SvdSettings, floor: n
     active = np.arange(n)
     while active.size:
         w = np.einsum("bij,bj->bi", A[active], b[active])
+        V = previous[active]
+        w -= np.einsum("bji,bj->bi", V, np.einsum("bji,bi->bj", V, w))
         iterations[active] += 1
         mu = np.einsum("bi,bi->b", b[active], w)
         nu = np.linalg.norm(w, axis=1)
@@ -246,7 +251,7 @@ def power_svd(w: Any, rank: int, settings: SvdSettings | None = None, start: Any
             if previous is not None:
                 b = _warm_start(b, previous[live, j])
             floor = ZERO_SHARE_EPS * eps * trace[live]
-            b, its, conv = _power_iterate(A_live, b, settings, floor)
+            b, its, conv = _power_iterate(A_live, b, settings, floor, v[live, :j])
             v[live, j] = b
             u[live, j] = np.einsum("byx,bx->by", F[live], b)
             iterations[live, j] = its

@@ -2,7 +2,7 @@
 
 Singular vectors are not unique where singular values are close (and the power method's are only
 as good as its stopping rule), so factors are judged by what they are for: the approximation's
-error. With V orthonormal (deflation makes it so) the factors reconstruct F V V^T, whose squared
+error. With V orthonormal (deflation, and each product projected off the earlier v's, make it so) the factors reconstruct F V V^T, whose squared
 error is ||F||^2 - sum_j ||F_j v_j||^2. Its excess over the best rank-r error (the truncated SVD's,
 sum_{j>=r} sigma_j^2) is the energy the components missed, and:
 
