@@ -332,3 +332,40 @@ def test_cuda_separable_training_steps():
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
     report = gpu.layers[0].svd_report()
     assert report.mean_iterations[0] < 20
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("route", ["factored", "dense"])
+def test_cuda_update_routes_match_the_numpy_backend(route):
+    """Both weight-gradient routes give the numpy backend's gradients; the build measured both and
+    took the faster."""
+    gpu, cpu = _pair_of_models(2)
+    rng = np.random.default_rng()
+    gpu.build(4)
+    cpu.build(4)
+    weights = {k: v.astype(np.float64) for k, v in cpu.get_weights().items()}
+    for name in ("conv2d_1.weight", "conv2d_2.weight"):
+        K, C, R, S = weights[name].shape
+        weights[name] = rank_r_weights(rng, K, C, R, S, min(R, S)) * 0.2
+    for model in (gpu, cpu):
+        for name, array in model.params().items():
+            model.backend.upload(weights[name].astype(model.dtype), array)
+    convs = (gpu.layers[0], gpu.layers[2])
+    for layer in convs:
+        measured = layer._separable.route_us
+        assert set(measured) == {"factored", "dense"} and all(t > 0 for t in measured.values())
+        assert layer.separable_update_route == min(measured, key=measured.get)
+        layer._separable.route = route
+    x = rng.random((4, 3, 12, 12), dtype=np.float32)
+    y = np.array([1, 2, 3, 4])
+    calls = dict(gpu.backend.kernel_calls)
+    gpu.loss_and_gradients(x, y)
+    cpu.loss_and_gradients(x.astype(np.float64), y)
+    op = "conv_wgrad" if route == "dense" else "sep_conv_wgrad"
+    assert gpu.backend.kernel_calls[op] - calls.get(op, 0) == 2
+    g_gpu = {k: gpu.backend.to_numpy(v) for k, v in gpu.grads().items()}
+    for k, g in cpu.grads().items():
+        assert np.linalg.norm(g_gpu[k] - g) <= 1e-4 * np.linalg.norm(g), k
+    for layer in convs:   # the factor gradients too, whichever route formed them
+        gu, gv = (gpu.backend.to_numpy(a) for a in layer.factor_gradients())
+        assert np.isfinite(gu).all() and np.isfinite(gv).all() and np.abs(gu).max() > 0

@@ -170,6 +170,12 @@ class Conv2d(WeightedLayer):
         """The last backward pass's (gu, gv), the loss's gradients with respect to u and v."""
         return None if self._separable is None else (self._separable.gu, self._separable.gv)
 
+    @property
+    def separable_update_route(self) -> str | None:
+        """How the separable layer's weight gradient runs ("factored": sep_conv_wgrad; "dense": the 2D
+        conv_wgrad, then factor gradients from it), measured at build on the GPU; None when 2D."""
+        return None if self._separable is None else self._separable.route
+
     def compute_output_shape(self, input_shape: Shape) -> Shape:
         if len(input_shape) != 3 or input_shape[0] != self.in_channels:
             raise self._shape_error(f"({self.in_channels}, H, W)", input_shape)
