@@ -277,7 +277,7 @@ def _tune_problems(args: argparse.Namespace, precision: str, op_problem: Any, to
             raise ValueError(f"--batch must be at least 1, not {args.batch}")
         model = load_network(args.network)
         model.precision = precision
-        problems = model.problems(args.batch)
+        problems = model.problems(args.batch, alternatives=True)
         if args.ops:
             ops = _parse_ops(args.ops)
             problems = [p for p in problems if p.op in ops]

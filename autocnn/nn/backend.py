@@ -205,6 +205,37 @@ class Backend(abc.ABC):
         self._conv_wgrad(problem, x, dy, dw_out, db_out)
         return dw_out
 
+    def conv_bwd_fused(self, problem: Any, x: Array, dy: Array, w: Array, dx_out: Array, dw_out: Array,
+                       db_out: Array | None) -> Array:
+        """dx_out = dX, dw_out = dW and (when ``problem.bias``) db_out = db in one operation
+        (kernels.conv_bwd_fused): the backward a layer runs where ``fused_backward_faster`` says so."""
+        self._expect(problem, "x", x, problem.x_shape)
+        self._expect(problem, "dy", dy, problem.y_shape)
+        self._expect(problem, "w", w, problem.w_shape)
+        self._expect(problem, "dx_out", dx_out, problem.x_shape)
+        self._expect(problem, "dw_out", dw_out, problem.w_shape)
+        if problem.bias:
+            if db_out is None:
+                raise ValueError(f"{problem.op}: the problem has bias=True but no db_out buffer was given")
+            self._expect(problem, "db_out", db_out, (problem.K,))
+        elif db_out is not None:
+            raise ValueError(f"{problem.op}: the problem has bias=False but a db_out buffer was given")
+        self.kernel_calls[problem.op] += 1
+        self._conv_bwd_fused(problem, x, dy, w, dx_out, dw_out, db_out)
+        return dx_out
+
+    def fused_backward_faster(self, fused: Any, split: Sequence[KernelProblem]) -> bool:
+        """Whether a layer should run ``fused`` (a ConvBwdFusedProblem) instead of the ``split`` pair
+        (its conv_bwd_data and conv_wgrad problems). Only a backend with tuned kernels can say yes."""
+        return False
+
+    def _conv_bwd_fused(self, problem: Any, x: Array, dy: Array, w: Array, dx_out: Array, dw_out: Array,
+                        db_out: Array | None) -> None:
+        # The same results as the split pair by definition: a backend without a fused kernel runs those.
+        geometry = problem.geometry()
+        self._conv_bwd_data(ConvBwdDataProblem(**geometry), dy, w, dx_out)
+        self._conv_wgrad(ConvWgradProblem(**geometry, bias=problem.bias), x, dy, dw_out, db_out)
+
     def avgpool_fwd(self, problem: AvgPoolFwdProblem, x: Array, out: Array) -> Array:
         self._expect(problem, "x", x, problem.x_shape)
         self._expect(problem, "out", out, problem.y_shape)

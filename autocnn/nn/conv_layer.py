@@ -69,6 +69,7 @@ class Conv2d(WeightedLayer):
         self._rank: int | None = None
         self._initial: dict[str, np.ndarray] | None = None
         self._separable: Any = None
+        self._fused_backward: Any = None   # a ConvBwdFusedProblem where the backend said it is faster
         self._model_precision = DEFAULT_PRECISION
         self.in_channels = check_int(owner, "in_channels", in_channels, 1)
         self.out_channels = check_int(owner, "out_channels", out_channels, 1)
@@ -171,6 +172,12 @@ class Conv2d(WeightedLayer):
         return None if self._separable is None else (self._separable.gu, self._separable.gv)
 
     @property
+    def fused_backward(self) -> bool:
+        """Whether the backward runs as one conv_bwd_fused kernel (chosen at build where the backend's
+        tuning records show it faster than conv_bwd_data + conv_wgrad)."""
+        return self._fused_backward is not None
+
+    @property
     def separable_update_route(self) -> str | None:
         """How the separable layer's weight gradient runs ("factored": sep_conv_wgrad; "dense": the 2D
         conv_wgrad, then factor gradients from it), measured at build on the GPU; None when 2D."""
@@ -227,6 +234,16 @@ class Conv2d(WeightedLayer):
         problems.append(fwd.with_op("conv_wgrad", bias=self.use_bias))
         return problems
 
+    def alternative_problems(self, input_shape: Shape, batch_size: int) -> list[KernelProblem]:
+        """The one-pass backward (conv_bwd_fused: dX, dW and db from one read of dY, Scherer et al.)
+        of a 2D layer that needs its input gradient: tuned beside the layer's own problems, and run
+        instead of conv_bwd_data + conv_wgrad where the backend finds it tuned faster."""
+        if self.separable.enabled or not self.needs_input_grad:
+            return []
+        from autocnn.kernels.conv_bwd_fused import ConvBwdFusedProblem
+
+        return [ConvBwdFusedProblem(**self._fwd_problem(input_shape, batch_size).geometry(), bias=self.use_bias)]
+
     @property
     def forward_problem(self) -> ConvFwdProblem:
         return self._by_type(ConvFwdProblem)
@@ -258,6 +275,13 @@ class Conv2d(WeightedLayer):
         rank = self.separable_rank
         old = self._separable
         self._separable = None
+        self._fused_backward = None
+        for fused in self.alternative_problems(self.input_shape, batch_size):
+            split = [p for p in self._problems if p.op in ("conv_bwd_data", "conv_wgrad")]
+            if backend.fused_backward_faster(fused, split):
+                # The split pair is not prepared then: its kernels would never run.
+                self._fused_backward = fused
+                self._problems = [p for p in self._problems if p not in split] + [fused]
         if rank is not None:
             fwd = self._fwd_problem(self.input_shape, batch_size)
             self._separable = make_execution(backend, fwd, self._problems, rank, self.svd_settings)
@@ -286,6 +310,11 @@ class Conv2d(WeightedLayer):
             if not self.needs_input_grad:
                 return None
             self._separable.backward_data(dz, self._dx)
+            return self._dx
+        if self._fused_backward is not None:
+            # One kernel writes dX (on the critical path) and dW: it runs on the main stream.
+            backend.conv_bwd_fused(self._fused_backward, self._x, dz, self._params["weight"], self._dx,
+                                   self._grads["weight"], self._grads.get("bias"))
             return self._dx
         with backend.parameter_gradients():
             backend.conv_wgrad(self.wgrad_problem, self._x, dz, self._grads["weight"], self._grads.get("bias"))

@@ -350,11 +350,35 @@ class CudaBackend(Backend):
         self._run(problem, {"dy": dy, "w": w, "dx": out})
 
     def _conv_wgrad(self, problem, x, dy, dw_out, db_out):
+        self._run(problem, {"x": x, "dy": dy, "dw": dw_out, "db": db_out},
+                  prezeroed=self._gradients_zeroed(dw_out, db_out))
+
+    def _conv_bwd_fused(self, problem, x, dy, w, dx_out, dw_out, db_out):
+        self._run(problem, {"x": x, "dy": dy, "w": w, "dx": dx_out, "dw": dw_out, "db": db_out},
+                  prezeroed=self._gradients_zeroed(dw_out, db_out))
+
+    def _gradients_zeroed(self, dw_out: Any, db_out: Any) -> frozenset[str]:
+        """Which of dw, db the step's zeroing already cleared (their kernel need not), with the current
+        stream made to wait for that zeroing unless it runs on the side stream after it."""
         zeroed = self._prezeroed(dw_out, db_out)
         if zeroed and (self._side_stream is None or self.cp.cuda.get_current_stream().ptr != self._side_stream.ptr):
             self.cp.cuda.get_current_stream().wait_event(self._zeroed[2])
-        self._run(problem, {"x": x, "dy": dy, "dw": dw_out, "db": db_out},
-                  prezeroed=frozenset(("dw", "db")[i] for i in zeroed))
+        return frozenset(("dw", "db")[i] for i in zeroed)
+
+    def fused_backward_faster(self, fused: Any, split: Sequence[Any]) -> bool:
+        """Yes where this GPU's tuning records say so: a usable record (exact, or of the same
+        architecture) of the fused problem and of each split problem, all tuned on one GPU model,
+        and the fused time below the sum of the split ones (the issue's rule: tuned faster than the
+        two kernels; in a step the pair may overlap on two streams, which the sum leaves out)."""
+        records = []
+        for problem in (fused, *split):
+            found = self.db.lookup(self.device, problem)
+            if found.source not in ("exact", "same_arch") or found.record is None:
+                return False
+            records.append(found.record)
+        if len({r.key.gpu for r in records}) != 1:
+            return False
+        return records[0].time_us < sum(r.time_us for r in records[1:])
 
     def _avgpool_fwd(self, problem, x, out):
         self._run(problem, {"x": x, "y": out})

@@ -194,6 +194,11 @@ class Layer(abc.ABC):
     def problems(self) -> list[KernelProblem]:
         return list(self._problems)
 
+    def alternative_problems(self, input_shape: Shape, batch_size: int) -> list[KernelProblem]:
+        """Problems of other ways to run this layer, which tuning covers and a backend may pick at
+        build time where they are tuned faster (none by default)."""
+        return []
+
     # -- helpers -------------------------------------------------------------------------------
     def _require_built(self) -> Backend:
         if self.backend is None or self.batch_size is None:

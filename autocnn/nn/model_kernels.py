@@ -22,16 +22,20 @@ class ModelKernels:
                 seen.setdefault(p, None)
         return list(seen)
 
-    def problems(self, batch_size: int | None = None) -> list[KernelProblem]:
+    def problems(self, batch_size: int | None = None, alternatives: bool = False) -> list[KernelProblem]:
         """Every kernel problem of a training step at ``batch_size`` (default: the built one), deduplicated;
-        each convolution's at its layer's precision (``Conv2d.precision``)."""
+        each convolution's at its layer's precision (``Conv2d.precision``). With ``alternatives``, also
+        the problems of other ways to run a layer (``Layer.alternative_problems``: a convolution's
+        one-pass backward), which tuning covers so that a build can choose them."""
         if batch_size is None:
-            self._require_built()
-            return self._collect_problems(layer.problems() for layer in self.layers)
+            batch_size = self._require_built()
+            if not alternatives:
+                return self._collect_problems(layer.problems() for layer in self.layers)
         batch_size = check_batch_size(batch_size)
         inputs = [self.input_shape, *self.layer_output_shapes[:-1]]
-        return self._collect_problems(layer.make_problems(shape, batch_size)
-                                      for layer, shape in zip(self.layers, inputs))
+        return self._collect_problems(
+            layer.make_problems(shape, batch_size) + (layer.alternative_problems(shape, batch_size) if alternatives else [])
+            for layer, shape in zip(self.layers, inputs))
 
     def tune(self, batch_size: int, trials: int = 200, timeout_s: float | None = None, device: int = 0,
              storage: str | None = None, sampler: str = "tpe", progress: bool = True) -> list[Any]:
@@ -46,7 +50,7 @@ class ModelKernels:
         from autocnn.tuning.sources import GpuSource
         from autocnn.tuning.tuner import TuneSettings, Tuner, tune_problems
 
-        problems = self.problems(batch_size)
+        problems = self.problems(batch_size, alternatives=True)
         source = GpuSource(device)
         try:
             tuner = Tuner(source, TuningDatabase(), TuneSettings(trials=max(1, trials), sampler=sampler,
