@@ -1,6 +1,6 @@
 """Conv2d's one-pass backward (conv_bwd_fused) in training: tuning covers it (Sequential.problems
 with alternatives, `autocnn tune --network`), a backend runs it instead of conv_bwd_data +
-conv_wgrad where its tuning records say it is faster (CudaBackend.fused_backward_faster, judged
+conv_wgrad where its tuning records say it is faster (CudaBackend.tuned_faster, judged
 here on records alone), and a layer that runs it gives the split pair's gradients."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.test_db import H100, H200, make_record
 class FusedWhereAsked(NumpyBackend):
     """The numpy backend, told that the fused backward is faster everywhere."""
 
-    def fused_backward_faster(self, fused, split):
+    def tuned_faster(self, alternative, replaced):
         return True
 
 
@@ -87,4 +87,4 @@ def test_records_decide_the_cuda_route(tmp_path, fused_us, split_us, gpus, expec
         if us is not None:
             db.put(make_record(devices[gpu], problem, time_us=us))
     backend = SimpleNamespace(db=db, device=H100)
-    assert CudaBackend.fused_backward_faster(backend, fused, split) is expected
+    assert CudaBackend.tuned_faster(backend, [fused], split) is expected

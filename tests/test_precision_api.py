@@ -99,12 +99,15 @@ def test_tune_suite_applies_the_precision_to_every_convolution(asked, tune):
 
 def test_tune_network_tunes_the_model_at_the_precision(asked, tune):
     tune("--network", "lenet5", "--batch", "16", "--precision", "tf32", "--trials", "50")
-    convs = [p for op, p in asked if op.startswith("conv")]
+    # conv_pool_dz (supersampling and an activation gradient) is pooling-shaped: it has no precision.
+    convs = [p for op, p in asked if op.startswith("conv") and op != "conv_pool_dz"]
     assert convs and {p.precision for p in convs} == {"tf32"}
     assert any(op.startswith("avgpool") for op, _ in asked)
+    # The fused alternatives are tuned too (conv + averaging pairs, the one-pass backward).
+    assert {"conv_pool_fwd", "conv_pool_dz", "conv_bwd_fused"} <= {op for op, _ in asked}
     asked.clear()
     tune("--network", "lenet5", "--batch", "16", "--trials", "50")
-    assert {p.precision for op, p in asked if op.startswith("conv")} == {"fp32"}
+    assert {p.precision for op, p in asked if op.startswith("conv") and op != "conv_pool_dz"} == {"fp32"}
 
 
 def _json_documents(text: str) -> list[str]:

@@ -208,7 +208,7 @@ class Backend(abc.ABC):
     def conv_bwd_fused(self, problem: Any, x: Array, dy: Array, w: Array, dx_out: Array, dw_out: Array,
                        db_out: Array | None) -> Array:
         """dx_out = dX, dw_out = dW and (when ``problem.bias``) db_out = db in one operation
-        (kernels.conv_bwd_fused): the backward a layer runs where ``fused_backward_faster`` says so."""
+        (kernels.conv_bwd_fused): the backward a layer runs where ``tuned_faster`` says so."""
         self._expect(problem, "x", x, problem.x_shape)
         self._expect(problem, "dy", dy, problem.y_shape)
         self._expect(problem, "w", w, problem.w_shape)
@@ -224,9 +224,10 @@ class Backend(abc.ABC):
         self._conv_bwd_fused(problem, x, dy, w, dx_out, dw_out, db_out)
         return dx_out
 
-    def fused_backward_faster(self, fused: Any, split: Sequence[KernelProblem]) -> bool:
-        """Whether a layer should run ``fused`` (a ConvBwdFusedProblem) instead of the ``split`` pair
-        (its conv_bwd_data and conv_wgrad problems). Only a backend with tuned kernels can say yes."""
+    def tuned_faster(self, alternative: Sequence[KernelProblem], replaced: Sequence[KernelProblem]) -> bool:
+        """Whether the ``alternative`` problems (a fused backward, a convolution fused with its
+        pooling) should run instead of the ``replaced`` ones. Only a backend with tuned kernels can
+        say yes."""
         return False
 
     def _conv_bwd_fused(self, problem: Any, x: Array, dy: Array, w: Array, dx_out: Array, dw_out: Array,
@@ -235,6 +236,46 @@ class Backend(abc.ABC):
         geometry = problem.geometry()
         self._conv_bwd_data(ConvBwdDataProblem(**geometry), dy, w, dx_out)
         self._conv_wgrad(ConvWgradProblem(**geometry, bias=problem.bias), x, dy, dw_out, db_out)
+
+    def conv_pool_fwd(self, problem: Any, x: Array, w: Array, bias: Array | None, y_out: Array, a_out: Array) -> Array:
+        """y_out = avgpool(a) and a_out = a = act(conv(x, w) + bias) in one operation (kernels.conv_pool,
+        ``keep_activation``): a convolution layer and the averaging after it, where ``tuned_faster``
+        says so."""
+        if not problem.keep_activation:
+            raise ValueError(f"{problem.op}: training keeps the activation for the backward; the problem "
+                             f"has keep_activation=False")
+        self._expect(problem, "x", x, problem.x_shape)
+        self._expect(problem, "w", w, problem.w_shape)
+        self._expect(problem, "y_out", y_out, problem.pool.y_shape)
+        self._expect(problem, "a_out", a_out, problem.y_shape)
+        if problem.bias:
+            if bias is None:
+                raise ValueError(f"{problem.op}: the problem has bias=True but no bias array was given")
+            self._expect(problem, "bias", bias, (problem.K,))
+        self.kernel_calls[problem.op] += 1
+        self._conv_pool_fwd(problem, x, w, bias if problem.bias else None, y_out, a_out)
+        return y_out
+
+    def conv_pool_dz(self, problem: Any, dy: Array, a: Array, dz_out: Array) -> Array:
+        """dz_out = act'(a) * supersample(dy): the averaging's backward and the convolution layer's
+        activation gradient in one pass (kernels.conv_pool), where ``tuned_faster`` says so."""
+        self._expect(problem, "dy", dy, problem.y_shape)
+        self._expect(problem, "a", a, problem.x_shape)
+        self._expect(problem, "dz_out", dz_out, problem.x_shape)
+        self.kernel_calls[problem.op] += 1
+        self._conv_pool_dz(problem, dy, a, dz_out)
+        return dz_out
+
+    def _conv_pool_fwd(self, problem: Any, x: Array, w: Array, bias: Array | None, y_out: Array, a_out: Array) -> None:
+        # A backend without the fused kernel runs the pair it replaces: the same results.
+        self._conv_fwd(problem.conv, x, w, bias, a_out)
+        self._avgpool_fwd(problem.pool, a_out, y_out)
+
+    def _conv_pool_dz(self, problem: Any, dy: Array, a: Array, dz_out: Array) -> None:
+        geometry = problem.geometry()
+        self._avgpool_bwd(AvgPoolBwdProblem(**geometry), dy, dz_out)
+        if problem.activation != "none":
+            activation_grad(self, problem.activation, a, dz_out, dz_out)
 
     def avgpool_fwd(self, problem: AvgPoolFwdProblem, x: Array, out: Array) -> Array:
         self._expect(problem, "x", x, problem.x_shape)

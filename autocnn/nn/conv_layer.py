@@ -70,6 +70,8 @@ class Conv2d(WeightedLayer):
         self._initial: dict[str, np.ndarray] | None = None
         self._separable: Any = None
         self._fused_backward: Any = None   # a ConvBwdFusedProblem where the backend said it is faster
+        self._pool_forward: Any = None     # (ConvPoolFwdProblem, the AvgPool2d after it), nn.layer_fusion
+        self._dz_from_pool = False         # the AvgPool2d after it hands back dL/dz (conv_pool_dz)
         self._model_precision = DEFAULT_PRECISION
         self.in_channels = check_int(owner, "in_channels", in_channels, 1)
         self.out_channels = check_int(owner, "out_channels", out_channels, 1)
@@ -170,6 +172,15 @@ class Conv2d(WeightedLayer):
     def factor_gradients(self) -> tuple[Array, Array] | None:
         """The last backward pass's (gu, gv), the loss's gradients with respect to u and v."""
         return None if self._separable is None else (self._separable.gu, self._separable.gv)
+
+    @property
+    def fusions(self) -> tuple[str, ...]:
+        """The fused kernels this layer runs, chosen at build where tuned faster: "conv_bwd_fused",
+        "conv_pool_fwd" (with the averaging after it), "conv_pool_dz" (its activation gradient
+        formed by the averaging's backward)."""
+        return tuple(name for name, on in (("conv_bwd_fused", self._fused_backward is not None),
+                                           ("conv_pool_fwd", self._pool_forward is not None),
+                                           ("conv_pool_dz", self._dz_from_pool)) if on)
 
     @property
     def fused_backward(self) -> bool:
@@ -276,9 +287,11 @@ class Conv2d(WeightedLayer):
         old = self._separable
         self._separable = None
         self._fused_backward = None
+        self._pool_forward = None       # fusions with the next layer: chosen by the model after every build
+        self._dz_from_pool = False
         for fused in self.alternative_problems(self.input_shape, batch_size):
             split = [p for p in self._problems if p.op in ("conv_bwd_data", "conv_wgrad")]
-            if backend.fused_backward_faster(fused, split):
+            if backend.tuned_faster([fused], split):
                 # The split pair is not prepared then: its kernels would never run.
                 self._fused_backward = fused
                 self._problems = [p for p in self._problems if p not in split] + [fused]
@@ -297,12 +310,44 @@ class Conv2d(WeightedLayer):
             self._separable.factorize(self._params["weight"])
             self._separable.forward(x, self._params.get("bias"), self._y)
             return self._y
+        if self._pool_forward is not None:
+            # The pooled output goes straight to the pooling layer's buffer; a (kept here) is what
+            # the pooling layer then takes as its input and the backward reads.
+            problem, pool = self._pool_forward
+            backend.conv_pool_fwd(problem, x, self._params["weight"], self._params.get("bias"), pool.output_buffer,
+                                  self._y)
+            return self._y
         backend.conv_fwd(self.forward_problem, x, self._params["weight"], self._params.get("bias"), self._y)
         return self._y
 
+    @property
+    def output_buffer(self) -> Array:
+        """The buffer forward() returns: a, the activation's output (the backward reads it)."""
+        self._require_built()
+        return self._y
+
+    def fuse_pool_forward(self, problem: Any, pool: Any) -> None:
+        """Run this layer's forward and the averaging after it as one conv_pool_fwd (``problem``,
+        keep_activation) into ``pool``'s output (nn.layer_fusion, at build)."""
+        self._require_built()
+        pool.take_output_from(self)
+        self._pool_forward = (problem, pool)
+        self._problems = [problem if p.op == "conv_fwd" else p for p in self._problems]
+
+    def take_dz_from_pool(self) -> None:
+        """The AvgPool2d after this layer hands back dL/dz (through this layer's activation already)."""
+        self._require_built()
+        self._dz_from_pool = True
+
     def backward(self, dy: Array) -> Array | None:
         backend = self._require_built()
-        dz = self._through_activation(dy)
+        if self._dz_from_pool:
+            if self._x is None:
+                raise RuntimeError(f"{self.describe()}: backward called before forward")
+            self._check_batch("gradient (through the activation)", dy, self.output_shape)  # type: ignore[arg-type]
+            dz = dy
+        else:
+            dz = self._through_activation(dy)
         # The weight gradient may run beside the input gradient and the layers below (on a GPU).
         if self._separable is not None:
             with backend.parameter_gradients():

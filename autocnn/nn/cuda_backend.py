@@ -357,6 +357,12 @@ class CudaBackend(Backend):
         self._run(problem, {"x": x, "dy": dy, "w": w, "dx": dx_out, "dw": dw_out, "db": db_out},
                   prezeroed=self._gradients_zeroed(dw_out, db_out))
 
+    def _conv_pool_fwd(self, problem, x, w, bias, y_out, a_out):
+        self._run(problem, {"x": x, "w": w, "bias": bias, "y": y_out, "a": a_out})
+
+    def _conv_pool_dz(self, problem, dy, a, dz_out):
+        self._run(problem, {"dy": dy, "a": a if problem.activation != "none" else None, "dz": dz_out})
+
     def _gradients_zeroed(self, dw_out: Any, db_out: Any) -> frozenset[str]:
         """Which of dw, db the step's zeroing already cleared (their kernel need not), with the current
         stream made to wait for that zeroing unless it runs on the side stream after it."""
@@ -365,20 +371,22 @@ class CudaBackend(Backend):
             self.cp.cuda.get_current_stream().wait_event(self._zeroed[2])
         return frozenset(("dw", "db")[i] for i in zeroed)
 
-    def fused_backward_faster(self, fused: Any, split: Sequence[Any]) -> bool:
+    def tuned_faster(self, alternative: Sequence[Any], replaced: Sequence[Any]) -> bool:
         """Yes where this GPU's tuning records say so: a usable record (exact, or of the same
-        architecture) of the fused problem and of each split problem, all tuned on one GPU model,
-        and the fused time below the sum of the split ones (the issue's rule: tuned faster than the
-        two kernels; in a step the pair may overlap on two streams, which the sum leaves out)."""
+        architecture) of every problem on both sides, all tuned on one GPU model, and the
+        alternative's times summed below the replaced ones' (the issue's rule: tuned faster than the
+        kernels it replaces; work without a record, such as an element-wise pass the alternative
+        also saves, or two kernels overlapping on two streams, is left out of the sums)."""
         records = []
-        for problem in (fused, *split):
+        for problem in (*alternative, *replaced):
             found = self.db.lookup(self.device, problem)
             if found.source not in ("exact", "same_arch") or found.record is None:
                 return False
             records.append(found.record)
         if len({r.key.gpu for r in records}) != 1:
             return False
-        return records[0].time_us < sum(r.time_us for r in records[1:])
+        n = len(alternative)
+        return sum(r.time_us for r in records[:n]) < sum(r.time_us for r in records[n:])
 
     def _avgpool_fwd(self, problem, x, out):
         self._run(problem, {"x": x, "y": out})

@@ -26,16 +26,23 @@ class ModelKernels:
         """Every kernel problem of a training step at ``batch_size`` (default: the built one), deduplicated;
         each convolution's at its layer's precision (``Conv2d.precision``). With ``alternatives``, also
         the problems of other ways to run a layer (``Layer.alternative_problems``: a convolution's
-        one-pass backward), which tuning covers so that a build can choose them."""
+        one-pass backward; nn.layer_fusion: a convolution fused with the averaging after it), which
+        tuning covers so that a build can choose them."""
         if batch_size is None:
             batch_size = self._require_built()
             if not alternatives:
                 return self._collect_problems(layer.problems() for layer in self.layers)
         batch_size = check_batch_size(batch_size)
         inputs = [self.input_shape, *self.layer_output_shapes[:-1]]
-        return self._collect_problems(
-            layer.make_problems(shape, batch_size) + (layer.alternative_problems(shape, batch_size) if alternatives else [])
-            for layer, shape in zip(self.layers, inputs))
+        per_layer = [layer.make_problems(shape, batch_size) for layer, shape in zip(self.layers, inputs)]
+        if alternatives:
+            from autocnn.nn.layer_fusion import conv_pool_pairs
+
+            for i, (layer, shape) in enumerate(zip(self.layers, inputs)):
+                per_layer[i] = per_layer[i] + layer.alternative_problems(shape, batch_size)
+            for pair in conv_pool_pairs(self.layers, inputs, batch_size):
+                per_layer[pair.index] = per_layer[pair.index] + pair.problems()
+        return self._collect_problems(iter(per_layer))
 
     def tune(self, batch_size: int, trials: int = 200, timeout_s: float | None = None, device: int = 0,
              storage: str | None = None, sampler: str = "tpe", progress: bool = True) -> list[Any]:

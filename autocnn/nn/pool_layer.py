@@ -1,7 +1,7 @@
 """The pooling layer, AvgPool2d (pooling kernels compute in FP32: they have no precision)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import AvgPoolFwdProblem
@@ -64,11 +64,52 @@ class AvgPool2d(Layer):
     def _allocate(self, backend: Backend, batch_size: int) -> None:
         self._y = backend.zeros((batch_size, *self.output_shape))  # type: ignore[misc]
         self._dx = backend.zeros((batch_size, *self.input_shape)) if self.needs_input_grad else None  # type: ignore[misc]
+        fwd = self._problems[0]
+        self._fwd, self._bwd = fwd, (fwd.with_op("avgpool_bwd") if self.needs_input_grad else None)
+        self._output_from: Any = None   # the Conv2d whose fused forward writes this layer's output
+        self._dz_fusion: Any = None     # (ConvPoolDzProblem, the Conv2d before it), nn.layer_fusion
+
+    @property
+    def forward_problem(self) -> AvgPoolFwdProblem:
+        self._require_built()
+        return self._fwd
+
+    @property
+    def backward_problem(self) -> Any:
+        """The avgpool_bwd problem (None when nothing needs this layer's input gradient)."""
+        self._require_built()
+        return self._bwd
+
+    @property
+    def output_buffer(self) -> Array:
+        """The buffer forward() returns (a fused convolution before this layer writes it)."""
+        self._require_built()
+        return self._y
+
+    def take_output_from(self, conv: Any) -> None:
+        """The convolution before this layer computes its output too (conv_pool_fwd, at build)."""
+        self._require_built()
+        self._output_from = conv
+        self._problems = [p for p in self._problems if p.op != "avgpool_fwd"]
+
+    def fuse_activation_gradient(self, problem: Any, conv: Any) -> None:
+        """Run this layer's backward and the activation gradient of ``conv`` before it as one
+        conv_pool_dz (``problem``), handing ``conv`` dL/dz (at build)."""
+        self._require_built()
+        conv.take_dz_from_pool()
+        self._dz_fusion = (problem, conv)
+        self._problems = [problem if p.op == "avgpool_bwd" else p for p in self._problems]
 
     def forward(self, x: Array) -> Array:
         backend = self._require_built()
         self._check_batch("input", x, self.input_shape)  # type: ignore[arg-type]
-        backend.avgpool_fwd(self._problems[0], x, self._y)
+        if self._output_from is not None:
+            # Already written by the convolution's fused forward, from the activation x it kept.
+            if x is not self._output_from.output_buffer:
+                raise RuntimeError(f"{self.describe()}: its output is computed by {self._output_from.describe()}'s "
+                                   f"fused forward, so its input must be that layer's output")
+            return self._y
+        backend.avgpool_fwd(self._fwd, x, self._y)
         return self._y
 
     def backward(self, dy: Array) -> Array | None:
@@ -76,5 +117,9 @@ class AvgPool2d(Layer):
         self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
         if not self.needs_input_grad:
             return None
-        backend.avgpool_bwd(self._problems[1], dy, self._dx)
+        if self._dz_fusion is not None:
+            problem, conv = self._dz_fusion
+            backend.conv_pool_dz(problem, dy, conv.output_buffer, self._dx)
+            return self._dx
+        backend.avgpool_bwd(self._bwd, dy, self._dx)
         return self._dx
