@@ -96,17 +96,16 @@ class RecordLookup:
 
     resource_check: ResourceCheck = staticmethod(ptxas_check)
 
-    def lookup(self, device: DeviceInfo, problem: Any) -> LookupResult:
-        """The config to run ``problem`` on ``device``: exact > same_arch > nearest_shape > default.
-
-        Exact and same-architecture records ran this very problem's code; a nearest shape's config
-        is handed out only when ``resource_check`` (ptxas's report) shows it can run here, else the
-        next one is tried (MAX_CHECKED_NEIGHBOURS in all), then the op's heuristic default, whose
-        candidates fit by construction."""
+    def tuned(self, device: DeviceInfo, problem: Any) -> LookupResult | None:
+        """The record that ran this very problem's code on ``device``'s GPU (exact) or on another GPU
+        of its architecture (same_arch), valid for this device; None when there is none. Nothing is
+        compiled: the cheap first steps of ``lookup``."""
         operation = get_operation(problem.op)
         operation.check_problem(problem)
-        limits = device.limits()
-        space = operation.space(problem, limits)
+        space = operation.space(problem, device.limits())
+        return self._tuned(device, problem, space)
+
+    def _tuned(self, device: DeviceInfo, problem: Any, space: SearchSpace) -> LookupResult | None:
         key = RecordKey.for_(device, problem)
         identity = key.identity()
         canonical = problem.to_dict()
@@ -137,6 +136,24 @@ class RecordLookup:
                 return LookupResult(config, "same_arch", e.record,
                                     f"tuned on another {arch} GPU ({_gpu_text(e.record.key)}): "
                                     f"{e.record.time_us:.1f} us there ({e.origin} record)")
+        return None
+
+    def lookup(self, device: DeviceInfo, problem: Any) -> LookupResult:
+        """The config to run ``problem`` on ``device``: exact > same_arch > nearest_shape > default.
+
+        Exact and same-architecture records ran this very problem's code; a nearest shape's config
+        is handed out only when ``resource_check`` (ptxas's report) shows it can run here, else the
+        next one is tried (MAX_CHECKED_NEIGHBOURS in all), then the op's heuristic default, whose
+        candidates fit by construction."""
+        operation = get_operation(problem.op)
+        operation.check_problem(problem)
+        limits = device.limits()
+        space = operation.space(problem, limits)
+        found = self._tuned(device, problem, space)
+        if found is not None:
+            return found
+        arch = device.arch
+        entries = [e for e in self._entries() if e.record.key.op == problem.op]
 
         # A borrowed config runs code generated for this shape, which no one has compiled: its ptxas
         # report (cached) must show it fits this device (registers, shared memory, no spills).
