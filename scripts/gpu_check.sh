@@ -1,11 +1,62 @@
 #!/usr/bin/env bash
-# What to run on a GPU host after a change to templates or generated code: the GPU tests, then the
-# kernel benchmark. Logs and JSON go to ${OUT:-out}/. Usage: scripts/gpu_check.sh [samples]
+# What to run on a GPU host after a change to templates or generated code: the GPU tests, one test
+# file at a time under its own time limit (one slow file cannot take the others' time, and every
+# finished file's result is written before the next starts), then optionally the kernel benchmark.
+# Logs, JUnit XML per file and a summary go to ${OUT:-out}/.
+#
+#   scripts/gpu_check.sh                           every file with GPU tests, "gpu and not slow"
+#   scripts/gpu_check.sh -m gpu tests/test_fft.py  the slow ones too, of one file
+#   scripts/gpu_check.sh -t 120 --bench 16         120 s per file, then bench_kernels --samples 16
+#
+# The summary (last lines printed) has one row per file: passed, failed, errors, skipped, or
+# TIMEOUT after the limit (the file's log says how far it got).
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"
-samples=${1:-16}
+mark="gpu and not slow"
+per_file=240
+bench=""
+files=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -m) mark="$2"; shift 2 ;;
+        -t) per_file="$2"; shift 2 ;;
+        --bench) bench="$2"; shift 2 ;;
+        -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+        -*) echo "gpu_check.sh: unknown option $1 (allowed: -m MARK, -t SECONDS, --bench SAMPLES)" >&2; exit 2 ;;
+        *) files+=("$1"); shift ;;
+    esac
+done
+case "$per_file" in ''|*[!0-9]*) echo "gpu_check.sh: -t takes whole seconds, not '$per_file'" >&2; exit 2 ;; esac
+if [ ${#files[@]} -eq 0 ]; then
+    mapfile -t files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
+fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import cupy, torch; print('cupy', cupy.__version__, 'torch', torch.__version__)" | tee -a "$out/gpu.txt"
-timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -40
-timeout 250 python3 scripts/bench_kernels.py --samples "$samples" --out "$out/bench_kernels.json" 2>&1 | tee "$out/bench.log" | tail -70
+summary="$out/gpu_tests_summary.txt"
+: > "$summary"
+status=0
+for f in "${files[@]}"; do
+    name=$(basename "$f" .py)
+    start=$(date +%s)
+    timeout "$per_file" python3 -m pytest -m "$mark" -q -p no:cacheprovider -rfE --tb=short \
+        --junitxml="$out/$name.xml" "$f" > "$out/$name.log" 2>&1
+    rc=$?
+    took=$(( $(date +%s) - start ))
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        line="TIMEOUT after ${per_file} s ($(grep -c PASSED "$out/$name.log" 2>/dev/null || true) reported passed)"
+        status=1
+    else
+        line=$(tail -1 "$out/$name.log")
+        [ $rc -eq 0 ] || [ $rc -eq 5 ] || status=1   # 5: every test of the file deselected by the mark
+    fi
+    printf '%-34s %4ss  %s\n' "$name" "$took" "$line" | tee -a "$summary"
+done
+if [ -n "$bench" ]; then
+    timeout 250 python3 scripts/bench_kernels.py --samples "$bench" --out "$out/bench_kernels.json" \
+        > "$out/bench.log" 2>&1
+    tail -70 "$out/bench.log"
+fi
+echo "# GPU tests (-m '$mark', ${per_file} s per file):"
+cat "$summary"
+exit $status

@@ -188,6 +188,7 @@ def test_templates_build_without_spills(arch, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow   # conv_bwd_data alone ran past 200 s on an H100
 @pytest.mark.parametrize("op", CONV_OPS)
 def test_fft_verifies_against_float64_on_the_gpu(op):
     """Default candidates and sampled configs of the seed shapes with large filters (5x5 to 11x11,

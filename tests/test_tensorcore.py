@@ -252,6 +252,7 @@ def test_nhwc_staging_builds(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow   # over 250 s on an H100 (a float64 reference per config and shape)
 def test_nhwc_staging_and_float4_loads_verify_against_float64():
     configs, failures = _failures_on_the_gpu("conv_fwd", _staged_fwd_configs)
     assert len(configs) == 3 * len(PRECISIONS) * len(_problems("conv_fwd", "fp32"))
