@@ -292,14 +292,12 @@ def _pair_of_models(separable, backend_seed=0):
     return gpu, cpu
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("separable", [1, 2])
-def test_cuda_separable_layers_match_the_numpy_backend(separable):
+def _built_pair_with_separated_spectra(separable, rng):
+    """The two models built at batch 4 with the same filters, whose singular values are well
+    separated, so that float32 and float64 factor alike."""
     gpu, cpu = _pair_of_models(separable)
-    rng = np.random.default_rng()
     gpu.build(4)
     cpu.build(4)
-    # Well separated singular values, so that float32 and float64 factor alike.
     weights = {k: v.astype(np.float64) for k, v in cpu.get_weights().items()}
     for name in ("conv2d_1.weight", "conv2d_2.weight"):
         K, C, R, S = weights[name].shape
@@ -307,6 +305,14 @@ def test_cuda_separable_layers_match_the_numpy_backend(separable):
     for model in (gpu, cpu):
         for name, array in model.params().items():
             model.backend.upload(weights[name].astype(model.dtype), array)
+    return gpu, cpu
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("separable", [1, 2])
+def test_cuda_separable_layers_match_the_numpy_backend(separable):
+    rng = np.random.default_rng()
+    gpu, cpu = _built_pair_with_separated_spectra(separable, rng)
     x = rng.random((4, 3, 12, 12), dtype=np.float32)
     y = np.array([1, 2, 3, 4])
     loss_gpu = gpu.loss_and_gradients(x, y)
@@ -339,17 +345,8 @@ def test_cuda_separable_training_steps():
 def test_cuda_update_routes_match_the_numpy_backend(route):
     """Both weight-gradient routes give the numpy backend's gradients; the build measured both and
     took the faster."""
-    gpu, cpu = _pair_of_models(2)
     rng = np.random.default_rng()
-    gpu.build(4)
-    cpu.build(4)
-    weights = {k: v.astype(np.float64) for k, v in cpu.get_weights().items()}
-    for name in ("conv2d_1.weight", "conv2d_2.weight"):
-        K, C, R, S = weights[name].shape
-        weights[name] = rank_r_weights(rng, K, C, R, S, min(R, S)) * 0.2
-    for model in (gpu, cpu):
-        for name, array in model.params().items():
-            model.backend.upload(weights[name].astype(model.dtype), array)
+    gpu, cpu = _built_pair_with_separated_spectra(2, rng)
     convs = (gpu.layers[0], gpu.layers[2])
     for layer in convs:
         measured = layer._separable.route_us

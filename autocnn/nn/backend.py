@@ -194,13 +194,7 @@ class Backend(abc.ABC):
         """dw_out = dW and (when ``problem.bias``) db_out = db, summed over the batch."""
         self._expect(problem, "x", x, problem.x_shape)
         self._expect(problem, "dy", dy, problem.y_shape)
-        self._expect(problem, "dw_out", dw_out, problem.w_shape)
-        if problem.bias:
-            if db_out is None:
-                raise ValueError(f"{problem.op}: the problem has bias=True but no db_out buffer was given")
-            self._expect(problem, "db_out", db_out, (problem.K,))
-        elif db_out is not None:
-            raise ValueError(f"{problem.op}: the problem has bias=False but a db_out buffer was given")
+        self._expect_weight_gradients(problem, dw_out, db_out)
         self.kernel_calls[problem.op] += 1
         self._conv_wgrad(problem, x, dy, dw_out, db_out)
         return dw_out
@@ -213,6 +207,13 @@ class Backend(abc.ABC):
         self._expect(problem, "dy", dy, problem.y_shape)
         self._expect(problem, "w", w, problem.w_shape)
         self._expect(problem, "dx_out", dx_out, problem.x_shape)
+        self._expect_weight_gradients(problem, dw_out, db_out)
+        self.kernel_calls[problem.op] += 1
+        self._conv_bwd_fused(problem, x, dy, w, dx_out, dw_out, db_out)
+        return dx_out
+
+    def _expect_weight_gradients(self, problem: Any, dw_out: Array, db_out: Array | None) -> None:
+        # conv_wgrad's and conv_bwd_fused's outputs: dW, and db exactly when the problem has a bias.
         self._expect(problem, "dw_out", dw_out, problem.w_shape)
         if problem.bias:
             if db_out is None:
@@ -220,9 +221,6 @@ class Backend(abc.ABC):
             self._expect(problem, "db_out", db_out, (problem.K,))
         elif db_out is not None:
             raise ValueError(f"{problem.op}: the problem has bias=False but a db_out buffer was given")
-        self.kernel_calls[problem.op] += 1
-        self._conv_bwd_fused(problem, x, dy, w, dx_out, dw_out, db_out)
-        return dx_out
 
     def tuned_faster(self, alternative: Sequence[KernelProblem], replaced: Sequence[KernelProblem]) -> bool:
         """Whether the ``alternative`` problems (a fused backward, a convolution fused with its
