@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Separable filters (issue 16 part 1, seed 002): the batched SVD and the separable convolutions.
 
-1. The batched power-method SVD (autocnn.separable.svd_cuda) on 1,024 random filters of each size
+1. The batched power-method SVD (autocnn.separable.svd_cuda) on --filters random filters (default
+   1,024, the seed's; a layer has K*C: 4,096 for 64->64, 65,536 for 256->256) of each size
    (3, 5, 7, 9, 11 by default) at each --ranks rank: a cold start against a warm start from the
    vectors of filters one small step away (--step: the relative size of the change, as after an
    optimizer update). Both time the kernel under the timing protocol (each repetition first puts
@@ -32,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SIZES = (3, 5, 7, 9, 11)
-SVD_FILTERS = 1024
+SVD_FILTERS = (1024,)   # the seed's batch
 
 
 def parse_ints(ap: argparse.ArgumentParser, flag: str, text: str, lowest: int) -> list[int]:
@@ -45,33 +46,37 @@ def parse_ints(ap: argparse.ArgumentParser, flag: str, text: str, lowest: int) -
     return values
 
 
-def bench_svd(cp: Any, size: int, rank: int, step: float, budget_s: float, seed: int) -> dict[str, Any]:
-    """Cold and warm batched SVD of 1,024 random size x size filters at ``rank``."""
+def bench_svd(cp: Any, size: int, rank: int, step: float, budget_s: float, seed: int,
+              filters: int = SVD_FILTERS[0]) -> dict[str, Any]:
+    """Cold and warm batched SVD of ``filters`` random size x size filters at ``rank``."""
     from autocnn.separable.svd import SvdSettings, report_from
     from autocnn.separable.svd_cuda import shared
     from autocnn.tuning.measure import time_callable
 
     svd, settings = shared(), SvdSettings()
-    choice = svd.prepare(SVD_FILTERS, size, size, rank, settings)
+    choice = svd.prepare(filters, size, size, rank, settings)
     gen = cp.random.RandomState(seed)
-    before = gen.standard_normal((SVD_FILTERS, size, size), dtype=cp.float32)
+    before = gen.standard_normal((filters, size, size), dtype=cp.float32)
     after = before + step * float(cp.sqrt(cp.mean(before * before))) * gen.standard_normal(before.shape,
                                                                                             dtype=cp.float32)
-    u = cp.empty((SVD_FILTERS, rank, size), dtype=cp.float32)
-    v = cp.zeros((SVD_FILTERS, rank, size), dtype=cp.float32)
-    its = cp.empty((SVD_FILTERS, rank), dtype=cp.int32)
-    status = cp.empty((SVD_FILTERS, rank), dtype=cp.int32)
+    u = cp.empty((filters, rank, size), dtype=cp.float32)
+    v = cp.zeros((filters, rank, size), dtype=cp.float32)
+    its = cp.empty((filters, rank), dtype=cp.int32)
+    status = cp.empty((filters, rank), dtype=cp.int32)
     svd.decompose(before, u, v, its, status, settings, warm_start=False)
     previous = v.copy()
 
+    # Both put the previous vectors back first (the same small copy), so that the difference is
+    # the SVD's alone; the cold start then ignores them.
     def cold() -> None:
+        cp.copyto(v, previous)
         svd.decompose(after, u, v, its, status, settings, warm_start=False)
 
     def warm() -> None:
         cp.copyto(v, previous)
         svd.decompose(after, u, v, its, status, settings)
 
-    row: dict[str, Any] = {"size": size, "rank": rank, "filters": SVD_FILTERS, "step": step,
+    row: dict[str, Any] = {"size": size, "rank": rank, "filters": filters, "step": step,
                            "variant": {"threads_per_filter": choice.variant.threads_per_filter,
                                        "filters_per_block": choice.variant.filters_per_block}}
     for label, run in (("cold", cold), ("warm", warm)):
@@ -134,12 +139,12 @@ def ratio(a: float | None, b: float | None) -> str:
 
 
 def tables(svd_rows: list[dict[str, Any]], conv_rows: list[dict[str, Any]]) -> str:
-    lines = ["batched SVD, 1,024 filters: time (us), mean iterations of rank 1, share capped",
-             f"{'size':>4s} {'rank':>4s} | {'cold':>9s} {'its':>6s} {'capped':>7s} | {'warm':>9s} {'its':>6s} "
+    lines = ["batched SVD: time (us), mean iterations of rank 1, share capped",
+             f"{'filters':>7s} {'size':>4s} {'rank':>4s} | {'cold':>9s} {'its':>6s} {'capped':>7s} | {'warm':>9s} {'its':>6s} "
              f"{'capped':>7s} | {'saving':>7s}"]
     for r in svd_rows:
         c, w = r["cold"], r["warm"]
-        lines.append(f"{r['size']:4d} {r['rank']:4d} | {c['us']:9.1f} {c['mean_iterations'][0]:6.1f} "
+        lines.append(f"{r['filters']:7d} {r['size']:4d} {r['rank']:4d} | {c['us']:9.1f} {c['mean_iterations'][0]:6.1f} "
                      f"{100 * c['capped_share']:6.1f}% | {w['us']:9.1f} {w['mean_iterations'][0]:6.1f} "
                      f"{100 * w['capped_share']:6.1f}% | {100 * r['warm_saving']:6.1f}%")
     if conv_rows:
@@ -162,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="filter sizes (default 3,5,7,9,11)")
     ap.add_argument("--ranks", default="1", help="ranks, comma-separated (default 1, the seed's)")
+    ap.add_argument("--filters", default=",".join(map(str, SVD_FILTERS)),
+                    help="filter counts of the SVD runs, comma-separated (default 1024, the seed's)")
     ap.add_argument("--batch", type=int, default=64,
                     help="images per batch of the convolutions (default 64: the largest power of two at which an "
                          "11x11 64->64 layer on 64x64 maps keeps every index in 32 bits)")
@@ -178,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = parse_ints(ap, "--sizes", args.sizes, 2)
     ranks = parse_ints(ap, "--ranks", args.ranks, 1)
+    filter_counts = parse_ints(ap, "--filters", args.filters, 1)
     if any(r > min(sizes) for r in ranks):
         ap.error(f"--ranks: a rank is at most the smallest filter size ({min(sizes)})")
     if args.batch < 1 or args.hw < max(sizes) or args.budget <= 0 or not 0 < args.step < 1:
@@ -209,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     svd_rows, conv_rows = [], []
     for size in sizes:
         for rank in ranks:
-            svd_rows.append(bench_svd(bench.cp, size, rank, args.step, args.budget, args.seed))
-            print(f"  svd {size}x{size} rank {rank}: cold {svd_rows[-1]['cold']['us']:.1f} us, "
-                  f"warm {svd_rows[-1]['warm']['us']:.1f} us", flush=True)
+            for filters in filter_counts:
+                svd_rows.append(bench_svd(bench.cp, size, rank, args.step, args.budget, args.seed, filters))
+                print(f"  svd {filters} filters {size}x{size} rank {rank}: cold {svd_rows[-1]['cold']['us']:.1f} us, "
+                      f"warm {svd_rows[-1]['warm']['us']:.1f} us", flush=True)
             if not args.svd_only:
                 conv_rows.append(bench_conv(bench, size, rank, args.batch, args.hw, torch_ok))
                 print(f"  conv {size}x{size} rank {rank}: fwd {conv_rows[-1]['fwd_us']}, "
