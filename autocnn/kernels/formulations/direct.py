@@ -39,21 +39,30 @@ class CorrelationEnvelope:
     grid_z: int          # blocks along z: images (times phases)
 
 
-def direct_params(env: CorrelationEnvelope) -> list[Param]:
-    # Tiles larger than the problem only add idle threads; leaving them out of the choices (rather
-    # than rejecting them later) keeps random and TPE proposals mostly feasible on small layers.
-    kb = choices_upto((4, 8, 16, 32, 64), max(4, next_pow2(env.CO)))
-    tp = choices_upto((1, 2, 4, 8, 16, 32), max(1, next_pow2(env.OH)))
-    tq = choices_upto((4, 8, 16, 32, 64), max(4, next_pow2(env.OW)))
+def output_tile_params(kb: tuple[int, ...], tp: tuple[int, ...], tq: tuple[int, ...],
+                       cb: tuple[int, ...]) -> list[Param]:
+    """KB, KPT, TP, TQ, PPT, QPT, CB of a register-tiled correlation: the block's tile of output maps,
+    rows and columns (choices given), each thread's share of it (choices up to the block's), and the
+    input maps staged per step. The direct core's, and the separable formulations' (sep_geometry)."""
     return [
-        Param("KB", kb, "output channels per block (target maps per block)"),
-        Param("KPT", choices_upto((1, 2, 4, 8), max(kb)), "output channels per thread"),
+        Param("KB", kb, "output maps per block (target maps per block)"),
+        Param("KPT", choices_upto((1, 2, 4, 8), max(kb)), "output maps per thread"),
         Param("TP", tp, "output rows per block"),
         Param("TQ", tq, "output columns per block"),
         Param("PPT", choices_upto((1, 2, 4), max(tp)), "output rows per thread"),
         Param("QPT", choices_upto((1, 2, 4, 8), max(tq)), "output columns per thread (register window along a row)"),
-        Param("CB", choices_upto((1, 2, 4, 8, 16), max(1, next_pow2(env.CI))),
-              "input channels staged in shared memory per step"),
+        Param("CB", cb, "input maps staged in shared memory per step"),
+    ]
+
+
+def direct_params(env: CorrelationEnvelope) -> list[Param]:
+    # Tiles larger than the problem only add idle threads; leaving them out of the choices (rather
+    # than rejecting them later) keeps random and TPE proposals mostly feasible on small layers.
+    return [
+        *output_tile_params(choices_upto((4, 8, 16, 32, 64), max(4, next_pow2(env.CO))),
+                            choices_upto((1, 2, 4, 8, 16, 32), max(1, next_pow2(env.OH))),
+                            choices_upto((4, 8, 16, 32, 64), max(4, next_pow2(env.OW))),
+                            choices_upto((1, 2, 4, 8, 16), max(1, next_pow2(env.CI)))),
         Param("PAD", (0, 1, 2), "floats of padding per shared-memory input row (bank conflicts)"),
         Param("UNROLL_R", (1, FULL_UNROLL), "unrolling of the filter-row loop (0: complete)"),
     ]

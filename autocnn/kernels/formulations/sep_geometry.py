@@ -21,6 +21,7 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import choices_upto
+from autocnn.kernels.formulations.direct import output_tile_params
 from autocnn.kernels.operation import GRID_X_LIMIT, at_most, cdiv, next_pow2, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -91,18 +92,10 @@ def cb_cap(g: SepCorrelation) -> int:
 def tile_params(g: SepCorrelation) -> list[Param]:
     """KB, KPT, TP, TQ, PPT, QPT, CB: tiles larger than the problem are left out of the choices (they
     would only add idle threads), except that a 4 x 8 tile of 4 maps is always offered."""
-    kb = choices_upto((1, 2, 4, 8, 16, 32, 64), kb_cap(g))
-    tp = choices_upto((1, 2, 4, 8, 16, 32), tp_cap(g))
-    tq = choices_upto((4, 8, 16, 32, 64), tq_cap(g))
-    return [
-        Param("KB", kb, "output maps per block (target maps per block)"),
-        Param("KPT", choices_upto((1, 2, 4, 8), max(kb)), "output maps per thread"),
-        Param("TP", tp, "output rows per block tile"),
-        Param("TQ", tq, "output columns per block tile"),
-        Param("PPT", choices_upto((1, 2, 4), max(tp)), "output rows per thread"),
-        Param("QPT", choices_upto((1, 2, 4, 8), max(tq)), "output columns per thread"),
-        Param("CB", choices_upto((1, 2, 4, 8, 16), cb_cap(g)), "input maps staged per step"),
-    ]
+    return output_tile_params(choices_upto((1, 2, 4, 8, 16, 32, 64), kb_cap(g)),
+                              choices_upto((1, 2, 4, 8, 16, 32), tp_cap(g)),
+                              choices_upto((4, 8, 16, 32, 64), tq_cap(g)),
+                              choices_upto((1, 2, 4, 8, 16), cb_cap(g)))
 
 
 def tile_threads(c: Config | dict) -> int:
