@@ -103,14 +103,17 @@ class RecordLookup:
         operation = get_operation(problem.op)
         operation.check_problem(problem)
         space = operation.space(problem, device.limits())
-        return self._tuned(device, problem, space)
+        return self._tuned(device, problem, space, self._entries_of(problem.op))
 
-    def _tuned(self, device: DeviceInfo, problem: Any, space: SearchSpace) -> LookupResult | None:
+    def _entries_of(self, op: str) -> list[Entry]:
+        return [e for e in self._entries() if e.record.key.op == op]
+
+    def _tuned(self, device: DeviceInfo, problem: Any, space: SearchSpace,
+               entries: list[Entry]) -> LookupResult | None:
         key = RecordKey.for_(device, problem)
         identity = key.identity()
         canonical = problem.to_dict()
         arch = device.arch
-        entries = [e for e in self._entries() if e.record.key.op == problem.op]
 
         def usable(record: TuningRecord) -> Config | None:
             # Feasibility is checked again against this device's limits (shared memory may differ).
@@ -149,11 +152,11 @@ class RecordLookup:
         operation.check_problem(problem)
         limits = device.limits()
         space = operation.space(problem, limits)
-        found = self._tuned(device, problem, space)
+        entries = self._entries_of(problem.op)
+        found = self._tuned(device, problem, space, entries)
         if found is not None:
             return found
         arch = device.arch
-        entries = [e for e in self._entries() if e.record.key.op == problem.op]
 
         # A borrowed config runs code generated for this shape, which no one has compiled: its ptxas
         # report (cached) must show it fits this device (registers, shared memory, no spills).
