@@ -26,6 +26,10 @@ class AvgPool2d(Layer):
         if not isinstance(count_pad, bool):
             raise ValueError(f"{owner}: count_pad must be True or False, got {count_pad!r}")
         self.count_pad = count_pad
+        self._fwd: AvgPoolFwdProblem | None = None
+        self._bwd: Any = None              # avgpool_bwd, when the layer needs its input gradient
+        self._output_from: Any = None      # the Conv2d whose fused forward writes this layer's output
+        self._dz_fusion: Any = None        # (ConvPoolDzProblem, the Conv2d before it), nn.layer_fusion
         kh, kw = self.window
         pt, pl, pb, pr = self.padding
         if max(pt, pb) >= kh or max(pl, pr) >= kw:
@@ -64,10 +68,10 @@ class AvgPool2d(Layer):
     def _allocate(self, backend: Backend, batch_size: int) -> None:
         self._y = backend.zeros((batch_size, *self.output_shape))  # type: ignore[misc]
         self._dx = backend.zeros((batch_size, *self.input_shape)) if self.needs_input_grad else None  # type: ignore[misc]
-        fwd = self._problems[0]
-        self._fwd, self._bwd = fwd, (fwd.with_op("avgpool_bwd") if self.needs_input_grad else None)
-        self._output_from: Any = None   # the Conv2d whose fused forward writes this layer's output
-        self._dz_fusion: Any = None     # (ConvPoolDzProblem, the Conv2d before it), nn.layer_fusion
+        # make_problems' list, kept by name: a fusion (nn.layer_fusion) replaces entries of _problems.
+        self._fwd, self._bwd = (*self._problems, None)[:2]
+        self._output_from = None
+        self._dz_fusion = None
 
     @property
     def forward_problem(self) -> AvgPoolFwdProblem:
