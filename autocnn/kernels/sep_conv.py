@@ -53,6 +53,11 @@ class _Separable:
     rank: int
     op: ClassVar[str]
 
+    def __post_init__(self) -> None:
+        # The convolution's checks first (the next class in the MRO), then the separable ones.
+        super().__post_init__()   # type: ignore[misc]
+        self._check_separable()
+
     def _check_separable(self) -> None:
         if tuple(self.stride) != (1, 1):   # type: ignore[attr-defined]
             raise InvalidProblemError(self.op, "stride", self.stride,   # type: ignore[attr-defined]
@@ -85,10 +90,6 @@ class SepConvFwdProblem(_Separable, ConvFwdProblem):
     rank: int = 1
     op: ClassVar[str] = "sep_conv_fwd"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._check_separable()
-
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"x": self.x_shape, **self.factor_shapes, **({"bias": (self.K,)} if self.bias else {})}
 
@@ -112,10 +113,6 @@ class SepConvBwdDataProblem(_Separable, ConvBwdDataProblem):
     rank: int = 1
     op: ClassVar[str] = "sep_conv_bwd_data"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._check_separable()
-
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"dy": self.y_shape, **self.factor_shapes}
 
@@ -135,10 +132,6 @@ class SepConvWgradProblem(_Separable, ConvWgradProblem):
 
     rank: int = 1
     op: ClassVar[str] = "sep_conv_wgrad"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._check_separable()
 
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"x": self.x_shape, "dy": self.y_shape, **self.factor_shapes}
