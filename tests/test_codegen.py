@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import jinja2
@@ -204,3 +205,26 @@ def test_config_of_another_operation_cannot_plan():
     wgrad_config = OPERATIONS["conv_wgrad"].default_config(p.with_op("conv_wgrad"), limits)
     with pytest.raises(ValueError):
         OPERATIONS["conv_fwd"].plan(p, wgrad_config)
+
+
+@needs_nvcc
+def test_threads_compiling_one_source_into_one_cache_all_succeed(tmp_path):
+    """The compile pool's threads share a process id; two writing one source's cache entry must
+    not rename each other's temporary file away (a CI run failed so)."""
+    from autocnn.kernels import compiler
+
+    barrier = threading.Barrier(4)
+
+    def name_in_thread():
+        barrier.wait()   # all four alive at once, so no thread id is reused
+        return compiler._private_tmp(tmp_path / "x.json")
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        names = list(pool.map(lambda _: name_in_thread(), range(4)))
+    assert len(set(names)) == 4
+    source = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 1.f; }'
+    nvcc = NvccCompiler("sm_80", cache_dir=tmp_path / "cache")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        modules = list(pool.map(lambda _: nvcc.compile(source), range(4)))
+    assert all("k" in m.reports for m in modules)
+    assert not list((tmp_path / "cache").rglob("*.tmp"))

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -160,15 +161,22 @@ class NvccCompiler:
             if proc.returncode != 0 or not out.exists():
                 raise CompileError(f"nvcc failed for {self.arch} (exit {proc.returncode})", log=log, config=config)
             # Write then rename, so a concurrent reader never sees half a cubin.
-            tmp_cubin = cubin.with_suffix(f".{os.getpid()}.tmp")
+            tmp_cubin = _private_tmp(cubin)
             shutil.copyfile(out, tmp_cubin)
             os.replace(tmp_cubin, cubin)
         reports = parse_ptxas_report(log)
         seconds = time.perf_counter() - start
-        tmp_meta = meta.with_suffix(f".{os.getpid()}.tmp")
+        tmp_meta = _private_tmp(meta)
         tmp_meta.write_text(json.dumps({"reports": {k: asdict(v) for k, v in reports.items()}, "log": log}))
         os.replace(tmp_meta, meta)
         return CompiledModule(digest, self.arch, "nvcc", str(cubin), reports, seconds, log)
+
+
+def _private_tmp(path: Path) -> Path:
+    """A temporary name beside ``path`` that no other writer uses: cache entries are written there
+    and renamed into place. The process id alone is not enough: the compile pool's threads share
+    it, and two of them writing one source's entry renamed each other's file away (seen in CI)."""
+    return path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
 
 
 class NvrtcCompiler:
@@ -268,7 +276,7 @@ class ResourceReporter:
         finally:
             nvrtc.destroyProgram(prog)
         meta.parent.mkdir(parents=True, exist_ok=True)
-        tmp = meta.with_suffix(f".{os.getpid()}.tmp")
+        tmp = _private_tmp(meta)
         tmp.write_text(json.dumps({k: asdict(v) for k, v in reports.items()}))
         os.replace(tmp, meta)
         return reports
