@@ -15,6 +15,9 @@ from autocnn.device import set_workspace_limit
 from autocnn.errors import AutocnnError
 from autocnn.kernels.problem import DEFAULT_PRECISION, PRECISIONS
 from autocnn.tuning.quick import AUTOTUNE_MODES
+from autocnn.nn.zoo import NETWORKS as ZOO_NETWORKS
+
+_ZOO_TEXT = ", ".join(ZOO_NETWORKS)   # the help names every zoo network, conv4 and vgg included
 
 EXAMPLES = """examples:
   autocnn tune --op conv_fwd --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3 --trials 100
@@ -88,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--op", help="operation: conv_fwd, conv_bwd_data, conv_wgrad, avgpool_fwd, avgpool_bwd")
     what.add_argument("--suite", choices=("seed",),
                       help="every seed shape of the five source documents (with --ops to choose operations)")
-    what.add_argument("--network", help="a zoo network (kriz09, scherer10, convnet18, chellapilla06, lenet5) "
+    what.add_argument("--network", help=f"a zoo network ({_ZOO_TEXT}) "
                                         "or a network JSON file: tunes every kernel it needs, forward and backward")
     what.add_argument("--stale", action="store_true",
                       help="every shape whose record for this GPU kind (shipped or user) was tuned with "
@@ -177,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
 
     tr = sub.add_parser("train", help="train a zoo network on tuned kernels")
-    tr.add_argument("--network", required=True, help="kriz09, scherer10, convnet18, chellapilla06, lenet5 or a JSON file")
+    tr.add_argument("--network", required=True, help=f"{_ZOO_TEXT} or a JSON file")
     tr.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist (default), mnist or cifar10")
     tr.add_argument("--data-root", default=None, help="folder of the data set files")
     tr.add_argument("--epochs", type=int, default=10)
