@@ -131,3 +131,26 @@ def test_fused_kernels_train_on_the_gpu_as_the_numpy_backend():
     gpu.compile("adam", lr=1e-2)
     losses = [gpu.train_step(x.astype(np.float32), y).loss for _ in range(6)]   # later steps replay a graph
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def test_fuse_false_keeps_every_layer_on_its_own_kernels():
+    """Sequential(fuse=False) asks the backend nothing and fuses nothing, the one-pass backward
+    included; turning it on rebuilds the model with the fusions, weights kept."""
+    backend = Fuses(("conv_pool_fwd", "conv_pool_dz", "conv_bwd_fused"))
+    model = _model(backend)
+    model.fuse = False
+    model.build(2)
+    assert backend.asked == []
+    assert all(not getattr(layer, "fusions", ()) for layer in model.layers)
+    before = {k: v.copy() for k, v in model.get_weights().items()}
+    model.fuse = True
+    # The first convolution has no input gradient: no one-pass backward to run there.
+    assert [model.layers[i].fusions for i in (0, 2, 4)] == [
+        ("conv_pool_fwd", "conv_pool_dz"), ("conv_bwd_fused", "conv_pool_fwd", "conv_pool_dz"),
+        ("conv_bwd_fused", "conv_pool_fwd")]
+    for name, w in model.get_weights().items():
+        np.testing.assert_array_equal(w, before[name], err_msg=name)
+    with pytest.raises(TypeError, match="fuse must be True or False"):
+        model.fuse = "no"
+    with pytest.raises(TypeError, match="fuse must be True or False"):
+        nn.Sequential([nn.Flatten(), nn.Dense(4, 2)], (1, 2, 2), fuse=1)

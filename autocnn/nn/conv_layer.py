@@ -289,7 +289,8 @@ class Conv2d(WeightedLayer):
         self._fused_backward = None
         self._pool_forward = None       # fusions with the next layer: chosen by the model after every build
         self._dz_from_pool = False
-        for fused in self.alternative_problems(self.input_shape, batch_size):
+        fuse = self._model is None or self._model.fuse
+        for fused in self.alternative_problems(self.input_shape, batch_size) if fuse else ():
             split = [p for p in self._problems if p.op in ("conv_bwd_data", "conv_wgrad")]
             if backend.tuned_faster([fused], split):
                 # The split pair is not prepared then: its kernels would never run.

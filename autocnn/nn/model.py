@@ -78,11 +78,19 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
     or a share in (0, 1] the energy-chosen rank (see Conv2d). Ineligible layers stay 2D and are
     named in one warning. It may be changed later (``model.separable = "energy"``; a built model
     is built again, keeping its weights).
+
+    ``fuse``: whether building may run a fused kernel in place of the kernels it replaces (a
+    convolution's one-pass backward, conv_bwd_fused; a convolution fused with the averaging after
+    it, conv_pool_fwd and conv_pool_dz; nn.layer_fusion) where the backend's tuning records show it
+    faster. True by default; False keeps every layer on its own kernels (to compare, or to rule a
+    fused kernel out). Changing it rebuilds a built model, keeping its weights.
     """
 
     def __init__(self, layers: Sequence[Layer], input_shape: Sequence[int], backend: str | Backend = "numpy",
                  seed: int | None = None, dtype: Any = None, precision: str = DEFAULT_PRECISION,
-                 autotune: str | None = None, separable: Any = None) -> None:
+                 autotune: str | None = None, separable: Any = None, fuse: bool = True) -> None:
+        if not isinstance(fuse, bool):
+            raise TypeError(f"Sequential: fuse must be True or False, got {fuse!r}")
         layers = list(layers)
         if not layers:
             raise ValueError("Sequential needs at least one layer")
@@ -131,6 +139,7 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         self._weights_n: int | None = None  # the weight buffer holds n ones, then zeros (None: other)
         self.optimizer: Optimizer | None = None
         self.batch_size: int | None = None
+        self._fuse = fuse
         self.precision = precision   # after batch_size: setting it rebuilds a built model
         self._use_separable(separable, stacklevel=4)   # the warning points at the caller of Sequential()
         self.dispatch: list[KernelDispatch] = []
@@ -181,6 +190,19 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
             layer.use_model_precision(self._precision)
         if self.batch_size is not None:
             self._rebuild()   # the layers' problems change: the backend must choose their kernels again
+
+    @property
+    def fuse(self) -> bool:
+        """Whether building may use fused kernels where they are tuned faster (see the class docstring)."""
+        return self._fuse
+
+    @fuse.setter
+    def fuse(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"Sequential.fuse must be True or False, got {value!r}")
+        changed, self._fuse = value != self._fuse, value
+        if changed and self.batch_size is not None:
+            self._rebuild()
 
     @property
     def separable(self) -> SeparableSetting:
@@ -271,7 +293,8 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         self._build_count += 1
         # Kernels that take over the work of two layers, where they are tuned faster (nn.layer_fusion):
         # chosen now, so that only the kernels that will run are prepared.
-        choose_conv_pool_fusions(self.layers, be, batch_size)
+        if self._fuse:
+            choose_conv_pool_fusions(self.layers, be, batch_size)
         problems = self._collect_problems(layer.problems() for layer in self.layers)
         dispatch = list(be.prepare(problems))
         if len(dispatch) != len(problems) or not all(isinstance(d, KernelDispatch) for d in dispatch):
