@@ -46,7 +46,9 @@ def variant_model(name: str, variant: str, autotune: str) -> Any:
     if variant == "split":
         model.fuse = False
     elif variant.startswith("sep-"):
-        model.separable = variant[len("sep-"):]
+        from autocnn.separable.setting import parse_separable_text
+
+        model.separable = parse_separable_text(variant[len("sep-"):])
     return model
 
 

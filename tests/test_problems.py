@@ -172,3 +172,26 @@ def test_a_registered_problem_type_is_known_to_the_reference_and_the_parser(monk
     np.testing.assert_array_equal(out["y"], [0.0, 2.0, 4.0])
     assert reference.output_shapes(p) == {"y": (3,)}
     assert reference.reduction_length(p, "y") == 1
+
+
+def test_fused_and_separable_problems_round_trip_through_their_shape_strings():
+    """Every field kind of the later ops reads back: conv_pool_fwd's pool_window/pool_stride/
+    pool_padding tuples and keep_activation flag (``autocnn db list`` parses record shapes)."""
+    from autocnn.kernels.conv_bwd_fused import ConvBwdFusedProblem
+    from autocnn.kernels.conv_pool import ConvPoolDzProblem, ConvPoolFwdProblem
+    from autocnn.kernels.problem import problem_type
+
+    problems = [
+        ConvPoolFwdProblem(N=3, C=5, H=11, W=9, K=7, R=3, S=2, padding=(1, 0, 1, 1), bias=True, activation="relu",
+                           pool_window=(3, 2), pool_stride=(2, 1), pool_padding=(1, 0, 1, 0), count_pad=False,
+                           keep_activation=True),
+        ConvPoolFwdProblem(N=2, C=1, H=8, W=8, K=4, R=5, S=5, padding=2, pool_window=(2, 2)),
+        ConvPoolDzProblem(N=2, C=4, H=9, W=7, window=(3, 3), stride=(2, 2), padding=(1, 1, 1, 1), count_pad=False,
+                          activation="tanh"),
+        ConvBwdFusedProblem(N=2, C=3, H=9, W=10, K=4, R=3, S=3, stride=2, padding=1, bias=True),
+        problem_type("sep_conv_fwd")(N=2, C=3, H=9, W=10, K=4, R=3, S=5, padding=(1, 2, 1, 2), rank=2,
+                                     activation="relu", bias=True),
+    ]
+    for p in problems:
+        assert parse_shape(p.op, p.shape_string()) == p, p.shape_string()
+        assert problem_from_dict(p.to_dict()) == p

@@ -446,7 +446,10 @@ def parse_shape(op: str, text: str) -> Any:
             raise InvalidProblemError(op, "shape", text, "comma-separated key=value pairs, e.g. N=128,C=3")
         else:
             fields[current].append(token)
-    names = {f.name for f in dataclasses.fields(cls)}
+    # A field's annotation says how its numbers are read: a tuple (stride, padding, window,
+    # pool_window, ...), a flag written 0 or 1 (bias, count_pad, keep_activation), else one integer.
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    names = set(kinds)
     kwargs: dict[str, Any] = {}
     for key, values in fields.items():
         if key not in names:
@@ -458,11 +461,11 @@ def parse_shape(op: str, text: str) -> Any:
             nums = [int(v) for v in values]
         except ValueError:
             raise InvalidProblemError(op, key, ",".join(values), "integers") from None
-        if key in ("bias", "count_pad"):
+        if kinds[key] == "bool":
             if nums[0] not in (0, 1) or len(nums) != 1:
                 raise InvalidProblemError(op, key, ",".join(values), "0 or 1")
             kwargs[key] = bool(nums[0])
-        elif key in ("stride", "padding", "window"):
+        elif kinds[key].startswith("tuple"):
             kwargs[key] = tuple(nums)
         else:
             if len(nums) != 1:
