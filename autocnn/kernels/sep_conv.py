@@ -40,8 +40,12 @@ from autocnn.kernels.reference import _activate, array_module
 SEPARABLE_FORMULATIONS: tuple[Formulation, ...] = (SEP_REGISTER, SEP_ONEPASS, SEP_TWOPASS, SEP_TILES)
 
 # Elements of the reference's largest temporary (images x filters x channels x a map): bounded so
-# that checking a 128-image layer does not need gigabytes.
+# that checking a 128-image layer does not need gigabytes of host memory. On the GPU (CuPy) the
+# bound is 16x larger (a few temporaries of 512 MiB in float64): with the host's bound, verifying
+# one 128-image 11x11 weight gradient took thousands of small launches and reductions (several
+# seconds per variant, over 100 s per case of test_gpu_kernels on an H100).
 _REFERENCE_CHUNK = 1 << 22
+_REFERENCE_CHUNK_GPU = 1 << 26
 
 
 # -- problems ---------------------------------------------------------------------------------------
@@ -168,8 +172,9 @@ def _padded(xp: Any, a: Any, top: int, left: int, rows: int, cols: int) -> Any:
     return out
 
 
-def _blocks(total: int, per: int) -> list[tuple[int, int]]:
-    step = max(1, min(total, _REFERENCE_CHUNK // max(1, per)))
+def _blocks(total: int, per: int, xp: Any) -> list[tuple[int, int]]:
+    chunk = _REFERENCE_CHUNK_GPU if xp.__name__ == "cupy" else _REFERENCE_CHUNK
+    step = max(1, min(total, chunk // max(1, per)))
     return [(i, min(total, i + step)) for i in range(0, total, step)]
 
 
@@ -187,8 +192,8 @@ def separable_correlation(inp: Any, u: Any, v: Any, g: SepCorrelation) -> Any:
     # offsets are <= 0 (padding is smaller than the filter): the input lands at (-OFFH, -OFFW)
     src = _padded(xp, inp, -g.OFFH, -g.OFFW, g.OH + g.R - 1, cols)
     out = xp.zeros((g.N, g.CO, g.OH, g.OW), dtype=inp.dtype)
-    for n0, n1 in _blocks(g.N, g.CO * g.CI * g.OH * cols):
-        for k0, k1 in _blocks(g.CO, (n1 - n0) * g.CI * g.OH * cols):
+    for n0, n1 in _blocks(g.N, g.CO * g.CI * g.OH * cols, xp):
+        for k0, k1 in _blocks(g.CO, (n1 - n0) * g.CI * g.OH * cols, xp):
             for j in range(g.RANK):
                 mid = xp.zeros((n1 - n0, k1 - k0, g.CI, g.OH, cols), dtype=inp.dtype)
                 for y in range(g.R):
@@ -208,8 +213,8 @@ def separable_factor_grads(x: Any, dy: Any, u: Any, v: Any, p: SepConvWgradProbl
     src = _padded(xp, x, pt, pl, rows, cols)
     gu = xp.zeros(p.factor_shapes["u"], dtype=x.dtype)
     gv = xp.zeros(p.factor_shapes["v"], dtype=x.dtype)
-    for n0, n1 in _blocks(p.N, p.K * p.C * rows * cols):
-        for k0, k1 in _blocks(p.K, (n1 - n0) * p.C * rows * cols):
+    for n0, n1 in _blocks(p.N, p.K * p.C * rows * cols, xp):
+        for k0, k1 in _blocks(p.K, (n1 - n0) * p.C * rows * cols, xp):
             d = dy[n0:n1, k0:k1, None]                        # (n, k, 1, P, Q)
             for j in range(p.rank):
                 horiz = xp.zeros((n1 - n0, k1 - k0, p.C, rows, p.Q), dtype=x.dtype)
