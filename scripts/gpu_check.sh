@@ -7,6 +7,8 @@
 #   scripts/gpu_check.sh                           every file with GPU tests, "gpu and not slow"
 #   scripts/gpu_check.sh -m gpu tests/test_fft.py  the slow ones too, of one file
 #   scripts/gpu_check.sh -t 120 --bench 16         120 s per file, then bench_kernels --samples 16
+#   scripts/gpu_check.sh --by-op tests/test_gpu_kernels.py
+#                                                  one run (and time limit) per operation's cases
 #
 # The summary (last lines printed) has one row per file: passed, failed, errors, skipped, or
 # TIMEOUT after the limit (the file's log says how far it got).
@@ -15,14 +17,16 @@ out=${OUT:-out}; mkdir -p "$out"
 mark="gpu and not slow"
 per_file=240
 bench=""
+by_op=""
 files=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -m) mark="$2"; shift 2 ;;
         -t) per_file="$2"; shift 2 ;;
         --bench) bench="$2"; shift 2 ;;
-        -h|--help) sed -n 2,12p "$0"; exit 0 ;;
-        -*) echo "gpu_check.sh: unknown option $1 (allowed: -m MARK, -t SECONDS, --bench SAMPLES)" >&2; exit 2 ;;
+        --by-op) by_op=1; shift ;;
+        -h|--help) sed -n 2,14p "$0"; exit 0 ;;
+        -*) echo "gpu_check.sh: unknown option $1 (allowed: -m MARK, -t SECONDS, --by-op, --bench SAMPLES)" >&2; exit 2 ;;
         *) files+=("$1"); shift ;;
     esac
 done
@@ -36,27 +40,47 @@ python3 -c "import cupy, torch; print('cupy', cupy.__version__, 'torch', torch._
 summary="$out/gpu_tests_summary.txt"
 : > "$summary"
 status=0
-for f in "${files[@]}"; do
-    name=$(basename "$f" .py)
+# One pytest run under the time limit: its log (one line per test, so a run cut short still shows
+# how far it got), JUnit XML and a summary line. Arguments: a label, then what pytest is given.
+run_part() {
+    local label=$1; shift
+    local start rc took line
     start=$(date +%s)
-    timeout "$per_file" python3 -m pytest -m "$mark" -q -p no:cacheprovider -rfE --tb=short \
-        --junitxml="$out/$name.xml" "$f" > "$out/$name.log" 2>&1
+    timeout "$per_file" python3 -m pytest -m "$mark" -v -p no:cacheprovider -rfE --tb=short \
+        --junitxml="$out/$label.xml" "$@" > "$out/$label.log" 2>&1
     rc=$?
     took=$(( $(date +%s) - start ))
     if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-        line="TIMEOUT after ${per_file} s ($(grep -c PASSED "$out/$name.log" 2>/dev/null || true) reported passed)"
+        line="TIMEOUT after ${per_file} s ($(grep -c " PASSED" "$out/$label.log" 2>/dev/null || true) passed, \
+$(grep -c " FAILED" "$out/$label.log" 2>/dev/null || true) failed before it)"
         status=1
     else
-        line=$(tail -1 "$out/$name.log")
-        [ $rc -eq 0 ] || [ $rc -eq 5 ] || status=1   # 5: every test of the file deselected by the mark
+        line=$(tail -1 "$out/$label.log" | sed 's/^=* *//; s/ *=*$//')
+        [ $rc -eq 0 ] || [ $rc -eq 5 ] || status=1   # 5: every test deselected by the mark
     fi
-    printf '%-34s %4ss  %s\n' "$name" "$took" "$line" | tee -a "$summary"
+    printf '%-34s %4ss  %s\n' "$label" "$took" "$line" | tee -a "$summary"
+}
+
+for f in "${files[@]}"; do
+    name=$(basename "$f" .py)
+    if [ -n "$by_op" ] && [ "$name" = test_gpu_kernels ]; then
+        # One run per operation's family cases (each compiles only its own variants), then the rest.
+        mapfile -t ids < <(python3 -m pytest --collect-only -q -p no:cacheprovider -m "$mark" "$f" 2>/dev/null | grep "::")
+        for op in $(printf '%s\n' "${ids[@]}" | sed -n 's/.*::test_family_verifies\[\([a-z0-9_]*\)-.*/\1/p' | sort -u); do
+            mapfile -t part < <(printf '%s\n' "${ids[@]}" | grep -F "::test_family_verifies[$op-")
+            run_part "$name-$op" "${part[@]}"
+        done
+        mapfile -t part < <(printf '%s\n' "${ids[@]}" | grep -vF "::test_family_verifies[")
+        [ ${#part[@]} -eq 0 ] || run_part "$name-other" "${part[@]}"
+    else
+        run_part "$name" "$f"
+    fi
 done
 if [ -n "$bench" ]; then
     timeout 250 python3 scripts/bench_kernels.py --samples "$bench" --out "$out/bench_kernels.json" \
         > "$out/bench.log" 2>&1
     tail -70 "$out/bench.log"
 fi
-echo "# GPU tests (-m '$mark', ${per_file} s per file):"
+echo "# GPU tests (-m '$mark', ${per_file} s per run):"
 cat "$summary"
 exit $status
