@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=int, default=None)
     tr.add_argument("--limit", type=int, default=None, help="use only this many training images")
     tr.add_argument("--save", type=Path, default=None, help="write the trained weights (.npz)")
+    tr.add_argument("--no-fuse", action="store_true",
+                    help="keep every layer on its own kernels: no fused kernel (conv_bwd_fused, conv_pool_fwd, "
+                         "conv_pool_dz), even where the tuning records show one faster")
     tr.add_argument("--json", action="store_true")
     tr.set_defaults(func=cmd_train)
 
@@ -441,7 +444,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                    backend=args.backend, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                    data_root=args.data_root, limit=args.limit, verbose=not args.json,
                    standardize=not args.no_standardize, precision=args.precision, autotune=args.autotune,
-                   separable=args.separable,
+                   separable=args.separable, fuse=False if args.no_fuse else None,
                    lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule)
     if args.save:
         report.model.save(args.save)

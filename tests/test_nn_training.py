@@ -74,3 +74,17 @@ def test_load_dataset_by_name(fashion_root):
     ds = nn.load_dataset("Fashion-MNIST", fashion_root)
     assert ds.x_train.shape == (48, 1, 28, 28)
     assert np.issubdtype(ds.y_train.dtype, np.integer)
+
+
+def test_train_fuse_option(fashion_root, tmp_path):
+    """fuse=False reaches the model (and `autocnn train --no-fuse` passes it); a wrong value is refused
+    before any data is read."""
+    report = nn.train("lenet5", data_root=fashion_root, epochs=1, batch_size=16, seed=0, verbose=False, fuse=False)
+    assert report.model.fuse is False
+    assert nn.train("lenet5", data_root=fashion_root, epochs=1, batch_size=16, seed=0, verbose=False).model.fuse
+    with pytest.raises(TypeError, match="fuse must be True, False or None"):
+        nn.train("lenet5", data_root=tmp_path / "none", fuse="no", verbose=False)
+    from autocnn.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--network", "lenet5", "--no-fuse"])
+    assert args.no_fuse is True

@@ -366,3 +366,47 @@ def test_cuda_update_routes_match_the_numpy_backend(route):
     for layer in convs:   # the factor gradients too, whichever route formed them
         gu, gv = (gpu.backend.to_numpy(a) for a in layer.factor_gradients())
         assert np.isfinite(gu).all() and np.isfinite(gv).all() and np.abs(gu).max() > 0
+
+
+# -- scripts/separable_accuracy.py ------------------------------------------------------------------
+
+def _accuracy_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "separable_accuracy.py"
+    spec = importlib.util.spec_from_file_location("separable_accuracy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_accuracy_script_trains_each_setting_and_writes_its_runs(tmp_path, capsys):
+    """On the numpy backend and a tiny written data set: one run per setting, the 2D baseline first,
+    each layer's rank as the setting makes it, the table comparing with the baseline, the JSON."""
+    import json
+
+    from tests.test_nn_data import write_mnist_like
+
+    write_mnist_like(tmp_path / "data", n_train=24, n_test=8)
+    script = _accuracy_script()
+    assert script.main(["--backend", "numpy", "--networks", "conv4", "--settings", "off,1,energy", "--epochs", "1",
+                        "--batch-size", "8", "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "o")]) == 0
+    runs = json.loads((tmp_path / "o" / "separable_accuracy.json").read_text())["runs"]
+    assert [r["separable"] for r in runs] == ["off", "1", "energy"]
+    assert [layer["rank"] for layer in runs[0]["layers"]] == [None] * 4
+    assert [layer["rank"] for layer in runs[1]["layers"]] == [1] * 4
+    energy = runs[2]["layers"]
+    assert all(1 <= layer["rank"] <= min(layer["kernel"]) and layer["energy_kept"] >= 0.9 for layer in energy)
+    assert all(0.0 <= r["final_test_accuracy"] <= 1.0 and len(r["epoch_seconds"]) == 1 for r in runs)
+    table = capsys.readouterr().out
+    assert "| conv4 | separable 1 | 1/1/1/1 |" in table and "vs 2D (points)" in table
+
+
+def test_accuracy_script_refuses_bad_arguments_before_training(tmp_path, capsys):
+    script = _accuracy_script()
+    (tmp_path / "f").write_text("")
+    for bad in (["--networks", "alexnet"], ["--settings", "rank1"], ["--epochs", "0"], ["--out", str(tmp_path / "f")]):
+        with pytest.raises(SystemExit):
+            script.main(bad)
+        assert "error" in capsys.readouterr().err

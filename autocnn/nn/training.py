@@ -98,7 +98,7 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
           lr: float | None = None, seed: int | None = None, data_root: str | Path | None = None,
           limit: int | None = None, verbose: bool = True, memory_limit_gib: float = 8.0,
           standardize: bool = True, lr_schedule: str | None = "cosine", precision: str | None = None,
-          autotune: str | None = None, separable: Any = None) -> TrainingReport:
+          autotune: str | None = None, separable: Any = None, fuse: bool | None = None) -> TrainingReport:
     """Train ``network`` (a seed network name, a .json file or a Sequential) on ``dataset``.
 
     ``limit`` keeps the first ``limit`` samples of each split (quick runs). The fitted images
@@ -112,7 +112,11 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
     keeps the model's: $AUTOCNN_AUTOTUNE, else "quick".
     ``separable`` (a SeparableSetting, or text as ``autocnn train --separable`` takes it: off, a rank,
     energy, energy:SHARE) becomes the model's (``Sequential.separable``); None keeps the model's.
+    ``fuse`` (True or False) becomes the model's ``Sequential.fuse``: whether fused kernels run where
+    the tuning records show them faster; None keeps the model's (True unless it says otherwise).
     """
+    if fuse is not None and not isinstance(fuse, bool):
+        raise TypeError(f"train: fuse must be True, False or None, got {fuse!r}")   # before any data is read
     if isinstance(separable, str):
         from autocnn.separable.setting import parse_separable_text
 
@@ -129,6 +133,8 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
         model.autotune = autotune
     if separable is not None:
         model.separable = separable
+    if fuse is not None:
+        model.fuse = fuse
     opt = get_optimizer(optimizer, lr)
     data = load_dataset(dataset, data_root).limit(limit)
     if data.num_classes != model.num_classes:
