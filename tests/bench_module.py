@@ -1,16 +1,23 @@
-"""scripts/bench_training.py as a module, for the tests of what the benchmark computes (its PyTorch
-twins of the zoo networks, its CUDA-graph capture, its attribution of device time)."""
+"""The scripts under scripts/ as modules, for the tests of what they compute and check (the training
+benchmark's PyTorch twins, CUDA-graph capture and attribution of device time; the other scripts'
+argument checks and tables)."""
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_training.py"
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+BENCH = SCRIPTS / "bench_training.py"
 
 
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_training", BENCH)
+def load_script(name: str) -> ModuleType:
+    """scripts/<name>.py, loaded fresh as the module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_bench() -> ModuleType:
+    return load_script("bench_training")

@@ -286,14 +286,9 @@ def test_dz_verifies_against_float64():
 # -- the benchmark script -------------------------------------------------------------------------
 
 def _bench_script():
-    import importlib.util
-    from pathlib import Path
+    from tests.bench_module import load_script
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_conv_pool.py"
-    spec = importlib.util.spec_from_file_location("bench_conv_pool", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_conv_pool")
 
 
 def test_bench_script_refuses_bad_arguments_before_any_gpu_work(tmp_path, capsys):

@@ -157,13 +157,9 @@ def test_fuse_false_keeps_every_layer_on_its_own_kernels():
 
 
 def test_step_variants_script_refuses_bad_arguments_before_any_gpu_work(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
+    from tests.bench_module import load_script
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_step_variants.py"
-    spec = importlib.util.spec_from_file_location("bench_step_variants", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("bench_step_variants")
     (tmp_path / "f").write_text("")
     for bad in (["--networks", "alexnet"], ["--variants", "fused,sep-2"], ["--steps", "0"],
                 ["--out", str(tmp_path / "f")]):

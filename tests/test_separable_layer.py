@@ -371,14 +371,9 @@ def test_cuda_update_routes_match_the_numpy_backend(route):
 # -- scripts/separable_accuracy.py ------------------------------------------------------------------
 
 def _accuracy_script():
-    import importlib.util
-    from pathlib import Path
+    from tests.bench_module import load_script
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "separable_accuracy.py"
-    spec = importlib.util.spec_from_file_location("separable_accuracy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("separable_accuracy")
 
 
 def test_accuracy_script_trains_each_setting_and_writes_its_runs(tmp_path, capsys):
