@@ -39,6 +39,12 @@ class InvalidProblemError(AutocnnError, ValueError):
         super().__init__(f"{op}: {field}={value!r} is not allowed: {allowed}")
 
 
+class ProblemTooLargeError(InvalidProblemError):
+    """A layer valid in itself but larger than autocnn's kernels can address: a tensor, or the unrolled
+    input of a convolution, of more elements than a 32-bit index reaches. autocnn.torch's layers run
+    PyTorch's operator for it instead (with a warning); elsewhere it is refused like any bad shape."""
+
+
 class InvalidConfigError(AutocnnError, ValueError):
     """A config that is not a point of its search space (unknown or missing parameter, value not offered)."""
 

@@ -443,3 +443,42 @@ def test_benchmark_attributes_device_time_to_autocnn_operators():
     share = bench.device_share(events, steps=2)
     assert share["device_us_per_step"] == 25 and share["autocnn_us_per_step"] == 16
     assert share["autocnn_share"] == 32 / 50
+
+
+def test_a_layer_beyond_32_bit_indexing_runs_pytorchs_operator_with_one_warning():
+    """128 images of 64 x 64 x 64 with 9x9 filters: the unrolled input has 2.7e9 elements, beyond the
+    kernels' 32-bit indexing. The functional operator refuses it by its own error class; the drop-in
+    layers hand it to PyTorch's operator and say so once, and a smaller batch still runs autocnn's."""
+    from autocnn.errors import ProblemTooLargeError
+
+    big = torch.empty(128, 64, 64, 64, device=META)
+    conv = at.Conv2d(64, 64, 9, padding=4).to(META)
+    with pytest.raises(ProblemTooLargeError, match=r"unrolled input N\*P\*Q\*C\*R\*S"):
+        torch.ops.autocnn.conv2d(big, conv.weight, conv.bias, [1, 1], [4, 4, 4, 4], "fp32")
+    with pytest.warns(RuntimeWarning, match=r"unrolled input N\*P\*Q\*C\*R\*S.*PyTorch's operator computes"):
+        y = conv(big)
+    assert y.shape == (128, 64, 64, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # said once per layer
+        y = conv(big)
+    y.sum().backward()
+    assert conv.weight.grad.shape == conv.weight.shape
+    graphs: dict = {}
+    small = torch.empty(2, 64, 64, 64, device=META)
+    torch._dynamo.reset()
+    compiled = torch.compile(nn.Sequential(conv), fullgraph=True, backend=_recording_backend(graphs))
+    assert compiled(small).shape == (2, 64, 64, 64)
+    assert _autocnn_ops(graphs["forward"][0]) == {"conv2d"}
+    pool = at.AvgPool2d(2).to(META)
+    with pytest.warns(RuntimeWarning, match=r"input N\*C\*H\*W"):
+        assert pool(torch.empty(1024, 64, 256, 256, device=META)).shape == (1024, 64, 128, 128)
+    with pytest.raises(ProblemTooLargeError):
+        ConvFwdProblem(N=128, C=64, H=64, W=64, K=64, R=9, S=9, padding=4)
+    assert issubclass(ProblemTooLargeError, InvalidProblemError)
+
+
+def test_collect_problems_leaves_out_a_layer_beyond_32_bit_indexing():
+    model = nn.Sequential(nn.Conv2d(64, 64, 9, padding=4), nn.ReLU(), nn.Conv2d(64, 8, 1))
+    uses = at.collect_problems(model, torch.empty(128, 64, 64, 64))
+    assert {u.problem.op for u in uses} == {"conv_fwd", "conv_bwd_data", "conv_wgrad"}
+    assert all(u.problem.K == 8 for u in uses)

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Protocol, runtime_checkable
 
-from autocnn.errors import InvalidProblemError
+from autocnn.errors import InvalidProblemError, ProblemTooLargeError
 
 # Generated kernels index with 32-bit signed integers; every tensor (and every product the index
 # arithmetic forms) must stay below this.
@@ -63,12 +63,35 @@ def _check_int(op: str, name: str, value: Any, minimum: int) -> None:
         raise InvalidProblemError(op, name, value, f"an integer >= {minimum}")
 
 
+def conv_index_extents(N: Any, C: Any, H: Any, W: Any, K: Any, R: Any, S: Any, P: Any, Q: Any) -> dict[str, tuple]:
+    """What a convolution's kernels index, by name: each must stay within INDEX_LIMIT elements.
+    Plain arithmetic on the sizes, so that autocnn.torch can evaluate it on a trace's symbolic sizes."""
+    return {"input N*C*H*W": (N, C, H, W), "filters K*C*R*S": (K, C, R, S), "output N*K*P*Q": (N, K, P, Q),
+            "unrolled input N*P*Q*C*R*S": (N, P, Q, C, R, S)}
+
+
+def pool_index_extents(N: Any, C: Any, H: Any, W: Any, P: Any, Q: Any) -> dict[str, tuple]:
+    """As conv_index_extents, for average pooling."""
+    return {"input N*C*H*W": (N, C, H, W), "output N*C*P*Q": (N, C, P, Q)}
+
+
+def beyond_index_limit(extents: Mapping[str, tuple]) -> bool:
+    """Whether any extent exceeds INDEX_LIMIT (products by hand: they may be a trace's symbolic sizes)."""
+    beyond = False
+    for shape in extents.values():
+        count = 1
+        for size in shape:
+            count = count * size
+        beyond = beyond or count > INDEX_LIMIT
+    return beyond
+
+
 def _check_elements(op: str, what: str, shape: tuple[int, ...]) -> None:
     count = 1
     for s in shape:
         count *= s
     if count > INDEX_LIMIT:
-        raise InvalidProblemError(
+        raise ProblemTooLargeError(
             op, what, "x".join(map(str, shape)),
             f"at most {INDEX_LIMIT} elements ({count} given): kernels index with 32-bit integers")
 
@@ -120,10 +143,9 @@ class ConvProblem:
         if self.W + pl + pr < self.S:
             raise InvalidProblemError(
                 op, "S", self.S, f"at most the padded width W+pad_left+pad_right={self.W + pl + pr}")
-        _check_elements(op, "input N*C*H*W", (self.N, self.C, self.H, self.W))
-        _check_elements(op, "filters K*C*R*S", (self.K, self.C, self.R, self.S))
-        _check_elements(op, "output N*K*P*Q", (self.N, self.K, self.P, self.Q))
-        _check_elements(op, "unrolled input N*P*Q*C*R*S", (self.N, self.P, self.Q, self.C, self.R, self.S))
+        for what, shape in conv_index_extents(self.N, self.C, self.H, self.W, self.K, self.R, self.S,
+                                              self.P, self.Q).items():
+            _check_elements(op, what, shape)
 
     # -- derived sizes -------------------------------------------------------------------------
     @property
@@ -285,8 +307,8 @@ class PoolProblem:
         if self.W + pl + pr < kw:
             raise InvalidProblemError(op, "window", self.window,
                                       f"width at most the padded width {self.W + pl + pr}")
-        _check_elements(op, "input N*C*H*W", (self.N, self.C, self.H, self.W))
-        _check_elements(op, "output N*C*P*Q", (self.N, self.C, self.P, self.Q))
+        for what, shape in pool_index_extents(self.N, self.C, self.H, self.W, self.P, self.Q).items():
+            _check_elements(op, what, shape)
 
     @property
     def P(self) -> int:

@@ -19,7 +19,11 @@ from autocnn.kernels.problem import (
     ConvBwdDataProblem,
     ConvFwdProblem,
     ConvWgradProblem,
+    beyond_index_limit,
+    conv_index_extents,
+    pool_index_extents,
 )
+from autocnn.errors import ProblemTooLargeError
 
 Pair = tuple[int, int]
 Padding = tuple[int, int, int, int]   # top, left, bottom, right
@@ -143,3 +147,35 @@ def pool_problem(op: str, x_shape: tuple[int, ...], window: tuple[int, ...], str
         raise ValueError(f"pool_problem: op {op!r} is not avgpool_fwd or avgpool_bwd")
     return cls(N=n, C=c, H=h, W=w, window=tuple(int(v) for v in window), stride=tuple(int(v) for v in stride),
                padding=tuple(int(v) for v in padding), count_pad=bool(count_pad))
+
+
+# -- layers larger than autocnn's kernels address --------------------------------------------------
+
+def conv_beyond_index_limit(x_shape: Sequence[Any], w_shape: Sequence[Any], stride: Sequence[int],
+                            padding: Sequence[int]) -> bool:
+    """Whether the convolution is larger than autocnn's kernels address (the extents ConvProblem
+    checks, kernels.problem.conv_index_extents). Arithmetic only: on a torch.compile trace's
+    symbolic sizes it becomes a guard, so a dynamic-shape graph stays one graph."""
+    N, C, H, W = x_shape
+    K, R, S = w_shape[0], w_shape[2], w_shape[3]
+    P = (H + padding[0] + padding[2] - R) // stride[0] + 1
+    Q = (W + padding[1] + padding[3] - S) // stride[1] + 1
+    return beyond_index_limit(conv_index_extents(N, C, H, W, K, R, S, P, Q))
+
+
+def pool_beyond_index_limit(x_shape: Sequence[Any], window: Sequence[int], stride: Sequence[int],
+                            padding: Sequence[int]) -> bool:
+    """As conv_beyond_index_limit, for average pooling."""
+    N, C, H, W = x_shape
+    P = (H + padding[0] + padding[2] - window[0]) // stride[0] + 1
+    Q = (W + padding[1] + padding[3] - window[1]) // stride[1] + 1
+    return beyond_index_limit(pool_index_extents(N, C, H, W, P, Q))
+
+
+def size_refusal(build: Any) -> str:
+    """The message of the ProblemTooLargeError that building the problem raises (outside a trace)."""
+    try:
+        build()
+    except ProblemTooLargeError as exc:
+        return str(exc)
+    return "larger than autocnn's kernels address"

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from autocnn.kernels.problem import DEFAULT_PRECISION
-from autocnn.torch.geometry import check_precision, conv_padding, pair, pool_padding
+from autocnn.torch.geometry import (check_precision, conv_beyond_index_limit, conv_padding, conv_problem, pair,
+                                   pool_beyond_index_limit, pool_padding, pool_problem, size_refusal)
 from autocnn.torch.support import check_arguments, conv_reasons, pool_reasons, runs_on_autocnn
 
 
@@ -35,6 +36,20 @@ def _warn_fallback(module: nn.Module, x: torch.Tensor) -> None:
         what = f"a {layout} {x.dtype} input of {x.dim()} dimensions runs PyTorch's operator"
     warnings.warn(f"autocnn.torch.{type(module).__name__}: {what}; autocnn's kernels take contiguous float32 "
                   f"N x C x H x W tensors outside autocast", RuntimeWarning, stacklevel=3)
+
+
+def _warn_too_large(module: nn.Module, build: Any) -> None:
+    """Say once per layer, outside a compile trace, why PyTorch's operator runs it: ``build`` makes
+    the problem, whose ProblemTooLargeError names the extent."""
+    if torch.compiler.is_compiling() or getattr(module, "_autocnn_size_warned", False):
+        return
+    module._autocnn_size_warned = True
+    warnings.warn(f"autocnn.torch.{type(module).__name__}: {size_refusal(build)}; PyTorch's operator computes "
+                  f"this layer", RuntimeWarning, stacklevel=3)
+
+
+def _batch_shape(x: torch.Tensor) -> tuple[int, ...]:
+    return tuple(x.shape) if x.dim() == 4 else (1, *x.shape)
 
 
 def _batched(x: torch.Tensor, run: Any) -> torch.Tensor:
@@ -76,6 +91,10 @@ class Conv2d(nn.Conv2d):
             return super().forward(x)
         stride = pair("stride", self.stride)
         padding = conv_padding(self.padding, self.kernel_size, self.dilation)
+        if conv_beyond_index_limit(_batch_shape(x), self.weight.shape, stride, padding):
+            _warn_too_large(self, lambda: conv_problem("conv_fwd", tuple(_batch_shape(x)), tuple(self.weight.shape),
+                                                       stride, padding))
+            return super().forward(x)
         return _batched(x, lambda b: torch.ops.autocnn.conv2d(b, self.weight, self.bias, stride, padding,
                                                                self.precision))
 
@@ -110,5 +129,9 @@ class AvgPool2d(nn.AvgPool2d):
         window = pair("kernel_size", self.kernel_size)
         stride = pair("stride", self.stride if self.stride is not None else self.kernel_size)
         padding = pool_padding(self.padding)
+        if pool_beyond_index_limit(_batch_shape(x), window, stride, padding):
+            _warn_too_large(self, lambda: pool_problem("avgpool_fwd", tuple(_batch_shape(x)), window, stride, padding,
+                                                       bool(self.count_include_pad)))
+            return super().forward(x)
         return _batched(x, lambda b: torch.ops.autocnn.avg_pool2d(b, window, stride, padding,
                                                                    bool(self.count_include_pad)))

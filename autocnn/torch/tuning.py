@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from autocnn.errors import ProblemTooLargeError
 from autocnn.torch.geometry import conv_padding, conv_problem, pair, pool_padding, pool_problem
 from autocnn.torch.launch import forget, kernels_for
 from autocnn.torch.modules import AvgPool2d, Conv2d
@@ -101,7 +102,11 @@ def collect_problems(model: nn.Module, example_input: Any, *, precision: str | N
     def hook(name: str) -> Callable[..., None]:
         def record(module: nn.Module, inputs: tuple[Any, ...]) -> None:
             if inputs and isinstance(inputs[0], torch.Tensor):
-                for p in _layer_problems(module, inputs[0], precision, training):
+                try:
+                    problems = _layer_problems(module, inputs[0], precision, training)
+                except ProblemTooLargeError:
+                    return   # beyond the kernels' indexing: the layer runs PyTorch's operator (modules.py)
+                for p in problems:
                     found.setdefault(p, []).append(name)
         return record
 
