@@ -172,10 +172,7 @@ class Backend(abc.ABC):
         self._expect(problem, "x", x, problem.x_shape)
         self._expect(problem, "w", w, problem.w_shape)
         self._expect(problem, "out", out, problem.y_shape)
-        if problem.bias:
-            if bias is None:
-                raise ValueError(f"{problem.op}: the problem has bias=True but no bias array was given")
-            self._expect(problem, "bias", bias, (problem.K,))
+        self._expect_bias(problem, bias)
         self.kernel_calls[problem.op] += 1
         self._conv_fwd(problem, x, w, bias if problem.bias else None, out)
         return out
@@ -212,6 +209,13 @@ class Backend(abc.ABC):
         self._conv_bwd_fused(problem, x, dy, w, dx_out, dw_out, db_out)
         return dx_out
 
+    def _expect_bias(self, problem: Any, bias: Array | None) -> None:
+        # conv_fwd's and conv_pool_fwd's bias: given, of K values, when the problem has one.
+        if problem.bias:
+            if bias is None:
+                raise ValueError(f"{problem.op}: the problem has bias=True but no bias array was given")
+            self._expect(problem, "bias", bias, (problem.K,))
+
     def _expect_weight_gradients(self, problem: Any, dw_out: Array, db_out: Array | None) -> None:
         # conv_wgrad's and conv_bwd_fused's outputs: dW, and db exactly when the problem has a bias.
         self._expect(problem, "dw_out", dw_out, problem.w_shape)
@@ -246,10 +250,7 @@ class Backend(abc.ABC):
         self._expect(problem, "w", w, problem.w_shape)
         self._expect(problem, "y_out", y_out, problem.pool.y_shape)
         self._expect(problem, "a_out", a_out, problem.y_shape)
-        if problem.bias:
-            if bias is None:
-                raise ValueError(f"{problem.op}: the problem has bias=True but no bias array was given")
-            self._expect(problem, "bias", bias, (problem.K,))
+        self._expect_bias(problem, bias)
         self.kernel_calls[problem.op] += 1
         self._conv_pool_fwd(problem, x, w, bias if problem.bias else None, y_out, a_out)
         return y_out

@@ -255,6 +255,18 @@ class Conv2d(WeightedLayer):
 
         return [ConvBwdFusedProblem(**self._fwd_problem(input_shape, batch_size).geometry(), bias=self.use_bias)]
 
+    def replaced_by(self, alternative: KernelProblem) -> list[KernelProblem]:
+        """The built layer's conv_bwd_data and conv_wgrad, which its one-pass backward replaces."""
+        self._require_built()
+        return [p for p in self._problems if p.op in ("conv_bwd_data", "conv_wgrad")]
+
+    def use_alternative(self, alternative: KernelProblem) -> None:
+        """Run the backward as one conv_bwd_fused (``alternative``); the split pair is not prepared
+        then, its kernels would never run."""
+        split = self.replaced_by(alternative)
+        self._fused_backward = alternative
+        self._problems = [p for p in self._problems if p not in split] + [alternative]
+
     @property
     def forward_problem(self) -> ConvFwdProblem:
         return self._by_type(ConvFwdProblem)
@@ -286,16 +298,9 @@ class Conv2d(WeightedLayer):
         rank = self.separable_rank
         old = self._separable
         self._separable = None
-        self._fused_backward = None
-        self._pool_forward = None       # fusions with the next layer: chosen by the model after every build
+        self._fused_backward = None     # fusions: chosen by the model after every build (nn.layer_fusion)
+        self._pool_forward = None
         self._dz_from_pool = False
-        fuse = self._model is None or self._model.fuse
-        for fused in self.alternative_problems(self.input_shape, batch_size) if fuse else ():
-            split = [p for p in self._problems if p.op in ("conv_bwd_data", "conv_wgrad")]
-            if backend.tuned_faster([fused], split):
-                # The split pair is not prepared then: its kernels would never run.
-                self._fused_backward = fused
-                self._problems = [p for p in self._problems if p not in split] + [fused]
         if rank is not None:
             fwd = self._fwd_problem(self.input_shape, batch_size)
             self._separable = make_execution(backend, fwd, self._problems, rank, self.svd_settings)

@@ -199,6 +199,15 @@ class Layer(abc.ABC):
         build time where they are tuned faster (none by default)."""
         return []
 
+    def replaced_by(self, alternative: KernelProblem) -> list[KernelProblem]:
+        """The built layer's problems that ``alternative`` (one of ``alternative_problems``) runs
+        instead of: what ``Backend.tuned_faster`` compares it with."""
+        raise NotImplementedError(f"{type(self).__name__} offers no alternative problems")
+
+    def use_alternative(self, alternative: KernelProblem) -> None:
+        """Run ``alternative`` instead of ``replaced_by(alternative)`` from now on (at build)."""
+        raise NotImplementedError(f"{type(self).__name__} offers no alternative problems")
+
     # -- helpers -------------------------------------------------------------------------------
     def _require_built(self) -> Backend:
         if self.backend is None or self.batch_size is None:

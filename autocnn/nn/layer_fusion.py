@@ -1,8 +1,10 @@
-"""A convolution layer fused with the average pooling right after it (kernels.conv_pool), in
-training: which pairs qualify, the problems tuning covers for them, and the choice made at build.
+"""Fused kernels in training, chosen at build (``choose_fusions``, unless ``Sequential.fuse`` is
+False): a layer's own alternatives (``Layer.alternative_problems``: Conv2d's one-pass backward,
+conv_bwd_fused), and a convolution layer fused with the average pooling right after it
+(kernels.conv_pool): which pairs qualify, the problems tuning covers for them, and the choice.
 
-Two choices, each made from the backend's tuning records (``Backend.tuned_faster``) and so only
-where the fused kernel was tuned and found faster:
+Every choice is made from the backend's tuning records (``Backend.tuned_faster``), and so only
+where the fused kernel was tuned and found faster. For a convolution and its pooling, two:
 
 * forward: conv_pool_fwd with ``keep_activation`` (the pooled output and the activation the
   backward needs, in one kernel) instead of conv_fwd then avgpool_fwd;
@@ -75,3 +77,13 @@ def choose_conv_pool_fusions(layers: Sequence[Layer], backend: Backend, batch_si
         if pair.dz is not None and backend.tuned_faster([pair.dz], [pool.backward_problem]):
             pool.fuse_activation_gradient(pair.dz, conv)
     return pairs
+
+
+def choose_fusions(layers: Sequence[Layer], backend: Backend, batch_size: int) -> None:
+    """At build, after every layer is built: each layer's alternatives where the backend finds them
+    tuned faster than what they replace, then the convolution + averaging pairs."""
+    for layer in layers:
+        for alternative in layer.alternative_problems(layer.input_shape, batch_size):
+            if backend.tuned_faster([alternative], layer.replaced_by(alternative)):
+                layer.use_alternative(alternative)
+    choose_conv_pool_fusions(layers, backend, batch_size)

@@ -30,7 +30,7 @@ from autocnn.nn.backend_choice import get_backend
 from autocnn.nn.fitting import FitLoop
 from autocnn.kernels.problem import DEFAULT_PRECISION
 from autocnn.nn.layer_base import check_precision
-from autocnn.nn.layer_fusion import choose_conv_pool_fusions
+from autocnn.nn.layer_fusion import choose_fusions
 from autocnn.nn.layers import Layer
 from autocnn.nn.losses import Accuracy, SoftmaxCrossEntropy
 from autocnn.nn.model_kernels import ModelKernels
@@ -291,10 +291,10 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         self._step_loss, self._step_acc = metric_views(self._step_metrics, self.dtype)
         self._graph = None  # captured on the buffers just replaced
         self._build_count += 1
-        # Kernels that take over the work of two layers, where they are tuned faster (nn.layer_fusion):
-        # chosen now, so that only the kernels that will run are prepared.
+        # Fused kernels, where they are tuned faster (nn.layer_fusion): chosen now, so that only the
+        # kernels that will run are prepared.
         if self._fuse:
-            choose_conv_pool_fusions(self.layers, be, batch_size)
+            choose_fusions(self.layers, be, batch_size)
         problems = self._collect_problems(layer.problems() for layer in self.layers)
         dispatch = list(be.prepare(problems))
         if len(dispatch) != len(problems) or not all(isinstance(d, KernelDispatch) for d in dispatch):
