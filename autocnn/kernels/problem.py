@@ -75,21 +75,24 @@ def pool_index_extents(N: Any, C: Any, H: Any, W: Any, P: Any, Q: Any) -> dict[s
     return {"input N*C*H*W": (N, C, H, W), "output N*C*P*Q": (N, C, P, Q)}
 
 
+def _elements(shape: tuple) -> Any:
+    # By hand rather than math.prod: the sizes may be a torch.compile trace's symbolic ones.
+    count = 1
+    for size in shape:
+        count = count * size
+    return count
+
+
 def beyond_index_limit(extents: Mapping[str, tuple]) -> bool:
-    """Whether any extent exceeds INDEX_LIMIT (products by hand: they may be a trace's symbolic sizes)."""
+    """Whether any extent exceeds INDEX_LIMIT."""
     beyond = False
     for shape in extents.values():
-        count = 1
-        for size in shape:
-            count = count * size
-        beyond = beyond or count > INDEX_LIMIT
+        beyond = beyond or _elements(shape) > INDEX_LIMIT
     return beyond
 
 
 def _check_elements(op: str, what: str, shape: tuple[int, ...]) -> None:
-    count = 1
-    for s in shape:
-        count *= s
+    count = _elements(shape)
     if count > INDEX_LIMIT:
         raise ProblemTooLargeError(
             op, what, "x".join(map(str, shape)),
