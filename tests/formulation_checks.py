@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -73,10 +75,15 @@ def assert_verifies_on_gpu(operation: Any, name: str, problems: Sequence[tuple[s
         for config in sampled(operation, name, problem, limits, rng, samples):
             plan = operation.plan(problem, config)
             checked += 1
+            start = time.perf_counter()
             if plan.workspace_bytes > workspace_limit:
                 failures.append(f"{label} {config}: {plan.workspace_bytes} bytes of workspace")
                 continue
             check = check_candidate(loader.load(plan), problem, time_it=False)
+            # One line per config (seen with pytest -s): a run cut by its time limit names the
+            # case it was in and how long the others took.
+            print(f"  {label}: {'ok' if check.verification.passed else 'FAILED'} in "
+                  f"{time.perf_counter() - start:.1f} s {dict(config.items)}", file=sys.stderr, flush=True)
             if not check.verification.passed:
                 failures.append(f"{label} {config}: {check.verification.message}")
     assert checked >= samples * len(problems), f"only {checked} configs ran"

@@ -327,6 +327,35 @@ def test_inputs_autocnn_cannot_take_run_pytorchs_operator_with_one_warning():
     assert out.dtype == torch.float16   # autocast's precision, as torch.nn.Conv2d gives
 
 
+def test_a_layer_beyond_32_bit_indexing_computes_pytorchs_result_on_cuda():
+    """104 images of 64 x 64 x 64 with 9x9 filters: the unrolled input has 2.2e9 elements, beyond the
+    kernels' 32-bit indexing. On CUDA the drop-in layer warns once and returns exactly what
+    torch.nn.Conv2d returns (cuDNN in deterministic mode, so both calls sum alike), gradients
+    included; 2 images of the same layer run autocnn's kernel."""
+    torch.manual_seed(5)
+    conv = at.Conv2d(64, 64, 9, padding=4).cuda()
+    plain = nn.Conv2d(64, 64, 9, padding=4).cuda()
+    plain.load_state_dict(conv.state_dict())
+    x = torch.randn(104, 64, 64, 64, device="cuda")
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True):
+        with pytest.warns(RuntimeWarning, match=r"unrolled input N\*P\*Q\*C\*R\*S.*PyTorch's operator computes"):
+            y = conv(x)
+        expected = plain(x)
+        torch.testing.assert_close(y, expected, rtol=0, atol=0)
+        grad = torch.randn_like(y)
+        y.backward(grad)
+        expected.backward(grad)
+    torch.testing.assert_close(conv.weight.grad, plain.weight.grad, rtol=0, atol=0)
+    torch.testing.assert_close(conv.bias.grad, plain.bias.grad, rtol=0, atol=0)
+    small = x[:2].contiguous()
+    refs = _conv64(small, conv.weight.detach(), conv.bias.detach(), (1, 1), (4, 4, 4, 4),
+                   torch.zeros(2, 64, 64, 64, device="cuda"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # said once per layer, and the small batch is autocnn's
+        out = conv(small)
+    assert torch.linalg.norm((out.double() - refs["y"]).ravel()) <= 1e-5 * torch.linalg.norm(refs["y"].ravel())
+
+
 @pytest.mark.slow
 def test_tune_a_converted_model_on_the_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
