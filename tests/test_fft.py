@@ -160,14 +160,14 @@ def test_workspace_is_computed_and_never_above_the_limit():
     # sweep_11x11's 4,096 filter spectra and 64 images of 64 planes each exceed 256 MiB.
     problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]
     with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
-        space("conv_fwd", problem).validate({"formulation": NAME, "FFT_SIZE": "pow2", "IMGS": 128, "THREADS": 128,
+        space("conv_fwd", problem).validate({"formulation": NAME, "FFT_SIZE": "pow2", "IMGS": 128, "FFT_THREADS": 128,
                                              "IT": 2, "JT": 2})
 
 
 def test_wgrad_transforms_back_once_after_accumulating_every_block():
     problem = dict(small_problems("conv_wgrad"))["f_s2"]     # N = 5
     config = space("conv_wgrad", problem).validate({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2,
-                                                    "THREADS": 64, "IT": 1, "JT": 2})
+                                                    "FFT_THREADS": 64, "IT": 1, "JT": 2})
     plan = OPERATIONS["conv_wgrad"].plan(problem, config)
     macs = [s for s in plan.steps if s.kernel == "fft_mac"]
     assert [m.scalars for m in macs] == [(2, 0), (2, 1), (1, 1)]

