@@ -5,7 +5,8 @@ Why not cupy.matmul: CuPy refuses every cuBLAS call while a stream captures, and
 step is captured as a CUDA graph. cuBLAS itself supports capture when a handle has a workspace of
 its own and was made before the capture, so each stream gets a handle and a fixed workspace here
 (two streams must not share a workspace: a weight gradient runs beside an input gradient).
-``prepare(stream)`` makes a stream's handle ahead of a capture on it.
+``prepare(stream)`` makes a stream's handle ahead of a capture on it; a stream first met under a
+capture takes over the handle of a stream that is not capturing (library_steps.StreamBound).
 
 Precision: each call sets the handle's math mode. FP32 steps run with CUBLAS_DEFAULT_MATH (no
 TF32, whatever CUPY_TF32 or NVIDIA_TF32_OVERRIDE say: CuPy's variable does not reach this handle,
@@ -19,7 +20,7 @@ import functools
 from typing import Any
 
 from autocnn.errors import DeviceError
-from autocnn.kernels.library_steps import device_engine, load_library, pointers, refuse_in_capture, release_all
+from autocnn.kernels.library_steps import StreamBound, device_engine, load_library, pointers, release_all
 from autocnn.kernels.operation import LibraryGemm
 
 # cuBLAS's enums (cublas_api.h).
@@ -63,7 +64,7 @@ class CublasGemm:
         # Loading cuBLAS through CuPy first makes the library name resolve to the one CuPy uses.
         cp.cuda.device.get_cublas_handle()
         self.lib = cublas_library()
-        self._handles: dict[int, tuple[ctypes.c_void_p, Any]] = {}
+        self._handles = StreamBound(cp, "cuBLAS GEMM", self._make_handle, self._bind)
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
     def prepare(self, stream_ptr: int) -> None:
@@ -71,18 +72,21 @@ class CublasGemm:
         self._handle(stream_ptr)
 
     def _handle(self, stream_ptr: int) -> ctypes.c_void_p:
-        entry = self._handles.get(stream_ptr)
-        if entry is None:
-            refuse_in_capture(self.cp, stream_ptr, "cuBLAS GEMM")
-            handle = ctypes.c_void_p()
-            _status(self.lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
-            workspace = self.cp.empty(HANDLE_WORKSPACE_BYTES, dtype=self.cp.uint8)
-            # Setting the stream resets the handle's workspace to cuBLAS's own pool: stream first.
-            _status(self.lib.cublasSetStream_v2(handle, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
-            _status(self.lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr),
-                                                   HANDLE_WORKSPACE_BYTES), "cublasSetWorkspace")
-            entry = self._handles[stream_ptr] = (handle, workspace)
-        return entry[0]
+        return self._handles.get(None, stream_ptr)[0]
+
+    def _make_handle(self, _key: Any, stream_ptr: int) -> tuple[ctypes.c_void_p, Any]:
+        handle = ctypes.c_void_p()
+        _status(self.lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        entry = (handle, self.cp.empty(HANDLE_WORKSPACE_BYTES, dtype=self.cp.uint8))
+        self._bind(entry, stream_ptr)
+        return entry
+
+    def _bind(self, entry: tuple[ctypes.c_void_p, Any], stream_ptr: int) -> None:
+        handle, workspace = entry
+        # Setting the stream resets the handle's workspace to cuBLAS's own pool: stream first.
+        _status(self.lib.cublasSetStream_v2(handle, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
+        _status(self.lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr),
+                                               HANDLE_WORKSPACE_BYTES), "cublasSetWorkspace")
 
     def __call__(self, step: LibraryGemm, buffers: dict[str, Any], stream_ptr: int) -> None:
         """Run one step on the buffers it names (float32 device arrays), on the given stream."""
@@ -104,7 +108,8 @@ class CublasGemm:
 
     # release_all is bound at definition: at interpreter exit this module's globals may be None.
     def __del__(self, _release_all: Any = release_all) -> None:
-        _release_all(self.lib.cublasDestroy_v2, (handle for handle, _ in getattr(self, "_handles", {}).values()))
+        handles = getattr(self, "_handles", None)
+        _release_all(self.lib.cublasDestroy_v2, (handle for handle, _ in (handles.values() if handles else ())))
 
 
 def gemm_engine(cp: Any) -> CublasGemm:

@@ -3,7 +3,7 @@ raw pointers into the plan's buffers, callable while a CUDA graph is being captu
 
 cuFFT plans are made once per (kind, size, batch) and stream and kept (a plan's work area must not
 serve two streams at once); making one allocates, so a stream that a CUDA graph will capture is
-prepared first (``prepare``). cuFFT computes in FP32 and its C2R transform is unnormalised.
+prepared first (``prepare``), or takes over a plan made for another stream (StreamBound). cuFFT computes in FP32 and its C2R transform is unnormalised.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import functools
 from typing import Any, Iterable
 
 from autocnn.errors import DeviceError
-from autocnn.kernels.library_steps import device_engine, load_library, pointers, refuse_in_capture, release_all
+from autocnn.kernels.library_steps import StreamBound, device_engine, load_library, pointers, release_all
 from autocnn.kernels.operation import LibraryFft
 
 # cuFFT's enums (cufft.h).
@@ -47,7 +47,7 @@ class CufftSteps:
         import cupy.cuda.cufft  # noqa: F401 -- loads the cuFFT CuPy uses, so the names resolve to it
 
         self.lib = cufft_library()
-        self._plans: dict[tuple[str, int, int, int, int], ctypes.c_int] = {}
+        self._plans = StreamBound(cp, "cuFFT", self._make_plan, self._bind)
 
     def prepare(self, stream_ptr: int, steps: Iterable[LibraryFft]) -> None:
         """Make the plans of these steps for a stream now, before a capture on it."""
@@ -55,20 +55,22 @@ class CufftSteps:
             self._plan(step, stream_ptr)
 
     def _plan(self, step: LibraryFft, stream_ptr: int) -> ctypes.c_int:
-        key = (step.kind, step.height, step.width, step.batch, stream_ptr)
-        plan = self._plans.get(key)
-        if plan is None:
-            refuse_in_capture(self.cp, stream_ptr, "cuFFT")
-            plan = ctypes.c_int()
-            n = (ctypes.c_int * 2)(step.height, step.width)
-            kind = CUFFT_R2C if step.kind == "r2c" else CUFFT_C2R
-            # Null embeddings: planes packed one after another, real height*width, half spectra
-            # height*(width//2+1) (the layouts LibraryFft describes).
-            _status(self.lib.cufftPlanMany(ctypes.byref(plan), 2, n, None, 1, 0, None, 1, 0, kind, step.batch),
-                    "cufftPlanMany")
-            _status(self.lib.cufftSetStream(plan, ctypes.c_void_p(stream_ptr)), "cufftSetStream")
-            self._plans[key] = plan
+        return self._plans.get((step.kind, step.height, step.width, step.batch), stream_ptr)
+
+    def _make_plan(self, key: tuple[str, int, int, int], stream_ptr: int) -> ctypes.c_int:
+        kind_name, height, width, batch = key
+        plan = ctypes.c_int()
+        n = (ctypes.c_int * 2)(height, width)
+        kind = CUFFT_R2C if kind_name == "r2c" else CUFFT_C2R
+        # Null embeddings: planes packed one after another, real height*width, half spectra
+        # height*(width//2+1) (the layouts LibraryFft describes).
+        _status(self.lib.cufftPlanMany(ctypes.byref(plan), 2, n, None, 1, 0, None, 1, 0, kind, batch),
+                "cufftPlanMany")
+        self._bind(plan, stream_ptr)
         return plan
+
+    def _bind(self, plan: ctypes.c_int, stream_ptr: int) -> None:
+        _status(self.lib.cufftSetStream(plan, ctypes.c_void_p(stream_ptr)), "cufftSetStream")
 
     def __call__(self, step: LibraryFft, buffers: dict[str, Any], stream_ptr: int) -> None:
         ptr = pointers(self.cp, step, {"src": step.src_offset, "dst": step.dst_offset}, buffers)
@@ -78,7 +80,8 @@ class CufftSteps:
 
     # release_all is bound at definition: at interpreter exit this module's globals may be None.
     def __del__(self, _release_all: Any = release_all) -> None:
-        _release_all(self.lib.cufftDestroy, getattr(self, "_plans", {}).values())
+        plans = getattr(self, "_plans", None)
+        _release_all(self.lib.cufftDestroy, plans.values() if plans else ())
 
 
 def fft_engine(cp: Any) -> CufftSteps:

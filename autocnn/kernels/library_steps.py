@@ -1,6 +1,7 @@
 """What the library steps of kernel plans (cuBLAS GEMMs, cuFFT transforms) share: loading a CUDA
 library through ctypes, checking the buffers a step reaches, and refusing to make per-stream
-resources while the stream is captured (they must exist before a CUDA graph captures the step)."""
+resources while a stream is captured (StreamBound: made before a CUDA graph captures the step, or
+taken over from another stream)."""
 from __future__ import annotations
 
 import ctypes
@@ -41,11 +42,44 @@ def pointers(cp: Any, step: Any, offsets: Mapping[str, int], buffers: Mapping[st
     return out
 
 
-def refuse_in_capture(cp: Any, stream_ptr: int, what: str) -> None:
-    """A per-stream library resource cannot be made while its stream is captured."""
-    if cp.cuda.runtime.streamIsCapturing(stream_ptr):
-        raise DeviceError(f"a {what} step runs on a stream that is being captured and was not prepared: "
-                          "call LoadedPlan.prepare_stream(stream) before the capture")
+class StreamBound:
+    """Library resources of one engine (cuBLAS handles with their workspaces, cuFFT plans with their
+    work areas), each bound to one stream at a time and found by (what it is for, stream).
+
+    Making one allocates device memory, which a CUDA graph capture forbids. A stream met first
+    under capture (PyTorch's recipe warms up on a side stream and captures on another) therefore
+    takes over a resource of the same kind made outside the capture for another stream that is not
+    being captured: only the stream it is bound to changes, a host-side call. That stream makes a
+    new one at its next call outside a capture, so no two streams share a work area afterwards.
+    """
+
+    def __init__(self, cp: Any, what: str, make: Callable[[Any, int], Any],
+                 rebind: Callable[[Any, int], None]) -> None:
+        self.cp, self.what, self._make, self._rebind = cp, what, make, rebind
+        self._bound: dict[tuple[Any, int], Any] = {}
+
+    def _capturing(self, stream_ptr: int) -> bool:
+        return bool(self.cp.cuda.runtime.streamIsCapturing(stream_ptr))
+
+    def get(self, key: Any, stream_ptr: int) -> Any:
+        found = self._bound.get((key, stream_ptr))
+        if found is not None:
+            return found
+        if not self._capturing(stream_ptr):
+            found = self._bound[(key, stream_ptr)] = self._make(key, stream_ptr)
+            return found
+        for bound_key, other in list(self._bound):
+            if bound_key == key and not self._capturing(other):
+                found = self._bound.pop((key, other))
+                self._rebind(found, stream_ptr)
+                self._bound[(key, stream_ptr)] = found
+                return found
+        raise DeviceError(f"a {self.what} step runs on a stream that is being captured, and no {self.what} "
+                          f"resource for it was made before the capture: run the step once outside the "
+                          f"capture (a warm-up) or call LoadedPlan.prepare_stream(stream) first")
+
+    def values(self) -> list[Any]:
+        return list(self._bound.values())
 
 
 def release_all(destroy: Callable[[Any], Any], resources: Iterable[Any]) -> None:

@@ -1,0 +1,112 @@
+"""Library resources bound to streams (library_steps.StreamBound), on the CPU with a stand-in for
+CuPy's stream-capture query: made outside a capture, taken over by a stream first met under one,
+never made (allocated) while a capture runs, and a clear error when nothing can be taken over."""
+from __future__ import annotations
+
+import pytest
+
+from autocnn.errors import DeviceError
+from autocnn.kernels.library_steps import StreamBound
+
+
+class _Runtime:
+    def __init__(self) -> None:
+        self.capturing: set[int] = set()
+
+    def streamIsCapturing(self, ptr: int) -> bool:   # noqa: N802 -- CuPy's name
+        return ptr in self.capturing
+
+
+class _Cupy:
+    def __init__(self) -> None:
+        self.runtime = _Runtime()
+        self.cuda = self
+
+
+def _resources():
+    cp, made, bound = _Cupy(), [], []
+
+    def make(key, stream):
+        assert stream not in cp.runtime.capturing, "a resource was made (allocated) under a capture"
+        made.append((key, stream))
+        return {"key": key, "stream": stream, "id": len(made)}
+
+    def rebind(resource, stream):
+        bound.append((resource["id"], stream))
+        resource["stream"] = stream
+
+    return cp, StreamBound(cp, "test library", make, rebind), made, bound
+
+
+def test_each_stream_gets_its_own_resource_outside_a_capture():
+    _, res, made, bound = _resources()
+    a, b = res.get("plan", 1), res.get("plan", 2)
+    assert a is res.get("plan", 1) and a is not b
+    assert made == [("plan", 1), ("plan", 2)] and bound == []
+    assert res.get("other", 1) is not a
+
+
+def test_a_stream_met_under_capture_takes_over_a_resource_of_the_same_kind():
+    cp, res, made, bound = _resources()
+    warm = res.get("plan", 1)          # PyTorch's recipe: warm-up on a side stream
+    res.get("other", 1)
+    cp.runtime.capturing.add(7)        # then the capture on another stream
+    taken = res.get("plan", 7)
+    assert taken is warm and taken["stream"] == 7 and bound == [(warm["id"], 7)]
+    assert res.get("plan", 7) is taken  # kept for the capturing stream
+    cp.runtime.capturing.clear()
+    again = res.get("plan", 1)          # the side stream makes a new one after the capture
+    assert again is not warm and made[-1] == ("plan", 1)
+    assert sorted(r["id"] for r in res.values()) == [1, 2, 3]   # the taken one, "other", the new one
+
+
+def test_nothing_to_take_over_under_capture_is_an_error_that_says_what_to_do():
+    cp, res, made, _ = _resources()
+    res.get("plan", 1)
+    cp.runtime.capturing.update({1, 7})   # the only plan of its kind is itself under capture
+    with pytest.raises(DeviceError, match="no test library resource for it was made before the capture.*warm-up"):
+        res.get("plan", 7)
+    with pytest.raises(DeviceError, match="made before the capture"):
+        res.get("never made", 7)
+    assert made == [("plan", 1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("formulation", ["unrolled", "fft"])
+def test_a_plan_warmed_on_one_stream_is_captured_on_another(formulation):
+    """PyTorch's graph recipe with a plan that has library steps (cuBLAS GEMMs, cuFFT transforms):
+    run once on a side stream, captured on a second stream, replayed; the replay writes what an eager
+    run writes, bit for bit."""
+    cp = pytest.importorskip("cupy")
+    if cp.cuda.runtime.getDeviceCount() == 0:
+        pytest.skip("no CUDA device")
+    from autocnn.device import current_device
+    from autocnn.kernels import OPERATIONS
+    from autocnn.kernels.problem import ConvFwdProblem
+    from autocnn.kernels.reference import output_shapes
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import random_inputs
+
+    problem = ConvFwdProblem(N=3, C=5, H=13, W=11, K=6, R=5, S=5, padding=2, bias=True, activation="relu")
+    operation = OPERATIONS["conv_fwd"]
+    config = operation.default_config(problem, current_device(0).limits(), formulation=formulation)
+    loaded = KernelLoader().load(operation.plan(problem, config))
+    assert loaded.plan.library_gemms or loaded.plan.library_ffts
+    inputs = random_inputs(problem, cp, seed=3)
+    out = {name: cp.full(shape, cp.nan, dtype=cp.float32) for name, shape in output_shapes(problem).items()}
+    buffers = {**inputs, **out, **loaded.workspaces()}
+    side, capture = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with side:
+        loaded(buffers, stream=side)
+    side.synchronize()
+    eager = out["y"].copy()
+    out["y"].fill(cp.nan)
+    cp.cuda.Device().synchronize()
+    with capture:
+        capture.begin_capture()
+        loaded(buffers, stream=capture)
+        graph = capture.end_capture()
+    assert bool(cp.isnan(out["y"]).all()), "the capture ran the plan instead of recording it"
+    graph.launch(stream=capture)
+    capture.synchronize()
+    assert bool(cp.array_equal(out["y"], eager))
