@@ -34,7 +34,7 @@ MIN_TAPS = 25
 MAX_FFT = 256
 IMGS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 THREADS = (64, 128, 256)
-TILE = (1, 2, 4)
+TILE = (1, 2, 4, 8)   # 8 x 8 outputs: 128 accumulators, four products per value loaded
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
 
 
