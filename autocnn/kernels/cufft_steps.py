@@ -3,7 +3,8 @@ raw pointers into the plan's buffers, callable while a CUDA graph is being captu
 
 cuFFT plans are made once per (kind, size, batch) and stream and kept (a plan's work area must not
 serve two streams at once); making one allocates, so a stream that a CUDA graph will capture is
-prepared first (``prepare``), or takes over a plan made for another stream (StreamBound). cuFFT computes in FP32 and its C2R transform is unnormalised.
+prepared first (``prepare``), or takes over a plan made for another stream (StreamBound). cuFFT
+computes in FP32 and its C2R transform is unnormalised.
 """
 from __future__ import annotations
 
