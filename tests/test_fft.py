@@ -16,7 +16,8 @@ from autocnn.errors import InfeasibleConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.formulations.fft import FFT, MAX_FFT, NAME, fft_conv, fft_size, smooth_size, workspace_elements
+from autocnn.kernels.formulations.fft import (FFT, MAX_FFT, NAME, fft_conv, fft_size, mac_block, smooth_size, spectrum,
+                                             workspace_elements)
 from autocnn.kernels.operation import LibraryFft
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
@@ -161,13 +162,14 @@ def test_workspace_is_computed_and_never_above_the_limit():
     problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]
     with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
         space("conv_fwd", problem).validate({"formulation": NAME, "FFT_SIZE": "pow2", "IMGS": 128, "FFT_THREADS": 128,
-                                             "IT": 2, "JT": 2})
+                                             "IT": 2, "JT": 2, "MAC": "thread"})
 
 
-def test_wgrad_transforms_back_once_after_accumulating_every_block():
+@pytest.mark.parametrize("mac", ({"MAC": "thread"}, {"MAC": "block", "FB": 8, "BL": 4}))
+def test_wgrad_transforms_back_once_after_accumulating_every_block(mac):
     problem = dict(small_problems("conv_wgrad"))["f_s2"]     # N = 5
     config = space("conv_wgrad", problem).validate({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2,
-                                                    "FFT_THREADS": 64, "IT": 1, "JT": 2})
+                                                    "FFT_THREADS": 64, "IT": 1, "JT": 2, **mac})
     plan = OPERATIONS["conv_wgrad"].plan(problem, config)
     macs = [s for s in plan.steps if s.kernel == "fft_mac"]
     assert [m.scalars for m in macs] == [(2, 0), (2, 1), (1, 1)]
@@ -176,6 +178,42 @@ def test_wgrad_transforms_back_once_after_accumulating_every_block():
     steps = OPERATIONS["conv_fwd"].plan(fwd, space("conv_fwd", fwd).validate(config.as_dict())).steps
     assert [s.kernel for s in steps[:2]] == ["fft_place_b", "cufftExecR2C"]     # the filters' spectra once
     assert sum(isinstance(s, LibraryFft) and s.kind == "c2r" for s in steps) == 3
+
+
+def test_tiled_multiply_accumulate_blocks_cover_every_output_and_need_cp_async():
+    """MAC "block": the grid covers every frequency, row and column of O (rows: the block's images,
+    or K for conv_wgrad), its shared memory is two stages of both tiles, and it is refused before
+    sm_80, where the other MAC still runs."""
+    rng = random.Random(5)
+    for op in CONV_OPS:
+        for name, problem in [*((n, p) for n, p in seed_problems(op) if n in SEEDS), *small_problems(op)]:
+            sp = space(op, problem).restrict({"MAC": "block"})
+            f = fft_conv(problem)
+            for config in sp.sample(rng, 4):
+                fh, fw = fft_size(f, config["FFT_SIZE"])
+                fb, bi, bj = mac_block(config)
+                nb = min(config["IMGS"], problem.N)
+                rows, cols = (problem.K, problem.C) if op == "conv_wgrad" else (nb, f.out_planes)
+                for mac in (s for s in OPERATIONS[op].plan(problem, config).steps if s.kernel == "fft_mac"):
+                    gx, gy, gz = mac.grid
+                    assert gx * fb >= spectrum(fh, fw) > (gx - 1) * fb, f"{op} {name} {config}"
+                    assert gy * bi >= (mac.scalars[0] if op != "conv_wgrad" else rows) and gz * bj >= cols
+                    assert mac.shared_bytes == 2 * config["BL"] * (bi + bj) * fb * 8 <= LIMITS.max_smem_per_block
+                    assert mac.block == (config["FFT_THREADS"], 1, 1)
+    problem = dict(seed_problems("conv_fwd"))["sweep_7x7"]
+    old = OPERATIONS["conv_fwd"].space(problem, DeviceLimits("sm_75")).restrict({"formulation": NAME})
+    with pytest.raises(InfeasibleConfigError, match="cp.async"):
+        old.validate({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 1, "FFT_THREADS": 128, "IT": 2, "JT": 2,
+                      "MAC": "block", "FB": 4, "BL": 8})
+    assert OPERATIONS["conv_fwd"].default_config(problem, DeviceLimits("sm_75"), formulation=NAME)["MAC"] == "thread"
+
+
+def test_configs_from_before_the_tiled_multiply_accumulate_complete_to_the_thread_one():
+    """A stale fft record (tuned before MAC existed) is a first guess for its retune: completed,
+    it names the multiply-accumulate it ran."""
+    problem = dict(seed_problems("conv_bwd_data"))["sweep_11x11"]
+    old = {"formulation": NAME, "IMGS": 64, "FFT_SIZE": "smooth", "FFT_THREADS": 256, "IT": 4, "JT": 4}
+    assert space("conv_bwd_data", problem).complete(old).as_dict() == {**old, "MAC": "thread"}
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")

@@ -180,3 +180,19 @@ def test_a_shared_parameter_with_other_conditions_is_refused():
     problem = seed_problems("conv_fwd")[0][1]
     with pytest.raises(ValueError, match="parameter BM of probe is active under .*give one of them its own name"):
         op.space(problem, SM90)
+
+
+def test_complete_fills_parameters_added_since_with_their_first_choice():
+    """What a config written before a parameter existed means: the first choice of each active
+    parameter it lacks (the code it had before), then the usual validation."""
+    space = SearchSpace("conv_fwd", [Param("A", (1, 2)), Param("B", ("x", "y"), "", (("A", (2,)),)), Param("C", (3, 4))],
+                        [Constraint(("A", "C"), lambda a, c: "A=2 needs C=4" if a == 2 and c != 4 else None)])
+    assert space.complete({"A": 1}).as_dict() == {"A": 1, "C": 3}
+    assert space.complete({"A": 2, "C": 4}).as_dict() == {"A": 2, "B": "x", "C": 4}
+    assert space.complete(space.validate({"A": 1, "C": 4})).as_dict() == {"A": 1, "C": 4}
+    with pytest.raises(InfeasibleConfigError, match="A=2 needs C=4"):
+        space.complete({"A": 2})
+    with pytest.raises(InvalidConfigError, match="nothing here"):
+        space.complete({"A": 1, "B": "y"})
+    with pytest.raises(InvalidConfigError, match="one of"):
+        space.complete({"A": 5})

@@ -71,23 +71,29 @@ class LoadedPlan:
                 cp.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes,
                                             (stream or cp.cuda.get_current_stream()).ptr)
         for launch in self.plan.steps:
-            if isinstance(launch, LibraryGemm):
-                self._gemm(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
-                continue
-            if isinstance(launch, LibraryFft):
-                self._fft(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
-                continue
-            args = tuple(buffers.get(a) if buffers.get(a) is not None else self._placeholder for a in launch.args)
-            args += tuple(np.int32(v) for v in launch.scalars)
-            try:
-                self.functions[launch.kernel](launch.grid, launch.block, args,
-                                              shared_mem=launch.shared_bytes, stream=stream)
-            except cp.cuda.driver.CUDADriverError as exc:
-                text = str(exc)
-                if "OUT_OF_RESOURCES" in text or "INVALID_VALUE" in text:
-                    # A refused launch leaves the context usable; anything else is a device error.
-                    raise LaunchError(f"{launch.kernel} launch refused: {text}") from exc
-                raise DeviceError(f"{launch.kernel}: {text}") from exc
+            self.run_step(launch, buffers, stream)
+
+    def run_step(self, launch: Any, buffers: Mapping[str, Any], stream: Any = None) -> None:
+        """One step of the plan (a kernel launch or a library GEMM or FFT): the plan runs them in
+        order; a profiler may time one alone (scripts/profile_plan.py)."""
+        cp = self.cp
+        if isinstance(launch, LibraryGemm):
+            self._gemm(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
+            return
+        if isinstance(launch, LibraryFft):
+            self._fft(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
+            return
+        args = tuple(buffers.get(a) if buffers.get(a) is not None else self._placeholder for a in launch.args)
+        args += tuple(np.int32(v) for v in launch.scalars)
+        try:
+            self.functions[launch.kernel](launch.grid, launch.block, args,
+                                          shared_mem=launch.shared_bytes, stream=stream)
+        except cp.cuda.driver.CUDADriverError as exc:
+            text = str(exc)
+            if "OUT_OF_RESOURCES" in text or "INVALID_VALUE" in text:
+                # A refused launch leaves the context usable; anything else is a device error.
+                raise LaunchError(f"{launch.kernel} launch refused: {text}") from exc
+            raise DeviceError(f"{launch.kernel}: {text}") from exc
 
 
 class KernelLoader:

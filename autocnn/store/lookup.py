@@ -275,14 +275,15 @@ class RecordLookup:
 
     def stale_configs(self, device: DeviceInfo, problem: Any, space: SearchSpace) -> list[Config]:
         """Configs of stale records of this problem on this architecture that the current space
-        still accepts: first guesses for tuning it again (measured anew, never trusted)."""
+        still accepts, completed with the first choice of parameters added since (SearchSpace.complete):
+        first guesses for tuning it again (measured anew, never trusted)."""
         canonical = problem.to_dict()
         out: list[Config] = []
         for record, p in self.stale_records():
             if record.key.op != problem.op or record.key.arch != device.arch or p.to_dict() != canonical:
                 continue
             try:
-                config = space.validate(record.config)
+                config = space.complete(record.config)
             except (InvalidConfigError, InfeasibleConfigError):
                 continue
             if all(config.key() != c.key() for c in out):

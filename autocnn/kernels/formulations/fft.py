@@ -11,12 +11,19 @@ the padded input, so nothing wraps around), summed over a channel:
 
 Steps: generated kernels place the planes (fft_place_a, fft_place_b), cuFFT transforms them (R2C
 library steps), a generated, tuned complex multiply-accumulate kernel sums the products over the
-channel in the frequency domain (fft_mac: IT x JT outputs per thread, one frequency each), cuFFT
+channel in the frequency domain (fft_mac), cuFFT
 transforms back (C2R), and fft_crop scales, crops, samples the stride and applies bias and
 activation. Images go in blocks of IMGS (the workspaces hold one block; conv_wgrad accumulates the
 blocks' spectra). FFT_SIZE picks FH, FW: the smallest sizes with prime factors 2, 3, 5, 7
 ("smooth") or powers of two. Images whose padded size exceeds MAX_FFT are left to the other
 formulations (this one does not tile images into FFT tiles).
+
+The multiply-accumulate is, per frequency, a small complex matrix product. MAC "thread" gives each
+thread one frequency and IT x JT outputs, its operands read from L2: four to eight products per
+value loaded, and every block of outputs reads the operands again, so L2 traffic bounds it. MAC
+"block" (sm_80 and later) stages [BL terms x rows x FB frequencies] tiles of both operands in shared
+memory with cp.async (two stages) for a block of BI x BJ outputs at FB frequencies: each value
+loaded from L2 serves BI or BJ outputs instead of IT or JT.
 """
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.operation import Launch, LibraryFft, cdiv, next_pow2, workspace_rule
+from autocnn.kernels.formulations.tensorcore import arch_number
+from autocnn.kernels.operation import Launch, LibraryFft, cdiv, next_pow2, smem_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
 
 NAME = "fft"
@@ -35,6 +43,10 @@ MAX_FFT = 256
 IMGS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 THREADS = (64, 128, 256)
 TILE = (1, 2, 4, 8)   # 8 x 8 outputs: 128 accumulators, four products per value loaded
+MAC = ("thread", "block")
+FREQS = (4, 8)        # frequencies per block of MAC "block": 32- or 64-byte runs per plane
+TERMS = (4, 8, 16)    # terms per shared-memory stage of MAC "block"
+MIN_BLOCK_ARCH = 80   # cp.async
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
 
 
@@ -82,6 +94,19 @@ def spectrum(fh: int, fw: int) -> int:
     return fh * (fw // 2 + 1)
 
 
+def mac_block(config: Config | dict) -> tuple[int, int, int]:
+    """MAC "block": frequencies, rows and columns of O per block (a warp: FB frequencies x
+    32/FB column threads; the block's warps are its row threads)."""
+    fb, warps = config["FB"], config["FFT_THREADS"] // 32
+    return fb, warps * config["IT"], (32 // fb) * config["JT"]
+
+
+def mac_smem_bytes(config: Config | dict) -> int:
+    """Two stages of both operands' tiles, 8 bytes a complex number."""
+    fb, bi, bj = mac_block(config)
+    return 2 * config["BL"] * (bi + bj) * fb * 8
+
+
 def workspace_elements(f: FftConv, how: str, imgs: int) -> dict[str, int]:
     """Real planes and half spectra (two floats a complex number) of A, B and the output."""
     fh, fw = fft_size(f, how)
@@ -111,7 +136,11 @@ class _Fft(OpFormulation):
                 Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (the workspaces hold one)"),
                 Param("FFT_THREADS", THREADS, "threads per block of the generated kernels"),
                 Param("IT", TILE, "multiply-accumulate outputs per thread along its first index"),
-                Param("JT", TILE, "multiply-accumulate outputs per thread along its second index")]
+                Param("JT", TILE, "multiply-accumulate outputs per thread along its second index"),
+                Param("MAC", MAC, "multiply-accumulate: a thread per frequency from L2, or shared-memory tiles"),
+                Param("FB", FREQS, "frequencies per block of the tiled multiply-accumulate", (("MAC", ("block",)),)),
+                Param("BL", TERMS, "terms per shared-memory stage of the tiled multiply-accumulate",
+                      (("MAC", ("block",)),))]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p, f = problem, fft_conv(problem)
@@ -124,7 +153,13 @@ class _Fft(OpFormulation):
             return None if max(fh, fw) <= MAX_FFT else \
                 f"{fh}x{fw} FFT planes exceed {MAX_FFT} (images this large would need FFT tiling)"
 
-        return [Constraint(("FFT_SIZE",), size),
+        def block_arch(mac):
+            ok = mac != "block" or arch_number(limits.arch) >= MIN_BLOCK_ARCH
+            return None if ok else f"the tiled multiply-accumulate needs cp.async (sm_{MIN_BLOCK_ARCH} or later), not {limits.arch}"
+
+        return [Constraint(("FFT_SIZE",), size), Constraint(("MAC",), block_arch),
+                smem_rule(limits, ("FFT_THREADS", "IT", "JT", "FB", "BL"),
+                          lambda t, i, j, fb, bl: mac_smem_bytes({"FFT_THREADS": t, "IT": i, "JT": j, "FB": fb, "BL": bl})),
                 workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS"),
                                lambda how, imgs: 4 * sum(workspace_elements(f, how, imgs).values()))]
 
@@ -133,12 +168,16 @@ class _Fft(OpFormulation):
         imgs = choices_upto(IMGS, next_pow2(problem.N))
         fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
         base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128}
-        return [{**base, "IMGS": max(fits, default=1), "IT": 2, "JT": 2}, {**base, "IMGS": 1, "IT": 1, "JT": 1}]
+        # The last runs on any GPU (no cp.async) and in the least workspace.
+        return [{**base, "IMGS": max(fits, default=1), "IT": 4, "JT": 4, "MAC": "block", "FB": 4, "BL": 8},
+                {**base, "IMGS": max(fits, default=1), "IT": 2, "JT": 2, "MAC": "thread"},
+                {**base, "IMGS": 1, "IT": 1, "JT": 1, "MAC": "thread"}]
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         fh, fw = fft_size(fft_conv(problem), config["FFT_SIZE"])
         return {"fft_h": fh, "fft_w": fw, "fft_threads": config["FFT_THREADS"], "fft_it": config["IT"],
-                "fft_jt": config["JT"], "bias_grad_threads": config["FFT_THREADS"]}
+                "fft_jt": config["JT"], "bias_grad_threads": config["FFT_THREADS"], "fft_mac": config["MAC"],
+                "fft_fb": config.get("FB", 0), "fft_bl": config.get("BL", 0)}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         return (), tuple(workspace_elements(fft_conv(problem), config["FFT_SIZE"], config["IMGS"]).items())
@@ -160,6 +199,10 @@ class _Fft(OpFormulation):
             # Only conv_wgrad sums over blocks of images; the others' blocks are separate images, and
             # cuFFT's C2R has meanwhile overwritten the previous block's spectra anyway.
             accumulate = int(f.op == "conv_wgrad" and n0 > 0)
+            if c["MAC"] == "block":
+                fb, bi, bj = mac_block(c)
+                return Launch("fft_mac", (cdiv(spec, fb), cdiv(rows, bi), cdiv(cols, bj)), (threads, 1, 1),
+                              mac_smem_bytes(c), (mac_x, mac_y, "fft_of"), (nb, accumulate))
             return kernel("fft_mac", spec, (mac_x, mac_y, "fft_of"), (nb, accumulate),
                           (cdiv(rows, c["IT"]), cdiv(cols, c["JT"])))
 
@@ -191,7 +234,8 @@ class _Fft(OpFormulation):
         return tuple(steps)
 
     def code_helpers(self) -> tuple:
-        return (smooth_size, FftConv, fft_conv, fft_size, spectrum, workspace_elements, self.ARGS)
+        return (smooth_size, FftConv, fft_conv, fft_size, spectrum, mac_block, mac_smem_bytes, workspace_elements,
+                self.ARGS)
 
 
 FFT = Formulation(NAME, tuple(_Fft(op) for op in ("conv_fwd", "conv_bwd_data", "conv_wgrad")))

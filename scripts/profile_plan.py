@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Where one kernel plan's time goes: each step (generated kernel, cuBLAS GEMM, cuFFT transform)
+timed alone with CUDA events, next to the whole plan under the timing protocol (cold L2).
+
+A step timed alone starts with whatever its predecessor left in L2 (the plan ran just before), as
+in the plan itself; its time is the median of repeated launches. The plan's outputs are verified
+against float64 first: a config that computes the wrong thing is reported, not timed.
+
+    python scripts/profile_plan.py --op conv_bwd_data \\
+        --shape "N=128,C=64,H=32,W=32,K=64,R=11,S=11,stride=1,pad=5" \\
+        --config '{"formulation": "fft", ...}' --config record --out profile.json
+
+``--config record`` (the default) profiles what autocnn runs for the problem on this GPU: the
+lookup's answer. Each --config is a JSON object of parameters, checked against the space.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def step_name(step) -> str:
+    from autocnn.kernels.operation import LibraryFft, LibraryGemm
+
+    if isinstance(step, LibraryFft):
+        return f"cuFFT {step.kind} {step.batch}x{step.height}x{step.width}"
+    if isinstance(step, LibraryGemm):
+        return f"cuBLAS {step.kernel}"
+    return f"{step.kernel} {step.grid}x{step.block[0]}" + (f" smem {step.shared_bytes}" if step.shared_bytes else "")
+
+
+def profile(operation, problem, config, flusher, budget_s: float) -> dict:
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate, random_inputs, time_callable
+    from autocnn.gpu import require_cupy
+
+    cp = require_cupy()
+    plan = operation.plan(problem, config)
+    loaded = KernelLoader().load(plan)
+    check = check_candidate(loaded, problem, flusher=flusher, budget_s=budget_s)
+    row = {"config": config.as_dict(), "verified": check.verification.passed,
+           "message": check.verification.message, "plan_us": check.timing.median_us if check.timing else None,
+           "steps": []}
+    if not check.verification.passed:
+        return row
+    buffers = {**random_inputs(problem, cp, 0), **loaded.workspaces()}
+    from autocnn.kernels import reference
+
+    buffers.update({n: cp.zeros(s, dtype=cp.float32) for n, s in reference.output_shapes(problem).items()})
+    loaded(buffers)
+    for step in plan.steps:
+        t = time_callable(lambda s=step: loaded.run_step(s, buffers), budget_s=budget_s / 4, min_reps=5)
+        row["steps"].append({"step": step_name(step), "us": t.median_us})
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", required=True)
+    ap.add_argument("--shape", required=True, help="as `autocnn tune --shape`")
+    ap.add_argument("--config", action="append", default=None,
+                    help="a JSON object of parameters, or 'record' (the lookup's answer); repeatable")
+    ap.add_argument("--budget", type=float, default=0.3, help="seconds of timed runs per plan")
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+
+    from autocnn.kernels.problem import parse_shape
+    from autocnn.kernels import get_operation
+
+    try:
+        problem = parse_shape(args.op, args.shape)
+        operation = get_operation(args.op)
+        operation.check_problem(problem)
+        texts = args.config or ["record"]
+        configs_json = [None if t == "record" else json.loads(t) for t in texts]
+    except (ValueError, KeyError) as exc:
+        ap.error(str(exc))
+
+    from autocnn.gpu import require_cupy
+    from autocnn.store import TuningDatabase
+    from autocnn.device import current_device
+    from autocnn.tuning.measure import L2Flusher
+
+    from autocnn.errors import AutocnnError
+
+    try:
+        cp = require_cupy()
+        cp.cuda.Device(args.device).use()
+        device = current_device(args.device)
+        space = operation.space(problem, device.limits())
+        configs = []
+        for given in configs_json:
+            if given is None:
+                looked = TuningDatabase().lookup(device, problem)
+                print(f"# record: {looked.source}: {looked.detail}")
+                configs.append(looked.config)
+            else:
+                configs.append(space.validate(given))
+    except AutocnnError as exc:
+        print(f"profile_plan: {exc}", file=sys.stderr)
+        return 1
+    flusher = L2Flusher(device.l2_bytes)
+    print(f"# {device.name}: {args.op} {problem.shape_string()}")
+    rows = []
+    for config in configs:
+        row = profile(operation, problem, config, flusher, args.budget)
+        rows.append(row)
+        print(f"\n{config}")
+        if not row["verified"]:
+            print(f"  fails verification: {row['message']}")
+            continue
+        total = sum(s["us"] for s in row["steps"])
+        for s in row["steps"]:
+            print(f"  {s['us']:9.1f} us {100 * s['us'] / total:5.1f}%  {s['step']}")
+        print(f"  {total:9.1f} us sum of steps; the plan under the timing protocol: {row['plan_us']:.1f} us")
+    if args.out:
+        args.out.write_text(json.dumps({"device": device.name, "op": args.op, "problem": problem.to_dict(),
+                                        "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
