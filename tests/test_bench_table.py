@@ -152,12 +152,18 @@ def test_bench_runs_both_precisions_unless_told_one():
     assert {p.precision for _, _, p in work.problems} == {"tf32"}
     assert len(work.problems) == len(seed_problems("conv_wgrad"))
     assert _plan("--precision", "fp32").precisions == ("fp32",)
+    # The pointwise target layers run only when named, never in the default seed-suite run.
+    work = _plan("--ops", "conv_bwd_data", "--precision", "fp32", "--shapes", "pointwise_s1,pointwise_s2")
+    assert [(name, p.R, p.stride, p.C, p.K, p.H, p.N) for _, name, p in work.problems] == [
+        ("pointwise_s1", 1, (1, 1), 256, 512, 28, 64), ("pointwise_s2", 1, (2, 2), 256, 512, 28, 64)]
+    assert not {name for _, name, _ in _plan("--precision", "fp32").problems} & {"pointwise_s1", "pointwise_s2"}
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--ops", "conv_fwdd"], "unknown operation(s) ['conv_fwdd']"),
-    (["--shapes", "modern_15"], "unknown seed shape(s) ['modern_15']"),
-    (["--ops", "avgpool_fwd", "--shapes", "modern_14"], "no seed shape of avgpool_fwd is named modern_14"),
+    (["--shapes", "modern_15"], "unknown shape(s) ['modern_15']"),
+    (["--ops", "avgpool_bwd", "--shapes", "pointwise_s1"], "no shape of avgpool_bwd is named pointwise_s1"),
+    (["--ops", "avgpool_fwd", "--shapes", "modern_14"], "no shape of avgpool_fwd is named modern_14"),
     (["--samples", "-1"], "--samples must be at least 0"),
     (["--precision", "fp16"], "invalid choice: 'fp16'"),
 ])

@@ -63,6 +63,14 @@ SEED_SHAPES: tuple[SeedShape, ...] = (
 )
 
 
+# Layers that issue targets name and the seed suite lacks (today's pointwise 1x1 layers, stride 1 and
+# the strided projection): benchmarked by name (`autocnn bench --shapes pointwise_s1,pointwise_s2`),
+# never counted in the seed suite's geometric means.
+TARGET_SHAPES: tuple[SeedShape, ...] = (
+    _conv("pointwise_s1", "today's pointwise layers", 64, 256, 28, 28, 512, 1, 1, 1, (0, 0, 0, 0)),
+    _conv("pointwise_s2", "today's pointwise layers", 64, 256, 28, 28, 512, 1, 1, 2, (0, 0, 0, 0)),
+)
+
 # Shapes that divide nothing evenly: odd sizes, K not a multiple of 8, batch 1 and 3, non-square
 # images and filters, asymmetric padding, stride 3, strides larger than the filter, 1x1 filters.
 ODD_SHAPES: tuple[SeedShape, ...] = (
@@ -134,6 +142,11 @@ def seed_problems(op: str) -> list[tuple[str, Any]]:
         return _registered_suite(op, "seed_problems")
     kind = "conv" if op in CONV_OPS else "pool"
     return [(s.name, s.problem(op)) for s in seed_shapes(kind)]
+
+
+def target_problems(op: str) -> list[tuple[str, Any]]:
+    """TARGET_SHAPES as problems of a convolution op (none for the others)."""
+    return [(s.name, s.problem(op)) for s in TARGET_SHAPES] if op in CONV_OPS else []
 
 
 def seed_shape(name: str) -> SeedShape:
