@@ -1,0 +1,56 @@
+"""scripts/profile_plan.py: bad input is refused before any device work; on a GPU, every step of a
+plan (generated kernels and cuFFT transforms) is timed alone, after the plan verified."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+import profile_plan  # noqa: E402
+
+SHAPE = "N=3,C=4,H=9,W=12,K=5,R=7,S=5,stride=1,pad=3"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--op", "conv_fwd", "--shape", "N=2,C=3"], "missing H, W, K, R, S"),
+    (["--op", "conv_fwdd", "--shape", SHAPE], "conv_fwdd"),
+    (["--op", "conv_fwd", "--shape", SHAPE, "--config", "{formulation: fft}"], "Expecting property name"),
+])
+def test_bad_input_is_refused_before_any_device_work(argv, message, capsys, monkeypatch):
+    import autocnn.gpu
+
+    def no_device():
+        raise AssertionError("the device was touched")
+
+    monkeypatch.setattr(autocnn.gpu, "require_cupy", no_device)
+    with pytest.raises(SystemExit) as exc:
+        profile_plan.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_every_step_of_a_verified_plan_is_timed(tmp_path, capsys):
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels import get_operation
+    from autocnn.kernels.operation import LibraryFft
+    from autocnn.kernels.problem import parse_shape
+
+    config = {"formulation": "fft", "FFT_SIZE": "smooth", "IMGS": 2, "FFT_THREADS": 64, "IT": 2, "JT": 2,
+              "MAC": "block", "FB": 4, "BL": 4}
+    out = tmp_path / "profile.json"
+    assert profile_plan.main(["--op", "conv_bwd_data", "--shape", SHAPE, "--config", json.dumps(config),
+                              "--budget", "0.05", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    problem = parse_shape("conv_bwd_data", SHAPE)
+    op = get_operation("conv_bwd_data")
+    steps = op.plan(problem, op.space(problem, current_device().limits()).validate(config)).steps
+    assert row["verified"] and len(row["steps"]) == len(steps) == 12   # 2 filter steps + 5 per block of 2 of 3 images
+    assert [s["step"].split()[0] for s in row["steps"]] == [
+        "cuFFT" if isinstance(s, LibraryFft) else s.kernel for s in steps]
+    assert all(s["us"] > 0 for s in row["steps"]) and row["plan_us"] > 0
+    assert "sum of steps" in capsys.readouterr().out
