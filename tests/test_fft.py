@@ -16,8 +16,8 @@ from autocnn.errors import InfeasibleConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.formulations.fft import (FFT, MAX_FFT, NAME, fft_conv, fft_size, mac_block, smooth_size, spectrum,
-                                             workspace_elements)
+from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, dft_smem_bytes, fft_conv, fft_size, mac_block,
+                                             operand_sizes, smooth_size, spectrum, workspace_elements)
 from autocnn.kernels.operation import LibraryFft
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
@@ -86,6 +86,20 @@ class Kernels:
         planes = self._planes(b["fft_b"], p.K * p.C).reshape(p.K, p.C, self.fh, self.fw)
         planes[...] = 0
         planes[:, :, :p.R, :p.S] = b["w"].reshape(p.w_shape)
+
+    def _spectra_of(self, b, placed, spectra, place):
+        # The direct transform: the placed planes' half spectra, as numpy.fft (unnormalised) has them.
+        scratch = {**b, placed: np.zeros_like(b[placed])}
+        place(scratch)
+        planes = scratch[placed].reshape(-1, self.fh, self.fw)
+        out = b[spectra].view(np.complex128)
+        out[:planes.size // self.fw * (self.fw // 2 + 1)] = np.fft.rfft2(planes).ravel()
+
+    def fft_dft_a(self, b, n0, nb):
+        self._spectra_of(b, "fft_a", "fft_af", lambda scratch: self.fft_place_a(scratch, n0, nb))
+
+    def fft_dft_b(self, b, n0, nb):
+        self._spectra_of(b, "fft_b", "fft_bf", lambda scratch: self.fft_place_b(scratch, n0, nb))
 
     def fft_mac(self, b, nb, accumulate):
         p = self.p
@@ -162,10 +176,12 @@ def test_workspace_is_computed_and_never_above_the_limit():
     problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]
     with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
         space("conv_fwd", problem).validate({"formulation": NAME, "FFT_SIZE": "pow2", "IMGS": 128, "FFT_THREADS": 128,
-                                             "IT": 2, "JT": 2, "MAC": "thread"})
+                                             "IT": 2, "JT": 2, "MAC": "thread",
+                                             "XFORM_A": "cufft", "XFORM_B": "cufft"})
 
 
-@pytest.mark.parametrize("mac", ({"MAC": "thread"}, {"MAC": "block", "FB": 8, "BL": 4}))
+@pytest.mark.parametrize("mac", ({"MAC": "thread", "XFORM_A": "cufft", "XFORM_B": "cufft"},
+                                 {"MAC": "block", "FB": 8, "BL": 4, "XFORM_A": "dft", "XFORM_B": "cufft"}))
 def test_wgrad_transforms_back_once_after_accumulating_every_block(mac):
     problem = dict(small_problems("conv_wgrad"))["f_s2"]     # N = 5
     config = space("conv_wgrad", problem).validate({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2,
@@ -204,16 +220,45 @@ def test_tiled_multiply_accumulate_blocks_cover_every_output_and_need_cp_async()
     old = OPERATIONS["conv_fwd"].space(problem, DeviceLimits("sm_75")).restrict({"formulation": NAME})
     with pytest.raises(InfeasibleConfigError, match="cp.async"):
         old.validate({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 1, "FFT_THREADS": 128, "IT": 2, "JT": 2,
-                      "MAC": "block", "FB": 4, "BL": 8})
+                      "MAC": "block", "FB": 4, "BL": 8, "XFORM_A": "cufft", "XFORM_B": "cufft"})
     assert OPERATIONS["conv_fwd"].default_config(problem, DeviceLimits("sm_75"), formulation=NAME)["MAC"] == "thread"
 
 
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op):
+    """XFORM_A / XFORM_B = dft: one fft_dft_a/b launch (DFT_PLANES planes a block, its shared
+    memory from the operand's data planes) where place + cuFFT R2C were, for every block of images
+    that transforms the operand; the other operand and the C2R are untouched."""
+    problem = dict(small_problems(op))["f_s2"]                  # N = 5: blocks of 2, 2 and 1
+    base = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2, "FFT_THREADS": 64, "IT": 1, "JT": 2,
+            "MAC": "thread"}
+    sizes = operand_sizes(problem)
+    fh, fw = fft_size(fft_conv(problem), "smooth")
+    cufft = OPERATIONS[op].plan(problem, space(op, problem).validate({**base, "XFORM_A": "cufft", "XFORM_B": "cufft"}))
+    for xa, xb in (("dft", "cufft"), ("cufft", "dft"), ("dft", "dft")):
+        plan = OPERATIONS[op].plan(problem, space(op, problem).validate({**base, "XFORM_A": xa, "XFORM_B": xb}))
+        names = [s.kernel if not isinstance(s, LibraryFft) else f"{s.kind}:{s.src}" for s in plan.steps]
+        before = [s.kernel if not isinstance(s, LibraryFft) else f"{s.kind}:{s.src}" for s in cufft.steps]
+        for operand, xform in (("a", xa), ("b", xb)):
+            if xform == "dft":
+                before = [n for n in before if n != f"r2c:fft_{operand}"]
+                before = [f"fft_dft_{operand}" if n == f"fft_place_{operand}" else n for n in before]
+                f = fft_conv(problem)
+                for step in (s for s in plan.steps if s.kernel == f"fft_dft_{operand}"):
+                    nb = step.scalars[1]
+                    planes = nb * (f.a_planes if operand == "a" else f.b_planes)   # filters: nb = 1
+                    assert step.grid == (-(-planes // DFT_PLANES), 1, 1) and step.block == (64, 1, 1)
+                    assert step.shared_bytes == dft_smem_bytes(sizes[operand.upper()], fh, fw)
+        assert names == before, f"{op} {xa} {xb}"
+
+
 def test_configs_from_before_the_tiled_multiply_accumulate_complete_to_the_thread_one():
-    """A stale fft record (tuned before MAC existed) is a first guess for its retune: completed,
-    it names the multiply-accumulate it ran."""
+    """A stale fft record (tuned before MAC and XFORM existed) is a first guess for its retune:
+    completed, it names the multiply-accumulate and the transforms it ran."""
     problem = dict(seed_problems("conv_bwd_data"))["sweep_11x11"]
     old = {"formulation": NAME, "IMGS": 64, "FFT_SIZE": "smooth", "FFT_THREADS": 256, "IT": 4, "JT": 4}
-    assert space("conv_bwd_data", problem).complete(old).as_dict() == {**old, "MAC": "thread"}
+    assert space("conv_bwd_data", problem).complete(old).as_dict() == {**old, "MAC": "thread", "XFORM_A": "cufft",
+                                                                        "XFORM_B": "cufft"}
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")

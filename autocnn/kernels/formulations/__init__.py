@@ -19,7 +19,8 @@ from autocnn.kernels.formulations.window_gather import WINDOW_GATHER
 from autocnn.kernels.formulations.winograd import WINOGRAD
 
 # fft (formulations/fft.py) passed its GPU verification in all three ops on an H100 (2026-11-23:
-# tests/test_fft.py, the seed shapes with 5x5 to 11x11 filters and the odd ones, 140 configs).
+# tests/test_fft.py, the seed shapes with 5x5 to 11x11 filters and the odd ones, 140 configs), and
+# again with the tiled multiply-accumulate and the direct transforms (77 of 140 configs with one).
 # circular (Scherer et al. 2010) comes after the others: today's defaults do not change.
 # circular_bwd serves conv_bwd_fused only (kernels/conv_bwd_fused.py), the one-pass backward.
 REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, FFT, WINDOW_GATHER,

@@ -24,6 +24,12 @@ value loaded, and every block of outputs reads the operands again, so L2 traffic
 "block" (sm_80 and later) stages [BL terms x rows x FB frequencies] tiles of both operands in shared
 memory with cp.async (two stages) for a block of BI x BJ outputs at FB frequencies: each value
 loaded from L2 serves BI or BJ outputs instead of IT or JT.
+
+Each operand's spectra come from placed planes and cuFFT's R2C (XFORM_A / XFORM_B "cufft"), or
+from a direct transform (fft_dft_a / fft_dft_b, "dft"): two small matrix products per plane in
+shared memory with tabulated twiddles, over only the rows and columns that hold data, reading the
+source once. It wins for filters (an 11x11 filter in a 42x42 plane: 31 us against 75 for 4,096
+planes on an H100) and loses for images (shared-memory loads bound it), so it is a choice per operand.
 """
 from __future__ import annotations
 
@@ -47,6 +53,8 @@ MAC = ("thread", "block")
 FREQS = (4, 8)        # frequencies per block of MAC "block": 32- or 64-byte runs per plane
 TERMS = (4, 8, 16)    # terms per shared-memory stage of MAC "block"
 MIN_BLOCK_ARCH = 80   # cp.async
+XFORMS = ("cufft", "dft")   # an operand's forward transform: placed planes + cuFFT R2C, or computed directly
+DFT_PLANES = 4        # planes a block of the direct transform computes (they share its twiddle tables)
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
 
 
@@ -107,6 +115,21 @@ def mac_smem_bytes(config: Config | dict) -> int:
     return 2 * config["BL"] * (bi + bj) * fb * 8
 
 
+def operand_sizes(problem: Any) -> dict[str, tuple[int, int]]:
+    """The data planes (height, width) of operands A and B, before placement (fft_place_a/b)."""
+    p = problem
+    return {"conv_fwd": {"A": (p.H, p.W), "B": (p.R, p.S)}, "conv_bwd_data": {"A": (p.P, p.Q), "B": (p.R, p.S)},
+            "conv_wgrad": {"A": (p.H, p.W), "B": (p.P, p.Q)}}[p.op]
+
+
+def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
+    """The direct transform's shared memory: twiddle tables of rows and columns, the rows' spectra
+    (8 bytes a complex number) and the plane's data (Dft in _fft.cuh.j2)."""
+    sh, sw = src
+    half = fw // 2 + 1
+    return 8 * (sw * half + fh * sh + sh * half) + 4 * sh * sw
+
+
 def workspace_elements(f: FftConv, how: str, imgs: int) -> dict[str, int]:
     """Real planes and half spectra (two floats a complex number) of A, B and the output."""
     fh, fw = fft_size(f, how)
@@ -140,7 +163,9 @@ class _Fft(OpFormulation):
                 Param("MAC", MAC, "multiply-accumulate: a thread per frequency from L2, or shared-memory tiles"),
                 Param("FB", FREQS, "frequencies per block of the tiled multiply-accumulate", (("MAC", ("block",)),)),
                 Param("BL", TERMS, "terms per shared-memory stage of the tiled multiply-accumulate",
-                      (("MAC", ("block",)),))]
+                      (("MAC", ("block",)),)),
+                Param("XFORM_A", XFORMS, "transform of the first operand: placed + cuFFT R2C, or computed directly"),
+                Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly")]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p, f = problem, fft_conv(problem)
@@ -157,7 +182,14 @@ class _Fft(OpFormulation):
             ok = mac != "block" or arch_number(limits.arch) >= MIN_BLOCK_ARCH
             return None if ok else f"the tiled multiply-accumulate needs cp.async (sm_{MIN_BLOCK_ARCH} or later), not {limits.arch}"
 
+        sizes = operand_sizes(p)
+
+        def dft_smem(operand):
+            return lambda how, xform: 0 if xform == "cufft" else dft_smem_bytes(sizes[operand], *fft_size(f, how))
+
         return [Constraint(("FFT_SIZE",), size), Constraint(("MAC",), block_arch),
+                smem_rule(limits, ("FFT_SIZE", "XFORM_A"), dft_smem("A")),
+                smem_rule(limits, ("FFT_SIZE", "XFORM_B"), dft_smem("B")),
                 smem_rule(limits, ("FFT_THREADS", "IT", "JT", "FB", "BL"),
                           lambda t, i, j, fb, bl: mac_smem_bytes({"FFT_THREADS": t, "IT": i, "JT": j, "FB": fb, "BL": bl})),
                 workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS"),
@@ -167,7 +199,7 @@ class _Fft(OpFormulation):
         f = fft_conv(problem)
         imgs = choices_upto(IMGS, next_pow2(problem.N))
         fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
-        base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128}
+        base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128, "XFORM_A": "cufft", "XFORM_B": "cufft"}
         # The last runs on any GPU (no cp.async) and in the least workspace.
         return [{**base, "IMGS": max(fits, default=1), "IT": 4, "JT": 4, "MAC": "block", "FB": 4, "BL": 8},
                 {**base, "IMGS": max(fits, default=1), "IT": 2, "JT": 2, "MAC": "thread"},
@@ -177,7 +209,8 @@ class _Fft(OpFormulation):
         fh, fw = fft_size(fft_conv(problem), config["FFT_SIZE"])
         return {"fft_h": fh, "fft_w": fw, "fft_threads": config["FFT_THREADS"], "fft_it": config["IT"],
                 "fft_jt": config["JT"], "bias_grad_threads": config["FFT_THREADS"], "fft_mac": config["MAC"],
-                "fft_fb": config.get("FB", 0), "fft_bl": config.get("BL", 0)}
+                "fft_fb": config.get("FB", 0), "fft_bl": config.get("BL", 0), "fft_dft_planes": DFT_PLANES,
+                "fft_dft_a": config["XFORM_A"] == "dft", "fft_dft_b": config["XFORM_B"] == "dft"}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         return (), tuple(workspace_elements(fft_conv(problem), config["FFT_SIZE"], config["IMGS"]).items())
@@ -209,18 +242,25 @@ class _Fft(OpFormulation):
         def transform(kind, src_buf, dst_buf, planes):
             return LibraryFft(kind, src_buf, 0, dst_buf, 0, planes, fh, fw)
 
+        sizes = operand_sizes(problem)
+
+        def forward(operand, src, n0, nb, planes):
+            # The operand's spectra: placed planes transformed by cuFFT, or computed directly.
+            low = operand.lower()
+            if c[f"XFORM_{operand}"] == "dft":
+                return [Launch(f"fft_dft_{low}", (cdiv(planes, DFT_PLANES), 1, 1), (threads, 1, 1),
+                               dft_smem_bytes(sizes[operand], fh, fw), (src, f"fft_{low}f"), (n0, nb))]
+            return [kernel(f"fft_place_{low}", planes * real, (src, f"fft_{low}"), (n0, nb)),
+                    transform("r2c", f"fft_{low}", f"fft_{low}f", planes)]
+
         steps: list = []
         if f.op != "conv_wgrad":   # the filters' spectra, once
-            steps += [kernel("fft_place_b", f.b_planes * real, ("w", "fft_b"), (0, 1)),
-                      transform("r2c", "fft_b", "fft_bf", f.b_planes)]
+            steps += forward("B", "w", 0, 1, f.b_planes)
         for n0 in range(0, f.N, b):
             nb = min(b, f.N - n0)
-            steps += [kernel("fft_place_a", nb * f.a_planes * real, (src if f.op != "conv_wgrad" else "x", "fft_a"),
-                             (n0, nb)),
-                      transform("r2c", "fft_a", "fft_af", nb * f.a_planes)]
+            steps += forward("A", src if f.op != "conv_wgrad" else "x", n0, nb, nb * f.a_planes)
             if f.op == "conv_wgrad":
-                steps += [kernel("fft_place_b", nb * f.b_planes * real, ("dy", "fft_b"), (n0, nb)),
-                          transform("r2c", "fft_b", "fft_bf", nb * f.b_planes)]
+                steps += forward("B", "dy", n0, nb, nb * f.b_planes)
             steps.append(mac(n0, nb))
             if f.op != "conv_wgrad":
                 steps += [transform("c2r", "fft_of", "fft_o", nb * f.out_planes),
@@ -234,8 +274,8 @@ class _Fft(OpFormulation):
         return tuple(steps)
 
     def code_helpers(self) -> tuple:
-        return (smooth_size, FftConv, fft_conv, fft_size, spectrum, mac_block, mac_smem_bytes, workspace_elements,
-                self.ARGS)
+        return (smooth_size, FftConv, fft_conv, fft_size, spectrum, mac_block, mac_smem_bytes, operand_sizes,
+                dft_smem_bytes, workspace_elements, self.ARGS)
 
 
 FFT = Formulation(NAME, tuple(_Fft(op) for op in ("conv_fwd", "conv_bwd_data", "conv_wgrad")))
