@@ -3,7 +3,8 @@
 timed alone with CUDA events, next to the whole plan under the timing protocol (cold L2).
 
 A step timed alone starts with whatever its predecessor left in L2 (the plan ran just before), as
-in the plan itself; its time is the median of repeated launches. The plan's outputs are verified
+in the plan itself; its time is the median of repeated launches. The clearing of outputs that some
+plans do before their first kernel (zero_first memsets) is not a step and is not listed. The plan's outputs are verified
 against float64 first: a config that computes the wrong thing is reported, not timed.
 
     python scripts/profile_plan.py --op conv_bwd_data \\
@@ -35,10 +36,8 @@ def step_name(step) -> str:
 
 def profile(operation, problem, config, flusher, budget_s: float) -> dict:
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate, random_inputs, time_callable
-    from autocnn.gpu import require_cupy
+    from autocnn.tuning.measure import check_candidate, plan_buffers, time_callable
 
-    cp = require_cupy()
     plan = operation.plan(problem, config)
     loaded = KernelLoader().load(plan)
     check = check_candidate(loaded, problem, flusher=flusher, budget_s=budget_s)
@@ -47,11 +46,8 @@ def profile(operation, problem, config, flusher, budget_s: float) -> dict:
            "steps": []}
     if not check.verification.passed:
         return row
-    buffers = {**random_inputs(problem, cp, 0), **loaded.workspaces()}
-    from autocnn.kernels import reference
-
-    buffers.update({n: cp.zeros(s, dtype=cp.float32) for n, s in reference.output_shapes(problem).items()})
-    loaded(buffers)
+    _inputs, _outputs, buffers = plan_buffers(loaded, problem, 0)
+    loaded(buffers)   # every step then starts from what its predecessors wrote
     for step in plan.steps:
         t = time_callable(lambda s=step: loaded.run_step(s, buffers), budget_s=budget_s / 4, min_reps=5)
         row["steps"].append({"step": step_name(step), "us": t.median_us})

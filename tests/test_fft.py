@@ -18,7 +18,7 @@ from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, dft_smem_bytes, fft_conv, fft_size, mac_block,
                                              operand_sizes, smooth_size, spectrum, workspace_elements)
-from autocnn.kernels.operation import LibraryFft
+from autocnn.kernels.operation import LibraryFft, cdiv
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
 from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with
@@ -247,7 +247,7 @@ def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op):
                 for step in (s for s in plan.steps if s.kernel == f"fft_dft_{operand}"):
                     nb = step.scalars[1]
                     planes = nb * (f.a_planes if operand == "a" else f.b_planes)   # filters: nb = 1
-                    assert step.grid == (-(-planes // DFT_PLANES), 1, 1) and step.block == (64, 1, 1)
+                    assert step.grid == (cdiv(planes, DFT_PLANES), 1, 1) and step.block == (64, 1, 1)
                     assert step.shared_bytes == dft_smem_bytes(sizes[operand.upper()], fh, fw)
         assert names == before, f"{op} {xa} {xb}"
 

@@ -180,6 +180,16 @@ def _time_once(run: Callable[[], None], flusher: L2Flusher | None, stream: Any) 
     return cp.cuda.get_elapsed_time(start, end) * 1000.0
 
 
+def plan_buffers(loaded: Any, problem: Any, seed: int | None = None) -> tuple[dict, dict, dict]:
+    """Fresh random inputs, outputs filled with NaN (an element a plan leaves unwritten stays NaN)
+    and the plan's workspaces on the current device: (inputs, outputs, every buffer by name)."""
+    cp = require_cupy()
+    inputs = random_inputs(problem, cp, seed)
+    outputs = {name: cp.full(shape, cp.nan, dtype=cp.float32)
+               for name, shape in reference.output_shapes(problem).items()}
+    return inputs, outputs, {**inputs, **outputs, **loaded.workspaces()}
+
+
 @dataclass(frozen=True)
 class CandidateCheck:
     verification: Verification
@@ -194,10 +204,7 @@ def check_candidate(loaded: Any, problem: Any, *, seed: int | None = None, time_
     changes between runs of the same inputs is a race, and fails like any wrong result.
     """
     cp = require_cupy()
-    inputs = random_inputs(problem, cp, seed)
-    outputs = {name: cp.full(shape, cp.nan, dtype=cp.float32)
-               for name, shape in reference.output_shapes(problem).items()}
-    buffers = {**inputs, **outputs, **loaded.workspaces()}
+    inputs, outputs, buffers = plan_buffers(loaded, problem, seed)
     loaded(buffers)
     cp.cuda.get_current_stream().synchronize()
     ref = reference_outputs(problem, inputs)
