@@ -170,7 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="match the stale records (tuned with templates that have changed since) instead")
     dr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     dr.set_defaults(func=cmd_db_remove)
-    dc = dsub.add_parser("check", help="report unreadable files and records that are skipped")
+    dc = dsub.add_parser("check", help="report unreadable files, records that are skipped, and records current by "
+                                       "their plan digest only (old fingerprint, same code)")
+    dc.add_argument("--rekey", action="store_true",
+                    help="write the user records that are current by their plan digest only again with the "
+                         "current fingerprint (shipped ones: scripts/stamp_plan_digests.py)")
     dc.set_defaults(func=cmd_db_check)
 
     b = sub.add_parser("bench", help="benchmark the kernel families on the seed shapes against cuDNN, fp32 and "

@@ -143,7 +143,19 @@ def cmd_db_remove(args: argparse.Namespace) -> int:
 def cmd_db_check(args: argparse.Namespace) -> int:
     from autocnn.store import TuningDatabase
 
-    problems = TuningDatabase().check()
+    db = TuningDatabase()
+    if getattr(args, "rekey", False):
+        print(f"re-keyed {db.rekey()} user records that are current by their plan digest only")
+    # Records whose templates changed but whose configs generate the code they were tuned with:
+    # used as current (the fingerprint in their files is old); not a problem, but worth writing again.
+    rekeyed = db.current_by_digest()
+    for note in rekeyed:
+        print(note)
+    if rekeyed:
+        print(f"{len(rekeyed)} records are current by their plan digest only (used as current; "
+              f"`autocnn db check --rekey` writes the user ones with the current fingerprint, "
+              f"scripts/stamp_plan_digests.py the shipped ones)")
+    problems = db.check()
     for p in problems:
         print(p)
     if not problems:

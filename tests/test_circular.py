@@ -278,6 +278,29 @@ def test_shipped_records_stay_current():
     assert TuningDatabase().check() == []
 
 
+def test_shipped_records_carry_the_digest_of_the_code_they_were_tuned_with():
+    """Every shipped record has a plan digest, and its config (completed with the first choice of
+    any parameter added since) plans to it now: a template edit that changes the code of a tuned
+    config is caught here, on the CPU, while one that leaves every tuned config's code as it was
+    keeps the records current (records.validate_record re-keys them)."""
+    from autocnn.kernels import get_operation
+    from autocnn.store.files import default_shipped_dir, read_raw
+    from autocnn.store.records import TuningRecord, validate_record
+
+    files = sorted(default_shipped_dir().glob("*.json"))
+    assert files
+    wrong = []
+    for path in files:
+        for i, raw in enumerate(read_raw(path)):
+            record = TuningRecord.from_dict(raw)
+            valid = validate_record(record)
+            digest = get_operation(record.key.op).code_digest(valid.problem, valid.config)
+            if record.plan_digest != digest:
+                wrong.append(f"{path.name} record {i} ({record.key.op} {valid.problem.shape_string()}): "
+                             f"plan digest {record.plan_digest}, its config now plans to {digest}")
+    assert not wrong, "\n".join(wrong[:10]) + ("\n(scripts/stamp_plan_digests.py adds missing digests)")
+
+
 # -- nvcc ------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")

@@ -157,6 +157,9 @@ def test_fastest_verified_candidate_wins_failures_are_skipped_and_a_quick_record
     assert stored.time_us == 12.5 and stored.config == unrolled.as_dict()
     assert stored.trials == len(candidates)
     assert stored.runner_up["time_us"] == 80.0
+    # The digest of the code measured: the record stays current while its config plans to it.
+    assert stored.plan_digest == OP.plan(PROBLEM, unrolled).code_digest
+    assert stored.plan_digest != OP.plan(PROBLEM, found.config).code_digest
     default = OP.default_config(PROBLEM, DEVICE.limits())
     assert stored.default_time_us == source.times.get(default.key(), source.default_us)
     again = db.lookup(DEVICE, PROBLEM)

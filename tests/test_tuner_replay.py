@@ -75,6 +75,11 @@ def test_search_honours_constraints_and_never_remeasures(db, tmp_path):
     record = db.lookup(rf.device, rf.problem)
     assert record.source == "exact" and record.config.key() == outcome.best.config.key()
     assert record.record.time_us == pytest.approx(rf.results[outcome.best.config.key()].time_us)
+    # the code measured, by its digest (records.validate_record keeps the record current while it holds)
+    from autocnn.kernels import get_operation
+
+    assert record.record.plan_digest == get_operation(rf.op).plan(rf.problem, outcome.best.config).code_digest
+    assert outcome.record.plan_digest == record.record.plan_digest
 
 
 def test_budget_in_trials_and_seconds(db, tmp_path):
@@ -252,6 +257,11 @@ def test_cli_tunes_stale_shapes_again_and_removes_their_old_records(tmp_path, mo
     doc = json.loads(path.read_text())
     old = doc["records"][0]
     old["key"]["fingerprint"] = "0000000000000000"
+    path.write_text(json.dumps(doc))
+    # A template change that left the code of its config as it was keeps it current (its plan digest).
+    assert TuningDatabase().stale_problems(rf.device, [rf.op]) == []
+    assert TuningDatabase().lookup(rf.device, rf.problem).source == "exact"
+    old["plan_digest"] = "0000000000000000"   # one that changed it makes it stale
     path.write_text(json.dumps(doc))
     assert [p.shape_string() for p in TuningDatabase().stale_problems(rf.device, [rf.op])] == [shape]
 

@@ -3,7 +3,8 @@
 StrictUndefined turns a missing template variable into an error instead of an empty string in
 CUDA source. A fingerprint hashes everything that decides the generated code of a formulation of
 an operation (Operation.fingerprint picks the files and the Python), so a tuning record made before
-a template or its launch geometry changed is never reused.
+a template or its launch geometry changed is never reused unless its config is shown to generate
+the very code it was tuned with (KernelPlan.code_digest, autocnn.store.records.validate_record).
 """
 from __future__ import annotations
 

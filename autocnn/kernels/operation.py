@@ -8,6 +8,9 @@ argument names, buffers to zero first, and scratch workspaces.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
@@ -170,6 +173,21 @@ class LibraryFft:
 
 Step = Launch | LibraryGemm | LibraryFft
 
+# Bumped when what code_digest hashes, or how, changes (every stored plan digest is then stale).
+CODE_DIGEST_VERSION = 1
+# Lines of the rendered source that name the config and the template fingerprint
+# (templates/_common.cuh.j2) rather than say what the code does.
+_HEADER_PREFIXES = ("// config: ", "// Do not edit: rendered from")
+
+
+def code_text(source: str) -> str:
+    """The rendered source without its header lines naming the config and the fingerprint.
+
+    They are left out of the code digest because they change whenever a parameter is added to a
+    formulation (the config text gains it) or any template of it is edited (the fingerprint), even
+    where the code they describe stays the same; every other line, comments included, is kept."""
+    return "".join(line for line in source.splitlines(keepends=True) if not line.startswith(_HEADER_PREFIXES))
+
 
 @dataclass(frozen=True)
 class KernelPlan:
@@ -219,6 +237,23 @@ class KernelPlan:
     def max_shared_bytes(self) -> int:
         return max((launch.shared_bytes for launch in self.launches), default=0)
 
+    @functools.cached_property
+    def code_digest(self) -> str:
+        """A hash of everything the plan runs: its source (``code_text``: without the header
+        lines naming the config and the fingerprint), every step as launched (kernel, grid, block,
+        shared memory, arguments; library calls with their operands), its inputs, outputs, buffers
+        zeroed first and workspaces. Equal digests mean the same kernels launched the same way, so
+        a record whose digest equals its config's plan's now measured the code that would run
+        (``autocnn.store.records.validate_record``). Not the config nor the fingerprint: both change
+        where the code does not."""
+        h = hashlib.sha256()
+        h.update(f"code-digest:{CODE_DIGEST_VERSION}\n".encode())
+        h.update(code_text(self.source).encode())
+        for part in (self.steps, self.inputs, self.outputs, self.zero_first, self.workspaces):
+            h.update(b"\0")
+            h.update(repr(part).encode())
+        return h.hexdigest()[:16]
+
 
 class Operation:
     """Base of the five operations. An operation holds what its problem decides (inputs, outputs,
@@ -244,6 +279,7 @@ class Operation:
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: two formulations answer to one name in {names}")
         self._code_sources: dict[str, tuple[str, ...]] = {}
+        self._code_digests: dict[tuple[str, str, str], str] = {}
 
     # -- what subclasses provide ------------------------------------------------------------
     def default_candidates(self, problem: Any) -> Sequence[dict[str, Any]]:
@@ -385,6 +421,19 @@ class Operation:
         """The scratch memory a config's plan allocates (KernelPlan.workspace_bytes), without rendering."""
         _zero, workspaces = self.formulation_of(config).buffers(problem, config)
         return 4 * sum(n for _, n in workspaces)
+
+    def code_digest(self, problem: Any, config: Config) -> str:
+        """``plan(problem, config).code_digest``, computed once per process for each problem,
+        config and fingerprint (loading a database asks it of every record whose fingerprint is
+        old, and rendering takes milliseconds)."""
+        key = (str(self.config_fingerprint(config)), json.dumps(problem.to_dict(), sort_keys=True), config.key())
+        digest = self._code_digests.get(key)
+        if digest is None:
+            digest = self.plan(problem, config).code_digest
+            if len(self._code_digests) >= 4096:   # bounded: a long tuning run makes many records
+                self._code_digests.clear()
+            self._code_digests[key] = digest
+        return digest
 
     def plan(self, problem: Any, config: Config) -> KernelPlan:
         """Render the kernel for a validated config and describe how to launch it."""

@@ -162,18 +162,20 @@ class SearchSpace:
                 raise InfeasibleConfigError(self.op, reasons)
         return config
 
-    def complete(self, values: Mapping[str, Any] | Config) -> Config:
+    def complete(self, values: Mapping[str, Any] | Config, *, check_feasible: bool = True) -> Config:
         """``values`` with every active parameter it lacks at that parameter's first choice, then
         validated. A parameter added to a formulation lists the code it had before first, so a
         config written before the addition completes to the code it named. Only for first guesses
-        that are measured anew (the old winners of a stale record), never for a config to run."""
+        that are measured anew (the old winners of a stale record), or for a record whose completed
+        config is shown to plan the very code it was tuned with (its plan digest), never otherwise
+        for a config to run."""
         filled = dict(values.as_dict() if isinstance(values, Config) else values)
         assigned: dict[str, Value] = {}
         for p in self.params:
             if p.is_active(assigned):
                 filled.setdefault(p.name, p.choices[0])
                 assigned[p.name] = filled[p.name]
-        return self.validate(filled)
+        return self.validate(filled, check_feasible=check_feasible)
 
     def is_feasible(self, config: Config) -> bool:
         return not self.violations(config.as_dict())

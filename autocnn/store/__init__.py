@@ -6,7 +6,8 @@ file per GPU kind (``<device.slug()>.json``): the shipped ones in the package's 
 directory (read-only), the user's in ``AUTOCNN_TUNING_DB`` or ``cache_root()/tuning_db``.
 
 Nothing read from a file is trusted. Every record is validated on load: its problem must parse,
-its operation must exist, its fingerprint must be the template family's current one, and its config
+its operation must exist, its fingerprint must be its formulation's current one (or the code its
+config generates must be the code it was tuned with, its plan digest), and its config
 must be a point of the current search space (``SearchSpace.validate``), so a value a template
 would paste into CUDA source is always one the space offers. A record that fails any check is
 skipped with a warning naming the file, the record and the reason; it is never returned.

@@ -17,8 +17,9 @@ from typing import Any, Callable, Sequence
 
 from autocnn.device import DeviceInfo
 from autocnn.store.feasibility import ResourceCheck
-from autocnn.store.files import (Entry, FileScan, Origin, canonical_identity, default_shipped_dir, default_user_dir,
-                                 file_signature, raw_identity, rewrite_locked, scan_file)
+from autocnn.store.files import (Entry, FileScan, Origin, as_loaded, canonical_identity, default_shipped_dir,
+                                 default_user_dir, file_signature, raw_identity, rekey_raws, rewrite_locked,
+                                 scan_file)
 from autocnn.store.lookup import RecordLookup
 from autocnn.store.records import DatabaseError, RecordError, RecordKey, TuningRecord, validate_record
 from autocnn.store.transfer import RecordExchange, faster_records
@@ -115,6 +116,31 @@ class TuningDatabase(RecordLookup, RecordExchange):
                 problems.append(f"{aside}: a corrupted database file moved aside; inspect or delete it")
         return problems
 
+    def current_by_digest(self) -> list[str]:
+        """Every record (shipped and user) that is current by its plan digest only, one sentence
+        each: its fingerprint is old, but its config (completed with the first choice of any
+        parameter added since) generates the code it was tuned with. Such records are used as
+        current; ``rekey`` writes the user ones again with the current fingerprint."""
+        notes: list[str] = []
+        for path, origin in self._files():
+            notes += list(scan_file(path, origin).rekeyed)
+        return notes
+
+    def rekey(self) -> int:
+        """Write every user record that is current by its plan digest only again as loading sees
+        it: the current fingerprint and its completed config (``files.rekey_raws``). Returns how many."""
+        total = 0
+        if not self.user_dir.is_dir():
+            return 0
+        for path in sorted(self.user_dir.glob("*.json")):
+            def change(raws: list[Any]) -> list[Any]:
+                nonlocal total
+                out, count = rekey_raws(raws)
+                total += count
+                return out
+            self._rewrite(path, change, create=False)
+        return total
+
     # -- writing --
     def put(self, record: TuningRecord) -> None:
         """Store a record (replacing one with the same key) in the user file of its GPU kind."""
@@ -140,7 +166,8 @@ class TuningDatabase(RecordLookup, RecordExchange):
             def change(raws: list[Any], group: list[TuningRecord] = group) -> list[Any]:
                 new = {r.key.identity(): r for r in group}   # the last of equal keys wins
                 if keep_faster:
-                    current = [TuningRecord.from_dict(raw) for raw in raws if raw_identity(raw) in new]   # user over shipped
+                    current = [as_loaded(TuningRecord.from_dict(raw)) for raw in raws
+                               if raw_identity(raw) in new]   # user over shipped
                     new = {r.key.identity(): r for r in faster_records(list(new.values()), shipped + current)}
                 stored.extend(new.values())
                 return [raw for raw in raws if raw_identity(raw) not in new] + [r.to_dict() for r in new.values()]
@@ -173,7 +200,7 @@ class TuningDatabase(RecordLookup, RecordExchange):
                 kept = []
                 for raw in raws:
                     try:
-                        hit = matches(TuningRecord.from_dict(raw))
+                        hit = matches(as_loaded(TuningRecord.from_dict(raw)))   # keyed as loading keys it
                     except RecordError:
                         hit = False   # unreadable entries are kept: they may be a newer autocnn's
                     if hit:

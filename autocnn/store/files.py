@@ -21,7 +21,7 @@ from typing import Any, Callable, Literal, Sequence
 import filelock
 
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels import problem_from_dict
+from autocnn.kernels import get_operation, problem_from_dict
 from autocnn.kernels.compiler import cache_root
 from autocnn.store.records import (RECORD_FORMAT, DatabaseError, InvalidRecordWarning, RecordError, RecordKey,
                                    StaleRecordError, StaleRecordWarning, TuningRecord, ValidRecord, is_int,
@@ -101,12 +101,47 @@ def canonical_identity(key: RecordKey) -> str:
     return key.identity()
 
 
-def raw_identity(raw: Any) -> str | None:
-    """The canonical key text of a raw entry, or None when it cannot be read (kept verbatim by writers)."""
+def as_loaded(record: TuningRecord) -> TuningRecord:
+    """The record as loading keys it: re-keyed to the current fingerprint where it is current by its
+    plan digest only (``validate_record``), otherwise as it is (stale and invalid ones included, which
+    loading skips). Writers compare stored entries by this key, so a record tuned now replaces an
+    entry of the same code written under an older fingerprint."""
+    if record.plan_digest is None:
+        return record
     try:
-        return canonical_identity(TuningRecord.from_dict(raw).key)
+        if get_operation(record.key.op).config_fingerprint(record.config) in (None, record.key.fingerprint):
+            return record   # current by its fingerprint (or invalid): nothing to plan
+        return validate_record(record).record
+    except (InvalidProblemError, RecordError):
+        return record
+
+
+def raw_identity(raw: Any) -> str | None:
+    """The canonical key text of a raw entry as loaded (``as_loaded``), or None when it cannot be
+    read (kept verbatim by writers)."""
+    try:
+        return canonical_identity(as_loaded(TuningRecord.from_dict(raw)).key)
     except RecordError:
         return None
+
+
+def rekey_raws(raws: Sequence[Any]) -> tuple[list[Any], int]:
+    """The entries with each record that is current by its plan digest only written as loading
+    sees it (the current fingerprint, its config completed); every other entry verbatim. Returns
+    the entries and how many were re-keyed."""
+    out, count = [], 0
+    for raw in raws:
+        try:
+            record = TuningRecord.from_dict(raw)
+            loaded = as_loaded(record)
+        except RecordError:
+            loaded = record = None
+        if record is not None and loaded.key.fingerprint != record.key.fingerprint:
+            out.append(loaded.to_dict())
+            count += 1
+        else:
+            out.append(raw)
+    return out, count
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -206,6 +241,9 @@ class Entry:
 class FileScan:
     entries: tuple[Entry, ...]
     problems: tuple[tuple[str, type[Warning]], ...]   # (message, warning category)
+    # Records current by their plan digest only (an old fingerprint, the same code): used, and named
+    # by ``autocnn db check`` so that they can be written again with the current fingerprint.
+    rekeyed: tuple[str, ...] = ()
 
 
 def scan_file(path: Path, origin: Origin) -> FileScan:
@@ -217,15 +255,21 @@ def scan_file(path: Path, origin: Origin) -> FileScan:
         return FileScan((), ((f"{path}: cannot be read: {exc}", InvalidRecordWarning),))
     entries: list[Entry] = []
     problems: list[tuple[str, type[Warning]]] = []
+    rekeyed: list[str] = []
     for i, raw in enumerate(raws):
         try:
-            valid = validate_record(TuningRecord.from_dict(raw))
+            record = TuningRecord.from_dict(raw)
+            valid = validate_record(record)
         except RecordError as exc:
             category = StaleRecordWarning if isinstance(exc, StaleRecordError) else InvalidRecordWarning
             problems.append((f"{path}: record {i}{describe_raw(raw)} skipped: {exc}", category))
             continue
+        if valid.record.key.fingerprint != record.key.fingerprint:
+            rekeyed.append(f"{path}: record {i}{describe_raw(raw)} is current by its plan digest only: tuned with "
+                           f"template fingerprint {record.key.fingerprint}, now {valid.record.key.fingerprint}, "
+                           f"and its config ({valid.config}) generates the same code")
         entries.append(Entry(valid, origin, path))
-    return FileScan(tuple(entries), tuple(problems))
+    return FileScan(tuple(entries), tuple(problems), tuple(rekeyed))
 
 
 def file_signature(path: Path) -> tuple[int, int, int] | None:

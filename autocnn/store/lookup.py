@@ -3,8 +3,9 @@
 Lookup falls back in a fixed chain and says which step answered:
 exact GPU identity -> same compute capability -> nearest tuned shape -> the heuristic default.
 A config borrowed from a nearest shape is handed out only when its ptxas report shows it can run
-on the device (``feasibility``). A record whose template fingerprint is old (stale) is never run; it names a shape to tune again and
-offers its config as a first guess.
+on the device (``feasibility``). A record whose template fingerprint is old and whose config no longer
+generates the code it was tuned with (its plan digest) is stale and never run; it names a shape to
+tune again and offers its config as a first guess.
 """
 from __future__ import annotations
 
@@ -237,8 +238,8 @@ class RecordLookup:
 
     # -- stale records: tuned with templates that have changed since --
     def stale_records(self) -> list[tuple[TuningRecord, Any]]:
-        """Every record (shipped and user) skipped only because its template fingerprint is old,
-        with its parsed problem. They are never run; they say which shapes to tune again."""
+        """Every record (shipped and user) skipped only because its template fingerprint is old
+        (and its plan digest, where it has one, is not its config's now), with its parsed problem. They are never run; they say which shapes to tune again."""
         out = []
         for path, _origin in self._files():
             try:

@@ -2,9 +2,10 @@
 construction, and checked again against the current code (``validate_record``) before it is used.
 
 Nothing read from a file is trusted: a record's problem must parse, its operation must exist, its
-fingerprint must be the template family's current one, and its config must be a point of the current
-search space (``SearchSpace.validate``), so a value a template would paste into CUDA source is always
-one the space offers.
+fingerprint must be its formulation's current one (or, where the templates changed since, the code
+its config generates must be exactly the code it was tuned with: ``validate_record``), and its config
+must be a point of the current search space (``SearchSpace.validate``), so a value a template would
+paste into CUDA source is always one the space offers.
 """
 from __future__ import annotations
 
@@ -219,6 +220,10 @@ class TuningRecord:
     # Scratch memory the config's plan allocates (Operation.workspace_bytes); None in records made
     # before it was written. A lookup hands the config out only under a workspace limit this fits.
     workspace_bytes: int | None = None
+    # The code digest of the config's plan for the key's problem when it was tuned
+    # (KernelPlan.code_digest); None in records made before it was written. Where the templates
+    # change, a record whose config still plans to this digest stays current (validate_record).
+    plan_digest: str | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.key, RecordKey), "key", f"{type(self.key).__name__} is not a RecordKey")
@@ -255,6 +260,8 @@ class TuningRecord:
         _require(isinstance(self.quick, bool), "quick", f"{self.quick!r} is not true or false")
         _require(self.workspace_bytes is None or (is_int(self.workspace_bytes) and self.workspace_bytes >= 0),
                  "workspace_bytes", f"{self.workspace_bytes!r} is not a byte count")
+        _require(self.plan_digest is None or (isinstance(self.plan_digest, str) and self.plan_digest.strip() != ""),
+                 "plan_digest", f"{self.plan_digest!r} is not a digest")
 
     @property
     def speedup(self) -> float | None:
@@ -270,6 +277,8 @@ class TuningRecord:
             del out["quick"]   # written only when true: records of full tunings keep their bytes
         if self.workspace_bytes is None:
             del out["workspace_bytes"]
+        if self.plan_digest is None:
+            del out["plan_digest"]
         return out
 
     @staticmethod
@@ -320,12 +329,20 @@ class ValidRecord:
 
 
 def validate_record(record: TuningRecord) -> ValidRecord:
-    """Check a record against the current code: format, problem, operation, fingerprint, config.
+    """Check a record against the current code: format, problem, operation, currency, config.
+
+    A record is current when its key's fingerprint is its config's formulation's current one
+    (``Operation.config_fingerprint``), or else when it has a plan digest and its config, completed
+    with the first choice of any parameter added since (``SearchSpace.complete``), plans to that
+    digest now (``Operation.code_digest``): the very kernels, launched the same way, that it was
+    timed with. Such a record is returned re-keyed (the current fingerprint, the completed config),
+    so that everything downstream treats it as current; only records whose fingerprint is old are
+    ever planned here.
 
     The config is validated in the search space of the record's problem with the static limits of
     the record's architecture (``DeviceLimits.for_arch``); for an architecture without such a table
     only membership in the space is checked (feasibility is checked again on lookup against the
-    actual device). Raises RecordError (StaleRecordError for an old fingerprint).
+    actual device). Raises RecordError (StaleRecordError for an old fingerprint whose code differs).
     """
     key = record.key
     _require(key.format == RECORD_FORMAT, "key.format",
@@ -339,21 +356,60 @@ def validate_record(record: TuningRecord) -> ValidRecord:
     except InvalidProblemError as exc:
         raise RecordError("key.problem", f"does not parse: {exc}") from None
     current = operation.config_fingerprint(record.config)   # its formulation's (None: the config is invalid)
-    if current is not None and key.fingerprint != current:
-        raise StaleRecordError("key.fingerprint",
-                               f"stale: tuned with template fingerprint {key.fingerprint}, "
-                               f"the {key.op} templates of its formulation are now {current} "
-                               f"(`autocnn tune --stale` tunes such shapes again on their GPU)")
+    stale = current is not None and key.fingerprint != current
+    if stale and record.plan_digest is None:
+        raise StaleRecordError("key.fingerprint", _stale_reason(key, current, "it has no plan digest to compare"))
     limits = _record_limits(key)
     space = operation.space(problem, limits if limits is not None
                             else DeviceLimits(key.arch, workspace_bytes=UNLIMITED_WORKSPACE))
-    config = _validate_config(space, record.config, "config", check_feasible=limits is not None)
+    feasible = limits is not None
+    if stale:
+        record, config = _current_by_digest(record, operation, problem, space, feasible, current)
+    else:
+        config = _validate_config(space, record.config, "config", check_feasible=feasible)
     if record.runner_up is not None:
-        _validate_config(space, record.runner_up["config"], "runner_up.config", check_feasible=limits is not None)
+        # For information only (nothing runs it), and possibly of a formulation that gained a
+        # parameter since: completed as a stale record's config is, then validated like the winner's.
+        try:
+            runner = space.complete(record.runner_up["config"], check_feasible=feasible)
+        except (InvalidConfigError, InfeasibleConfigError) as exc:
+            raise RecordError("runner_up.config", str(exc)) from None
+        if runner.as_dict() != record.runner_up["config"]:
+            record = dataclasses.replace(record, runner_up={**record.runner_up, "config": runner.as_dict()})
     canonical = problem.to_dict()
-    if canonical != key.problem:   # e.g. padding written as one number: store and compare one spelling
-        record = dataclasses.replace(record, key=dataclasses.replace(key, problem=canonical))
+    if canonical != record.key.problem:   # e.g. padding written as one number: store and compare one spelling
+        record = dataclasses.replace(record, key=dataclasses.replace(record.key, problem=canonical))
     return ValidRecord(record, problem, config)
+
+
+def _stale_reason(key: RecordKey, current: str, why: str) -> str:
+    return (f"stale: tuned with template fingerprint {key.fingerprint}, the {key.op} templates of its "
+            f"formulation are now {current}, and {why} "
+            f"(`autocnn tune --stale` tunes such shapes again on their GPU)")
+
+
+def _current_by_digest(record: TuningRecord, operation: Any, problem: Any, space: SearchSpace, feasible: bool,
+                       current: str) -> tuple[TuningRecord, Config]:
+    """The record re-keyed to the current code when its completed config plans to its plan digest
+    (validate_record); StaleRecordError when it does not."""
+    key = record.key
+    try:
+        config = space.complete(record.config, check_feasible=feasible)
+    except (InvalidConfigError, InfeasibleConfigError) as exc:
+        raise StaleRecordError("key.fingerprint", _stale_reason(
+            key, current, f"its config is not a point of the current space ({exc})")) from None
+    try:
+        digest = operation.code_digest(problem, config)
+    except Exception as exc:  # noqa: BLE001 - code that cannot be planned is not the code it was tuned with
+        raise StaleRecordError("key.fingerprint", _stale_reason(
+            key, current, f"its config cannot be planned now ({type(exc).__name__}: {exc})")) from None
+    if digest != record.plan_digest:
+        raise StaleRecordError("key.fingerprint", _stale_reason(
+            key, current, f"the code its config generates differs (plan digest {record.plan_digest}, now {digest})"))
+    fingerprint = operation.config_fingerprint(config)
+    rekeyed = dataclasses.replace(record, key=dataclasses.replace(key, fingerprint=fingerprint),
+                                  config=config.as_dict())
+    return rekeyed, config
 
 
 def now_utc() -> str:

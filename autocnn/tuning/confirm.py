@@ -73,6 +73,7 @@ def confirm_and_store(source: MeasurementSource, db: Any, settings: TuneSettings
         storage=settings.storage or default_storage_url(),   # the record redacts any password
         runner_up={"config": last[runner[0]].config.as_dict(), "time_us": finite[runner[0]]} if runner else None,
         workspace_bytes=operation.workspace_bytes(problem, winner.config),
+        plan_digest=operation.code_digest(problem, winner.config),   # the code measured (records.validate_record)
     )
     stored = db.put_many([record], keep_faster=True)
     if stored:

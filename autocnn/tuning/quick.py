@@ -194,7 +194,8 @@ def _store(db: Any, device: Any, operation: Any, problem: Any, best: TrialResult
         default_time_us=default_time, cudnn_time_us=None, trials=sum(1 for r in results if r.measured),
         tuned_at=now_utc(), autocnn_version=__version__, sampler="quick",
         runner_up={"config": runner[0].config.as_dict(), "time_us": runner[0].time_us} if runner else None,
-        quick=True, workspace_bytes=operation.workspace_bytes(problem, best.config))
+        quick=True, workspace_bytes=operation.workspace_bytes(problem, best.config),
+        plan_digest=operation.code_digest(problem, best.config))
     stored = db.put_many([record], keep_faster=True)
     return stored[0] if stored else None
 
