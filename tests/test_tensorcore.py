@@ -13,7 +13,7 @@ from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError
 from autocnn.kernels import OPERATIONS
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
-from autocnn.kernels.formulations.tensorcore import FORMULATION_TC, TC_OPS
+from autocnn.kernels.formulations.tensorcore import FORMULATION_TC, TC_OPS, gemm_for
 from autocnn.kernels.suite import odd_problems, seed_problems
 
 SEED_SHAPES = ("modern_56", "modern_14", "sweep_3x3", "scherer10_l2")
@@ -52,7 +52,8 @@ def test_the_space_needs_tensor_cores_and_caps_fp32_warp_tiles():
         kernels.default_config(problem, DeviceLimits("sm_75"))
     limits = DeviceLimits.for_arch("sm_90")
     big_warp = {"formulation": "tc", "BM": 128, "BN": 128, "BK": 16, "WM": 2, "WN": 2, "STAGES": 2, "CP_ASYNC": 0,
-                "PAD_A": 8, "PAD_B": 4, "UNROLL_K": 0, "TABLE_A": 1, "VEC": 1, "NHWC": 0}
+                "PAD_A": 8, "PAD_B": 4, "UNROLL_K": 0, "TABLE_A": 1, "VEC": 1, "NHWC": 0,
+                "FRAG": "scalar"}
     big = dataclasses.replace(problem, N=64, H=64, W=64, C=64, K=128)
     with pytest.raises(InfeasibleConfigError, match="mma tiles per warp exceed 16"):
         kernels.space(big, limits).validate(big_warp)
@@ -256,4 +257,68 @@ def test_nhwc_staging_builds(tmp_path):
 def test_nhwc_staging_and_float4_loads_verify_against_float64():
     configs, failures = _failures_on_the_gpu("conv_fwd", _staged_fwd_configs)
     assert len(configs) == 3 * len(PRECISIONS) * len(_problems("conv_fwd", "fp32"))
+    assert not failures, f"{len(failures)} of {len(configs)} failed:\n" + "\n".join(failures[:8])
+
+
+def _frag_configs(op, limits):
+    """(name, problem, config): each tested shape's default in both precisions with its fragments
+    read in k-permuted pairs, and in quads (a reduction step of 16 where the default's is 8) where
+    the reduction has more than 8 terms."""
+    kernels = TensorCoreKernels(op)
+    out = []
+    for precision in PRECISIONS:
+        for name, problem in _problems(op, precision):
+            default = kernels.default_config(problem, limits).as_dict()
+            space = kernels.space(problem, limits)
+            out.append((f"{name} {precision} pair", problem, space.validate({**default, "FRAG": "pair"})))
+            if gemm_for(problem).GK > 8:
+                quad = {**default, "FRAG": "quad", "BK": max(16, default["BK"])}
+                out.append((f"{name} {precision} quad", problem, space.validate(quad)))
+    return out
+
+
+def _frag_count(op):
+    return sum(1 + (gemm_for(p).GK > 8) for precision in PRECISIONS for _, p in _problems(op, precision))
+
+
+def test_permuted_fragment_reads_are_vector_loads_with_integer_rounding():
+    limits = DeviceLimits.for_arch("sm_90")
+    kernels = TensorCoreKernels("conv_fwd")
+    name, problem = _problems("conv_fwd", "tf32")[0]
+    default = kernels.default_config(problem, limits)
+    space = kernels.space(problem, limits)
+    scalar = kernels.plan(problem, space.validate({**default.as_dict(), "FRAG": "scalar"})).source
+    assert "cvt.rna.tf32.f32" in scalar and "to_tf32_fast" not in scalar
+    quad = kernels.plan(problem, space.validate({**default.as_dict(), "FRAG": "quad", "BK": 16})).source
+    assert "constexpr bool FRAG_QUAD = true;" in quad and "split_fast(" in quad
+    with pytest.raises(InfeasibleConfigError, match="quad fragment reads need BK % 16 == 0"):
+        space.validate({**default.as_dict(), "FRAG": "quad", "BK": 8})
+    configs = _frag_configs("conv_fwd", limits)
+    assert len(configs) == _frag_count("conv_fwd") and sum(c["FRAG"] == "quad" for _, _, c in configs) >= 8
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_permuted_fragment_reads_build(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    limits = DeviceLimits.for_arch("sm_90")
+    jobs = [(op, c) for op in TC_OPS for c in _frag_configs(op, limits)[::3]]
+
+    def build(job):
+        op, (name, problem, config) = job
+        report = compiler.compile(TensorCoreKernels(op).plan(problem, config).source, config=config).reports[op]
+        return f"{op} {name}: spills ({report})" if report.spills else None
+
+    # Every one builds. Holding all fragment elements of a round before rounding them costs
+    # registers: some fp32 backward-data tiles spill, which ptxas reports and the tuner skips, but
+    # most must not.
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        spilled = [f for f in pool.map(build, jobs) if f]
+    assert len(jobs) >= 12 and len(spilled) <= len(jobs) // 4, "\n".join(spilled)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", TC_OPS)
+def test_permuted_fragment_reads_verify_against_float64(op):
+    configs, failures = _failures_on_the_gpu(op, lambda limits: _frag_configs(op, limits))
+    assert len(configs) == _frag_count(op)
     assert not failures, f"{len(failures)} of {len(configs)} failed:\n" + "\n".join(failures[:8])

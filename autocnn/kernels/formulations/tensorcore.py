@@ -9,7 +9,8 @@ Precision comes from the problem: fp32 renders 3xTF32 (FP32-accurate; each tile'
 summed into the total in FP32, because the tensor cores' own accumulation does not round to
 nearest), tf32 one product per term.
 
-Parameters: block tile BM x BN x BK, warps WM x WN (the warp tile is BM/WM x BN/WN), pipeline
+Parameters: block tile BM x BN x BK, warps WM x WN (the warp tile is BM/WM x BN/WN), FRAG (how
+fragments are read from shared memory and rounded to TF32: see tcgemm.cuh.j2), pipeline
 STAGES with CP_ASYNC (cp.async global->shared copies; without it, a register double buffer),
 shared-memory padding PAD_A/PAD_B (bank conflicts of the fragment reads), TABLE_A (the A gather's
 per-k context tabulated in shared memory), UNROLL_K; for conv_fwd VEC (16-byte loads of the
@@ -42,6 +43,10 @@ KMAJOR = {"conv_fwd": (False, True), "conv_bwd_data": (False, False), "conv_wgra
 TABLE_ENTRY_BYTES = 16
 MIN_ARCH = 80   # mma.sync with TF32 operands: Ampere and later
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Fragment reads (tcgemm.cuh.j2): "pair" and "quad" permute the reduction inside each mma so that
+# a thread's fragment elements of a k-major operand are adjacent (one LDS.64 / LDS.128), and convert
+# to TF32 with integer operations; "quad" covers two mma k-steps per read.
+FRAGS = ("scalar", "pair", "quad")
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,8 @@ def params(gemm: TcGemm) -> list[Param]:
         Param("PAD_A", (0, 4, 8), "floats of padding per shared-memory row of A (bank conflicts)"),
         Param("PAD_B", (0, 4, 8), "floats of padding per shared-memory row of B (bank conflicts)"),
         Param("UNROLL_K", (1, 0), "unrolling of the k-steps of a tile (0: complete)"),
+        # "scalar" first: the code every config had before the parameter (see SearchSpace.complete).
+        Param("FRAG", FRAGS, "fragment reads: single floats with cvt, or k-permuted 8/16-byte loads with integer rounding"),
     ]
     if gemm.op == "conv_fwd":
         out.append(Param("VEC", (1, 4), "floats per load of the operands contiguous along the reduction"))
@@ -141,6 +148,9 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
             return f"a {bm}x{bk} / {bn}x{bk} tile does not split into float4s over {n} threads"
         return None
 
+    def quad_steps(frag, bk):
+        return None if frag != "quad" or bk % 16 == 0 else f"quad fragment reads need BK % 16 == 0, not BK={bk}"
+
     def pipeline(stages, cp_async):
         return None if cp_async or stages == 2 else "a register-staged pipeline has 2 stages"
 
@@ -150,6 +160,7 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
         Constraint(("BM", "BN", "WM", "WN"), accumulators),
         Constraint(("BM", "BN", "BK", "WM", "WN"), even_loads),
         Constraint(("STAGES", "CP_ASYNC"), pipeline),
+        Constraint(("FRAG", "BK"), quad_steps),
         threads_rule(limits, ("WM", "WN"), lambda wm, wn: 32 * wm * wn),
         at_most("BM", max(32, next_pow2(gemm.GM)), f"only {gemm.GM} GEMM rows"),
         at_most("BN", max(32, next_pow2(gemm.GN)), f"only {gemm.GN} GEMM columns"),
@@ -189,7 +200,11 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
 def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
     """Tiles measured fastest on an H100 for 3x3 layers with 64-256 channels (fp32 and tf32),
     then smaller ones for smaller GEMMs; the last fits any problem on sm_80 and later."""
-    base = {"formulation": FORMULATION_TC, "STAGES": 2, "CP_ASYNC": 0, "UNROLL_K": 0}
+    # Paired fragment reads measured faster than single ones on every compute-bound seed row on an
+    # H100 (forward 3x3 on 14x14, tf32: 206 -> 159 us); backward-data's m-major operands hold more
+    # registers with them and spill on some shapes, so its defaults keep single reads.
+    frag = "scalar" if gemm.op == "conv_bwd_data" else "pair"
+    base = {"formulation": FORMULATION_TC, "STAGES": 2, "CP_ASYNC": 0, "UNROLL_K": 0, "FRAG": frag}
     a_kmajor, b_kmajor = KMAJOR[gemm.op]
     pads = {"PAD_A": 4 if a_kmajor else 8, "PAD_B": 4 if b_kmajor else 8}
     extra = {"SPLITK": 1, "TWO_PASS": 0} if gemm.op == "conv_wgrad" else {"TABLE_A": 1}
