@@ -239,7 +239,8 @@ class RecordLookup:
     # -- stale records: tuned with templates that have changed since --
     def stale_records(self) -> list[tuple[TuningRecord, Any]]:
         """Every record (shipped and user) skipped only because its template fingerprint is old
-        (and its plan digest, where it has one, is not its config's now), with its parsed problem. They are never run; they say which shapes to tune again."""
+        (and its plan digest, where it has one, is not its config's now), with its parsed problem.
+        They are never run; they say which shapes to tune again."""
         out = []
         for path, _origin in self._files():
             try:
