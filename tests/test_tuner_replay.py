@@ -277,3 +277,43 @@ def test_cli_tunes_stale_shapes_again_and_removes_their_old_records(tmp_path, mo
     assert TuningDatabase().stale_records() == [] and len(TuningDatabase().records(op=rf.op)) == 1
     assert main(["db", "remove", "--stale", "--yes"]) == 1
     assert "no matching stale record" in capsys.readouterr().out
+
+
+class _StuckSampler:
+    """A sampler that proposes one config forever: the lowest choice of every parameter. Stands in for
+    a model-based sampler that keeps proposing configs that are infeasible or measured already."""
+
+    def __new__(cls):
+        import optuna
+
+        class Stuck(optuna.samplers.BaseSampler):
+            def infer_relative_search_space(self, study, trial):
+                return {}
+
+            def sample_relative(self, study, trial, search_space):
+                return {}
+
+            def sample_independent(self, study, trial, name, distribution):
+                if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+                    return distribution.choices[0]
+                return distribution.low
+
+        return Stuck()
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "cmaes"])
+def test_a_stuck_sampler_still_spends_the_budget_on_new_configs(db, tmp_path, monkeypatch, sampler):
+    # Without the tuner's fallback to random unmeasured configs, such a sampler ends a search after
+    # the few startup configs, and a tuner says the space is exhausted when it is not.
+    import autocnn.tuning.tuner as tuner_module
+
+    monkeypatch.setattr(tuner_module, "make_sampler", lambda name, seed: _StuckSampler())
+    tuner, source = tuner_for([WGRAD_FILE], db, tmp_path, trials=30, batch=4, sampler=sampler)
+    rf = source.files[0]
+    outcome = tuner.tune(rf.op, rf.problem)
+    searched = source.measured_keys[: outcome.measured]
+    assert outcome.measured == 30, outcome.stopped_because
+    assert outcome.stopped_because == "30 measured trials (in the whole study)"
+    assert len(searched) == len(set(searched)), "a config was measured twice during the search"
+    space = tuner.space_for(rf.op, rf.problem)
+    assert all(space.is_feasible(rf.results[k].config) for k in searched)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 
@@ -217,14 +217,14 @@ class SearchSpace:
         return len(self.feasible_configs())
 
     def sample(self, rng: random.Random, count: int, exclude: Sequence[Config] = (),
-               max_attempts: int = 200) -> list[Config]:
-        """Up to ``count`` distinct feasible configs, none of ``exclude``.
+               max_attempts: int = 200, exclude_keys: Iterable[str] = ()) -> list[Config]:
+        """Up to ``count`` distinct feasible configs, none of ``exclude`` (nor of ``exclude_keys``).
 
         Each draw picks a value of the first parameter (the formulation, where a family has several)
         uniformly, then walks the remaining parameters choosing uniformly among the values that no
         completed constraint rules out, so no enumeration of a large space is needed.
         """
-        seen = {c.key() for c in exclude}
+        seen = {c.key() for c in exclude} | set(exclude_keys)
         out: list[Config] = []
         misses = 0
         while len(out) < count and misses < max_attempts:

@@ -3,7 +3,9 @@
 Configs are proposed by an Optuna sampler in batches, so the compile pool works ahead of the GPU.
 A config that breaks a static rule is marked infeasible without GPU time and is not counted; a
 config measured before (in this study, also by another process or an interrupted run) is answered
-from its earlier trial; only verified results become trial values. The winner is timed again,
+from its earlier trial; only verified results become trial values. When the sampler keeps proposing
+nothing new (a model-based sampler on a tightly constrained space can, for hundreds of asks), the
+tuner queues random feasible configs no one has measured, so the budget is spent on new configs. The winner is timed again,
 interleaved with the runner-up and the default, before it is stored in the tuning database.
 
 Several tuners (processes, hosts, or one per GPU) may share a study. Each proposal happens under
@@ -51,6 +53,11 @@ MAX_IDLE_PROPOSALS = 400
 STARTUP_TRIALS = 10
 # How often a tuner whose budget other tuners hold in flight looks whether they finished.
 WAIT_FOR_OTHERS_S = 0.25
+# Asks in a row that bring nothing to measure (infeasible, measured before, in flight) after which a
+# proposal queues random feasible configs no one has measured. A model-based sampler on a tightly
+# constrained space can go on proposing infeasible or known configs for hundreds of asks; without
+# this a tuner could stop short of its budget while unmeasured feasible configs remain.
+FALLBACK_AFTER = 24
 
 
 def study_name(device: DeviceInfo, op: str, problem: Any, fingerprint: str, fixed: Any) -> str:
@@ -70,6 +77,7 @@ class Proposal:
     others_in_flight: int = 0
     recovered: int = 0
     asked: int = 0            # trials asked (infeasible and duplicates included)
+    fallback: int = 0         # random feasible configs queued because the sampler was stuck
 
 
 class Tuner:
@@ -245,8 +253,18 @@ class Tuner:
                                              if c.key() not in flight.keys])
             keys: set[str] = set()
             reused = 0
-            while len(p.batch) < want and reused < want and p.asked < MAX_IDLE_PROPOSALS:
+            streak = 0   # asks in a row that brought nothing to measure
+            while len(p.batch) < want and p.asked < MAX_IDLE_PROPOSALS:
+                if streak >= FALLBACK_AFTER or reused >= want:
+                    # The sampler is stuck (on infeasible or known configs): random unmeasured ones.
+                    queued = self._queue_unmeasured(study, space, rng, want - len(p.batch),
+                                                    set(p.known) | flight.keys | keys)
+                    p.fallback += queued
+                    if not queued:
+                        break   # nothing new found: the idle count in _search judges exhaustion
+                    streak = reused = 0
                 p.asked += 1
+                streak += 1
                 trial = study.ask()
                 config, reasons = suggest_config(trial, space)
                 if config is None:
@@ -270,7 +288,21 @@ class Tuner:
                 trial.set_user_attr(OWNER_ATTR, owner.to_attr())
                 keys.add(key)
                 p.batch.append((trial, config))
+                streak = 0
         return p
+
+    def _queue_unmeasured(self, study, space, rng, count: int, taken: set[str]) -> int:
+        """Queue up to ``count`` random feasible configs outside ``taken`` (measured, in flight or
+        in this batch); how many are queued now. None: the random walks found nothing new."""
+        queued = queued_keys(study, space)
+        fresh = space.sample(rng, count, exclude_keys=taken | queued)
+        if not fresh and queued - taken:
+            return len(queued - taken)   # configs queued earlier (by us or another tuner) come first
+        self._enqueue(study, space, fresh)
+        if fresh:
+            self.log(f"{study.study_name}: the sampler proposed nothing new in {FALLBACK_AFTER} asks; "
+                     f"{len(fresh)} random unmeasured configs queued")
+        return len(fresh)
 
     def _requeue(self, study, space, abandoned: Sequence[Config], known, flying: set[str]) -> int:
         """Queue again the configs of abandoned trials that no one has measured or is measuring."""
