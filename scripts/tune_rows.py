@@ -33,6 +33,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--trials", type=int, default=24)
     parser.add_argument("--budget", type=float, default=None, help="wall-clock seconds for all problems")
     parser.add_argument("--fix", default="", help="parameters held at one value, e.g. formulation=tc")
+    parser.add_argument("--vary", default="", help="parameters along which the earlier winners are also tried at "
+                        "every other value before the search, e.g. TF32_ROUND,FRAG")
     parser.add_argument("--storage", default=None, help="Optuna storage URL")
     parser.add_argument("--device", type=int, default=0)
     args = parser.parse_args(argv)
@@ -49,6 +51,17 @@ def parse_args(argv: list[str] | None):
     for precision in precisions:
         if precision not in ("fp32", "tf32"):
             parser.error(f"--precisions: {precision!r} is not fp32 or tf32")
+    vary = [v for v in args.vary.split(",") if v]
+    if vary:
+        from autocnn.device import DeviceLimits
+        from autocnn.kernels import get_operation
+
+        names = {prm.name for op in ops for precision in precisions for name, p in seed_problems(op) if name in rows
+                 for prm in get_operation(op).space(dataclasses.replace(p, precision=precision),
+                                                    DeviceLimits.for_arch("sm_90")).params}
+        for v in vary:
+            if v not in names:
+                parser.error(f"--vary: {v!r} is not a parameter of these problems; they have {', '.join(sorted(names))}")
     if args.trials < 1:
         parser.error("--trials must be at least 1")
     if args.budget is not None and args.budget <= 0:
@@ -66,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
 
     problems = [(op, name, dataclasses.replace(p, precision=precision))
                 for precision in precisions for op in ops for name, p in seed_problems(op) if name in rows]
-    settings = TuneSettings(trials=args.trials, storage=args.storage, fixed=_parse_fixed(args.fix))
+    settings = TuneSettings(trials=args.trials, storage=args.storage, fixed=_parse_fixed(args.fix),
+                            vary=tuple(v for v in args.vary.split(",") if v))
     source = GpuSource(args.device)
     rows_out = []
     start = time.monotonic()

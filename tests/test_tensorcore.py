@@ -58,7 +58,7 @@ def test_the_space_needs_tensor_cores_and_caps_fp32_warp_tiles():
     with pytest.raises(InfeasibleConfigError, match="mma tiles per warp exceed 16"):
         kernels.space(big, limits).validate(big_warp)
     # tf32 keeps no second fragment per tile, so the same warp tile fits.
-    kernels.space(dataclasses.replace(big, precision="tf32"), limits).validate(big_warp)
+    kernels.space(dataclasses.replace(big, precision="tf32"), limits).validate({**big_warp, "TF32_ROUND": "nearest"})
     with pytest.raises(InfeasibleConfigError, match="register-staged pipeline has 2 stages"):
         kernels.space(big, limits).validate({**big_warp, "BN": 64, "STAGES": 3})
 
@@ -322,3 +322,109 @@ def test_permuted_fragment_reads_verify_against_float64(op):
     configs, failures = _failures_on_the_gpu(op, lambda limits: _frag_configs(op, limits))
     assert len(configs) == _frag_count(op)
     assert not failures, f"{len(failures)} of {len(configs)} failed:\n" + "\n".join(failures[:8])
+
+
+def _rounding_configs(op, limits):
+    """(name, problem, config): each tested tf32 shape's default with its operands truncated by the
+    tensor cores (TF32_ROUND "zero"), read singly and in k-permuted pairs."""
+    kernels = TensorCoreKernels(op)
+    out = []
+    for name, problem in _problems(op, "tf32"):
+        default = kernels.default_config(problem, limits).as_dict()
+        space = kernels.space(problem, limits)
+        for frag in ("scalar", "pair"):
+            out.append((f"{name} tf32 zero {frag}", problem,
+                        space.validate({**default, "FRAG": frag, "TF32_ROUND": "zero"})))
+    return out
+
+
+def test_tf32_rounding_is_a_parameter_of_tf32_problems_only():
+    limits = DeviceLimits.for_arch("sm_90")
+    kernels = TensorCoreKernels("conv_fwd")
+    name, problem = _problems("conv_fwd", "tf32")[0]
+    space = kernels.space(problem, limits)
+    default = kernels.default_config(problem, limits)
+    assert default["TF32_ROUND"] == "nearest"
+    assert "TF32_ROUND" in {p.name for p in space.params}
+    assert "TF32_ROUND" not in {p.name for p in kernels.space(dataclasses.replace(problem, precision="fp32"), limits).params}
+
+    def source(**changes):
+        return kernels.plan(problem, space.validate({**default.as_dict(), **changes})).source
+
+    # Rounded to nearest by cvt (the NaN-safe conversion) however the fragments are read; truncated
+    # by handing the float bits to the mma unchanged.
+    assert "big = to_tf32(x);" in source(FRAG="scalar", TF32_ROUND="nearest")
+    assert "big = __float_as_uint(x);   // TF32_ROUND" in source(FRAG="scalar", TF32_ROUND="zero")
+    assert "unsigned to_tf32_fast(float x) { return to_tf32(x); }" in source(FRAG="pair", TF32_ROUND="nearest")
+    assert "unsigned to_tf32_fast(float x) { return __float_as_uint(x); }" in source(FRAG="pair", TF32_ROUND="zero")
+    assert "+ 0x1000u" not in source(FRAG="pair", TF32_ROUND="nearest")
+    assert len(_rounding_configs("conv_fwd", limits)) == 2 * len(_problems("conv_fwd", "tf32"))
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_truncated_tf32_operands_build_without_spills(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    limits = DeviceLimits.for_arch("sm_90")
+    jobs = [(op, c) for op in TC_OPS for c in _rounding_configs(op, limits)[::4]]
+
+    def build(job):
+        op, (name, problem, config) = job
+        report = compiler.compile(TensorCoreKernels(op).plan(problem, config).source, config=config).reports[op]
+        return f"{op} {name}: spills ({report})" if report.spills and config["FRAG"] == "scalar" else None
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        failures = [f for f in pool.map(build, jobs) if f]
+    assert len(jobs) >= 6 and not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", TC_OPS)
+def test_truncated_tf32_operands_verify_against_float64(op):
+    configs, failures = _failures_on_the_gpu(op, lambda limits: _rounding_configs(op, limits))
+    assert len(configs) == 2 * len(_problems(op, "tf32"))
+    assert not failures, f"{len(failures)} of {len(configs)} failed:\n" + "\n".join(failures[:8])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", TC_OPS)
+def test_a_nan_in_an_input_is_a_nan_in_every_output_it_reaches(op):
+    """The canonical NaN (0x7fffffff, what CUDA's arithmetic produces) in one input element: every
+    output whose reduction includes it is NaN, and no other, in both precisions and every way of
+    converting to TF32 (an integer add of 2**12 alone would carry it into a negative zero)."""
+    cp = pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import plan_buffers, reference_outputs
+
+    limits = current_device(0).limits()
+    kernels = TensorCoreKernels(op)
+    loader = KernelLoader()
+    name, base = next((n, p) for n, p in _problems(op, "fp32") if n in SEED_SHAPES)
+    cases = []
+    for precision in PRECISIONS:
+        problem = dataclasses.replace(base, N=min(base.N, 4), precision=precision)
+        default = kernels.default_config(problem, limits).as_dict()
+        space = kernels.space(problem, limits)
+        rounds = ("nearest", "zero") if precision == "tf32" else (None,)
+        for frag in ("scalar", "pair"):
+            for rounding in rounds:
+                extra = {"FRAG": frag, **({"TF32_ROUND": rounding} if rounding else {})}
+                cases.append((f"{name} {precision} {extra}", problem, space.validate({**default, **extra})))
+    checked = []
+    for what, problem, config in cases:
+        loaded = loader.load(kernels.plan(problem, config))
+        inputs, outputs, buffers = plan_buffers(loaded, problem, seed=7)
+        flat = inputs["dy" if op == "conv_bwd_data" else "x"].reshape(-1)   # an operand of the mma
+        flat.view(cp.uint32)[flat.size // 3] = 0x7FFFFFFF
+        loaded(buffers)
+        cp.cuda.get_current_stream().synchronize()
+        ref = reference_outputs(problem, inputs)
+        reached = 0
+        for out_name, expected in ref.items():
+            want, got = cp.isnan(expected), cp.isnan(outputs[out_name])
+            reached += int(want.sum())
+            assert bool((want == got).all()), (f"{what}: {out_name} has {int(got.sum())} NaNs where the "
+                                               f"reference has {int(want.sum())}")
+        assert reached > 0, f"{what}: the NaN reaches no output of the reference (the test is wrong)"
+        checked.append(what)
+    assert len(checked) == 6

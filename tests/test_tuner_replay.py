@@ -317,3 +317,28 @@ def test_a_stuck_sampler_still_spends_the_budget_on_new_configs(db, tmp_path, mo
     assert len(searched) == len(set(searched)), "a config was measured twice during the search"
     space = tuner.space_for(rf.op, rf.problem)
     assert all(space.is_feasible(rf.results[k].config) for k in searched)
+
+
+def test_vary_tries_earlier_winners_at_every_other_choice_of_a_parameter():
+    import dataclasses as dc
+
+    from autocnn.device import DeviceLimits
+    from autocnn.kernels import get_operation
+    from autocnn.kernels.suite import seed_problems
+    from autocnn.tuning.tuner import _variants
+
+    operation = get_operation("conv_fwd")
+    limits = DeviceLimits.for_arch("sm_90")
+    problem = dc.replace(dict(seed_problems("conv_fwd"))["modern_14"], precision="tf32")
+    space = operation.space(problem, limits)
+    winner = operation.default_config(problem, limits, formulation="tc")
+    variants = _variants(space, [winner], ("TF32_ROUND", "FRAG"))
+    assert {(v["TF32_ROUND"], v["FRAG"]) for v in variants} == {
+        ("zero", winner["FRAG"]), *(("nearest", f) for f in ("scalar", "pair", "quad") if f != winner["FRAG"])}
+    assert all(space.is_feasible(v) for v in variants) and winner.key() not in {v.key() for v in variants}
+    # A parameter the problem's space lacks (no TF32 rounding in fp32) varies nothing.
+    fp32 = dc.replace(problem, precision="fp32")
+    assert _variants(operation.space(fp32, limits), [operation.default_config(fp32, limits, formulation="tc")],
+                     ("TF32_ROUND",)) == []
+    with pytest.raises(ValueError, match="sequence of parameter names"):
+        TuneSettings(vary="TF32_ROUND")

@@ -34,6 +34,10 @@ class TuneSettings:
     fixed: Mapping[str, Any] = field(default_factory=dict)   # parameters held at one value
     warm_start: bool = True              # enqueue the default, old winners of the shape, nearest shapes' winners
     confirm_rounds: int = 3              # interleaved re-timing rounds of winner, runner-up and default
+    # Parameters along which the warm start's earlier winners (the shape's record, current or stale,
+    # and the nearest shapes') are also tried at every other choice: after a parameter is added, a
+    # retune measures the old winner with each of its values instead of leaving that to the sampler.
+    vary: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -43,6 +47,8 @@ class TuneSettings:
         check_timeout(self.timeout_s, "timeout")
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
             raise ValueError(f"batch must be a whole number of at least 1, not {self.batch!r}")
+        if isinstance(self.vary, str) or not all(isinstance(v, str) and v for v in self.vary):
+            raise ValueError(f"vary must be a sequence of parameter names, not {self.vary!r}")
         if self.confirm_rounds < 1:
             raise ValueError(f"confirm_rounds must be at least 1, not {self.confirm_rounds}")
         if self.storage is not None:

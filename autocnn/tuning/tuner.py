@@ -153,7 +153,8 @@ class Tuner:
             queued = queued_keys(study, space)
             first: list[Config] = []
             if s.warm_start:
-                first += [default, *self._stale_winners(problem, space), *self._neighbour_winners(op, problem, space)]
+                earlier = [*self._stale_winners(problem, space), *self._neighbour_winners(op, problem, space)]
+                first += [default, *earlier, *_variants(space, earlier, s.vary)]
             if s.sampler in ("tpe", "cmaes", "gp") and sum(1 for r in known.values() if r.ok) < STARTUP_TRIALS:
                 # Model-based samplers begin with independent random draws, which on a small layer
                 # are almost all infeasible; feasible random configs from the space's walk start them.
@@ -339,6 +340,35 @@ class Tuner:
         if self.db is None or not hasattr(self.db, "neighbour_configs"):
             return []
         return self.db.neighbour_configs(self.source.device, problem, space, limit)
+
+
+# At most this many variants of earlier winners (TuneSettings.vary) go into one warm start.
+MAX_VARIANTS = 16
+
+
+def _variants(space: SearchSpace, configs: Sequence[Config], names: Sequence[str]) -> list[Config]:
+    """Each config with one of ``names`` set to each other choice it may take (valid ones only;
+    names that are not parameters of this space, as a tf32 parameter in an fp32 problem, pass)."""
+    from autocnn.errors import InfeasibleConfigError, InvalidConfigError
+
+    params = {p.name: p for p in space.params}
+    out: list[Config] = []
+    seen = {c.key() for c in configs}
+    for config in configs:
+        for name in names:
+            if name not in params or name not in config:
+                continue
+            for value in params[name].choices:
+                if value == config[name]:
+                    continue
+                try:
+                    variant = space.validate({**config.as_dict(), name: value})
+                except (InvalidConfigError, InfeasibleConfigError):
+                    continue
+                if variant.key() not in seen and len(out) < MAX_VARIANTS:
+                    seen.add(variant.key())
+                    out.append(variant)
+    return out
 
 
 def _best(results: Iterable[TrialResult]) -> TrialResult | None:

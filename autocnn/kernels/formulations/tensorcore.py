@@ -7,7 +7,7 @@ the operand gathers gemm_operands_<op>.cuh.j2 and the kernels tc_<op>.cu.j2.
 
 Precision comes from the problem: fp32 renders 3xTF32 (FP32-accurate; each tile's products are
 summed into the total in FP32, because the tensor cores' own accumulation does not round to
-nearest), tf32 one product per term.
+nearest), tf32 one product per term, its operands rounded to nearest or truncated (TF32_ROUND).
 
 Parameters: block tile BM x BN x BK, warps WM x WN (the warp tile is BM/WM x BN/WN), FRAG (how
 fragments are read from shared memory and rounded to TF32: see tcgemm.cuh.j2), pipeline
@@ -47,6 +47,10 @@ SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # a thread's fragment elements of a k-major operand are adjacent (one LDS.64 / LDS.128), and convert
 # to TF32 with integer operations; "quad" covers two mma k-steps per read.
 FRAGS = ("scalar", "pair", "quad")
+# How tf32 operands become TF32: rounded to nearest (cvt.rna), or truncated ("zero": the float's bits
+# go to the mma unchanged and the tensor cores ignore the low 13). Truncation costs no instruction
+# and about twice the error; both must pass the tf32 bound, and the tuner chooses.
+TF32_ROUNDS = ("nearest", "zero")
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,9 @@ def params(gemm: TcGemm) -> list[Param]:
     if gemm.op == "conv_fwd":
         out.append(Param("VEC", (1, 4), "floats per load of the operands contiguous along the reduction"))
         out.append(Param("NHWC", (0, 1), "X and W staged as NHWC / KRSC first (both operands k-contiguous)"))
+    if not gemm.split3:
+        # "nearest" first: the rounding every tf32 config had before the parameter.
+        out.append(Param("TF32_ROUND", TF32_ROUNDS, "tf32 operands rounded to nearest (cvt) or truncated by the tensor cores"))
     if gemm.op == "conv_wgrad":
         out.append(Param("SPLITK", SPLITS, "blocks sharing one output tile's reduction"))
         out.append(Param("TWO_PASS", (0, 1), "splits combined by a second pass over a workspace (else atomics)"))
@@ -210,6 +217,8 @@ def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
     extra = {"SPLITK": 1, "TWO_PASS": 0} if gemm.op == "conv_wgrad" else {"TABLE_A": 1}
     if gemm.op == "conv_fwd":
         extra.update({"VEC": 1, "NHWC": 0})
+    if not gemm.split3:
+        extra["TF32_ROUND"] = "nearest"
     out = []
     for bm, bn, bk, wm, wn in ((128, 64, 16, 2, 2), (64, 64, 16, 2, 2), (64, 32, 16, 2, 2), (32, 32, 8, 2, 2)):
         cand = {**base, **pads, **extra, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn}
@@ -261,7 +270,8 @@ class TcConv(OpFormulation):
         vec_a, vec_b = vector_widths(gemm_for(problem), config["VEC"] if "VEC" in config else 1, nhwc)
         return {"split3": problem.precision == "fp32", "UNROLL_K": pragma_unroll(config["UNROLL_K"]),
                 "TABLE_A": config["TABLE_A"] if "TABLE_A" in config else 0,
-                "NHWC": nhwc, "VEC_A": vec_a, "VEC_B": vec_b}
+                "NHWC": nhwc, "VEC_A": vec_a, "VEC_B": vec_b,
+                "TF32_ROUND": config["TF32_ROUND"] if "TF32_ROUND" in config else "nearest"}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         gemm, c = gemm_for(problem), config
