@@ -353,10 +353,31 @@ def test_shape_distance():
 
 def test_a_tf32_record_never_serves_an_fp32_request(db):
     tf32 = dataclasses.replace(KRIZ, precision="tf32")
-    assert shape_distance(KRIZ, tf32) == shape_distance(tf32, KRIZ) == math.inf
+    assert shape_distance(KRIZ, tf32) == math.inf
     db.put(make_record(H200, tf32))
     assert db.lookup(H200, tf32).source == "exact"
     assert db.lookup(H200, KRIZ).source == "default"       # not borrowed as a nearest shape either
+
+
+def test_an_fp32_record_serves_a_tf32_request_as_a_slightly_farther_shape(db):
+    from autocnn.store.lookup import PRECISION_DISTANCE
+
+    tf32 = dataclasses.replace(KRIZ, precision="tf32")
+    assert shape_distance(tf32, KRIZ) == PRECISION_DISTANCE
+    db.put(make_record(H200, KRIZ))
+    found = db.lookup(H200, tf32)
+    assert found.source == "nearest_shape" and found.record.key.problem == KRIZ.to_dict()
+    assert found.config.key() == db.lookup(H200, KRIZ).config.key()
+    # A tf32 record of a shape as near (one size doubled) is preferred when it is faster; nearer wins.
+    wider = dataclasses.replace(tf32, C=2 * tf32.C)
+    assert shape_distance(tf32, wider) == pytest.approx(PRECISION_DISTANCE)
+    tc = {"formulation": "tc", "BM": 32, "BN": 32, "BK": 8, "WM": 2, "WN": 2, "STAGES": 2, "CP_ASYNC": 0,
+          "PAD_A": 8, "PAD_B": 4, "UNROLL_K": 0, "TABLE_A": 1, "VEC": 1, "NHWC": 0, "FRAG": "scalar"}
+    # A tensor-core fp32 config lacks the tf32-only rounding parameter: it is borrowed with its first choice.
+    db.put(make_record(H200, dataclasses.replace(KRIZ, N=KRIZ.N // 2), config=tc, time_us=1.0))
+    half = dataclasses.replace(tf32, N=KRIZ.N // 2)
+    got = db.lookup(H200, half)
+    assert got.source == "nearest_shape" and got.config["TF32_ROUND"] == "nearest" and got.config["FRAG"] == "scalar"
 
 
 def test_far_shapes_are_not_borrowed(db):

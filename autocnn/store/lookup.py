@@ -27,6 +27,9 @@ from autocnn.store.records import RecordError, RecordKey, StaleRecordError, Tuni
 # both 4x larger (4) and C 4x smaller (2) plus a different padding (1). Farther away, the op's
 # problem-adaptive heuristic default is the better guess.
 NEAREST_SHAPE_MAX_DISTANCE = 8.0
+# How much farther an fp32 record stands from a tf32 request than its shape alone says (as if one
+# size were doubled): its config meets the tf32 bound but was tuned for the cost of 3xTF32 or FP32.
+PRECISION_DISTANCE = 1.0
 # Borrowed configs checked (each compiled once per host, then cached) before the default answers.
 MAX_CHECKED_NEIGHBOURS = 4
 
@@ -50,14 +53,20 @@ def shape_distance(a: Any, b: Any) -> float:
     (pooling) adds |log2(a / b)|, so doubling any one size costs 1. Strides change the access
     pattern more than sizes do (alignment, reuse of staged input), so each axis adds
     2 * |log2(stride_a / stride_b)|. Each padding side that differs adds 0.25, and so does each
-    differing flag (bias, activation, count_pad). Different dtypes or precisions are infinitely far
-    apart: a tf32 config must never serve an fp32 request (its error bound is looser), and an fp32
-    config is tuned for a different cost than a tf32 one.
+    differing flag (bias, activation, count_pad). Different dtypes are infinitely far apart. So is a
+    tf32 record from an fp32 request ``a``: a tf32 config must never serve fp32 (its error bound is
+    looser). An fp32 record may serve a tf32 request, PRECISION_DISTANCE further away: its config
+    runs as the tf32 problem's code, which meets the looser bound as well; it was tuned for another
+    cost, so a tf32 record of a shape as near wins.
     """
     if a.op != b.op or a.dtype != b.dtype:
         return math.inf
-    if getattr(a, "precision", "fp32") != getattr(b, "precision", "fp32"):
-        return math.inf
+    d = 0.0
+    pa, pb = getattr(a, "precision", "fp32"), getattr(b, "precision", "fp32")
+    if pa != pb:
+        if (pa, pb) != ("tf32", "fp32"):
+            return math.inf
+        d += PRECISION_DISTANCE
     ga, gb = a.geometry(), b.geometry()
     sizes = ["N", "C", "H", "W"]
     pairs = [(ga[n], gb[n]) for n in sizes]
@@ -65,7 +74,7 @@ def shape_distance(a: Any, b: Any) -> float:
         pairs += [(ga[n], gb[n]) for n in ("K", "R", "S")]
     else:
         pairs += list(zip(ga["window"], gb["window"]))
-    d = sum(abs(math.log2(x / y)) for x, y in pairs)
+    d += sum(abs(math.log2(x / y)) for x, y in pairs)
     d += 2.0 * sum(abs(math.log2(x / y)) for x, y in zip(ga["stride"], gb["stride"]))
     d += 0.25 * sum(1 for x, y in zip(ga["padding"], gb["padding"]) if x != y)
     for flag in ("bias", "activation", "count_pad"):
@@ -214,9 +223,15 @@ class RecordLookup:
             if d <= NEAREST_SHAPE_MAX_DISTANCE:
                 ranked.append((d, e.record.time_us, e.record.key.identity(), e))
         ranked.sort(key=lambda t: t[:3])
+        precision = getattr(problem, "precision", "fp32")
         for d, _, _, e in ranked:
             try:
-                config = space.validate(e.record.config)
+                if getattr(e.valid.problem, "precision", "fp32") != precision:
+                    # An fp32 config for a tf32 problem: parameters only tf32 has (TF32_ROUND) at
+                    # their first choice, the conservative one.
+                    config = space.complete(e.record.config)
+                else:
+                    config = space.validate(e.record.config)
             except (InvalidConfigError, InfeasibleConfigError):
                 continue
             yield d, e, config
