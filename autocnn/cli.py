@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search strategy (default tpe; grid is exhaustive)")
     t.add_argument("--seed", type=int, default=None, help="sampler seed")
     t.add_argument("--fix", default="", help="parameters held at one value, e.g. formulation=direct,PAD=1")
+    t.add_argument("--vary", default="", metavar="NAME,...",
+                   help="parameters along which the shape's earlier winners (its record, current or stale, and "
+                        "the nearest shapes') are also measured at every other value before the search, e.g. "
+                        "TF32_ROUND,FRAG after a template gained them")
     t.add_argument("--replay", nargs="+", type=Path, default=None,
                    help="answer from recorded GPU measurements instead of a GPU (replay files)")
     t.add_argument("--precision", choices=PRECISIONS, default=None,
@@ -269,6 +273,24 @@ def _make_source(args: argparse.Namespace):
     return GpuSources([GpuSource(args.device)], {})
 
 
+def _parse_vary(text: str, problems: Sequence[Any] | None) -> tuple[str, ...]:
+    """--vary's names, each a parameter of at least one problem's search space (checked before any
+    device is touched, with sm_90's static limits: the names do not depend on the device)."""
+    names = tuple(n for n in (t.strip() for t in text.split(",")) if n)
+    if not names or not problems:
+        return names
+    from autocnn.device import DeviceLimits
+    from autocnn.kernels import get_operation
+
+    limits = DeviceLimits.for_arch("sm_90")
+    known = {p.name for problem in problems for p in get_operation(problem.op).space(problem, limits).params}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"--vary: {', '.join(unknown)} is not a parameter of the problems tuned; "
+                         f"their parameters are {', '.join(sorted(known))}")
+    return names
+
+
 def _tune_problems(args: argparse.Namespace, precision: str, op_problem: Any, torch_uses: Any) -> list[Any]:
     """The problems of the run, known before any device is touched (None for --stale, which asks
     the database about the device's kind)."""
@@ -331,7 +353,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     whole_budget = bool(args.network or args.torch_model)   # --timeout is for all kernels together
     settings = TuneSettings(trials=args.trials, timeout_s=args.timeout if not whole_budget else None,
                             sampler=args.sampler, seed=args.seed, storage=args.storage,
-                            fixed=_parse_fixed(args.fix))
+                            fixed=_parse_fixed(args.fix), vary=_parse_vary(args.vary, problems))
     log = (lambda text: print(text, file=sys.stderr)) if not args.json else None
     # Not a terminal (a log file, CI): one line per finished problem instead of a redrawn bar.
     bar = not (args.no_progress or args.json) and sys.stderr.isatty()

@@ -26,6 +26,9 @@ SHAPE = "N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3"
     (["--op", "conv_fwd", "--shape", SHAPE, "--devices", "0,x"], "--devices"),
     (["--suite", "seed", "--ops", "conv_fwd", "--trials", "0"], "trials"),
     (["--op", "conv_fwd", "--shape", SHAPE, "--workspace-limit", "lots"], "--workspace-limit: 'lots' is not a size"),
+    # TF32_ROUND is a parameter of tf32 problems only: an fp32 run has nothing to vary along it.
+    (["--op", "conv_fwd", "--shape", SHAPE, "--vary", "TF32_ROUND"], "--vary: TF32_ROUND is not a parameter"),
+    (["--op", "conv_fwd", "--shape", SHAPE, "--vary", "FRAG,NOSUCH"], "--vary: NOSUCH is not a parameter"),
 ])
 def test_mistakes_are_named_before_any_device_is_touched(no_gpu_source, capsys, argv, message):
     assert cli.main(["tune", *argv]) == 1
@@ -57,3 +60,14 @@ def test_cudnn_comparison_is_on_unless_refused():
     assert parse(base).cudnn is None          # on when PyTorch with CUDA is importable
     assert parse([*base, "--cudnn"]).cudnn is True
     assert parse([*base, "--no-cudnn"]).cudnn is False
+
+
+def test_vary_takes_the_parameters_of_the_problems_tuned():
+    import dataclasses
+
+    from autocnn.kernels.suite import seed_problems
+
+    problem = dict(seed_problems("conv_fwd"))["modern_14"]
+    tf32 = dataclasses.replace(problem, precision="tf32")
+    assert cli._parse_vary("TF32_ROUND, FRAG", [tf32]) == ("TF32_ROUND", "FRAG")
+    assert cli._parse_vary("", [problem]) == ()
