@@ -297,23 +297,30 @@ def test_permuted_fragment_reads_are_vector_loads_with_integer_rounding():
     assert len(configs) == _frag_count("conv_fwd") and sum(c["FRAG"] == "quad" for _, _, c in configs) >= 8
 
 
-@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-def test_permuted_fragment_reads_build(tmp_path):
+def _built_on_sm90(tmp_path, configs_for, every):
+    """(op, name, config, ptxas report) of every ``every``-th config that ``configs_for(limits)``
+    gives for each tc op, built for sm_90 in parallel."""
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     limits = DeviceLimits.for_arch("sm_90")
-    jobs = [(op, c) for op in TC_OPS for c in _frag_configs(op, limits)[::3]]
+    jobs = [(op, c) for op in TC_OPS for c in configs_for(op, limits)[::every]]
 
     def build(job):
         op, (name, problem, config) = job
         report = compiler.compile(TensorCoreKernels(op).plan(problem, config).source, config=config).reports[op]
-        return f"{op} {name}: spills ({report})" if report.spills else None
+        return op, name, config, report
 
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return list(pool.map(build, jobs))
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_permuted_fragment_reads_build(tmp_path):
+    built = _built_on_sm90(tmp_path, _frag_configs, 3)
     # Every one builds. Holding all fragment elements of a round before rounding them costs
     # registers: some fp32 backward-data tiles spill, which ptxas reports and the tuner skips, but
     # most must not.
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        spilled = [f for f in pool.map(build, jobs) if f]
-    assert len(jobs) >= 12 and len(spilled) <= len(jobs) // 4, "\n".join(spilled)
+    spilled = [f"{op} {name}: spills ({report})" for op, name, _, report in built if report.spills]
+    assert len(built) >= 12 and len(spilled) <= len(built) // 4, "\n".join(spilled)
 
 
 @pytest.mark.gpu
@@ -363,18 +370,11 @@ def test_tf32_rounding_is_a_parameter_of_tf32_problems_only():
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_truncated_tf32_operands_build_without_spills(tmp_path):
-    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
-    limits = DeviceLimits.for_arch("sm_90")
-    jobs = [(op, c) for op in TC_OPS for c in _rounding_configs(op, limits)[::4]]
-
-    def build(job):
-        op, (name, problem, config) = job
-        report = compiler.compile(TensorCoreKernels(op).plan(problem, config).source, config=config).reports[op]
-        return f"{op} {name}: spills ({report})" if report.spills and config["FRAG"] == "scalar" else None
-
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        failures = [f for f in pool.map(build, jobs) if f]
-    assert len(jobs) >= 6 and not failures, "\n".join(failures)
+    built = _built_on_sm90(tmp_path, _rounding_configs, 4)
+    # Truncation takes no registers: single reads build without spills as with rounding.
+    spilled = [f"{op} {name}: spills ({report})" for op, name, config, report in built
+               if report.spills and config["FRAG"] == "scalar"]
+    assert len(built) >= 6 and not spilled, "\n".join(spilled)
 
 
 @pytest.mark.gpu
