@@ -281,12 +281,16 @@ def _frag_count(op):
     return sum(1 + (gemm_for(p).GK > 8) for precision in PRECISIONS for _, p in _problems(op, precision))
 
 
-def test_permuted_fragment_reads_are_vector_loads_with_integer_rounding():
+def _tf32_forward():
+    """(limits, kernels, problem, space, default) of the first tested tf32 forward shape on sm_90."""
     limits = DeviceLimits.for_arch("sm_90")
     kernels = TensorCoreKernels("conv_fwd")
     name, problem = _problems("conv_fwd", "tf32")[0]
-    default = kernels.default_config(problem, limits)
-    space = kernels.space(problem, limits)
+    return limits, kernels, problem, kernels.space(problem, limits), kernels.default_config(problem, limits)
+
+
+def test_permuted_fragment_reads_are_vector_loads():
+    limits, kernels, problem, space, default = _tf32_forward()
     scalar = kernels.plan(problem, space.validate({**default.as_dict(), "FRAG": "scalar"})).source
     assert "cvt.rna.tf32.f32" in scalar and "to_tf32_fast" not in scalar
     quad = kernels.plan(problem, space.validate({**default.as_dict(), "FRAG": "quad", "BK": 16})).source
@@ -346,11 +350,7 @@ def _rounding_configs(op, limits):
 
 
 def test_tf32_rounding_is_a_parameter_of_tf32_problems_only():
-    limits = DeviceLimits.for_arch("sm_90")
-    kernels = TensorCoreKernels("conv_fwd")
-    name, problem = _problems("conv_fwd", "tf32")[0]
-    space = kernels.space(problem, limits)
-    default = kernels.default_config(problem, limits)
+    limits, kernels, problem, space, default = _tf32_forward()
     assert default["TF32_ROUND"] == "nearest"
     assert "TF32_ROUND" in {p.name for p in space.params}
     assert "TF32_ROUND" not in {p.name for p in kernels.space(dataclasses.replace(problem, precision="fp32"), limits).params}
