@@ -51,17 +51,15 @@ def parse_args(argv: list[str] | None):
     for precision in precisions:
         if precision not in ("fp32", "tf32"):
             parser.error(f"--precisions: {precision!r} is not fp32 or tf32")
-    vary = [v for v in args.vary.split(",") if v]
-    if vary:
-        from autocnn.device import DeviceLimits
-        from autocnn.kernels import get_operation
+    if args.vary:
+        from autocnn.cli import _parse_vary
 
-        names = {prm.name for op in ops for precision in precisions for name, p in seed_problems(op) if name in rows
-                 for prm in get_operation(op).space(dataclasses.replace(p, precision=precision),
-                                                    DeviceLimits.for_arch("sm_90")).params}
-        for v in vary:
-            if v not in names:
-                parser.error(f"--vary: {v!r} is not a parameter of these problems; they have {', '.join(sorted(names))}")
+        problems = [dataclasses.replace(p, precision=precision) for op in ops for precision in precisions
+                    for name, p in seed_problems(op) if name in rows]
+        try:
+            args.vary = _parse_vary(args.vary, problems)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.trials < 1:
         parser.error("--trials must be at least 1")
     if args.budget is not None and args.budget <= 0:
@@ -80,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = [(op, name, dataclasses.replace(p, precision=precision))
                 for precision in precisions for op in ops for name, p in seed_problems(op) if name in rows]
     settings = TuneSettings(trials=args.trials, storage=args.storage, fixed=_parse_fixed(args.fix),
-                            vary=tuple(v for v in args.vary.split(",") if v))
+                            vary=tuple(args.vary))
     source = GpuSource(args.device)
     rows_out = []
     start = time.monotonic()

@@ -5,8 +5,9 @@ A config that breaks a static rule is marked infeasible without GPU time and is 
 config measured before (in this study, also by another process or an interrupted run) is answered
 from its earlier trial; only verified results become trial values. When the sampler keeps proposing
 nothing new (a model-based sampler on a tightly constrained space can, for hundreds of asks), the
-tuner queues random feasible configs no one has measured, so the budget is spent on new configs. The winner is timed again,
-interleaved with the runner-up and the default, before it is stored in the tuning database.
+tuner queues random feasible configs no one has measured, so the budget is spent on new configs.
+The winner is timed again, interleaved with the runner-up and the default, before it is stored in
+the tuning database.
 
 Several tuners (processes, hosts, or one per GPU) may share a study. Each proposal happens under
 the study's lock (``study_lock``): the tuner reads what the study holds, takes only configs no one
@@ -31,7 +32,7 @@ from typing import Any, Callable, Iterable, Sequence
 import optuna
 
 from autocnn.device import DeviceInfo
-from autocnn.errors import FailureClass
+from autocnn.errors import FailureClass, InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation
 from autocnn.kernels.space import Config, SearchSpace
 from autocnn.tuning.confirm import confirm_and_store
@@ -77,7 +78,6 @@ class Proposal:
     others_in_flight: int = 0
     recovered: int = 0
     asked: int = 0            # trials asked (infeasible and duplicates included)
-    fallback: int = 0         # random feasible configs queued because the sampler was stuck
 
 
 class Tuner:
@@ -258,10 +258,8 @@ class Tuner:
             while len(p.batch) < want and p.asked < MAX_IDLE_PROPOSALS:
                 if streak >= FALLBACK_AFTER or reused >= want:
                     # The sampler is stuck (on infeasible or known configs): random unmeasured ones.
-                    queued = self._queue_unmeasured(study, space, rng, want - len(p.batch),
-                                                    set(p.known) | flight.keys | keys)
-                    p.fallback += queued
-                    if not queued:
+                    if not self._queue_unmeasured(study, space, rng, want - len(p.batch),
+                                                  set(p.known) | flight.keys | keys):
                         break   # nothing new found: the idle count in _search judges exhaustion
                     streak = reused = 0
                 p.asked += 1
@@ -293,17 +291,16 @@ class Tuner:
         return p
 
     def _queue_unmeasured(self, study, space, rng, count: int, taken: set[str]) -> int:
-        """Queue up to ``count`` random feasible configs outside ``taken`` (measured, in flight or
-        in this batch); how many are queued now. None: the random walks found nothing new."""
+        """Queue up to ``count`` random feasible configs outside ``taken`` (measured, in flight or in
+        this batch) and the queue; how many unmeasured configs wait in the queue now (0: the random
+        walks found nothing new and none was queued before)."""
         queued = queued_keys(study, space)
         fresh = space.sample(rng, count, exclude_keys=taken | queued)
-        if not fresh and queued - taken:
-            return len(queued - taken)   # configs queued earlier (by us or another tuner) come first
         self._enqueue(study, space, fresh)
         if fresh:
             self.log(f"{study.study_name}: the sampler proposed nothing new in {FALLBACK_AFTER} asks; "
                      f"{len(fresh)} random unmeasured configs queued")
-        return len(fresh)
+        return len(fresh) + len(queued - taken)
 
     def _requeue(self, study, space, abandoned: Sequence[Config], known, flying: set[str]) -> int:
         """Queue again the configs of abandoned trials that no one has measured or is measuring."""
@@ -320,8 +317,6 @@ class Tuner:
         return len(again)
 
     def _enqueue(self, study, space, configs: Sequence[Config]) -> None:
-        from autocnn.errors import InfeasibleConfigError, InvalidConfigError
-
         for config in configs:
             try:
                 space.validate(config.as_dict())
@@ -349,8 +344,6 @@ MAX_VARIANTS = 16
 def _variants(space: SearchSpace, configs: Sequence[Config], names: Sequence[str]) -> list[Config]:
     """Each config with one of ``names`` set to each other choice it may take (valid ones only;
     names that are not parameters of this space, as a tf32 parameter in an fp32 problem, pass)."""
-    from autocnn.errors import InfeasibleConfigError, InvalidConfigError
-
     params = {p.name: p for p in space.params}
     out: list[Config] = []
     seen = {c.key() for c in configs}
