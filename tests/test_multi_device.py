@@ -205,3 +205,17 @@ def test_gpus_share_an_in_memory_study_and_separate_runs_do_not(tmp_path):
     # A second run on "memory" starts afresh (replay experiments rely on it).
     again = tune_on_devices(gpus[:1], each_problem([files[1].problem], 16), settings, _db(tmp_path))[0]
     assert again.measured == 16
+
+
+def test_workers_that_cannot_hold_their_gpus_leave_no_process_behind():
+    """``open_gpu_sources`` launches every GPU's worker before waiting for any; when one cannot hold
+    its GPU (here GPU 99, which no host has; on a host without a GPU, GPU 0 already), the error names
+    the GPU and every launched worker is stopped."""
+    import multiprocessing
+
+    from autocnn.errors import DeviceError
+    from autocnn.tuning.devices import open_gpu_sources
+
+    with pytest.raises(DeviceError, match=r"the measurement worker cannot use GPU (0|99)"):
+        open_gpu_sources([0, 99], timeout_s=30)
+    assert not [p for p in multiprocessing.active_children() if p.is_alive()]

@@ -91,15 +91,22 @@ class GpuSources:
 
 def open_gpu_sources(device_ids: Sequence[int], timeout_s: float = 60.0, budget_s: float = 0.1) -> GpuSources:
     """One GpuSource (measuring worker) per GPU; GPUs of one architecture share one nvcc pool,
-    which has the host's cores."""
+    which has the host's cores. The workers start together: each takes seconds to hold its GPU."""
     from autocnn.tuning.sources import GpuSource
+    from autocnn.tuning.worker import MeasureWorker
 
     opened = GpuSources([], {})
+    workers = [MeasureWorker(device_id, timeout_s=timeout_s) for device_id in device_ids]
     try:
-        for device_id in device_ids:
-            opened.sources.append(GpuSource(device_id, timeout_s=timeout_s, budget_s=budget_s, pools=opened.pools))
+        for worker in workers:
+            worker.launch()
+        for device_id, worker in zip(device_ids, workers):
+            opened.sources.append(GpuSource(device_id, timeout_s=timeout_s, budget_s=budget_s, pools=opened.pools,
+                                            worker=worker))
     except BaseException:
         opened.close()
+        for worker in workers[len(opened.sources):]:   # launched, not yet a source's
+            worker.close()
         raise
     return opened
 

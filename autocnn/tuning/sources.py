@@ -57,14 +57,21 @@ class GpuSource:
 
     def __init__(self, device_id: int = 0, timeout_s: float = 60.0, budget_s: float = 0.1,
                  compile_workers: int | None = None, allow_spills: bool = False,
-                 pools: dict[str, Any] | None = None):
+                 pools: dict[str, Any] | None = None, worker: Any = None):
         """``pools``: nvcc pools by architecture shared with other sources (GPUs of one host): this
-        source takes its architecture's, or adds one, and leaves closing them to the owner."""
+        source takes its architecture's, or adds one, and leaves closing them to the owner.
+        ``worker``: a MeasureWorker of ``device_id`` already launched (``open_gpu_sources`` starts
+        several GPUs' workers at once); by default this source starts its own."""
         from autocnn.kernels.compiler import CompilePool
         from autocnn.tuning.worker import MeasureWorker
 
-        self.worker = MeasureWorker(device_id, timeout_s=timeout_s)
-        self.worker.start()
+        if worker is None:
+            self.worker = MeasureWorker(device_id, timeout_s=timeout_s)
+            self.worker.start()
+        else:
+            self.worker = worker
+            if worker.device is None:
+                worker.wait_ready()
         assert self.worker.device is not None
         self.device = DeviceInfo.from_dict(self.worker.device)
         self._owns_pool = pools is None

@@ -125,13 +125,26 @@ class MeasureWorker:
         self._conn: Any = None
         self.device: dict[str, Any] | None = None
         self.restarts = 0
+        self._launched: Any = None   # (process, pipe) between launch and wait_ready
 
     def start(self) -> None:
         """Start the process and wait until it holds its GPU (DeviceError when it cannot)."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it: several GPUs' workers then start together
+        (each spends seconds importing CuPy and creating its CUDA context)."""
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_serve, args=(child, self.device_id), daemon=True)
         proc.start()
         child.close()
+        self._launched = (proc, parent)
+
+    def wait_ready(self) -> None:
+        """Wait until the launched process holds its GPU (DeviceError when it cannot)."""
+        proc, parent = self._launched
+        self._launched = None
         if not parent.poll(START_TIMEOUT_S):
             proc.kill()
             raise RuntimeError(f"the measurement worker for GPU {self.device_id} did not start")
@@ -144,6 +157,12 @@ class MeasureWorker:
         self._proc, self._conn, self.device = proc, parent, payload
 
     def _stop(self) -> None:
+        if self._launched is not None:   # launched, never waited for
+            proc, parent = self._launched
+            self._launched = None
+            proc.kill()
+            proc.join(10)
+            parent.close()
         if self._proc is not None:
             if self._proc.is_alive():
                 self._proc.kill()
