@@ -152,7 +152,9 @@ def test_lookup_over_random_shapes_answers_only_configs_that_run(tmp_path):
         module = compiler.compile(plan.source)
         reasons = resource_violations(module, plan, H200.regs_per_sm, H200.max_smem_per_block)
         assert not reasons, f"{problem.op} {problem.shape_string()}: {result.source} answer cannot run: {reasons}"
-        assert isinstance(module, CompiledModule) and module.reports
+        # Every generated kernel the plan launches was compiled and reported on (a plan of library
+        # calls alone, a pointwise backward-data as one cuBLAS GEMM, launches none).
+        assert isinstance(module, CompiledModule) and set(plan.kernel_names) <= set(module.reports)
     print(dict(Counter(sources)), "; passed over:", skipped)
     assert "nearest_shape" in sources, sources   # the shapes were drawn near tuned ones
 
