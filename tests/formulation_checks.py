@@ -50,7 +50,7 @@ def compile_failures(jobs: Sequence[tuple[str, Any, bool]], arch: str, cache_dir
 
     def build(job):
         what, plan, is_default = job
-        module = compiler.compile(plan.source, config=plan.config)
+        module = compiler.compile(plan.source, config=plan.config, arch=plan.compile_arch(arch))
         missing = set(plan.kernel_names) - set(module.reports)
         spills = [str(r) for r in module.reports.values() if r.spills] if is_default else []
         return f"{what}: missing {missing}, spills {spills}" if missing or spills else None

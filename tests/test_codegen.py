@@ -2,6 +2,7 @@
 sample of valid configs compiles with nvcc for sm_80 and sm_90, with the ptxas report parsed."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import random
@@ -13,6 +14,7 @@ import pytest
 
 from autocnn.kernels import codegen
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path, parse_ptxas_report
+from autocnn.kernels.formulations.wgmma import ARCH as WGMMA_ARCH, FORMULATION_WGMMA
 from autocnn.device import DeviceLimits
 from autocnn.errors import CompileError
 from autocnn.kernels import OPERATIONS, ConvFwdProblem, operation_for
@@ -173,15 +175,27 @@ def test_sampled_configs_compile_on_every_seed_shape(arch, tmp_path):
                     # None where the formulation cannot serve the shape (winograd: 3x3 stride 1 only).
                     one = space.restrict({"formulation": f}).sample(rng, 1)
                     configs += one
-                    offered[op].add(f)
+                    if f != FORMULATION_WGMMA or arch == f"sm_{WGMMA_ARCH}":   # wgmma: Hopper only
+                        offered[op].add(f)
                     served[op].update(c["formulation"] for c in one)
                 jobs += [(op, name, c, operation.plan(problem, c)) for c in configs]
                 expected += 1 + samples
+        # Formulations of one precision only (wgmma: tf32) on the seed shapes in tf32.
+        for name, problem in seed_problems(op):
+            if not hasattr(problem, "precision") or offered[op] <= served[op]:
+                break
+            tf32 = dataclasses.replace(problem, precision="tf32")
+            operation = operation_for(tf32)
+            space = operation.space(tf32, limits)
+            for f in sorted(offered[op] - served[op]):
+                one = space.restrict({"formulation": f}).sample(rng, 1)
+                served[op].update(c["formulation"] for c in one)
+                jobs += [(op, name, c, operation.plan(tf32, c)) for c in one]
 
     def build(job):
         op, name, config, plan = job
         try:
-            module = compiler.compile(plan.source, config=config)
+            module = compiler.compile(plan.source, config=config, arch=plan.compile_arch(arch))
         except CompileError as exc:
             return f"{op} {name} {config}: {exc}"
         missing = [k for k in plan.kernel_names if k not in module.reports]

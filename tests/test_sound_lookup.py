@@ -149,7 +149,7 @@ def test_lookup_over_random_shapes_answers_only_configs_that_run(tmp_path):
         sources.append(result.source)
         skipped += result.detail.count("cannot run here")
         plan = get_operation(problem.op).plan(problem, result.config)
-        module = compiler.compile(plan.source)
+        module = compiler.compile(plan.source, arch=plan.compile_arch(H200.arch))
         reasons = resource_violations(module, plan, H200.regs_per_sm, H200.max_smem_per_block)
         assert not reasons, f"{problem.op} {problem.shape_string()}: {result.source} answer cannot run: {reasons}"
         # Every generated kernel the plan launches was compiled and reported on (a plan of library

@@ -135,31 +135,34 @@ class NvccCompiler:
             raise CompileError(f"nvcc at {self.nvcc} does not run: {exc}") from exc
         return out.strip().splitlines()[-1] if out.strip() else "unknown"
 
-    def compile(self, source: str, config: Any = None) -> CompiledModule:
-        digest = source_hash(source, self.arch, *NVCC_FLAGS, self._version)
-        cubin = self.cache_dir / f"{digest}.cubin"
-        meta = self.cache_dir / f"{digest}.json"
+    def compile(self, source: str, config: Any = None, arch: str | None = None) -> CompiledModule:
+        """``arch``: another target than the compiler's (a plan's architecture-specific one, sm_90a)."""
+        arch = arch or self.arch
+        cache_dir = self.cache_dir if arch == self.arch else self.cache_dir.parent / arch
+        digest = source_hash(source, arch, *NVCC_FLAGS, self._version)
+        cubin = cache_dir / f"{digest}.cubin"
+        meta = cache_dir / f"{digest}.json"
         if cubin.exists() and meta.exists():
             try:
                 data = json.loads(meta.read_text())
                 reports = {k: ResourceReport(**v) for k, v in data["reports"].items()}
-                return CompiledModule(digest, self.arch, "nvcc", str(cubin), reports, 0.0, data.get("log", ""))
+                return CompiledModule(digest, arch, "nvcc", str(cubin), reports, 0.0, data.get("log", ""))
             except (ValueError, KeyError, TypeError):
                 pass  # a damaged cache entry is rebuilt below
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        cache_dir.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="autocnn-nvcc-") as tmp:
             src = Path(tmp) / "kernel.cu"
             out = Path(tmp) / "kernel.cubin"
             src.write_text(source)
-            cmd = [self.nvcc, "-cubin", f"-arch={self.arch}", *NVCC_FLAGS, "-Xptxas", "-v", "-o", str(out), str(src)]
+            cmd = [self.nvcc, "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-Xptxas", "-v", "-o", str(out), str(src)]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 raise CompileError(f"nvcc ran past {COMPILE_TIMEOUT_S} s", config=config) from None
             log = (proc.stdout or "") + (proc.stderr or "")
             if proc.returncode != 0 or not out.exists():
-                raise CompileError(f"nvcc failed for {self.arch} (exit {proc.returncode})", log=log, config=config)
+                raise CompileError(f"nvcc failed for {arch} (exit {proc.returncode})", log=log, config=config)
             # Write then rename, so a concurrent reader never sees half a cubin.
             tmp_cubin = _private_tmp(cubin)
             shutil.copyfile(out, tmp_cubin)
@@ -169,7 +172,7 @@ class NvccCompiler:
         tmp_meta = _private_tmp(meta)
         tmp_meta.write_text(json.dumps({"reports": {k: asdict(v) for k, v in reports.items()}, "log": log}))
         os.replace(tmp_meta, meta)
-        return CompiledModule(digest, self.arch, "nvcc", str(cubin), reports, seconds, log)
+        return CompiledModule(digest, arch, "nvcc", str(cubin), reports, seconds, log)
 
 
 def _private_tmp(path: Path) -> Path:
@@ -188,10 +191,16 @@ class NvrtcCompiler:
         self.cp = require_cupy()
         self._modules: dict[str, Any] = {}
 
-    def load(self, source: str, config: Any = None) -> Any:
-        digest = source_hash(source, *NVRTC_FLAGS)
+    def load(self, source: str, config: Any = None, arch: str | None = None) -> Any:
+        """The loaded module of ``source``. ``arch``: an architecture-specific target (sm_90a), which
+        CuPy's RawModule does not take: NVRTC compiles it to a cubin (cached on disk), loaded from there."""
+        digest = source_hash(source, *NVRTC_FLAGS, arch or "")
         module = self._modules.get(digest)
         if module is not None:
+            return module
+        if arch is not None:
+            module = self.cp.RawModule(path=str(self._cubin(source, arch, config)))
+            self._modules[digest] = module
             return module
         try:
             module = self.cp.RawModule(code=source, options=NVRTC_FLAGS)
@@ -200,6 +209,29 @@ class NvrtcCompiler:
             raise CompileError("NVRTC failed", log=str(exc), config=config) from None
         self._modules[digest] = module
         return module
+
+    def _cubin(self, source: str, arch: str, config: Any) -> Path:
+        from cupy_backends.cuda.libs import nvrtc
+
+        options = (*NVRTC_FLAGS, f"-arch={arch}")
+        version = ".".join(str(v) for v in nvrtc.getVersion())
+        path = cache_root() / "nvrtc-cubin" / arch / f"{source_hash(source, 'nvrtc', version, *options)}.cubin"
+        if path.exists():
+            return path
+        prog = nvrtc.createProgram(source, "autocnn.cu", [], [])
+        try:
+            try:
+                nvrtc.compileProgram(prog, list(options))
+            except nvrtc.NVRTCError:
+                raise CompileError(f"NVRTC failed for {arch}", log=nvrtc.getProgramLog(prog), config=config) from None
+            cubin = nvrtc.getCUBIN(prog)
+        finally:
+            nvrtc.destroyProgram(prog)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _private_tmp(path)
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)
+        return path
 
 
 def function_report(function: Any, name: str) -> ResourceReport:
@@ -316,7 +348,8 @@ class CompilePool:
 
     def submit(self, plan: Any):
         """A future of the CompiledModule; its exception is the CompileError."""
-        return self.executor.submit(self.compiler.compile, plan.source, plan.config)
+        return self.executor.submit(self.compiler.compile, plan.source, plan.config,
+                                    plan.compile_arch(self.compiler.arch))
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -202,6 +202,9 @@ class KernelPlan:
     zero_first: tuple[str, ...] = ()
     workspaces: tuple[tuple[str, int], ...] = ()   # (name, float32 elements)
     steps: tuple[Step, ...] = ()     # all the plan runs, in order: its launches and library GEMMs between them
+    # "a": compiled for the architecture-specific target (sm_90 -> sm_90a), whose instructions
+    # (wgmma) run on that architecture only; "" for the portable target.
+    target_suffix: str = ""
 
     def __post_init__(self) -> None:
         # A formulation's launches() is the whole sequence (Operation.plan passes it as
@@ -210,6 +213,10 @@ class KernelPlan:
         if not self.steps:
             object.__setattr__(self, "steps", tuple(self.launches))
         object.__setattr__(self, "launches", tuple(s for s in self.launches if isinstance(s, Launch)))
+
+    def compile_arch(self, arch: str) -> str:
+        """The compiler's target for a device of architecture ``arch`` (e.g. sm_90 -> sm_90a)."""
+        return arch + self.target_suffix
 
     @property
     def kernel_names(self) -> tuple[str, ...]:
@@ -459,7 +466,7 @@ class Operation:
         return KernelPlan(
             op=self.name, problem=problem, config=config, source=source, fingerprint=fingerprint,
             launches=launches, inputs=self.inputs, outputs=self.outputs,
-            zero_first=zero, workspaces=workspaces,
+            zero_first=zero, workspaces=workspaces, target_suffix=formulation.target_suffix,
         )
 
 

@@ -116,7 +116,10 @@ class KernelLoader:
         else:
             if self._nvrtc is None:
                 self._nvrtc = NvrtcCompiler()
-            module = self._nvrtc.load(plan.source, config=plan.config)
+            arch = None
+            if plan.target_suffix:   # an architecture-specific target: this device's (sm_90 -> sm_90a)
+                arch = plan.compile_arch(f"sm_{self.cp.cuda.Device().compute_capability}")
+            module = self._nvrtc.load(plan.source, config=plan.config, arch=arch)
         return LoadedPlan(plan, module)
 
 

@@ -22,14 +22,15 @@ def ptxas_check(plan: Any, device: DeviceInfo) -> list[str]:
     checked (no compiler on this host) is not borrowed either."""
     from autocnn.kernels.compiler import CompiledModule, resource_reporter, resource_violations
 
-    reporter = resource_reporter(device.arch)
+    arch = plan.compile_arch(device.arch)
+    reporter = resource_reporter(arch)
     if reporter is None:
-        return [f"no compiler (nvcc, or NVRTC through CuPy) here to check its registers and spills on {device.arch}"]
+        return [f"no compiler (nvcc, or NVRTC through CuPy) here to check its registers and spills on {arch}"]
     try:
         reports = reporter.reports(plan.source)
     except CompileError as exc:
-        return [f"does not compile for {device.arch}: {exc}"]
-    module = CompiledModule("", device.arch, "ptxas report", None, reports)
+        return [f"does not compile for {arch}: {exc}"]
+    module = CompiledModule("", arch, "ptxas report", None, reports)
     return resource_violations(module, plan, device.regs_per_sm, device.max_smem_per_block)
 
 

@@ -15,6 +15,7 @@ from autocnn.kernels.formulations.igemm import IGEMM
 from autocnn.kernels.formulations.rows import ROWS
 from autocnn.kernels.formulations.tensorcore import TENSOR_CORE
 from autocnn.kernels.formulations.unrolled import UNROLLED
+from autocnn.kernels.formulations.wgmma import WGMMA
 from autocnn.kernels.formulations.window_gather import WINDOW_GATHER
 from autocnn.kernels.formulations.winograd import WINOGRAD
 
@@ -23,5 +24,6 @@ from autocnn.kernels.formulations.winograd import WINOGRAD
 # again with the tiled multiply-accumulate and the direct transforms (77 of 140 configs with one).
 # circular (Scherer et al. 2010) comes after the others: today's defaults do not change.
 # circular_bwd serves conv_bwd_fused only (kernels/conv_bwd_fused.py), the one-pass backward.
+# wgmma (Hopper only, tf32 conv_fwd) comes last for the same reason as circular.
 REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, FFT, WINDOW_GATHER,
-                                     CIRCULAR, CIRCULAR_BWD)
+                                     CIRCULAR, CIRCULAR_BWD, WGMMA)

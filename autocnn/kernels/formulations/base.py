@@ -74,6 +74,7 @@ class OpFormulation:
     op: str = ""                          # the operation it computes
     summary: str = ""                     # a few words for the "formulation" parameter's description
     templates: tuple[str, ...] = ()       # its own template files; the first is included by the op template
+    target_suffix: str = ""               # "a": compiled for the architecture-specific target (sm_90a)
 
     @property
     def names(self) -> tuple[str, ...]:

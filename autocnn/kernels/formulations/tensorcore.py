@@ -230,6 +230,22 @@ def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
     return out
 
 
+def nhwc_stage_launches(problem: Any, threads: tuple[int, int, int]) -> tuple[Launch, Launch]:
+    """conv_fwd's staging kernels (nhwc_stage_conv_fwd.cuh.j2: X to NHWC, W to KRSC), run before a
+    GEMM that reads them, with the GEMM's block size."""
+    p = problem
+    stage_x = Launch("conv_fwd_stage_x", (cdiv(p.H * p.W, 32), cdiv(p.C, 32), p.N), threads, 0, ("x", "xt"))
+    stage_w = Launch("conv_fwd_stage_w", (min(1024, cdiv(p.K * p.C * p.R * p.S, threads[0])), 1, 1), threads, 0,
+                     ("w", "wt"))
+    return stage_x, stage_w
+
+
+def nhwc_stage_workspaces(problem: Any) -> tuple[tuple[str, int], ...]:
+    """The staged copies' workspaces (float32 elements): Xt as NHWC, Wt as KRSC."""
+    p = problem
+    return (("xt", p.N * p.C * p.H * p.W), ("wt", p.K * p.C * p.R * p.S))
+
+
 def gemm_for(problem: Any) -> TcGemm:
     p = problem
     split3 = p.precision == "fp32"
@@ -254,6 +270,7 @@ class TcConv(OpFormulation):
     def __init__(self, op: str):
         self.op = op
         self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", f"gemm_operands_{op}.cuh.j2",
+                          *(("nhwc_stage_conv_fwd.cuh.j2",) if op == "conv_fwd" else ()),
                           *(("igemm_conv_wgrad_reduce.cu.j2",) if op == "conv_wgrad" else ()))
 
     def params(self, problem: Any) -> list[Param]:
@@ -271,7 +288,8 @@ class TcConv(OpFormulation):
         return {"split3": problem.precision == "fp32", "UNROLL_K": pragma_unroll(config["UNROLL_K"]),
                 "TABLE_A": config["TABLE_A"] if "TABLE_A" in config else 0,
                 "NHWC": nhwc, "VEC_A": vec_a, "VEC_B": vec_b,
-                "TF32_ROUND": config["TF32_ROUND"] if "TF32_ROUND" in config else "nearest"}
+                "TF32_ROUND": config["TF32_ROUND"] if "TF32_ROUND" in config else "nearest",
+                "stage_threads": "tc::THREADS"}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         gemm, c = gemm_for(problem), config
@@ -283,12 +301,8 @@ class TcConv(OpFormulation):
         grid = (cdiv(gemm.GM, c["BM"]), cdiv(gemm.GN, c["BN"]), z)
         threads = (32 * c["WM"] * c["WN"], 1, 1)
         if nhwc:
-            p = problem
-            # The staging kernels first, with the GEMM's block size (see tc_conv_fwd.cu.j2).
-            stage_x = Launch("conv_fwd_stage_x", (cdiv(p.H * p.W, 32), cdiv(p.C, 32), p.N), threads, 0, ("x", "xt"))
-            stage_w = Launch("conv_fwd_stage_w", (min(1024, cdiv(p.K * gemm.GK, threads[0])), 1, 1), threads, 0,
-                             ("w", "wt"))
-            return (stage_x, stage_w, Launch(gemm.op, grid, threads, smem, (*self.ARGS[gemm.op], "xt", "wt")))
+            return (*nhwc_stage_launches(problem, threads),
+                    Launch(gemm.op, grid, threads, smem, (*self.ARGS[gemm.op], "xt", "wt")))
         main = Launch(gemm.op, grid, threads, smem, self.ARGS[gemm.op])
         if gemm.op == "conv_wgrad" and c["TWO_PASS"]:
             return (main, wgrad_reduce_launch(problem))
@@ -296,8 +310,7 @@ class TcConv(OpFormulation):
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         if self.op == "conv_fwd" and config["NHWC"]:
-            p = problem
-            return (), (("xt", p.N * p.C * p.H * p.W), ("wt", p.K * p.C * p.R * p.S))
+            return (), nhwc_stage_workspaces(problem)
         if self.op != "conv_wgrad":
             return (), ()
         if config["TWO_PASS"]:
@@ -309,7 +322,7 @@ class TcConv(OpFormulation):
 
     def code_helpers(self) -> tuple:
         return (gemm_for, TcGemm, smem_bytes, kmajor, vector_widths, pragma_unroll, KMAJOR, TABLE_ENTRY_BYTES, self.ARGS,
-                wgrad_reduce_launch, WORKSPACE_LIMIT_BYTES)
+                wgrad_reduce_launch, WORKSPACE_LIMIT_BYTES, nhwc_stage_launches, nhwc_stage_workspaces)
 
 
 TENSOR_CORE = Formulation(FORMULATION_TC, tuple(TcConv(op) for op in TC_OPS))

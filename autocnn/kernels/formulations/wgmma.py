@@ -1,0 +1,118 @@
+"""Hopper's warpgroup tensor cores ("wgmma"): conv_fwd as an implicit GEMM on wgmma.mma_async (sm_90a).
+
+mma.sync (the tc formulation) feeds the tensor cores from registers that every warp fills from
+shared memory: at its largest warp tile (64x64) the shared-memory reads already match the tensor
+cores' TF32 rate, so the tc kernels stay at 15-23% of the H100's TF32 GEMM rate. wgmma reads both
+operands straight from shared memory for a warpgroup (4 warps, a 64 x BN tile) and runs
+asynchronously: no fragment loads, no conversions, and one read of each operand tile per
+warpgroup instead of one per warp.
+
+The GEMM is conv_fwd's with X staged as NHWC and W as KRSC first (nhwc_stage_conv_fwd.cuh.j2, as
+tc's NHWC configs do), so both operands are contiguous along the reduction k = (r, s, c): wgmma
+takes 32-bit operands K-major only. Each stage holds BK = 32 floats of k per row (128 bytes, one
+row of the 128-byte swizzle: chunk c of row r lives at c ^ (r % 8), which the descriptors name; the
+layout and descriptor fields were checked on an H100 by scripts/probe_wgmma.py), filled by 16-byte
+cp.async copies with zero fill at the gather's padding and the tiles' ragged edges.
+
+Precision: tf32 only. The tensor cores truncate the operands to TF32 (the tc formulation's
+TF32_ROUND "zero", inside the tf32 bound); fp32 would need 3xTF32, i.e. the operands' small parts
+in shared memory beside them, which is not written: the constraint says so, and fp32 problems are
+served by the other formulations.
+
+Parameters: WGS warpgroups along the GEMM's rows (BM = 64 * WGS), WBN columns per block (the
+wgmma's N: accumulators are WBN / 2 registers per thread), WSTAGES shared-memory stages.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from autocnn.device import DeviceLimits
+from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation
+from autocnn.kernels.formulations.tensorcore import arch_number, nhwc_stage_launches, nhwc_stage_workspaces
+from autocnn.kernels.operation import Launch, at_most, cdiv, grid_rule, next_pow2, smem_rule, threads_rule
+from autocnn.kernels.space import Config, Constraint, Param
+
+FORMULATION_WGMMA = "wgmma"
+ARCH = 90           # wgmma exists on sm_90a only (Blackwell has other tensor-core instructions)
+BK = 32             # floats of the reduction per stage: one 128-byte swizzle row
+ALIGN_SLACK = 1024  # the swizzle needs 1024-byte aligned stages; the kernel aligns its dynamic smem
+
+
+def smem_bytes(wgs: int, wbn: int, stages: int) -> int:
+    return 4 * stages * (64 * wgs + wbn) * BK + ALIGN_SLACK
+
+
+class WgmmaConvFwd(OpFormulation):
+    """conv_fwd's implicit GEMM (rows: output pixels, columns: filters) on wgmma."""
+
+    formulation = FORMULATION_WGMMA
+    op = "conv_fwd"
+    summary = "Hopper warpgroup tensor-core implicit GEMM (sm_90a, tf32)"
+    templates = ("wgmma_conv_fwd.cu.j2", "gemm_operands_conv_fwd.cuh.j2", "nhwc_stage_conv_fwd.cuh.j2")
+    target_suffix = "a"
+    ARGS = ("x", "w", "bias", "y", "xt", "wt")
+
+    def params(self, problem: Any) -> list[Param]:
+        return [
+            Param("WGS", (1, 2), "warpgroups along the GEMM's rows (64 rows each)"),
+            Param("WBN", (64, 128, 256), "GEMM columns (filters) per block: the wgmma's N"),
+            Param("WSTAGES", (3, 4, 2), "shared-memory pipeline stages"),
+        ]
+
+    def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
+        p = problem
+        gm = p.N * p.P * p.Q
+
+        def arch(_):
+            n = arch_number(limits.arch)
+            return None if n == ARCH else f"wgmma runs on sm_{ARCH} (Hopper) only, not {limits.arch}"
+
+        def precision(_):
+            return None if p.precision == "tf32" else (
+                "wgmma serves tf32 problems only (fp32 needs 3xTF32, not written for it)")
+
+        def channels(_):
+            return None if p.C % 4 == 0 else f"the NHWC operands move in float4s: C must be a multiple of 4, not {p.C}"
+
+        def workspace(_):
+            need = 4 * sum(n for _, n in nhwc_stage_workspaces(p))
+            return None if need <= limits.workspace_bytes else (
+                f"the NHWC staging workspace ({need} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes")
+
+        return [
+            Constraint(("WGS",), arch),   # of the device, not of a parameter: any one carries it
+            Constraint(("WGS",), precision),
+            Constraint(("WGS",), channels),
+            Constraint(("WBN",), workspace),
+            threads_rule(limits, ("WGS",), lambda wgs: 128 * wgs),
+            at_most("WBN", max(64, next_pow2(p.K)), f"only {p.K} filters"),
+            Constraint(("WGS",), lambda wgs: None if wgs == 1 or 64 * wgs <= max(64, next_pow2(gm))
+                       else f"only {gm} GEMM rows"),
+            grid_rule(("WBN",), lambda wbn: cdiv(p.K, wbn)),
+            smem_rule(limits, ("WGS", "WBN", "WSTAGES"), smem_bytes),
+        ]
+
+    def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
+        base = {"formulation": FORMULATION_WGMMA}
+        return [{**base, "WGS": 2, "WBN": 128, "WSTAGES": 3}, {**base, "WGS": 1, "WBN": 128, "WSTAGES": 3},
+                {**base, "WGS": 1, "WBN": 64, "WSTAGES": 3}]
+
+    def context(self, problem: Any, config: Config) -> dict[str, Any]:
+        # The operand gathers read the staged NHWC copies; the staging kernels take the block size.
+        return {"NHWC": 1, "stage_threads": "wg::THREADS", "BK": BK, "ALIGN_SLACK": ALIGN_SLACK}
+
+    def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
+        p, c = problem, config
+        threads = (128 * c["WGS"], 1, 1)
+        grid = (cdiv(p.N * p.P * p.Q, 64 * c["WGS"]), cdiv(p.K, c["WBN"]), 1)
+        main = Launch("conv_fwd", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"]), self.ARGS)
+        return (*nhwc_stage_launches(p, threads), main)
+
+    def buffers(self, problem: Any, config: Config) -> Buffers:
+        return (), nhwc_stage_workspaces(problem)
+
+    def code_helpers(self) -> tuple:
+        return (smem_bytes, nhwc_stage_launches, nhwc_stage_workspaces, BK, ALIGN_SLACK, ARCH, self.ARGS)
+
+
+WGMMA = Formulation(FORMULATION_WGMMA, (WgmmaConvFwd(),))

@@ -1,0 +1,167 @@
+"""The wgmma formulation (formulations/wgmma.py): Hopper's warpgroup tensor cores for tf32 conv_fwd.
+
+CPU: where it is offered (sm_90, tf32, C a multiple of 4) and why not elsewhere; every config builds
+for sm_90a without spills and not for the portable sm_90 (so the plan's target matters); the
+lookup's resource check compiles it for its target. GPU (``-m gpu``, a Hopper GPU): every config
+verified against float64 on seed shapes and on shapes that divide nothing evenly, through NVRTC
+(the training library's path) and through nvcc cubins (the tuner's), and a NaN in the input
+reaches exactly the outputs the reference has it in."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from autocnn.device import DeviceInfo, DeviceLimits
+from autocnn.errors import CompileError, InfeasibleConfigError
+from autocnn.kernels import OPERATIONS
+from autocnn.kernels.compiler import NvccCompiler, nvcc_path
+from autocnn.kernels.formulations.wgmma import FORMULATION_WGMMA
+from autocnn.kernels.problem import ConvFwdProblem
+from autocnn.kernels.suite import seed_problems
+
+needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+FWD = OPERATIONS["conv_fwd"]
+HOPPER = DeviceLimits.for_arch("sm_90")
+H200 = DeviceInfo("NVIDIA H200", "9.0", 132, 13020, 13000, max_smem_per_block=227 * 1024)
+# C a multiple of 4 (the NHWC float4 runs) and nothing else even: odd K, P, Q and batch, stride 2 by
+# 1, asymmetric padding, a reduction (C*R*S = 180) that is not a whole number of 32-float stages.
+ODD = (("odd_wg_a", ConvFwdProblem(N=3, C=12, H=13, W=11, K=19, R=3, S=5, stride=(2, 1), padding=(1, 2, 0, 1),
+                                   precision="tf32")),
+       ("odd_wg_b", ConvFwdProblem(N=1, C=4, H=9, W=17, K=70, R=1, S=1, precision="tf32", bias=True,
+                                   activation="relu")))
+
+
+def _space(problem, limits=HOPPER):
+    return FWD.space(problem, limits).restrict({"formulation": FORMULATION_WGMMA})
+
+
+SEED_SHAPES = ("modern_14", "sweep_3x3", "scherer10_l2")   # modern_14 first: 256 filters take every WBN
+
+
+def _problems():
+    seed = dict(seed_problems("conv_fwd"))
+    return [(n, dataclasses.replace(seed[n], precision="tf32")) for n in SEED_SHAPES] + list(ODD)
+
+
+def _every_config(problem):
+    space = _space(problem)
+    out = []
+    for wgs, wbn, stages in itertools.product((1, 2), (64, 128, 256), (2, 3, 4)):
+        try:
+            out.append(space.validate({"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages}))
+        except InfeasibleConfigError:
+            pass
+    return out
+
+
+def _default(problem):
+    return FWD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA)
+
+
+def test_wgmma_is_offered_on_hopper_for_tf32_with_whole_float4_runs():
+    name, problem = _problems()[0]
+    config = _default(problem).as_dict()
+    assert len(_every_config(problem)) == 18
+    with pytest.raises(InfeasibleConfigError, match="sm_90"):
+        _space(problem, DeviceLimits.for_arch("sm_80")).validate(config)
+    with pytest.raises(InfeasibleConfigError, match="tf32"):
+        FWD.space(dataclasses.replace(problem, precision="fp32"), HOPPER).validate(config)
+    with pytest.raises(InfeasibleConfigError, match="multiple of 4"):
+        FWD.space(dataclasses.replace(problem, C=6), HOPPER).validate(config)
+    plan = FWD.plan(problem, _default(problem))
+    assert plan.target_suffix == "a" and plan.compile_arch("sm_90") == "sm_90a"
+    assert [l.kernel for l in plan.launches] == ["conv_fwd_stage_x", "conv_fwd_stage_w", "conv_fwd"]
+    assert dict(plan.workspaces) == {"xt": problem.N * problem.C * problem.H * problem.W,
+                                     "wt": problem.K * problem.C * problem.R * problem.S}
+    # The other formulations keep the portable target.
+    other = FWD.plan(problem, FWD.default_config(problem, HOPPER, formulation="tc"))
+    assert other.target_suffix == "" and other.compile_arch("sm_90") == "sm_90"
+
+
+@needs_nvcc
+def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    jobs = [(name, config, FWD.plan(problem, config)) for name, problem in (_problems()[0], ODD[0])
+            for config in _every_config(problem)]
+
+    def build(job):
+        name, config, plan = job
+        module = compiler.compile(plan.source, config=config, arch=plan.compile_arch(compiler.arch))
+        missing = set(plan.kernel_names) - set(module.reports)
+        spills = [str(r) for r in module.reports.values() if r.spills]
+        return f"{name} {config}: missing {missing}, spills {spills}" if missing or spills else None
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        failures = [f for f in pool.map(build, jobs) if f]
+    assert len(jobs) == 18 + 6 and not failures, "\n".join(failures[:8])
+    # wgmma is not in the portable target: compiling for it must fail, or the suffix would not matter.
+    with pytest.raises(CompileError, match="sm_90"):
+        compiler.compile(jobs[0][2].source)
+
+
+@needs_nvcc
+def test_the_lookups_resource_check_compiles_for_the_plans_target():
+    from autocnn.store.feasibility import ptxas_check
+
+    name, problem = _problems()[0]
+    assert ptxas_check(FWD.plan(problem, _default(problem)), H200) == []
+
+
+@pytest.mark.gpu
+def test_wgmma_kernels_verify_against_float64():
+    """Every config on each shape through NVRTC (what the training library loads), and the default
+    through an nvcc cubin (what the tuner measures), every element checked against float64."""
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.compiler import CompilePool
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    device = current_device(0)
+    if device.arch != "sm_90":
+        pytest.skip(f"wgmma needs a Hopper GPU (sm_90), not {device.arch}")
+    loader = KernelLoader()
+    failures, checked = [], 0
+    for name, problem in _problems():
+        for config in _every_config(problem):
+            check = check_candidate(loader.load(FWD.plan(problem, config)), problem, time_it=False)
+            checked += 1
+            if not check.verification.passed:
+                failures.append(f"{name} {config} (NVRTC): {check.verification.message}")
+    if nvcc_path() is not None:
+        with CompilePool(device.arch) as pool:
+            for name, problem in _problems():
+                plan = FWD.plan(problem, _default(problem))
+                module = pool.submit(plan).result()
+                check = check_candidate(loader.load(plan, module.cubin_path), problem, time_it=False)
+                checked += 1
+                if not check.verification.passed:
+                    failures.append(f"{name} default (nvcc cubin): {check.verification.message}")
+    assert checked == sum(len(_every_config(p)) for _, p in _problems()) + (len(_problems()) if nvcc_path() else 0)
+    assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:8])
+
+
+@pytest.mark.gpu
+def test_a_nan_in_the_input_is_a_nan_in_every_output_it_reaches():
+    cp = pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import plan_buffers, reference_outputs
+
+    if current_device(0).arch != "sm_90":
+        pytest.skip("wgmma needs a Hopper GPU (sm_90)")
+    name, problem = ODD[0]
+    loaded = KernelLoader().load(FWD.plan(problem, _default(problem)))
+    inputs, outputs, buffers = plan_buffers(loaded, problem, seed=7)
+    flat = inputs["x"].reshape(-1)
+    flat.view(cp.uint32)[flat.size // 3] = 0x7FFFFFFF   # the canonical NaN
+    loaded(buffers)
+    cp.cuda.get_current_stream().synchronize()
+    expected = reference_outputs(problem, inputs)["y"]
+    want, got = cp.isnan(expected), cp.isnan(outputs["y"])
+    assert int(want.sum()) > 0, "the NaN reaches no output of the reference (the test is wrong)"
+    assert bool((want == got).all()), f"{int(got.sum())} NaNs where the reference has {int(want.sum())}"
