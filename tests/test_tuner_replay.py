@@ -342,3 +342,20 @@ def test_vary_tries_earlier_winners_at_every_other_choice_of_a_parameter():
                      ("TF32_ROUND",)) == []
     with pytest.raises(ValueError, match="sequence of parameter names"):
         TuneSettings(vary="TF32_ROUND")
+
+
+@pytest.mark.parametrize("precision, reason", [("fp32", "wgmma serves tf32 problems only"),
+                                               ("tf32", "C must be a multiple of 4, not 3")])
+def test_held_parameters_that_rule_out_every_config_are_named_before_anything_runs(db, tmp_path, precision, reason):
+    """--fix formulation=wgmma on a shape wgmma cannot serve: the outcome says which rule the held
+    parameters break; no study is opened and nothing is measured."""
+    from autocnn.kernels.problem import ConvFwdProblem
+
+    source = ReplaySource([ReplayFile.load(WGRAD_FILE)])   # a Hopper GPU (the replay's H200)
+    tuner = Tuner(source, db, TuneSettings(storage=storage(tmp_path), fixed={"formulation": "wgmma"}), progress=False)
+    problem = ConvFwdProblem(N=8, C=3, H=8, W=8, K=8, R=3, S=3, padding=(1, 1, 1, 1), precision=precision)
+    outcome = tuner.tune("conv_fwd", problem, trials=4)
+    assert outcome.best is None and outcome.measured == 0 and source.calls == 0
+    assert "no config of this shape satisfies formulation=wgmma" in outcome.stopped_because
+    assert reason in outcome.stopped_because
+    assert not (tmp_path / "optuna.db").exists()

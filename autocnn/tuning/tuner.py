@@ -116,8 +116,13 @@ class Tuner:
         name = study_name(device, op, problem, operation.fingerprint(), s.fixed)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         default = operation.default_config(problem, device.limits())
-        owner = new_owner()
         outcome = TuneOutcome(op, problem, name, None, None, device=device.name)
+        if s.fixed and not space.sample(random.Random(0), 1, max_attempts=1000):
+            # The held parameters rule out every config (a formulation that cannot serve this shape
+            # or this GPU): say why, before a study is opened or anything measured.
+            outcome.stopped_because = f"finding that no config of this shape satisfies {_fixed_text(s.fixed)}: {_why_empty(space, s.fixed)}"
+            return outcome
+        owner = new_owner()
         try:
             study = self._open_study(name, op, problem, operation, space, default, trials, owner, outcome)
             beating = (HEARTBEATS.beating(self.storage, study._study_id) if self.spec.kind == "postgresql"
@@ -362,6 +367,20 @@ def _variants(space: SearchSpace, configs: Sequence[Config], names: Sequence[str
                     seen.add(variant.key())
                     out.append(variant)
     return out
+
+
+def _fixed_text(fixed) -> str:
+    return ",".join(f"{k}={v}" for k, v in fixed.items())
+
+
+def _why_empty(space: SearchSpace, fixed) -> str:
+    """A rule that the held parameters break (the first one met with every other parameter at its
+    first choice)."""
+    try:
+        space.complete(dict(fixed))
+    except (InvalidConfigError, InfeasibleConfigError) as exc:
+        return str(exc)
+    return "random walks over the space found no config that meets its rules"
 
 
 def _best(results: Iterable[TrialResult]) -> TrialResult | None:
