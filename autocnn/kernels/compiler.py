@@ -211,27 +211,37 @@ class NvrtcCompiler:
         return module
 
     def _cubin(self, source: str, arch: str, config: Any) -> Path:
-        from cupy_backends.cuda.libs import nvrtc
-
         options = (*NVRTC_FLAGS, f"-arch={arch}")
-        version = ".".join(str(v) for v in nvrtc.getVersion())
-        path = cache_root() / "nvrtc-cubin" / arch / f"{source_hash(source, 'nvrtc', version, *options)}.cubin"
+        path = cache_root() / "nvrtc-cubin" / arch / f"{source_hash(source, 'nvrtc', _nvrtc_version(), *options)}.cubin"
         if path.exists():
             return path
-        prog = nvrtc.createProgram(source, "autocnn.cu", [], [])
-        try:
-            try:
-                nvrtc.compileProgram(prog, list(options))
-            except nvrtc.NVRTCError:
-                raise CompileError(f"NVRTC failed for {arch}", log=nvrtc.getProgramLog(prog), config=config) from None
-            cubin = nvrtc.getCUBIN(prog)
-        finally:
-            nvrtc.destroyProgram(prog)
+        _, cubin = _nvrtc_compile(source, options, arch, config)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = _private_tmp(path)
         tmp.write_bytes(cubin)
         os.replace(tmp, path)
         return path
+
+
+def _nvrtc_version() -> str:
+    from cupy_backends.cuda.libs import nvrtc
+
+    return ".".join(str(v) for v in nvrtc.getVersion())
+
+
+def _nvrtc_compile(source: str, options: tuple[str, ...], arch: str, config: Any = None) -> tuple[str, bytes]:
+    """NVRTC (through CuPy's bindings) to a cubin of ``arch``: the program's log and the cubin."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(source, "autocnn.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, list(options))
+        except nvrtc.NVRTCError:
+            raise CompileError(f"NVRTC failed for {arch}", log=nvrtc.getProgramLog(prog), config=config) from None
+        return nvrtc.getProgramLog(prog), nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
 
 
 def function_report(function: Any, name: str) -> ResourceReport:
@@ -288,25 +298,15 @@ class ResourceReporter:
         return self._nvrtc_reports(source)
 
     def _nvrtc_reports(self, source: str) -> dict[str, ResourceReport]:
-        from cupy_backends.cuda.libs import nvrtc
-
         options = (*NVRTC_FLAGS, f"-arch={self.arch}", "-Xptxas=-v")
-        version = ".".join(str(v) for v in nvrtc.getVersion())
-        digest = source_hash(source, "nvrtc", version, *options)
+        digest = source_hash(source, "nvrtc", _nvrtc_version(), *options)
         meta = (self.cache_dir or cache_root() / "ptxas") / self.arch / f"{digest}.json"
         try:
             return {k: ResourceReport(**v) for k, v in json.loads(meta.read_text()).items()}
         except (OSError, ValueError, TypeError):
             pass   # not cached yet (or a damaged entry): compile below
-        prog = nvrtc.createProgram(source, "autocnn.cu", [], [])
-        try:
-            try:
-                nvrtc.compileProgram(prog, list(options))
-            except nvrtc.NVRTCError:
-                raise CompileError(f"NVRTC failed for {self.arch}", log=nvrtc.getProgramLog(prog)) from None
-            reports = parse_ptxas_report(nvrtc.getProgramLog(prog))
-        finally:
-            nvrtc.destroyProgram(prog)
+        log, _ = _nvrtc_compile(source, options, self.arch)
+        reports = parse_ptxas_report(log)
         meta.parent.mkdir(parents=True, exist_ok=True)
         tmp = _private_tmp(meta)
         tmp.write_text(json.dumps({k: asdict(v) for k, v in reports.items()}))

@@ -64,7 +64,7 @@ FALLBACK_AFTER = 24
 def study_name(device: DeviceInfo, op: str, problem: Any, fingerprint: str, fixed: Any) -> str:
     text = f"{device.slug()}|{op}|{problem.shape_string()}|{fingerprint}"
     if fixed:
-        text += "|fixed:" + ",".join(f"{k}={fixed[k]}" for k in sorted(fixed))
+        text += "|fixed:" + _fixed_text(fixed)
     return text
 
 
@@ -370,7 +370,8 @@ def _variants(space: SearchSpace, configs: Sequence[Config], names: Sequence[str
 
 
 def _fixed_text(fixed) -> str:
-    return ",".join(f"{k}={v}" for k, v in fixed.items())
+    """Held parameters as name=value pairs in name order (as in a study's name, and in messages)."""
+    return ",".join(f"{k}={fixed[k]}" for k in sorted(fixed))
 
 
 def _why_empty(space: SearchSpace, fixed) -> str:

@@ -251,7 +251,7 @@ def gemm_for(problem: Any) -> TcGemm:
     split3 = p.precision == "fp32"
     if p.op == "conv_fwd":
         return TcGemm(p.op, p.N * p.P * p.Q, p.K, p.C * p.R * p.S, 1, split3, C=p.C,
-                      staged_floats=p.N * p.C * p.H * p.W + p.K * p.C * p.R * p.S)
+                      staged_floats=sum(n for _, n in nhwc_stage_workspaces(p)))
     if p.op == "conv_bwd_data":
         phases = stride_phases(p)
         return TcGemm(p.op, max(p.N * ph.Ha * ph.Wb for ph in phases), p.C,
