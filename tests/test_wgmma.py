@@ -1,4 +1,5 @@
-"""The wgmma formulation (formulations/wgmma.py): Hopper's warpgroup tensor cores for tf32 conv_fwd.
+"""The wgmma formulation (formulations/wgmma.py): Hopper's warpgroup tensor cores for tf32 conv_fwd
+and conv_bwd_data.
 
 CPU: where it is offered (sm_90, tf32, C a multiple of 4) and why not elsewhere; every config builds
 for sm_90a without spills and not for the portable sm_90 (so the plan's target matters); the
@@ -20,11 +21,12 @@ from autocnn.errors import CompileError, InfeasibleConfigError
 from autocnn.kernels import OPERATIONS
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.formulations.wgmma import FORMULATION_WGMMA
-from autocnn.kernels.problem import ConvFwdProblem
+from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem
 from autocnn.kernels.suite import seed_problems
 
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 FWD = OPERATIONS["conv_fwd"]
+BWD = OPERATIONS["conv_bwd_data"]
 HOPPER = DeviceLimits.for_arch("sm_90")
 H200 = DeviceInfo("NVIDIA H200", "9.0", 132, 13020, 13000, max_smem_per_block=227 * 1024)
 # C a multiple of 4 (the NHWC float4 runs) and nothing else even: odd K, P, Q and batch, stride 2 by
@@ -35,8 +37,18 @@ ODD = (("odd_wg_a", ConvFwdProblem(N=3, C=12, H=13, W=11, K=19, R=3, S=5, stride
                                    activation="relu")))
 
 
-def _space(problem, limits=HOPPER):
-    return FWD.space(problem, limits).restrict({"formulation": FORMULATION_WGMMA})
+# conv_bwd_data: K (dY's channels) a multiple of 4 and nothing else even: 13 input channels (a block
+# of 16 columns with 3 past the edge), stride 2 by 1 with asymmetric padding (two phases of
+# different sizes), stride 3 with a 2x2 filter (phases no tap reaches: their gradient is 0), batch 1.
+ODD_BWD = (("odd_wgb_a", ConvBwdDataProblem(N=3, C=13, H=13, W=11, K=20, R=3, S=5, stride=(2, 1),
+                                            padding=(1, 2, 0, 1), precision="tf32")),
+           ("odd_wgb_b", ConvBwdDataProblem(N=1, C=9, H=17, W=14, K=8, R=2, S=2, stride=(3, 3), precision="tf32")),
+           ("odd_wgb_c", ConvBwdDataProblem(N=2, C=70, H=9, W=7, K=36, R=1, S=1, precision="tf32")))
+BWD_SEED_SHAPES = ("modern_14", "scherer10_l2", "convnet18_c3", "sweep_3x3")
+
+
+def _space(problem, limits=HOPPER, op=FWD):
+    return op.space(problem, limits).restrict({"formulation": FORMULATION_WGMMA})
 
 
 SEED_SHAPES = ("modern_14", "sweep_3x3", "scherer10_l2")   # modern_14 first: 256 filters take every WBN
@@ -47,10 +59,15 @@ def _problems():
     return [(n, dataclasses.replace(seed[n], precision="tf32")) for n in SEED_SHAPES] + list(ODD)
 
 
-def _every_config(problem):
-    space = _space(problem)
+def _bwd_problems():
+    seed = dict(seed_problems("conv_bwd_data"))
+    return [(n, dataclasses.replace(seed[n], precision="tf32")) for n in BWD_SEED_SHAPES] + list(ODD_BWD)
+
+
+def _every_config(problem, op=FWD, widths=(64, 128, 256)):
+    space = _space(problem, op=op)
     out = []
-    for wgs, wbn, stages in itertools.product((1, 2), (64, 128, 256), (2, 3, 4)):
+    for wgs, wbn, stages in itertools.product((1, 2), widths, (2, 3, 4)):
         try:
             out.append(space.validate({"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages}))
         except InfeasibleConfigError:
@@ -82,6 +99,55 @@ def test_wgmma_is_offered_on_hopper_for_tf32_with_whole_float4_runs():
     assert other.target_suffix == "" and other.compile_arch("sm_90") == "sm_90"
 
 
+def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
+    from autocnn.kernels.conv_bwd_data import stride_phases
+
+    name, problem = _bwd_problems()[0]   # modern_14: 256 input channels take every width
+    assert len(_every_config(problem, BWD, (64, 128, 256, 32, 16))) == 27
+    plan = BWD.plan(problem, BWD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA))
+    assert plan.compile_arch("sm_90") == "sm_90a"
+    assert [l.kernel for l in plan.launches] == ["conv_bwd_data_stage_dy", "conv_bwd_data_stage_w", "conv_bwd_data"]
+    assert dict(plan.workspaces) == {"dyt": problem.N * problem.K * problem.P * problem.Q,
+                                     "wt": problem.K * problem.C * problem.R * problem.S}
+    for _, odd in ODD_BWD:   # one block row of phases per stride phase
+        plan = BWD.plan(odd, BWD.default_config(odd, HOPPER, formulation=FORMULATION_WGMMA))
+        assert plan.launches[-1].grid[2] == len(stride_phases(odd))
+    # 16 input channels (scherer10_l2): the default block is as wide as the GEMM
+    scherer = _bwd_problems()[1][1]
+    assert BWD.default_config(scherer, HOPPER, formulation=FORMULATION_WGMMA).as_dict()["WBN"] == 16
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 64, "WSTAGES": 3}
+    with pytest.raises(InfeasibleConfigError, match="multiple of 4"):
+        BWD.space(dataclasses.replace(problem, K=6), HOPPER).validate(config)
+    with pytest.raises(InfeasibleConfigError, match="tf32"):
+        BWD.space(dataclasses.replace(problem, precision="fp32"), HOPPER).validate(config)
+    with pytest.raises(InfeasibleConfigError, match="sm_90"):
+        _space(problem, DeviceLimits.for_arch("sm_80"), BWD).validate(config)
+    with pytest.raises(InfeasibleConfigError, match="only 16 input channels"):
+        BWD.space(scherer, HOPPER).validate({**config, "WBN": 128})
+    with pytest.raises(InfeasibleConfigError, match="split evenly"):
+        BWD.space(problem, HOPPER).validate({**config, "WGS": 2, "WBN": 16})
+
+
+@needs_nvcc
+def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    widths = (64, 128, 256, 32, 16)
+    jobs = [(name, config, BWD.plan(problem, config)) for name, problem in (_bwd_problems()[0], *ODD_BWD)
+            for config in _every_config(problem, BWD, widths)]
+
+    def build(job):
+        name, config, plan = job
+        module = compiler.compile(plan.source, config=config, arch=plan.compile_arch(compiler.arch))
+        missing = set(plan.kernel_names) - set(module.reports)
+        spills = [str(r) for r in module.reports.values() if r.spills]
+        return f"{name} {config}: missing {missing}, spills {spills}" if missing or spills else None
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        failures = [f for f in pool.map(build, jobs) if f]
+    assert len(jobs) == 27 + sum(len(_every_config(p, BWD, widths)) for _, p in ODD_BWD) and not failures, \
+        "\n".join(failures[:8])
+
+
 @needs_nvcc
 def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
@@ -111,8 +177,7 @@ def test_the_lookups_resource_check_compiles_for_the_plans_target():
     assert ptxas_check(FWD.plan(problem, _default(problem)), H200) == []
 
 
-@pytest.mark.gpu
-def test_wgmma_kernels_verify_against_float64():
+def _verify_every_config(op, problems, widths):
     """Every config on each shape through NVRTC (what the training library loads), and the default
     through an nvcc cubin (what the tuner measures), every element checked against float64."""
     pytest.importorskip("cupy")
@@ -126,23 +191,34 @@ def test_wgmma_kernels_verify_against_float64():
         pytest.skip(f"wgmma needs a Hopper GPU (sm_90), not {device.arch}")
     loader = KernelLoader()
     failures, checked = [], 0
-    for name, problem in _problems():
-        for config in _every_config(problem):
-            check = check_candidate(loader.load(FWD.plan(problem, config)), problem, time_it=False)
+    for name, problem in problems:
+        for config in _every_config(problem, op, widths):
+            check = check_candidate(loader.load(op.plan(problem, config)), problem, time_it=False)
             checked += 1
             if not check.verification.passed:
                 failures.append(f"{name} {config} (NVRTC): {check.verification.message}")
     if nvcc_path() is not None:
         with CompilePool(device.arch) as pool:
-            for name, problem in _problems():
-                plan = FWD.plan(problem, _default(problem))
+            for name, problem in problems:
+                plan = op.plan(problem, op.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA))
                 module = pool.submit(plan).result()
                 check = check_candidate(loader.load(plan, module.cubin_path), problem, time_it=False)
                 checked += 1
                 if not check.verification.passed:
                     failures.append(f"{name} default (nvcc cubin): {check.verification.message}")
-    assert checked == sum(len(_every_config(p)) for _, p in _problems()) + (len(_problems()) if nvcc_path() else 0)
+    expected = sum(len(_every_config(p, op, widths)) for _, p in problems) + (len(problems) if nvcc_path() else 0)
+    assert checked == expected
     assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:8])
+
+
+@pytest.mark.gpu
+def test_wgmma_kernels_verify_against_float64():
+    _verify_every_config(FWD, _problems(), (64, 128, 256, 32, 16))
+
+
+@pytest.mark.gpu
+def test_wgmma_bwd_data_kernels_verify_against_float64():
+    _verify_every_config(BWD, _bwd_problems(), (64, 128, 256, 32, 16))
 
 
 @pytest.mark.gpu
@@ -163,5 +239,27 @@ def test_a_nan_in_the_input_is_a_nan_in_every_output_it_reaches():
     cp.cuda.get_current_stream().synchronize()
     expected = reference_outputs(problem, inputs)["y"]
     want, got = cp.isnan(expected), cp.isnan(outputs["y"])
+    assert int(want.sum()) > 0, "the NaN reaches no output of the reference (the test is wrong)"
+    assert bool((want == got).all()), f"{int(got.sum())} NaNs where the reference has {int(want.sum())}"
+
+
+@pytest.mark.gpu
+def test_a_nan_in_dy_is_a_nan_in_every_input_gradient_it_reaches():
+    cp = pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import plan_buffers, reference_outputs
+
+    if current_device(0).arch != "sm_90":
+        pytest.skip("wgmma needs a Hopper GPU (sm_90)")
+    name, problem = ODD_BWD[0]
+    loaded = KernelLoader().load(BWD.plan(problem, BWD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA)))
+    inputs, outputs, buffers = plan_buffers(loaded, problem, seed=11)
+    flat = inputs["dy"].reshape(-1)
+    flat.view(cp.uint32)[flat.size // 2] = 0x7FFFFFFF   # the canonical NaN
+    loaded(buffers)
+    cp.cuda.get_current_stream().synchronize()
+    expected = reference_outputs(problem, inputs)["dx"]
+    want, got = cp.isnan(expected), cp.isnan(outputs["dx"])
     assert int(want.sum()) > 0, "the NaN reaches no output of the reference (the test is wrong)"
     assert bool((want == got).all()), f"{int(got.sum())} NaNs where the reference has {int(want.sum())}"

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from autocnn.device import DeviceLimits
+from autocnn.kernels.conv_bwd_data import stride_phases
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation
 from autocnn.kernels.formulations.tensorcore import arch_number, nhwc_stage_launches, nhwc_stage_workspaces
 from autocnn.kernels.operation import Launch, at_most, cdiv, grid_rule, next_pow2, smem_rule, threads_rule
@@ -42,26 +43,56 @@ def smem_bytes(wgs: int, wbn: int, stages: int) -> int:
     return 4 * stages * (64 * wgs + wbn) * BK + ALIGN_SLACK
 
 
-class WgmmaConvFwd(OpFormulation):
-    """conv_fwd's implicit GEMM (rows: output pixels, columns: filters) on wgmma."""
+def bwd_data_stage_launches(problem: Any, threads: tuple[int, int, int]) -> tuple[Launch, Launch]:
+    """conv_bwd_data's staging kernels (wgmma_conv_bwd_data.cu.j2: dY to NHWC, W to CRSK), run before
+    the GEMM with its block size."""
+    p = problem
+    stage_dy = Launch("conv_bwd_data_stage_dy", (cdiv(p.P * p.Q, 32), cdiv(p.K, 32), p.N), threads, 0, ("dy", "dyt"))
+    stage_w = Launch("conv_bwd_data_stage_w", (min(1024, cdiv(p.K * p.C * p.R * p.S, threads[0])), 1, 1), threads, 0,
+                     ("w", "wt"))
+    return stage_dy, stage_w
+
+
+def bwd_data_stage_workspaces(problem: Any) -> tuple[tuple[str, int], ...]:
+    """The staged copies' workspaces (float32 elements): dYt as NHWC, Wt as CRSK."""
+    p = problem
+    return (("dyt", p.N * p.K * p.P * p.Q), ("wt", p.K * p.C * p.R * p.S))
+
+
+class _WgmmaGemm(OpFormulation):
+    """What the ops' wgmma GEMMs share: the parameters and the rules of the block GEMM
+    (wgmma_mainloop.cuh.j2). Each op says what its GEMM is: rows, columns (the wgmma's N), the
+    channels its operands move in float4s, its staged workspaces and launches."""
 
     formulation = FORMULATION_WGMMA
-    op = "conv_fwd"
-    summary = "Hopper warpgroup tensor-core implicit GEMM (sm_90a, tf32)"
-    templates = ("wgmma_conv_fwd.cu.j2", "gemm_operands_conv_fwd.cuh.j2", "nhwc_stage_conv_fwd.cuh.j2")
     target_suffix = "a"
-    ARGS = ("x", "w", "bias", "y", "xt", "wt")
+
+    def gemm_rows(self, problem: Any) -> int:        # the most rows one launch's GEMM has
+        raise NotImplementedError
+
+    def gemm_columns(self, problem: Any) -> tuple[int, str]:   # the GEMM's columns, and what they are
+        raise NotImplementedError
+
+    def vector_channels(self, problem: Any) -> tuple[int, str]:   # the channels of the float4 runs
+        raise NotImplementedError
+
+    def workspaces(self, problem: Any) -> tuple[tuple[str, int], ...]:
+        raise NotImplementedError
 
     def params(self, problem: Any) -> list[Param]:
+        # 32 and 16 columns (after the others: the first choices keep their order) serve GEMMs with
+        # few columns, e.g. the backward-data of a layer with 16 input channels.
         return [
             Param("WGS", (1, 2), "warpgroups along the GEMM's rows (64 rows each)"),
-            Param("WBN", (64, 128, 256), "GEMM columns (filters) per block: the wgmma's N"),
+            Param("WBN", (64, 128, 256, 32, 16), "GEMM columns per block: the wgmma's N"),
             Param("WSTAGES", (3, 4, 2), "shared-memory pipeline stages"),
         ]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
-        gm = p.N * p.P * p.Q
+        gm = self.gemm_rows(p)
+        gn, columns = self.gemm_columns(p)
+        vc, channels_name = self.vector_channels(p)
 
         def arch(_):
             n = arch_number(limits.arch)
@@ -72,12 +103,18 @@ class WgmmaConvFwd(OpFormulation):
                 "wgmma serves tf32 problems only (fp32 needs 3xTF32, not written for it)")
 
         def channels(_):
-            return None if p.C % 4 == 0 else f"the NHWC operands move in float4s: C must be a multiple of 4, not {p.C}"
+            return None if vc % 4 == 0 else (
+                f"the NHWC operands move in float4s: {channels_name} must be a multiple of 4, not {vc}")
 
         def workspace(_):
-            need = 4 * sum(n for _, n in nhwc_stage_workspaces(p))
+            need = 4 * sum(n for _, n in self.workspaces(p))
             return None if need <= limits.workspace_bytes else (
                 f"the NHWC staging workspace ({need} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes")
+
+        def even_copies(wgs, wbn):
+            # every thread copies the same number of 16-byte chunks of a stage's B rows
+            return None if (wbn * BK // 4) % (128 * wgs) == 0 else (
+                f"{wbn} columns of {BK} floats do not split evenly over {128 * wgs} threads")
 
         return [
             Constraint(("WGS",), arch),   # of the device, not of a parameter: any one carries it
@@ -85,17 +122,47 @@ class WgmmaConvFwd(OpFormulation):
             Constraint(("WGS",), channels),
             Constraint(("WBN",), workspace),
             threads_rule(limits, ("WGS",), lambda wgs: 128 * wgs),
-            at_most("WBN", max(64, next_pow2(p.K)), f"only {p.K} filters"),
+            at_most("WBN", max(64, next_pow2(gn)), f"only {gn} {columns}"),
             Constraint(("WGS",), lambda wgs: None if wgs == 1 or 64 * wgs <= max(64, next_pow2(gm))
                        else f"only {gm} GEMM rows"),
-            grid_rule(("WBN",), lambda wbn: cdiv(p.K, wbn)),
+            Constraint(("WGS", "WBN"), even_copies),
+            grid_rule(("WBN",), lambda wbn: cdiv(gn, wbn)),
             smem_rule(limits, ("WGS", "WBN", "WSTAGES"), smem_bytes),
         ]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         base = {"formulation": FORMULATION_WGMMA}
-        return [{**base, "WGS": 2, "WBN": 128, "WSTAGES": 3}, {**base, "WGS": 1, "WBN": 128, "WSTAGES": 3},
-                {**base, "WGS": 1, "WBN": 64, "WSTAGES": 3}]
+        out = [{**base, "WGS": 2, "WBN": 128, "WSTAGES": 3}, {**base, "WGS": 1, "WBN": 128, "WSTAGES": 3},
+               {**base, "WGS": 1, "WBN": 64, "WSTAGES": 3}]
+        narrow = max(16, next_pow2(self.gemm_columns(problem)[0]))
+        if narrow < 64:   # few columns: first, a block as wide as the GEMM
+            out.insert(0, {**base, "WGS": 1, "WBN": narrow, "WSTAGES": 4})
+        return out
+
+    def buffers(self, problem: Any, config: Config) -> Buffers:
+        return (), self.workspaces(problem)
+
+
+class WgmmaConvFwd(_WgmmaGemm):
+    """conv_fwd's implicit GEMM (rows: output pixels, columns: filters) on wgmma."""
+
+    op = "conv_fwd"
+    summary = "Hopper warpgroup tensor-core implicit GEMM (sm_90a, tf32)"
+    templates = ("wgmma_conv_fwd.cu.j2", "wgmma_core.cuh.j2", "wgmma_mainloop.cuh.j2", "gemm_operands_conv_fwd.cuh.j2",
+                 "nhwc_stage_conv_fwd.cuh.j2")
+    ARGS = ("x", "w", "bias", "y", "xt", "wt")
+
+    def gemm_rows(self, problem: Any) -> int:
+        return problem.N * problem.P * problem.Q
+
+    def gemm_columns(self, problem: Any) -> tuple[int, str]:
+        return problem.K, "filters"
+
+    def vector_channels(self, problem: Any) -> tuple[int, str]:
+        return problem.C, "C"
+
+    def workspaces(self, problem: Any) -> tuple[tuple[str, int], ...]:
+        return nhwc_stage_workspaces(problem)
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         # The operand gathers read the staged NHWC copies; the staging kernels take the block size.
@@ -108,11 +175,46 @@ class WgmmaConvFwd(OpFormulation):
         main = Launch("conv_fwd", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"]), self.ARGS)
         return (*nhwc_stage_launches(p, threads), main)
 
-    def buffers(self, problem: Any, config: Config) -> Buffers:
-        return (), nhwc_stage_workspaces(problem)
-
     def code_helpers(self) -> tuple:
         return (smem_bytes, nhwc_stage_launches, nhwc_stage_workspaces, BK, ALIGN_SLACK, ARCH, self.ARGS)
 
 
-WGMMA = Formulation(FORMULATION_WGMMA, (WgmmaConvFwd(),))
+class WgmmaConvBwdData(_WgmmaGemm):
+    """conv_bwd_data's implicit GEMM per stride phase (rows: the phase's input pixels, columns:
+    input channels, reduction: the phase's taps x filters) on wgmma, over dY staged as NHWC and W
+    as CRSK so that both operands are contiguous along the reduction (tap, filter)."""
+
+    op = "conv_bwd_data"
+    summary = "Hopper warpgroup tensor-core implicit GEMM per stride phase (sm_90a, tf32)"
+    templates = ("wgmma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "wgmma_mainloop.cuh.j2",
+                 "gemm_operands_conv_bwd_data.cuh.j2")
+    ARGS = ("dyt", "wt", "dx")
+
+    def gemm_rows(self, problem: Any) -> int:
+        return max(problem.N * ph.Ha * ph.Wb for ph in stride_phases(problem))
+
+    def gemm_columns(self, problem: Any) -> tuple[int, str]:
+        return problem.C, "input channels"
+
+    def vector_channels(self, problem: Any) -> tuple[int, str]:
+        return problem.K, "K (dY's channels)"
+
+    def workspaces(self, problem: Any) -> tuple[tuple[str, int], ...]:
+        return bwd_data_stage_workspaces(problem)
+
+    def context(self, problem: Any, config: Config) -> dict[str, Any]:
+        return {"NHWC": 1, "BK": BK, "ALIGN_SLACK": ALIGN_SLACK}
+
+    def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
+        p, c = problem, config
+        threads = (128 * c["WGS"], 1, 1)
+        grid = (cdiv(self.gemm_rows(p), 64 * c["WGS"]), cdiv(p.C, c["WBN"]), len(stride_phases(p)))
+        main = Launch("conv_bwd_data", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"]), self.ARGS)
+        return (*bwd_data_stage_launches(p, threads), main)
+
+    def code_helpers(self) -> tuple:
+        return (smem_bytes, bwd_data_stage_launches, bwd_data_stage_workspaces, stride_phases, BK, ALIGN_SLACK, ARCH,
+                self.ARGS)
+
+
+WGMMA = Formulation(FORMULATION_WGMMA, (WgmmaConvFwd(), WgmmaConvBwdData()))
