@@ -180,7 +180,7 @@ def test_sampled_configs_compile_on_every_seed_shape(arch, tmp_path):
                     served[op].update(c["formulation"] for c in one)
                 jobs += [(op, name, c, operation.plan(problem, c)) for c in configs]
                 expected += 1 + samples
-        # Formulations of one precision only (wgmma: tf32) on the seed shapes in tf32.
+        # A formulation that serves one precision only is built on the seed shapes in tf32 too.
         for name, problem in seed_problems(op):
             if not hasattr(problem, "precision") or offered[op] <= served[op]:
                 break

@@ -59,6 +59,11 @@ def _problems():
     return [(n, dataclasses.replace(seed[n], precision="tf32")) for n in SEED_SHAPES] + list(ODD)
 
 
+def _fp32(problems):
+    """fp32 (3xTF32) versions of the first seed shape and of the odd shapes."""
+    return [(f"{n} fp32", dataclasses.replace(p, precision="fp32")) for n, p in problems if n.startswith(("modern", "odd"))]
+
+
 def _bwd_problems():
     seed = dict(seed_problems("conv_bwd_data"))
     return [(n, dataclasses.replace(seed[n], precision="tf32")) for n in BWD_SEED_SHAPES] + list(ODD_BWD)
@@ -85,8 +90,16 @@ def test_wgmma_is_offered_on_hopper_for_tf32_with_whole_float4_runs():
     assert len(_every_config(problem)) == 18
     with pytest.raises(InfeasibleConfigError, match="sm_90"):
         _space(problem, DeviceLimits.for_arch("sm_80")).validate(config)
-    with pytest.raises(InfeasibleConfigError, match="tf32"):
-        FWD.space(dataclasses.replace(problem, precision="fp32"), HOPPER).validate(config)
+    # fp32 is 3xTF32: both staged copies hold each operand's small parts after its big parts.
+    fp32 = dataclasses.replace(problem, precision="fp32")
+    split_plan = FWD.plan(fp32, FWD.space(fp32, HOPPER).validate(config))
+    assert dict(split_plan.workspaces) == {"xt": 2 * problem.N * problem.C * problem.H * problem.W,
+                                           "wt": 2 * problem.K * problem.C * problem.R * problem.S}
+    assert "3xTF32, the small cross terms first" in split_plan.source
+    assert "3xTF32" not in FWD.plan(problem, FWD.space(problem, HOPPER).validate(config)).source
+    # Each tile's partial sums sit beside the totals: 256 columns would need 256 registers for them.
+    with pytest.raises(InfeasibleConfigError, match="partial sums"):
+        FWD.space(fp32, HOPPER).validate({**config, "WBN": 256})
     with pytest.raises(InfeasibleConfigError, match="multiple of 4"):
         FWD.space(dataclasses.replace(problem, C=6), HOPPER).validate(config)
     plan = FWD.plan(problem, _default(problem))
@@ -118,8 +131,9 @@ def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
     config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 64, "WSTAGES": 3}
     with pytest.raises(InfeasibleConfigError, match="multiple of 4"):
         BWD.space(dataclasses.replace(problem, K=6), HOPPER).validate(config)
-    with pytest.raises(InfeasibleConfigError, match="tf32"):
-        BWD.space(dataclasses.replace(problem, precision="fp32"), HOPPER).validate(config)
+    fp32 = dataclasses.replace(problem, precision="fp32")
+    assert dict(BWD.plan(fp32, BWD.space(fp32, HOPPER).validate(config)).workspaces) == {
+        "dyt": 2 * problem.N * problem.K * problem.P * problem.Q, "wt": 2 * problem.K * problem.C * problem.R * problem.S}
     with pytest.raises(InfeasibleConfigError, match="sm_90"):
         _space(problem, DeviceLimits.for_arch("sm_80"), BWD).validate(config)
     with pytest.raises(InfeasibleConfigError, match="only 16 input channels"):
@@ -132,7 +146,8 @@ def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
 def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     widths = (64, 128, 256, 32, 16)
-    jobs = [(name, config, BWD.plan(problem, config)) for name, problem in (_bwd_problems()[0], *ODD_BWD)
+    problems = (_bwd_problems()[0], *ODD_BWD, *_fp32([_bwd_problems()[0]]))
+    jobs = [(name, config, BWD.plan(problem, config)) for name, problem in problems
             for config in _every_config(problem, BWD, widths)]
 
     def build(job):
@@ -144,14 +159,15 @@ def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path):
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         failures = [f for f in pool.map(build, jobs) if f]
-    assert len(jobs) == 27 + sum(len(_every_config(p, BWD, widths)) for _, p in ODD_BWD) and not failures, \
+    assert len(jobs) == sum(len(_every_config(p, BWD, widths)) for _, p in problems) and not failures, \
         "\n".join(failures[:8])
 
 
 @needs_nvcc
 def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
-    jobs = [(name, config, FWD.plan(problem, config)) for name, problem in (_problems()[0], ODD[0])
+    problems = (_problems()[0], ODD[0], *_fp32([_problems()[0]]))
+    jobs = [(name, config, FWD.plan(problem, config)) for name, problem in problems
             for config in _every_config(problem)]
 
     def build(job):
@@ -163,7 +179,7 @@ def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path)
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         failures = [f for f in pool.map(build, jobs) if f]
-    assert len(jobs) == 18 + 6 and not failures, "\n".join(failures[:8])
+    assert len(jobs) == 18 + 6 + len(_every_config(problems[2][1])) and not failures, "\n".join(failures[:8])
     # wgmma is not in the portable target: compiling for it must fail, or the suffix would not matter.
     with pytest.raises(CompileError, match="sm_90"):
         compiler.compile(jobs[0][2].source)
@@ -219,6 +235,13 @@ def test_wgmma_kernels_verify_against_float64():
 @pytest.mark.gpu
 def test_wgmma_bwd_data_kernels_verify_against_float64():
     _verify_every_config(BWD, _bwd_problems(), (64, 128, 256, 32, 16))
+
+
+@pytest.mark.gpu
+def test_wgmma_3xtf32_kernels_meet_the_fp32_bound():
+    """fp32 problems (3xTF32) are held to the FP32 bound, the one every fp32 kernel meets."""
+    _verify_every_config(FWD, _fp32(_problems()), (64, 128, 256, 32, 16))
+    _verify_every_config(BWD, _fp32(_bwd_problems()), (64, 128, 256, 32, 16))
 
 
 @pytest.mark.gpu

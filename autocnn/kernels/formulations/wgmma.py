@@ -1,4 +1,5 @@
-"""Hopper's warpgroup tensor cores ("wgmma"): conv_fwd as an implicit GEMM on wgmma.mma_async (sm_90a).
+"""Hopper's warpgroup tensor cores ("wgmma"): conv_fwd and conv_bwd_data as implicit GEMMs on
+wgmma.mma_async (sm_90a).
 
 mma.sync (the tc formulation) feeds the tensor cores from registers that every warp fills from
 shared memory: at its largest warp tile (64x64) the shared-memory reads already match the tensor
@@ -7,17 +8,25 @@ operands straight from shared memory for a warpgroup (4 warps, a 64 x BN tile) a
 asynchronously: no fragment loads, no conversions, and one read of each operand tile per
 warpgroup instead of one per warp.
 
-The GEMM is conv_fwd's with X staged as NHWC and W as KRSC first (nhwc_stage_conv_fwd.cuh.j2, as
-tc's NHWC configs do), so both operands are contiguous along the reduction k = (r, s, c): wgmma
-takes 32-bit operands K-major only. Each stage holds BK = 32 floats of k per row (128 bytes, one
-row of the 128-byte swizzle: chunk c of row r lives at c ^ (r % 8), which the descriptors name; the
-layout and descriptor fields were checked on an H100 by scripts/probe_wgmma.py), filled by 16-byte
-cp.async copies with zero fill at the gather's padding and the tiles' ragged edges.
+wgmma takes 32-bit operands K-major only, so both operands are staged first, contiguous along the
+reduction: conv_fwd's X as NHWC and W as KRSC (nhwc_stage_conv_fwd.cuh.j2, shared with tc's NHWC
+configs), reduction (r, s, c); conv_bwd_data's dY as NHWC and W as CRSK, reduction (tap, filter)
+of each stride phase (one GEMM per phase along the grid's z, as the other formulations run them).
+Each stage holds BK = 32 floats of the reduction per row (128 bytes, one row of the 128-byte
+swizzle: chunk c of row r lives at c ^ (r % 8), which the descriptors name; the layout and
+descriptor fields were checked on an H100 by scripts/probe_wgmma.py), filled by 16-byte cp.async
+copies with zero fill at the gather's padding and the tiles' ragged edges. The block GEMM is one
+source for both ops (wgmma_mainloop.cuh.j2).
 
-Precision: tf32 only. The tensor cores truncate the operands to TF32 (the tc formulation's
-TF32_ROUND "zero", inside the tf32 bound); fp32 would need 3xTF32, i.e. the operands' small parts
-in shared memory beside them, which is not written: the constraint says so, and fp32 problems are
-served by the other formulations.
+Precision: tf32 reads each operand once; the tensor cores truncate it to TF32 (the tc
+formulation's TF32_ROUND "zero", inside the tf32 bound). fp32 is 3xTF32: the staging kernels
+write each operand's TF32 part and, after it, the TF32 part of the remainder (both rounded to
+nearest, as tc's split does), the block copies both into shared memory, and every k-step adds
+small*big, big*small and big*big to the tile's partial sums, which are added to the totals in FP32:
+the tensor cores accumulate without round-to-nearest, an error that grew past the FP32 bound over
+modern_14's 2,304 terms when every product went straight to the totals. So it passes the FP32 bound
+as tc's 3xTF32 does, for twice the staged copies, shared memory and accumulator registers (WBN <=
+128) and three times the tensor-core work.
 
 Parameters: WGS warpgroups along the GEMM's rows (BM = 64 * WGS), WBN columns per block (the
 wgmma's N: accumulators are WBN / 2 registers per thread), WSTAGES shared-memory stages.
@@ -39,8 +48,16 @@ BK = 32             # floats of the reduction per stage: one 128-byte swizzle ro
 ALIGN_SLACK = 1024  # the swizzle needs 1024-byte aligned stages; the kernel aligns its dynamic smem
 
 
-def smem_bytes(wgs: int, wbn: int, stages: int) -> int:
-    return 4 * stages * (64 * wgs + wbn) * BK + ALIGN_SLACK
+def smem_bytes(wgs: int, wbn: int, stages: int, split: bool = False) -> int:
+    """Shared memory of a block: the stages of both operands (twice: with split, their small parts
+    too), and the slack that aligns them to 1024 bytes."""
+    return 4 * stages * (64 * wgs + wbn) * BK * (2 if split else 1) + ALIGN_SLACK
+
+
+def split(problem: Any) -> bool:
+    """3xTF32 for fp32 problems: each operand is staged as its TF32 parts and the TF32 parts of the
+    remainders, and every product is big*big + big*small + small*big."""
+    return problem.precision == "fp32"
 
 
 def bwd_data_stage_launches(problem: Any, threads: tuple[int, int, int]) -> tuple[Launch, Launch]:
@@ -55,8 +72,8 @@ def bwd_data_stage_launches(problem: Any, threads: tuple[int, int, int]) -> tupl
 
 def bwd_data_stage_workspaces(problem: Any) -> tuple[tuple[str, int], ...]:
     """The staged copies' workspaces (float32 elements): dYt as NHWC, Wt as CRSK."""
-    p = problem
-    return (("dyt", p.N * p.K * p.P * p.Q), ("wt", p.K * p.C * p.R * p.S))
+    p, parts = problem, 2 if split(problem) else 1
+    return (("dyt", parts * p.N * p.K * p.P * p.Q), ("wt", parts * p.K * p.C * p.R * p.S))
 
 
 class _WgmmaGemm(OpFormulation):
@@ -98,10 +115,6 @@ class _WgmmaGemm(OpFormulation):
             n = arch_number(limits.arch)
             return None if n == ARCH else f"wgmma runs on sm_{ARCH} (Hopper) only, not {limits.arch}"
 
-        def precision(_):
-            return None if p.precision == "tf32" else (
-                "wgmma serves tf32 problems only (fp32 needs 3xTF32, not written for it)")
-
         def channels(_):
             return None if vc % 4 == 0 else (
                 f"the NHWC operands move in float4s: {channels_name} must be a multiple of 4, not {vc}")
@@ -116,9 +129,15 @@ class _WgmmaGemm(OpFormulation):
             return None if (wbn * BK // 4) % (128 * wgs) == 0 else (
                 f"{wbn} columns of {BK} floats do not split evenly over {128 * wgs} threads")
 
+        def partial_sums(wbn):
+            # fp32 keeps each tile's partial sums beside the accumulators: twice WBN / 2 registers
+            return None if not split(p) or wbn <= 128 else (
+                f"WBN={wbn} with 3xTF32 holds {wbn} accumulator registers per thread (at most 128: fp32 keeps "
+                "each tile's partial sums beside the totals)")
+
         return [
             Constraint(("WGS",), arch),   # of the device, not of a parameter: any one carries it
-            Constraint(("WGS",), precision),
+            Constraint(("WBN",), partial_sums),
             Constraint(("WGS",), channels),
             Constraint(("WBN",), workspace),
             threads_rule(limits, ("WGS",), lambda wgs: 128 * wgs),
@@ -127,7 +146,7 @@ class _WgmmaGemm(OpFormulation):
                        else f"only {gm} GEMM rows"),
             Constraint(("WGS", "WBN"), even_copies),
             grid_rule(("WBN",), lambda wbn: cdiv(gn, wbn)),
-            smem_rule(limits, ("WGS", "WBN", "WSTAGES"), smem_bytes),
+            smem_rule(limits, ("WGS", "WBN", "WSTAGES"), lambda wgs, wbn, st: smem_bytes(wgs, wbn, st, split(p))),
         ]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
@@ -147,7 +166,7 @@ class WgmmaConvFwd(_WgmmaGemm):
     """conv_fwd's implicit GEMM (rows: output pixels, columns: filters) on wgmma."""
 
     op = "conv_fwd"
-    summary = "Hopper warpgroup tensor-core implicit GEMM (sm_90a, tf32)"
+    summary = "Hopper warpgroup tensor-core implicit GEMM (sm_90a; fp32 as 3xTF32)"
     templates = ("wgmma_conv_fwd.cu.j2", "wgmma_core.cuh.j2", "wgmma_mainloop.cuh.j2", "gemm_operands_conv_fwd.cuh.j2",
                  "nhwc_stage_conv_fwd.cuh.j2")
     ARGS = ("x", "w", "bias", "y", "xt", "wt")
@@ -162,21 +181,23 @@ class WgmmaConvFwd(_WgmmaGemm):
         return problem.C, "C"
 
     def workspaces(self, problem: Any) -> tuple[tuple[str, int], ...]:
-        return nhwc_stage_workspaces(problem)
+        parts = 2 if split(problem) else 1
+        return tuple((name, parts * n) for name, n in nhwc_stage_workspaces(problem))
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         # The operand gathers read the staged NHWC copies; the staging kernels take the block size.
-        return {"NHWC": 1, "stage_threads": "wg::THREADS", "BK": BK, "ALIGN_SLACK": ALIGN_SLACK}
+        return {"NHWC": 1, "stage_threads": "wg::THREADS", "BK": BK, "ALIGN_SLACK": ALIGN_SLACK,
+                "SPLIT": split(problem), "STAGE_SPLIT": split(problem)}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
         threads = (128 * c["WGS"], 1, 1)
         grid = (cdiv(p.N * p.P * p.Q, 64 * c["WGS"]), cdiv(p.K, c["WBN"]), 1)
-        main = Launch("conv_fwd", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"]), self.ARGS)
+        main = Launch("conv_fwd", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p)), self.ARGS)
         return (*nhwc_stage_launches(p, threads), main)
 
     def code_helpers(self) -> tuple:
-        return (smem_bytes, nhwc_stage_launches, nhwc_stage_workspaces, BK, ALIGN_SLACK, ARCH, self.ARGS)
+        return (smem_bytes, split, nhwc_stage_launches, nhwc_stage_workspaces, BK, ALIGN_SLACK, ARCH, self.ARGS)
 
 
 class WgmmaConvBwdData(_WgmmaGemm):
@@ -185,7 +206,7 @@ class WgmmaConvBwdData(_WgmmaGemm):
     as CRSK so that both operands are contiguous along the reduction (tap, filter)."""
 
     op = "conv_bwd_data"
-    summary = "Hopper warpgroup tensor-core implicit GEMM per stride phase (sm_90a, tf32)"
+    summary = "Hopper warpgroup tensor-core implicit GEMM per stride phase (sm_90a; fp32 as 3xTF32)"
     templates = ("wgmma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "wgmma_mainloop.cuh.j2",
                  "gemm_operands_conv_bwd_data.cuh.j2")
     ARGS = ("dyt", "wt", "dx")
@@ -203,18 +224,19 @@ class WgmmaConvBwdData(_WgmmaGemm):
         return bwd_data_stage_workspaces(problem)
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
-        return {"NHWC": 1, "BK": BK, "ALIGN_SLACK": ALIGN_SLACK}
+        return {"NHWC": 1, "BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem)}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
         threads = (128 * c["WGS"], 1, 1)
         grid = (cdiv(self.gemm_rows(p), 64 * c["WGS"]), cdiv(p.C, c["WBN"]), len(stride_phases(p)))
-        main = Launch("conv_bwd_data", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"]), self.ARGS)
+        main = Launch("conv_bwd_data", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p)),
+                      self.ARGS)
         return (*bwd_data_stage_launches(p, threads), main)
 
     def code_helpers(self) -> tuple:
-        return (smem_bytes, bwd_data_stage_launches, bwd_data_stage_workspaces, stride_phases, BK, ALIGN_SLACK, ARCH,
-                self.ARGS)
+        return (smem_bytes, split, bwd_data_stage_launches, bwd_data_stage_workspaces, stride_phases, BK, ALIGN_SLACK,
+                ARCH, self.ARGS)
 
 
 WGMMA = Formulation(FORMULATION_WGMMA, (WgmmaConvFwd(), WgmmaConvBwdData()))
