@@ -319,6 +319,18 @@ def _tune_problems(args: argparse.Namespace, precision: str, op_problem: Any, to
     return None
 
 
+def _offering(fixed: dict[str, Any], problems: list[Any]) -> list[Any]:
+    """The problems whose ops offer the held parameters; says how many are left out."""
+    from autocnn.tuning.tuner import problems_offering
+
+    offering = problems_offering(fixed, problems)
+    if len(offering) < len(problems):   # said even with --json (on stderr): work this run leaves undone
+        ops = sorted({p.op for p in problems if p not in offering})
+        print(f"autocnn: {len(problems) - len(offering)} problems ({', '.join(ops)}) left out: their operations offer "
+              f"no config with --fix {','.join(f'{k}={v}' for k, v in fixed.items())}", file=sys.stderr)
+    return offering
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from autocnn.store import TuningDatabase
     from autocnn.tuning.devices import each_problem, parse_devices, tune_on_devices
@@ -350,10 +362,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         # The model is built and traced on meta tensors.
         torch_uses = autocnn_torch.factory_problems(args.torch_model, args.input_shape, args.batch, precision)
     problems = _tune_problems(args, precision, op_problem, torch_uses)
+    fixed = _parse_fixed(args.fix)
+    if problems is not None and torch_uses is None:
+        problems = _offering(fixed, problems)
     whole_budget = bool(args.network or args.torch_model)   # --timeout is for all kernels together
     settings = TuneSettings(trials=args.trials, timeout_s=args.timeout if not whole_budget else None,
                             sampler=args.sampler, seed=args.seed, storage=args.storage,
-                            fixed=_parse_fixed(args.fix), vary=_parse_vary(args.vary, problems))
+                            fixed=fixed, vary=_parse_vary(args.vary, problems))
     log = (lambda text: print(text, file=sys.stderr)) if not args.json else None
     # Not a terminal (a log file, CI): one line per finished problem instead of a redrawn bar.
     bar = not (args.no_progress or args.json) and sys.stderr.isatty()
@@ -368,7 +383,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         db = TuningDatabase()
         if problems is None:   # --stale
             stale = db.stale_problems(opened.device, _parse_ops(args.ops))
-            problems = [p for p in stale if has_precision(p, precision)]
+            problems = _offering(fixed, [p for p in stale if has_precision(p, precision)])
             if log:
                 log(f"{len(problems)} shapes with stale records for {opened.device.name}")
             others = sorted({p.precision for p in stale if not has_precision(p, precision)})

@@ -29,6 +29,9 @@ SHAPE = "N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3"
     # TF32_ROUND is a parameter of tf32 problems only: an fp32 run has nothing to vary along it.
     (["--op", "conv_fwd", "--shape", SHAPE, "--vary", "TF32_ROUND"], "--vary: TF32_ROUND is not a parameter"),
     (["--op", "conv_fwd", "--shape", SHAPE, "--vary", "FRAG,NOSUCH"], "--vary: NOSUCH is not a parameter"),
+    # A held value that no problem of the run offers (misspelt); one that some ops lack holds elsewhere.
+    (["--network", "lenet5", "--fix", "formulation=wgmmma"], "no problem of this run offers formulation=wgmmma"),
+    (["--op", "conv_wgrad", "--shape", SHAPE, "--fix", "formulation=wgmma"], "no problem of this run offers"),
 ])
 def test_mistakes_are_named_before_any_device_is_touched(no_gpu_source, capsys, argv, message):
     assert cli.main(["tune", *argv]) == 1

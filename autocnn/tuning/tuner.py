@@ -27,11 +27,11 @@ import contextlib
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import optuna
 
-from autocnn.device import DeviceInfo
+from autocnn.device import DeviceInfo, DeviceLimits
 from autocnn.errors import FailureClass, InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation
 from autocnn.kernels.space import Config, SearchSpace
@@ -112,8 +112,16 @@ class Tuner:
         operation = get_operation(op)
         operation.check_problem(problem)
         device = self.source.device
-        space = self.space_for(op, problem)
         name = study_name(device, op, problem, operation.fingerprint(), s.fixed)
+        try:
+            space = self.space_for(op, problem)
+        except InvalidConfigError as exc:
+            # A held value this op does not offer (a network's weight gradients under
+            # formulation=wgmma): this problem is left out, the run goes on (the command line leaves
+            # such problems out before it starts: problems_offering).
+            outcome = TuneOutcome(op, problem, name, None, None, device=device.name)
+            outcome.stopped_because = f"finding that {op} has no config with {_fixed_text(s.fixed)}: {exc}"
+            return outcome
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         default = operation.default_config(problem, device.limits())
         outcome = TuneOutcome(op, problem, name, None, None, device=device.name)
@@ -367,6 +375,27 @@ def _variants(space: SearchSpace, configs: Sequence[Config], names: Sequence[str
                     seen.add(variant.key())
                     out.append(variant)
     return out
+
+
+def problems_offering(fixed: Mapping[str, Any], problems: Sequence[Any]) -> list[Any]:
+    """The problems of a run whose ops offer the held parameters (--fix); the others are left out
+    (formulation=wgmma over a network that also has weight gradients: those have no wgmma). Held
+    values that no problem offers are a mistake (a misspelt name or value), refused before anything
+    runs, with what the first problem's op allows."""
+    if not fixed:
+        return list(problems)
+    limits = DeviceLimits.for_arch("sm_90")   # parameters and their choices do not depend on the GPU
+    offering, first = [], None
+    for problem in problems:
+        try:
+            get_operation(problem.op).space(problem, limits).restrict(fixed)
+            offering.append(problem)
+        except InvalidConfigError as exc:
+            first = first or exc
+    if not offering and first is not None:
+        raise InvalidConfigError(first.op, first.param, first.value,
+                                 f"{first.allowed} (no problem of this run offers {_fixed_text(fixed)})")
+    return offering
 
 
 def _fixed_text(fixed) -> str:
