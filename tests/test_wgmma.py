@@ -1,5 +1,5 @@
-"""The wgmma formulation (formulations/wgmma.py): Hopper's warpgroup tensor cores for tf32 conv_fwd
-and conv_bwd_data.
+"""The wgmma formulation (formulations/wgmma.py): Hopper's warpgroup tensor cores for conv_fwd,
+conv_bwd_data and conv_wgrad (stride 1), tf32 and fp32 (3xTF32).
 
 CPU: where it is offered (sm_90, tf32, C a multiple of 4) and why not elsewhere; every config builds
 for sm_90a without spills and not for the portable sm_90 (so the plan's target matters); the
@@ -21,12 +21,13 @@ from autocnn.errors import CompileError, InfeasibleConfigError
 from autocnn.kernels import OPERATIONS
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.formulations.wgmma import FORMULATION_WGMMA
-from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem
+from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from autocnn.kernels.suite import seed_problems
 
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 FWD = OPERATIONS["conv_fwd"]
 BWD = OPERATIONS["conv_bwd_data"]
+WGRAD = OPERATIONS["conv_wgrad"]
 HOPPER = DeviceLimits.for_arch("sm_90")
 H200 = DeviceInfo("NVIDIA H200", "9.0", 132, 13020, 13000, max_smem_per_block=227 * 1024)
 # C a multiple of 4 (the NHWC float4 runs) and nothing else even: odd K, P, Q and batch, stride 2 by
@@ -45,6 +46,31 @@ ODD_BWD = (("odd_wgb_a", ConvBwdDataProblem(N=3, C=13, H=13, W=11, K=20, R=3, S=
            ("odd_wgb_b", ConvBwdDataProblem(N=1, C=9, H=17, W=14, K=8, R=2, S=2, stride=(3, 3), precision="tf32")),
            ("odd_wgb_c", ConvBwdDataProblem(N=2, C=70, H=9, W=7, K=36, R=1, S=1, precision="tf32")))
 BWD_SEED_SHAPES = ("modern_14", "scherer10_l2", "convnet18_c3", "sweep_3x3")
+
+
+# conv_wgrad (stride 1): nothing even: 5 channels, 7 filters, a 3x5 filter with asymmetric padding
+# (the grid's rows 16 wide), batch 3, bias; a 1x1 filter without bias, batch 1, 70 filters.
+ODD_WGRAD = (("odd_wgw_a", ConvWgradProblem(N=3, C=5, H=13, W=11, K=7, R=3, S=5, padding=(1, 2, 0, 1),
+                                            precision="tf32")),
+             ("odd_wgw_b", ConvWgradProblem(N=1, C=9, H=17, W=14, K=70, R=1, S=1, bias=False, precision="tf32")))
+WGRAD_SEED_SHAPES = ("modern_14", "convnet18_c2", "kriz09")
+
+
+def _wgrad_problems():
+    seed = dict(seed_problems("conv_wgrad"))
+    return [(n, dataclasses.replace(seed[n], precision="tf32")) for n in WGRAD_SEED_SHAPES] + list(ODD_WGRAD)
+
+
+def _every_wgrad_config(problem, splits):
+    space = _space(problem, op=WGRAD)
+    out = []
+    for wgs, wbn, stages, splitk in itertools.product((1, 2), (64, 128, 256, 32, 16), (2, 3, 4), splits):
+        try:
+            out.append(space.validate({"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages,
+                                       "SPLITK": splitk}))
+        except InfeasibleConfigError:
+            pass
+    return out
 
 
 def _space(problem, limits=HOPPER, op=FWD):
@@ -142,6 +168,51 @@ def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
         BWD.space(problem, HOPPER).validate({**config, "WGS": 2, "WBN": 16})
 
 
+def test_wgmma_serves_stride_1_weight_gradients_on_a_padded_grid():
+    from autocnn.kernels.formulations.wgmma import PaddedGrid
+
+    name, problem = _wgrad_problems()[0]   # modern_14: 64 x 256 x 14 x 14, 3x3, pad 1
+    grid = PaddedGrid.of(problem)
+    assert (grid.HP, grid.WP, grid.XCOPIES) == (16, 16, 3) and grid.reduction(problem) == 64 * 16 * 16
+    assert grid.LC >= grid.reduction(problem) + 2 * 16 + 2 and grid.LC % 4 == 0
+    config = WGRAD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA)
+    plan = WGRAD.plan(problem, config)
+    assert plan.compile_arch("sm_90") == "sm_90a"
+    assert [l.kernel for l in plan.launches] == ["conv_wgrad_stage_dy", "conv_wgrad_stage_x", "conv_wgrad"]
+    assert plan.launches[-1].grid[2] == config["SPLITK"] > 1
+    assert dict(plan.workspaces) == {"dyp": problem.K * grid.reduction(problem), "xs": 3 * problem.C * grid.LC}
+    assert set(plan.zero_first) == {"dw", "db"}   # the splits' and the planes' atomics add into zeros
+    # Any channel counts (no float4 runs of channels); stride 1 only; 3xTF32 doubles the copies.
+    odd = ODD_WGRAD[1][1]
+    assert WGRAD.plan(odd, WGRAD.default_config(odd, HOPPER, formulation=FORMULATION_WGMMA)).zero_first in ((), ("dw",))
+    with pytest.raises(InfeasibleConfigError, match="stride 1"):
+        WGRAD.space(dataclasses.replace(problem, stride=(2, 2)), HOPPER).validate(config.as_dict())
+    fp32 = dataclasses.replace(problem, precision="fp32")
+    assert dict(WGRAD.plan(fp32, WGRAD.space(fp32, HOPPER).validate(config.as_dict())).workspaces)["xs"] == \
+        2 * 3 * problem.C * grid.LC
+    with pytest.raises(InfeasibleConfigError, match="reduction tiles"):
+        WGRAD.space(ODD_WGRAD[0][1], HOPPER).validate({**config.as_dict(), "WGS": 1, "SPLITK": 32})
+
+
+@needs_nvcc
+def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    problems = (_wgrad_problems()[0], ODD_WGRAD[0], *_fp32([_wgrad_problems()[0]]))
+    jobs = [(name, config, WGRAD.plan(problem, config)) for name, problem in problems
+            for config in _every_wgrad_config(problem, (1, 8))]
+
+    def build(job):
+        name, config, plan = job
+        module = compiler.compile(plan.source, config=config, arch=plan.compile_arch(compiler.arch))
+        missing = set(plan.kernel_names) - set(module.reports)
+        spills = [str(r) for r in module.reports.values() if r.spills]
+        return f"{name} {config}: missing {missing}, spills {spills}" if missing or spills else None
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        failures = [f for f in pool.map(build, jobs) if f]
+    assert len(jobs) > 100 and not failures, "\n".join(failures[:8])
+
+
 @needs_nvcc
 def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
@@ -193,7 +264,7 @@ def test_the_lookups_resource_check_compiles_for_the_plans_target():
     assert ptxas_check(FWD.plan(problem, _default(problem)), H200) == []
 
 
-def _verify_every_config(op, problems, widths):
+def _verify_every_config(op, problems, widths, configs=None):
     """Every config on each shape through NVRTC (what the training library loads), and the default
     through an nvcc cubin (what the tuner measures), every element checked against float64."""
     pytest.importorskip("cupy")
@@ -207,8 +278,9 @@ def _verify_every_config(op, problems, widths):
         pytest.skip(f"wgmma needs a Hopper GPU (sm_90), not {device.arch}")
     loader = KernelLoader()
     failures, checked = [], 0
+    configs = configs or (lambda problem: _every_config(problem, op, widths))
     for name, problem in problems:
-        for config in _every_config(problem, op, widths):
+        for config in configs(problem):
             check = check_candidate(loader.load(op.plan(problem, config)), problem, time_it=False)
             checked += 1
             if not check.verification.passed:
@@ -222,7 +294,7 @@ def _verify_every_config(op, problems, widths):
                 checked += 1
                 if not check.verification.passed:
                     failures.append(f"{name} default (nvcc cubin): {check.verification.message}")
-    expected = sum(len(_every_config(p, op, widths)) for _, p in problems) + (len(problems) if nvcc_path() else 0)
+    expected = sum(len(configs(p)) for _, p in problems) + (len(problems) if nvcc_path() else 0)
     assert checked == expected
     assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:8])
 
@@ -235,6 +307,16 @@ def test_wgmma_kernels_verify_against_float64():
 @pytest.mark.gpu
 def test_wgmma_bwd_data_kernels_verify_against_float64():
     _verify_every_config(BWD, _bwd_problems(), (64, 128, 256, 32, 16))
+
+
+@pytest.mark.gpu
+def test_wgmma_wgrad_kernels_verify_against_float64():
+    """Every width and depth with 1 and 8 splits on the seed shapes; every split on the odd ones."""
+    def configs(problem):
+        return _every_wgrad_config(problem, (1, 2, 4, 8, 16, 32) if problem.N * problem.H < 64 else (1, 8))
+
+    _verify_every_config(WGRAD, _wgrad_problems(), None, configs)
+    _verify_every_config(WGRAD, _fp32(_wgrad_problems()), None, lambda p: _every_wgrad_config(p, (8,)))
 
 
 @pytest.mark.gpu

@@ -33,6 +33,7 @@ wgmma's N: accumulators are WBN / 2 registers per thread), WSTAGES shared-memory
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from autocnn.device import DeviceLimits
@@ -90,7 +91,7 @@ class _WgmmaGemm(OpFormulation):
     def gemm_columns(self, problem: Any) -> tuple[int, str]:   # the GEMM's columns, and what they are
         raise NotImplementedError
 
-    def vector_channels(self, problem: Any) -> tuple[int, str]:   # the channels of the float4 runs
+    def vector_channels(self, problem: Any) -> tuple[int, str] | None:   # the channels of the float4 runs
         raise NotImplementedError
 
     def workspaces(self, problem: Any) -> tuple[tuple[str, int], ...]:
@@ -109,15 +110,21 @@ class _WgmmaGemm(OpFormulation):
         p = problem
         gm = self.gemm_rows(p)
         gn, columns = self.gemm_columns(p)
-        vc, channels_name = self.vector_channels(p)
+        vector = self.vector_channels(p)
 
         def arch(_):
             n = arch_number(limits.arch)
             return None if n == ARCH else f"wgmma runs on sm_{ARCH} (Hopper) only, not {limits.arch}"
 
         def channels(_):
-            return None if vc % 4 == 0 else (
-                f"the NHWC operands move in float4s: {channels_name} must be a multiple of 4, not {vc}")
+            if vector is None or vector[0] % 4 == 0:
+                return None
+            return f"the NHWC operands move in float4s: {vector[1]} must be a multiple of 4, not {vector[0]}"
+
+        def addressable(_):
+            # the kernels index the staged copies with 32-bit ints
+            need = sum(n for _, n in self.workspaces(p))
+            return None if need < 2 ** 31 else f"the staged copies hold {need} floats, past 32-bit indexing"
 
         def workspace(_):
             need = 4 * sum(n for _, n in self.workspaces(p))
@@ -140,6 +147,7 @@ class _WgmmaGemm(OpFormulation):
             Constraint(("WBN",), partial_sums),
             Constraint(("WGS",), channels),
             Constraint(("WBN",), workspace),
+            Constraint(("WBN",), addressable),
             threads_rule(limits, ("WGS",), lambda wgs: 128 * wgs),
             at_most("WBN", max(64, next_pow2(gn)), f"only {gn} {columns}"),
             Constraint(("WGS",), lambda wgs: None if wgs == 1 or 64 * wgs <= max(64, next_pow2(gm))
@@ -239,4 +247,117 @@ class WgmmaConvBwdData(_WgmmaGemm):
                 ARCH, self.ARGS)
 
 
-WGMMA = Formulation(FORMULATION_WGMMA, (WgmmaConvFwd(), WgmmaConvBwdData()))
+@dataclass(frozen=True)
+class PaddedGrid:
+    """conv_wgrad's reduction on wgmma (stride 1): positions j = (n, hp, wp) of an HP x WP grid per
+    image, on which a filter tap (r, s) is the shift r*WP + s. WP is a multiple of 4, so a tap's
+    shift is aligned for 16-byte copies when s is; X is staged in XCOPIES = min(S, 4) copies, copy
+    d starting d floats later, each LC floats per channel (the grid and the largest shift)."""
+    HP: int
+    WP: int
+    LC: int
+    XCOPIES: int
+
+    @staticmethod
+    def of(problem: Any) -> "PaddedGrid":
+        p = problem
+        hp, wp = p.P + p.R - 1, 4 * cdiv(p.Q + p.S - 1, 4)
+        gk = p.N * hp * wp
+        return PaddedGrid(hp, wp, gk + 4 * cdiv((p.R - 1) * wp + p.S, 4), min(p.S, 4))
+
+    def reduction(self, problem: Any) -> int:
+        return problem.N * self.HP * self.WP
+
+
+def wgrad_stage_workspaces(problem: Any) -> tuple[tuple[str, int], ...]:
+    """The staged copies' workspaces (float32 elements): dYp on the padded grid, the copies of Xs
+    (twice each for 3xTF32: the small parts follow)."""
+    p, g, parts = problem, PaddedGrid.of(problem), 2 if split(problem) else 1
+    return (("dyp", parts * p.K * g.reduction(p)), ("xs", parts * g.XCOPIES * p.C * g.LC))
+
+
+def dy_images(problem: Any) -> int:
+    """Images of one dY plane that a staging block copies (and sums for db): about 2,048 blocks."""
+    return max(1, problem.N // max(1, 2048 // problem.K))
+
+
+def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int]) -> tuple[Launch, Launch]:
+    """conv_wgrad's staging kernels (wgmma_conv_wgrad.cu.j2): dY onto the padded grid (one block per
+    plane, db summed on the way) and X's copies, run before the GEMM with its block size."""
+    p, g = problem, PaddedGrid.of(problem)
+    stage_dy = Launch("conv_wgrad_stage_dy", (cdiv(p.N, dy_images(p)), p.K, 1), threads, 0, ("dy", "dyp", "db"))
+    stage_x = Launch("conv_wgrad_stage_x", (min(256, cdiv(g.LC, threads[0])), p.C, g.XCOPIES), threads, 0, ("x", "xs"))
+    return stage_dy, stage_x
+
+
+WGRAD_SPLITS = (8, 4, 16, 2, 1, 32)
+
+
+class WgmmaConvWgrad(_WgmmaGemm):
+    """conv_wgrad's GEMM (rows: filters, columns: filter taps C*R*S, reduction: the padded grid, split
+    over SPLITK blocks) on wgmma, stride 1 only (a strided layer's taps are no constant shifts)."""
+
+    op = "conv_wgrad"
+    summary = "Hopper warpgroup tensor-core GEMM over a padded grid, split reduction (sm_90a, stride 1; fp32 as 3xTF32)"
+    templates = ("wgmma_conv_wgrad.cu.j2", "wgmma_core.cuh.j2", "wgmma_mainloop.cuh.j2")
+    ARGS = ("dyp", "xs", "dw")
+
+    def gemm_rows(self, problem: Any) -> int:
+        return problem.K
+
+    def gemm_columns(self, problem: Any) -> tuple[int, str]:
+        return problem.C * problem.R * problem.S, "filter taps (C*R*S)"
+
+    def vector_channels(self, problem: Any) -> tuple[int, str] | None:
+        return None   # both operands are contiguous along the grid, whatever the channels
+
+    def workspaces(self, problem: Any) -> tuple[tuple[str, int], ...]:
+        return wgrad_stage_workspaces(problem)
+
+    def params(self, problem: Any) -> list[Param]:
+        return [*super().params(problem),
+                Param("SPLITK", WGRAD_SPLITS, "blocks splitting the reduction (partial sums meet by atomics)")]
+
+    def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
+        p = problem
+        tiles = cdiv(PaddedGrid.of(p).reduction(p), BK)
+
+        def stride(_):
+            return None if tuple(p.stride) == (1, 1) else (
+                f"wgmma's weight gradient needs stride 1 (a tap is a constant shift of the padded grid), not {p.stride}")
+
+        return [*super().constraints(p, limits), Constraint(("SPLITK",), stride),
+                at_most("SPLITK", tiles, f"only {tiles} reduction tiles of {BK}")]
+
+    def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
+        # Enough splits for about two blocks per SM of an H100 over the output tiles.
+        p, out = problem, []
+        tiles = cdiv(PaddedGrid.of(p).reduction(p), BK)
+        for cand in super().default_candidates(problem):
+            blocks = cdiv(p.K, 64 * cand["WGS"]) * cdiv(p.C * p.R * p.S, cand["WBN"])
+            want = max(1, min(tiles, 264 // blocks))
+            out.append({**cand, "SPLITK": max([s for s in WGRAD_SPLITS if s <= want], default=1)})
+        return out
+
+    def context(self, problem: Any, config: Config) -> dict[str, Any]:
+        g = PaddedGrid.of(problem)
+        return {"BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem), "HP": g.HP, "WP": g.WP, "LC": g.LC,
+                "XCOPIES": g.XCOPIES, "DY_IMAGES": dy_images(problem)}
+
+    def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
+        p, c = problem, config
+        threads = (128 * c["WGS"], 1, 1)
+        grid = (cdiv(p.K, 64 * c["WGS"]), cdiv(p.C * p.R * p.S, c["WBN"]), c["SPLITK"])
+        main = Launch("conv_wgrad", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p)), self.ARGS)
+        return (*wgrad_stage_launches(p, threads), main)
+
+    def buffers(self, problem: Any, config: Config) -> Buffers:
+        zero = (("dw",) if config["SPLITK"] > 1 else ()) + (("db",) if problem.bias else ())
+        return zero, self.workspaces(problem)
+
+    def code_helpers(self) -> tuple:
+        return (smem_bytes, split, PaddedGrid, dy_images, wgrad_stage_launches, wgrad_stage_workspaces, WGRAD_SPLITS, BK,
+                ALIGN_SLACK, ARCH, self.ARGS)
+
+
+WGMMA = Formulation(FORMULATION_WGMMA, (WgmmaConvFwd(), WgmmaConvBwdData(), WgmmaConvWgrad()))
