@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch", type=int, default=128,
                    help="with --network or --torch-model: the batch size (default 128)")
     t.add_argument("--ops", default=None,
-                   help="with --suite, --network or --stale: comma-separated operations (default: all five)")
+                   help="with --suite, --network, --torch-model or --stale: comma-separated operations "
+                        "(default: all five)")
     t.add_argument("--trials", type=int, default=100,
                    help="measured trials per kernel (with --network: for the whole network; default 100). "
                         "A re-run continues the same study up to this total.")
@@ -361,8 +362,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise ValueError(f"--torch-model needs PyTorch (pip install 'autocnn[torch]'): {e}") from None
         # The model is built and traced on meta tensors.
         torch_uses = autocnn_torch.factory_problems(args.torch_model, args.input_shape, args.batch, precision)
-    problems = _tune_problems(args, precision, op_problem, torch_uses)
     fixed = _parse_fixed(args.fix)
+    if torch_uses is not None:
+        # --ops and --fix choose among the model's kernels as among a network's.
+        if args.ops:
+            ops = _parse_ops(args.ops)
+            torch_uses = [u for u in torch_uses if u.problem.op in ops]
+            if not torch_uses:
+                raise ValueError(f"--ops: {args.torch_model} runs no {', '.join(ops)} kernel")
+        offering = _offering(fixed, [u.problem for u in torch_uses])
+        torch_uses = [u for u in torch_uses if u.problem in offering]
+    problems = _tune_problems(args, precision, op_problem, torch_uses)
     if problems is not None and torch_uses is None:
         problems = _offering(fixed, problems)
     whole_budget = bool(args.network or args.torch_model)   # --timeout is for all kernels together

@@ -39,7 +39,34 @@ def test_the_model_is_traced_before_the_gpu_is_opened(no_gpu_source, monkeypatch
     (["--torch-model", "nosuch_pkg.models:net", "--input-shape", "3,8,8"], "cannot import 'nosuch_pkg.models'"),
     (["--torch-model", f"{__name__}:small_net", "--input-shape", "3,8"], "C,H,W"),
     (["--torch-model", f"{__name__}:small_net", "--input-shape", "3,8,8", "--batch", "0"], "--batch"),
+    # the dilated layer stays with PyTorch and the first needs no dX: no backward-data kernel at all
+    (["--torch-model", f"{__name__}:small_net", "--input-shape", "3,16,16", "--ops", "conv_bwd_data"],
+     "runs no conv_bwd_data kernel"),
+    (["--torch-model", f"{__name__}:small_net", "--input-shape", "3,16,16", "--fix", "formulation=nosuch"],
+     "no problem of this run offers formulation=nosuch"),
 ])
 def test_mistakes_are_named_before_the_gpu_is_opened(no_gpu_source, capsys, argv, message):
     assert cli.main(["tune", *argv]) != 0
     assert message in capsys.readouterr().err
+
+
+def test_ops_and_held_parameters_choose_among_the_models_kernels(no_gpu_source, monkeypatch, capsys):
+    """--ops keeps the named operations; --fix leaves out the kernels whose operation does not offer
+    the held value (the weight gradient has no winograd) and says so."""
+    seen = {}
+    real = cli._tune_problems
+
+    def spy(args, precision, op_problem, torch_uses):
+        seen["ops"] = sorted(u.problem.op for u in torch_uses)
+        return real(args, precision, op_problem, torch_uses)
+
+    monkeypatch.setattr(cli, "_tune_problems", spy)
+    with pytest.raises(no_gpu_source):
+        cli.main(["tune", "--torch-model", f"{__name__}:small_net", "--input-shape", "3,16,16", "--batch", "4",
+                  "--ops", "conv_fwd,conv_wgrad"])
+    assert seen["ops"] == ["conv_fwd", "conv_wgrad"]
+    with pytest.raises(no_gpu_source):
+        cli.main(["tune", "--torch-model", f"{__name__}:small_net", "--input-shape", "3,16,16", "--batch", "4",
+                  "--ops", "conv_fwd,conv_wgrad", "--fix", "formulation=winograd"])
+    assert seen["ops"] == ["conv_fwd"]
+    assert "1 problems (conv_wgrad) left out" in capsys.readouterr().err
