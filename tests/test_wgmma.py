@@ -194,13 +194,8 @@ def test_wgmma_serves_stride_1_weight_gradients_on_a_padded_grid():
         WGRAD.space(ODD_WGRAD[0][1], HOPPER).validate({**config.as_dict(), "WGS": 1, "SPLITK": 32})
 
 
-@needs_nvcc
-def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
-    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
-    problems = (_wgrad_problems()[0], ODD_WGRAD[0], *_fp32([_wgrad_problems()[0]]))
-    jobs = [(name, config, WGRAD.plan(problem, config)) for name, problem in problems
-            for config in _every_wgrad_config(problem, (1, 8))]
-
+def _build_failures(compiler, jobs):
+    """Each (name, config, plan) compiled for its plan's target: what is missing or spills, per job."""
     def build(job):
         name, config, plan = job
         module = compiler.compile(plan.source, config=config, arch=plan.compile_arch(compiler.arch))
@@ -209,7 +204,17 @@ def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
         return f"{name} {config}: missing {missing}, spills {spills}" if missing or spills else None
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        failures = [f for f in pool.map(build, jobs) if f]
+        return [f for f in pool.map(build, jobs) if f]
+
+
+@needs_nvcc
+def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    problems = (_wgrad_problems()[0], ODD_WGRAD[0], *_fp32([_wgrad_problems()[0]]))
+    jobs = [(name, config, WGRAD.plan(problem, config)) for name, problem in problems
+            for config in _every_wgrad_config(problem, (1, 8))]
+
+    failures = _build_failures(compiler, jobs)
     assert len(jobs) > 100 and not failures, "\n".join(failures[:8])
 
 
@@ -221,15 +226,7 @@ def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path):
     jobs = [(name, config, BWD.plan(problem, config)) for name, problem in problems
             for config in _every_config(problem, BWD, widths)]
 
-    def build(job):
-        name, config, plan = job
-        module = compiler.compile(plan.source, config=config, arch=plan.compile_arch(compiler.arch))
-        missing = set(plan.kernel_names) - set(module.reports)
-        spills = [str(r) for r in module.reports.values() if r.spills]
-        return f"{name} {config}: missing {missing}, spills {spills}" if missing or spills else None
-
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        failures = [f for f in pool.map(build, jobs) if f]
+    failures = _build_failures(compiler, jobs)
     assert len(jobs) == sum(len(_every_config(p, BWD, widths)) for _, p in problems) and not failures, \
         "\n".join(failures[:8])
 
@@ -241,15 +238,7 @@ def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path)
     jobs = [(name, config, FWD.plan(problem, config)) for name, problem in problems
             for config in _every_config(problem)]
 
-    def build(job):
-        name, config, plan = job
-        module = compiler.compile(plan.source, config=config, arch=plan.compile_arch(compiler.arch))
-        missing = set(plan.kernel_names) - set(module.reports)
-        spills = [str(r) for r in module.reports.values() if r.spills]
-        return f"{name} {config}: missing {missing}, spills {spills}" if missing or spills else None
-
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        failures = [f for f in pool.map(build, jobs) if f]
+    failures = _build_failures(compiler, jobs)
     assert len(jobs) == 18 + 6 + len(_every_config(problems[2][1])) and not failures, "\n".join(failures[:8])
     # wgmma is not in the portable target: compiling for it must fail, or the suffix would not matter.
     with pytest.raises(CompileError, match="sm_90"):
@@ -326,8 +315,9 @@ def test_wgmma_3xtf32_kernels_meet_the_fp32_bound():
     _verify_every_config(BWD, _fp32(_bwd_problems()), (64, 128, 256, 32, 16))
 
 
-@pytest.mark.gpu
-def test_a_nan_in_the_input_is_a_nan_in_every_output_it_reaches():
+def _nan_reaches_what_the_reference_says(op, problem, config, source, result, seed, at):
+    """A canonical NaN planted at index ``at`` of input ``source`` is a NaN in exactly the elements of
+    ``result`` where the float64 reference has one."""
     cp = pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
@@ -335,36 +325,26 @@ def test_a_nan_in_the_input_is_a_nan_in_every_output_it_reaches():
 
     if current_device(0).arch != "sm_90":
         pytest.skip("wgmma needs a Hopper GPU (sm_90)")
-    name, problem = ODD[0]
-    loaded = KernelLoader().load(FWD.plan(problem, _default(problem)))
-    inputs, outputs, buffers = plan_buffers(loaded, problem, seed=7)
-    flat = inputs["x"].reshape(-1)
-    flat.view(cp.uint32)[flat.size // 3] = 0x7FFFFFFF   # the canonical NaN
+    loaded = KernelLoader().load(op.plan(problem, config))
+    inputs, outputs, buffers = plan_buffers(loaded, problem, seed=seed)
+    flat = inputs[source].reshape(-1)
+    flat.view(cp.uint32)[at(flat.size)] = 0x7FFFFFFF   # the canonical NaN
     loaded(buffers)
     cp.cuda.get_current_stream().synchronize()
-    expected = reference_outputs(problem, inputs)["y"]
-    want, got = cp.isnan(expected), cp.isnan(outputs["y"])
+    expected = reference_outputs(problem, inputs)[result]
+    want, got = cp.isnan(expected), cp.isnan(outputs[result])
     assert int(want.sum()) > 0, "the NaN reaches no output of the reference (the test is wrong)"
     assert bool((want == got).all()), f"{int(got.sum())} NaNs where the reference has {int(want.sum())}"
+
+
+@pytest.mark.gpu
+def test_a_nan_in_the_input_is_a_nan_in_every_output_it_reaches():
+    name, problem = ODD[0]
+    _nan_reaches_what_the_reference_says(FWD, problem, _default(problem), "x", "y", 7, lambda n: n // 3)
 
 
 @pytest.mark.gpu
 def test_a_nan_in_dy_is_a_nan_in_every_input_gradient_it_reaches():
-    cp = pytest.importorskip("cupy")
-    from autocnn.device import current_device
-    from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import plan_buffers, reference_outputs
-
-    if current_device(0).arch != "sm_90":
-        pytest.skip("wgmma needs a Hopper GPU (sm_90)")
     name, problem = ODD_BWD[0]
-    loaded = KernelLoader().load(BWD.plan(problem, BWD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA)))
-    inputs, outputs, buffers = plan_buffers(loaded, problem, seed=11)
-    flat = inputs["dy"].reshape(-1)
-    flat.view(cp.uint32)[flat.size // 2] = 0x7FFFFFFF   # the canonical NaN
-    loaded(buffers)
-    cp.cuda.get_current_stream().synchronize()
-    expected = reference_outputs(problem, inputs)["dx"]
-    want, got = cp.isnan(expected), cp.isnan(outputs["dx"])
-    assert int(want.sum()) > 0, "the NaN reaches no output of the reference (the test is wrong)"
-    assert bool((want == got).all()), f"{int(got.sum())} NaNs where the reference has {int(want.sum())}"
+    config = BWD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA)
+    _nan_reaches_what_the_reference_says(BWD, problem, config, "dy", "dx", 11, lambda n: n // 2)
