@@ -14,6 +14,7 @@ import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from autocnn.device import DeviceInfo, DeviceLimits
@@ -205,6 +206,55 @@ def _build_failures(compiler, jobs):
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         return [f for f in pool.map(build, jobs) if f]
+
+
+def _padded_grid_wgrad(problem, x, dy):
+    """The weight gradient as the wgmma kernel computes it (wgmma_conv_wgrad.cu.j2), in float64: dY on
+    the padded grid, X's shifted copies, and the GEMM whose B rows read copy d = shift % 4 from
+    shift - d. Also checks the alignment the kernel's 16-byte copies rely on."""
+    from autocnn.kernels.formulations.wgmma import PaddedGrid
+
+    p, g = problem, PaddedGrid.of(problem)
+    pt, pl = p.padding[0], p.padding[1]
+    gk = g.reduction(p)
+    dyp = np.zeros((p.K, p.N, g.HP, g.WP))
+    dyp[:, :, :p.P, :p.Q] = dy.transpose(1, 0, 2, 3)
+    grid = np.zeros((p.C, p.N, g.HP, g.WP))
+    for hp in range(g.HP):
+        for wp in range(g.WP):
+            h, w = hp - pt, wp - pl
+            if 0 <= h < p.H and 0 <= w < p.W:
+                grid[:, :, hp, wp] = x[:, :, h, w].T
+    xs = np.zeros((p.C, g.LC + 4))
+    xs[:, :gk] = grid.reshape(p.C, gk)
+    copies = [xs[:, d:d + g.LC] for d in range(g.XCOPIES)]
+    b = np.zeros((p.C, p.R, p.S, gk))
+    for r in range(p.R):
+        for s_ in range(p.S):
+            shift = r * g.WP + s_
+            d = shift % 4
+            assert d < g.XCOPIES and (shift - d) % 4 == 0 and shift - d + gk <= g.LC
+            b[:, r, s_] = copies[d][:, shift - d:shift - d + gk]
+    return (dyp.reshape(p.K, gk) @ b.reshape(-1, gk).T).reshape(p.K, p.C, p.R, p.S)
+
+
+@pytest.mark.parametrize("problem", [ODD_WGRAD[0][1], ODD_WGRAD[1][1],
+                                     ConvWgradProblem(N=2, C=3, H=9, W=10, K=4, R=8, S=8, padding=(4, 3, 3, 4))],
+                         ids=["3x5_asymmetric", "1x1", "8x8_kriz09_padding"])
+def test_the_padded_grid_gemm_is_the_weight_gradient(problem):
+    """The wgmma weight gradient's formulation, in NumPy, against the direct float64 sum."""
+    rng = np.random.default_rng(5)
+    p = problem
+    x = rng.standard_normal((p.N, p.C, p.H, p.W))
+    dy = rng.standard_normal((p.N, p.K, p.P, p.Q))
+    pt, pl = p.padding[0], p.padding[1]
+    xp = np.zeros((p.N, p.C, p.H + p.R + p.P, p.W + p.S + p.Q))
+    xp[:, :, pt:pt + p.H, pl:pl + p.W] = x
+    direct = np.zeros((p.K, p.C, p.R, p.S))
+    for r in range(p.R):
+        for s_ in range(p.S):
+            direct[:, :, r, s_] = np.einsum("nkpq,ncpq->kc", dy, xp[:, :, r:r + p.P, s_:s_ + p.Q])
+    np.testing.assert_allclose(_padded_grid_wgrad(p, x, dy), direct, rtol=1e-12, atol=1e-11)
 
 
 @needs_nvcc
