@@ -174,14 +174,14 @@ def test_wgmma_serves_stride_1_weight_gradients_on_a_padded_grid():
 
     name, problem = _wgrad_problems()[0]   # modern_14: 64 x 256 x 14 x 14, 3x3, pad 1
     grid = PaddedGrid.of(problem)
-    assert (grid.HP, grid.WP, grid.XCOPIES) == (16, 16, 3) and grid.reduction(problem) == 64 * 16 * 16
-    assert grid.LC >= grid.reduction(problem) + 2 * 16 + 2 and grid.LC % 4 == 0
+    assert (grid.HP, grid.WP, grid.XCOPIES) == (16, 16, 3) and grid.GK == 64 * 16 * 16
+    assert grid.LC >= grid.GK + 2 * 16 + 2 and grid.LC % 4 == 0
     config = WGRAD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA)
     plan = WGRAD.plan(problem, config)
     assert plan.compile_arch("sm_90") == "sm_90a"
     assert [l.kernel for l in plan.launches] == ["conv_wgrad_stage_dy", "conv_wgrad_stage_x", "conv_wgrad"]
     assert plan.launches[-1].grid[2] == config["SPLITK"] > 1
-    assert dict(plan.workspaces) == {"dyp": problem.K * grid.reduction(problem), "xs": 3 * problem.C * grid.LC}
+    assert dict(plan.workspaces) == {"dyp": problem.K * grid.GK, "xs": 3 * problem.C * grid.LC}
     assert set(plan.zero_first) == {"dw", "db"}   # the splits' and the planes' atomics add into zeros
     # Any channel counts (no float4 runs of channels); stride 1 only; 3xTF32 doubles the copies.
     odd = ODD_WGRAD[1][1]
@@ -216,7 +216,7 @@ def _padded_grid_wgrad(problem, x, dy):
 
     p, g = problem, PaddedGrid.of(problem)
     pt, pl = p.padding[0], p.padding[1]
-    gk = g.reduction(p)
+    gk = g.GK
     dyp = np.zeros((p.K, p.N, g.HP, g.WP))
     dyp[:, :, :p.P, :p.Q] = dy.transpose(1, 0, 2, 3)
     grid = np.zeros((p.C, p.N, g.HP, g.WP))

@@ -249,12 +249,14 @@ class WgmmaConvBwdData(_WgmmaGemm):
 
 @dataclass(frozen=True)
 class PaddedGrid:
-    """conv_wgrad's reduction on wgmma (stride 1): positions j = (n, hp, wp) of an HP x WP grid per
-    image, on which a filter tap (r, s) is the shift r*WP + s. WP is a multiple of 4, so a tap's
-    shift is aligned for 16-byte copies when s is; X is staged in XCOPIES = min(S, 4) copies, copy
-    d starting d floats later, each LC floats per channel (the grid and the largest shift)."""
+    """conv_wgrad's reduction on wgmma (stride 1): GK = N * HP * WP positions j = (n, hp, wp) of an
+    HP x WP grid per image, on which a filter tap (r, s) is the shift r*WP + s. WP is a multiple of
+    4, so a tap's shift is aligned for 16-byte copies when s is; X is staged in XCOPIES = min(S, 4)
+    copies, copy d starting d floats later, each LC floats per channel (the grid and the largest
+    shift)."""
     HP: int
     WP: int
+    GK: int
     LC: int
     XCOPIES: int
 
@@ -263,17 +265,14 @@ class PaddedGrid:
         p = problem
         hp, wp = p.P + p.R - 1, 4 * cdiv(p.Q + p.S - 1, 4)
         gk = p.N * hp * wp
-        return PaddedGrid(hp, wp, gk + 4 * cdiv((p.R - 1) * wp + p.S, 4), min(p.S, 4))
-
-    def reduction(self, problem: Any) -> int:
-        return problem.N * self.HP * self.WP
+        return PaddedGrid(hp, wp, gk, gk + 4 * cdiv((p.R - 1) * wp + p.S, 4), min(p.S, 4))
 
 
 def wgrad_stage_workspaces(problem: Any) -> tuple[tuple[str, int], ...]:
     """The staged copies' workspaces (float32 elements): dYp on the padded grid, the copies of Xs
     (twice each for 3xTF32: the small parts follow)."""
     p, g, parts = problem, PaddedGrid.of(problem), 2 if split(problem) else 1
-    return (("dyp", parts * p.K * g.reduction(p)), ("xs", parts * g.XCOPIES * p.C * g.LC))
+    return (("dyp", parts * p.K * g.GK), ("xs", parts * g.XCOPIES * p.C * g.LC))
 
 
 def dy_images(problem: Any) -> int:
@@ -320,7 +319,7 @@ class WgmmaConvWgrad(_WgmmaGemm):
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
-        tiles = cdiv(PaddedGrid.of(p).reduction(p), BK)
+        tiles = cdiv(PaddedGrid.of(p).GK, BK)
 
         def stride(_):
             return None if tuple(p.stride) == (1, 1) else (
@@ -332,7 +331,7 @@ class WgmmaConvWgrad(_WgmmaGemm):
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         # Enough splits for about two blocks per SM of an H100 over the output tiles.
         p, out = problem, []
-        tiles = cdiv(PaddedGrid.of(p).reduction(p), BK)
+        tiles = cdiv(PaddedGrid.of(p).GK, BK)
         for cand in super().default_candidates(problem):
             blocks = cdiv(p.K, 64 * cand["WGS"]) * cdiv(p.C * p.R * p.S, cand["WBN"])
             want = max(1, min(tiles, 264 // blocks))
