@@ -381,3 +381,22 @@ def test_a_held_value_that_an_op_does_not_offer_leaves_that_problem_out(db, tmp_
     assert problems_offering({}, [wgrad, fwd]) == [wgrad, fwd]
     with pytest.raises(InvalidConfigError, match="no problem of this run offers formulation=winograd"):
         problems_offering({"formulation": "winograd"}, [wgrad])
+
+
+def test_a_held_search_slower_than_the_default_stores_the_default(db, tmp_path):
+    """--fix outside the default (SPLITK=32, where the replay's best is 175 us against the default's
+    88 us): the confirmation times the default too, and the faster of them becomes the record, so a
+    held search never leaves a record slower than what a lookup answered without it."""
+    from autocnn.kernels import get_operation
+
+    rf = ReplayFile.load(WGRAD_FILE)
+    source = ReplaySource([rf])
+    fixed = {"formulation": "atomic", "SPLITK": 32}
+    tuner = Tuner(source, db, TuneSettings(storage=storage(tmp_path), fixed=fixed, sampler="random", seed=3),
+                  progress=False)
+    outcome = tuner.tune(rf.op, rf.problem, trials=6)
+    default = get_operation(rf.op).default_config(rf.problem, rf.device.limits())
+    assert default.as_dict()["SPLITK"] == 128 and default.key() in source.measured_keys
+    assert outcome.record is not None and outcome.record.config == default.as_dict()
+    assert outcome.record.time_us == pytest.approx(rf.results[default.key()].time_us)
+    assert outcome.study_measured == 6   # the search itself stayed inside the held parameters
