@@ -322,13 +322,13 @@ def _tune_problems(args: argparse.Namespace, precision: str, op_problem: Any, to
 
 def _offering(fixed: dict[str, Any], problems: list[Any]) -> list[Any]:
     """The problems whose ops offer the held parameters; says how many are left out."""
-    from autocnn.tuning.tuner import problems_offering
+    from autocnn.tuning.tuner import fixed_text, problems_offering
 
     offering = problems_offering(fixed, problems)
     if len(offering) < len(problems):   # said even with --json (on stderr): work this run leaves undone
         ops = sorted({p.op for p in problems if p not in offering})
         print(f"autocnn: {len(problems) - len(offering)} problems ({', '.join(ops)}) left out: their operations offer "
-              f"no config with --fix {','.join(f'{k}={v}' for k, v in fixed.items())}", file=sys.stderr)
+              f"no config with --fix {fixed_text(fixed)}", file=sys.stderr)
     return offering
 
 

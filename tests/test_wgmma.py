@@ -62,18 +62,6 @@ def _wgrad_problems():
     return [(n, dataclasses.replace(seed[n], precision="tf32")) for n in WGRAD_SEED_SHAPES] + list(ODD_WGRAD)
 
 
-def _every_wgrad_config(problem, splits):
-    space = _space(problem, op=WGRAD)
-    out = []
-    for wgs, wbn, stages, splitk in itertools.product((1, 2), (64, 128, 256, 32, 16), (2, 3, 4), splits):
-        try:
-            out.append(space.validate({"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages,
-                                       "SPLITK": splitk}))
-        except InfeasibleConfigError:
-            pass
-    return out
-
-
 def _space(problem, limits=HOPPER, op=FWD):
     return op.space(problem, limits).restrict({"formulation": FORMULATION_WGMMA})
 
@@ -96,15 +84,26 @@ def _bwd_problems():
     return [(n, dataclasses.replace(seed[n], precision="tf32")) for n in BWD_SEED_SHAPES] + list(ODD_BWD)
 
 
-def _every_config(problem, op=FWD, widths=(64, 128, 256)):
+ALL_WIDTHS = (64, 128, 256, 32, 16)
+
+
+def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None):
+    """Every feasible config of the widths given (and with splits, of those SPLITK values: wgrad)."""
     space = _space(problem, op=op)
     out = []
-    for wgs, wbn, stages in itertools.product((1, 2), widths, (2, 3, 4)):
+    for wgs, wbn, stages, splitk in itertools.product((1, 2), widths, (2, 3, 4), splits or (None,)):
+        config = {"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages}
+        if splitk is not None:
+            config["SPLITK"] = splitk
         try:
-            out.append(space.validate({"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages}))
+            out.append(space.validate(config))
         except InfeasibleConfigError:
             pass
     return out
+
+
+def _every_wgrad_config(problem, splits):
+    return _every_config(problem, WGRAD, ALL_WIDTHS, splits)
 
 
 def _default(problem):
@@ -143,7 +142,7 @@ def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
     from autocnn.kernels.conv_bwd_data import stride_phases
 
     name, problem = _bwd_problems()[0]   # modern_14: 256 input channels take every width
-    assert len(_every_config(problem, BWD, (64, 128, 256, 32, 16))) == 27
+    assert len(_every_config(problem, BWD, ALL_WIDTHS)) == 27
     plan = BWD.plan(problem, BWD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA))
     assert plan.compile_arch("sm_90") == "sm_90a"
     assert [l.kernel for l in plan.launches] == ["conv_bwd_data_stage_dy", "conv_bwd_data_stage_w", "conv_bwd_data"]
@@ -271,7 +270,7 @@ def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
 @needs_nvcc
 def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
-    widths = (64, 128, 256, 32, 16)
+    widths = ALL_WIDTHS
     problems = (_bwd_problems()[0], *ODD_BWD, *_fp32([_bwd_problems()[0]]))
     jobs = [(name, config, BWD.plan(problem, config)) for name, problem in problems
             for config in _every_config(problem, BWD, widths)]
@@ -303,7 +302,7 @@ def test_the_lookups_resource_check_compiles_for_the_plans_target():
     assert ptxas_check(FWD.plan(problem, _default(problem)), H200) == []
 
 
-def _verify_every_config(op, problems, widths, configs=None):
+def _verify_every_config(op, problems, configs):
     """Every config on each shape through NVRTC (what the training library loads), and the default
     through an nvcc cubin (what the tuner measures), every element checked against float64."""
     pytest.importorskip("cupy")
@@ -317,7 +316,6 @@ def _verify_every_config(op, problems, widths, configs=None):
         pytest.skip(f"wgmma needs a Hopper GPU (sm_90), not {device.arch}")
     loader = KernelLoader()
     failures, checked = [], 0
-    configs = configs or (lambda problem: _every_config(problem, op, widths))
     for name, problem in problems:
         for config in configs(problem):
             check = check_candidate(loader.load(op.plan(problem, config)), problem, time_it=False)
@@ -340,12 +338,12 @@ def _verify_every_config(op, problems, widths, configs=None):
 
 @pytest.mark.gpu
 def test_wgmma_kernels_verify_against_float64():
-    _verify_every_config(FWD, _problems(), (64, 128, 256, 32, 16))
+    _verify_every_config(FWD, _problems(), lambda p: _every_config(p, FWD, ALL_WIDTHS))
 
 
 @pytest.mark.gpu
 def test_wgmma_bwd_data_kernels_verify_against_float64():
-    _verify_every_config(BWD, _bwd_problems(), (64, 128, 256, 32, 16))
+    _verify_every_config(BWD, _bwd_problems(), lambda p: _every_config(p, BWD, ALL_WIDTHS))
 
 
 @pytest.mark.gpu
@@ -354,15 +352,15 @@ def test_wgmma_wgrad_kernels_verify_against_float64():
     def configs(problem):
         return _every_wgrad_config(problem, (1, 2, 4, 8, 16, 32) if problem.N * problem.H < 64 else (1, 8))
 
-    _verify_every_config(WGRAD, _wgrad_problems(), None, configs)
-    _verify_every_config(WGRAD, _fp32(_wgrad_problems()), None, lambda p: _every_wgrad_config(p, (8,)))
+    _verify_every_config(WGRAD, _wgrad_problems(), configs)
+    _verify_every_config(WGRAD, _fp32(_wgrad_problems()), lambda p: _every_wgrad_config(p, (8,)))
 
 
 @pytest.mark.gpu
 def test_wgmma_3xtf32_kernels_meet_the_fp32_bound():
     """fp32 problems (3xTF32) are held to the FP32 bound, the one every fp32 kernel meets."""
-    _verify_every_config(FWD, _fp32(_problems()), (64, 128, 256, 32, 16))
-    _verify_every_config(BWD, _fp32(_bwd_problems()), (64, 128, 256, 32, 16))
+    _verify_every_config(FWD, _fp32(_problems()), lambda p: _every_config(p, FWD, ALL_WIDTHS))
+    _verify_every_config(BWD, _fp32(_bwd_problems()), lambda p: _every_config(p, BWD, ALL_WIDTHS))
 
 
 def _nan_reaches_what_the_reference_says(op, problem, config, source, result, seed, at):

@@ -64,7 +64,7 @@ FALLBACK_AFTER = 24
 def study_name(device: DeviceInfo, op: str, problem: Any, fingerprint: str, fixed: Any) -> str:
     text = f"{device.slug()}|{op}|{problem.shape_string()}|{fingerprint}"
     if fixed:
-        text += "|fixed:" + _fixed_text(fixed)
+        text += "|fixed:" + fixed_text(fixed)
     return text
 
 
@@ -120,7 +120,7 @@ class Tuner:
             # formulation=wgmma): this problem is left out, the run goes on (the command line leaves
             # such problems out before it starts: problems_offering).
             outcome = TuneOutcome(op, problem, name, None, None, device=device.name)
-            outcome.stopped_because = f"finding that {op} has no config with {_fixed_text(s.fixed)}: {exc}"
+            outcome.stopped_because = f"finding that {op} has no config with {fixed_text(s.fixed)}: {exc}"
             return outcome
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         default = operation.default_config(problem, device.limits())
@@ -128,7 +128,7 @@ class Tuner:
         if s.fixed and not space.sample(random.Random(0), 1, max_attempts=1000):
             # The held parameters rule out every config (a formulation that cannot serve this shape
             # or this GPU): say why, before a study is opened or anything measured.
-            outcome.stopped_because = f"finding that no config of this shape satisfies {_fixed_text(s.fixed)}: {_why_empty(space, s.fixed)}"
+            outcome.stopped_because = f"finding that no config of this shape satisfies {fixed_text(s.fixed)}: {_why_empty(space, s.fixed)}"
             return outcome
         owner = new_owner()
         try:
@@ -394,11 +394,11 @@ def problems_offering(fixed: Mapping[str, Any], problems: Sequence[Any]) -> list
             first = first or exc
     if not offering and first is not None:
         raise InvalidConfigError(first.op, first.param, first.value,
-                                 f"{first.allowed} (no problem of this run offers {_fixed_text(fixed)})")
+                                 f"{first.allowed} (no problem of this run offers {fixed_text(fixed)})")
     return offering
 
 
-def _fixed_text(fixed) -> str:
+def fixed_text(fixed) -> str:
     """Held parameters as name=value pairs in name order (as in a study's name, and in messages)."""
     return ",".join(f"{k}={fixed[k]}" for k in sorted(fixed))
 
