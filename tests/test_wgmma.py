@@ -87,12 +87,14 @@ def _bwd_problems():
 ALL_WIDTHS = (64, 128, 256, 32, 16)
 
 
-def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None):
-    """Every feasible config of the widths given (and with splits, of those SPLITK values: wgrad)."""
+def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0):
+    """Every feasible config of the widths given (and with splits, of those SPLITK values: wgrad), with
+    each tile's wgmmas waited for (inflight 0: stages 2-4) or one group in flight (1: stages 3, 4, 6)."""
     space = _space(problem, op=op)
     out = []
-    for wgs, wbn, stages, splitk in itertools.product((1, 2), widths, (2, 3, 4), splits or (None,)):
-        config = {"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages}
+    depths = (3, 4, 6) if inflight else (2, 3, 4)
+    for wgs, wbn, stages, splitk in itertools.product((1, 2), widths, depths, splits or (None,)):
+        config = {"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages, "INFLIGHT": inflight}
         if splitk is not None:
             config["SPLITK"] = splitk
         try:
@@ -102,8 +104,13 @@ def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None):
     return out
 
 
-def _every_wgrad_config(problem, splits):
-    return _every_config(problem, WGRAD, ALL_WIDTHS, splits)
+def _every_wgrad_config(problem, splits, inflight=0):
+    return _every_config(problem, WGRAD, ALL_WIDTHS, splits, inflight)
+
+
+def _both_loops(problem, op=FWD, widths=ALL_WIDTHS, splits=None):
+    """Every config of the widths given with either main loop (wait per tile, and one group in flight)."""
+    return _every_config(problem, op, widths, splits) + _every_config(problem, op, widths, splits, 1)
 
 
 def _default(problem):
@@ -126,6 +133,14 @@ def test_wgmma_is_offered_on_hopper_for_tf32_with_whole_float4_runs():
     # Each tile's partial sums sit beside the totals: 256 columns would need 256 registers for them.
     with pytest.raises(InfeasibleConfigError, match="partial sums"):
         FWD.space(fp32, HOPPER).validate({**config, "WBN": 256})
+    # A group of wgmmas in flight holds a stage beyond the copies ahead; fp32 pipelines pairs of
+    # tiles, each with its own partial sums that the tile's first wgmma overwrites.
+    with pytest.raises(InfeasibleConfigError, match="at least 3 stages"):
+        FWD.space(problem, HOPPER).validate({**config, "WSTAGES": 2, "INFLIGHT": 1})
+    pipelined = FWD.plan(fp32, FWD.space(fp32, HOPPER).validate({**config, "WBN": 128, "INFLIGHT": 1}))
+    assert "part0[ACC], part1[ACC]" in pipelined.source and "mma_fresh(" in pipelined.source
+    assert "wgmma.wait_group.sync.aligned 1" in FWD.plan(problem, FWD.space(problem, HOPPER).validate(
+        {**config, "INFLIGHT": 1})).source
     with pytest.raises(InfeasibleConfigError, match="multiple of 4"):
         FWD.space(dataclasses.replace(problem, C=6), HOPPER).validate(config)
     plan = FWD.plan(problem, _default(problem))
@@ -154,7 +169,7 @@ def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
     # 16 input channels (scherer10_l2): the default block is as wide as the GEMM
     scherer = _bwd_problems()[1][1]
     assert BWD.default_config(scherer, HOPPER, formulation=FORMULATION_WGMMA).as_dict()["WBN"] == 16
-    config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 64, "WSTAGES": 3}
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 64, "WSTAGES": 3, "INFLIGHT": 0}
     with pytest.raises(InfeasibleConfigError, match="multiple of 4"):
         BWD.space(dataclasses.replace(problem, K=6), HOPPER).validate(config)
     fp32 = dataclasses.replace(problem, precision="fp32")
@@ -201,7 +216,10 @@ def _build_failures(compiler, jobs):
         module = compiler.compile(plan.source, config=config, arch=plan.compile_arch(compiler.arch))
         missing = set(plan.kernel_names) - set(module.reports)
         spills = [str(r) for r in module.reports.values() if r.spills]
-        return f"{name} {config}: missing {missing}, spills {spills}" if missing or spills else None
+        # ptxas's C7514: it found registers of a group in flight touched and made every wgmma wait
+        serialized = "C7514" in module.log
+        return f"{name} {config}: missing {missing}, spills {spills}, serialized {serialized}" \
+            if missing or spills or serialized else None
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         return [f for f in pool.map(build, jobs) if f]
@@ -262,9 +280,11 @@ def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
     problems = (_wgrad_problems()[0], ODD_WGRAD[0], *_fp32([_wgrad_problems()[0]]))
     jobs = [(name, config, WGRAD.plan(problem, config)) for name, problem in problems
             for config in _every_wgrad_config(problem, (1, 8))]
+    jobs += [(name, config, WGRAD.plan(problem, config)) for name, problem in problems
+             for config in _every_wgrad_config(problem, (8,), inflight=1)]
 
     failures = _build_failures(compiler, jobs)
-    assert len(jobs) > 100 and not failures, "\n".join(failures[:8])
+    assert len(jobs) > 150 and not failures, "\n".join(failures[:8])
 
 
 @needs_nvcc
@@ -273,10 +293,10 @@ def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path):
     widths = ALL_WIDTHS
     problems = (_bwd_problems()[0], *ODD_BWD, *_fp32([_bwd_problems()[0]]))
     jobs = [(name, config, BWD.plan(problem, config)) for name, problem in problems
-            for config in _every_config(problem, BWD, widths)]
+            for config in _both_loops(problem, BWD, widths)]
 
     failures = _build_failures(compiler, jobs)
-    assert len(jobs) == sum(len(_every_config(p, BWD, widths)) for _, p in problems) and not failures, \
+    assert len(jobs) == sum(len(_both_loops(p, BWD, widths)) for _, p in problems) and not failures, \
         "\n".join(failures[:8])
 
 
@@ -286,9 +306,12 @@ def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path)
     problems = (_problems()[0], ODD[0], *_fp32([_problems()[0]]))
     jobs = [(name, config, FWD.plan(problem, config)) for name, problem in problems
             for config in _every_config(problem)]
+    pipelined = [(name, config, FWD.plan(problem, config)) for name, problem in problems
+                 for config in _every_config(problem, inflight=1)]
 
-    failures = _build_failures(compiler, jobs)
-    assert len(jobs) == 18 + 6 + len(_every_config(problems[2][1])) and not failures, "\n".join(failures[:8])
+    failures = _build_failures(compiler, jobs + pipelined)
+    assert len(jobs) == 18 + 6 + len(_every_config(problems[2][1])) and len(pipelined) >= 30 and not failures, \
+        "\n".join(failures[:8])
     # wgmma is not in the portable target: compiling for it must fail, or the suffix would not matter.
     with pytest.raises(CompileError, match="sm_90"):
         compiler.compile(jobs[0][2].source)
@@ -338,29 +361,30 @@ def _verify_every_config(op, problems, configs):
 
 @pytest.mark.gpu
 def test_wgmma_kernels_verify_against_float64():
-    _verify_every_config(FWD, _problems(), lambda p: _every_config(p, FWD, ALL_WIDTHS))
+    _verify_every_config(FWD, _problems(), lambda p: _both_loops(p, FWD))
 
 
 @pytest.mark.gpu
 def test_wgmma_bwd_data_kernels_verify_against_float64():
-    _verify_every_config(BWD, _bwd_problems(), lambda p: _every_config(p, BWD, ALL_WIDTHS))
+    _verify_every_config(BWD, _bwd_problems(), lambda p: _both_loops(p, BWD))
 
 
 @pytest.mark.gpu
 def test_wgmma_wgrad_kernels_verify_against_float64():
     """Every width and depth with 1 and 8 splits on the seed shapes; every split on the odd ones."""
     def configs(problem):
-        return _every_wgrad_config(problem, (1, 2, 4, 8, 16, 32) if problem.N * problem.H < 64 else (1, 8))
+        splits = (1, 2, 4, 8, 16, 32) if problem.N * problem.H < 64 else (1, 8)
+        return _every_wgrad_config(problem, splits) + _every_wgrad_config(problem, splits, inflight=1)
 
     _verify_every_config(WGRAD, _wgrad_problems(), configs)
-    _verify_every_config(WGRAD, _fp32(_wgrad_problems()), lambda p: _every_wgrad_config(p, (8,)))
+    _verify_every_config(WGRAD, _fp32(_wgrad_problems()), lambda p: _both_loops(p, WGRAD, splits=(8,)))
 
 
 @pytest.mark.gpu
 def test_wgmma_3xtf32_kernels_meet_the_fp32_bound():
     """fp32 problems (3xTF32) are held to the FP32 bound, the one every fp32 kernel meets."""
-    _verify_every_config(FWD, _fp32(_problems()), lambda p: _every_config(p, FWD, ALL_WIDTHS))
-    _verify_every_config(BWD, _fp32(_bwd_problems()), lambda p: _every_config(p, BWD, ALL_WIDTHS))
+    _verify_every_config(FWD, _fp32(_problems()), lambda p: _both_loops(p, FWD))
+    _verify_every_config(BWD, _fp32(_bwd_problems()), lambda p: _both_loops(p, BWD))
 
 
 def _nan_reaches_what_the_reference_says(op, problem, config, source, result, seed, at):

@@ -29,7 +29,12 @@ as tc's 3xTF32 does, for twice the staged copies, shared memory and accumulator 
 128) and three times the tensor-core work.
 
 Parameters: WGS warpgroups along the GEMM's rows (BM = 64 * WGS), WBN columns per block (the
-wgmma's N: accumulators are WBN / 2 registers per thread), WSTAGES shared-memory stages.
+wgmma's N: accumulators are WBN / 2 registers per thread), WSTAGES shared-memory stages, INFLIGHT:
+with 0 each warpgroup waits for a tile's wgmmas before the barrier of the next, so the tensor cores
+idle through every wait for copies and every barrier; with 1 the group of tile k is waited for only
+after tile k + 1's is issued (wgmma.wait_group 1), which costs a stage (the copies run STAGES - 2
+tiles ahead). fp32 pipelines pairs of tiles with a set of partial sums each (ptxas serializes
+every wgmma when registers of a completed group are read while another is in flight).
 """
 from __future__ import annotations
 
@@ -103,7 +108,10 @@ class _WgmmaGemm(OpFormulation):
         return [
             Param("WGS", (1, 2), "warpgroups along the GEMM's rows (64 rows each)"),
             Param("WBN", (64, 128, 256, 32, 16), "GEMM columns per block: the wgmma's N"),
-            Param("WSTAGES", (3, 4, 2), "shared-memory pipeline stages"),
+            Param("WSTAGES", (3, 4, 2, 5, 6), "shared-memory pipeline stages"),
+            # 0 first: the loop that waits for each tile's wgmmas before the next (the code of configs
+            # written before the parameter)
+            Param("INFLIGHT", (0, 1), "groups of wgmmas left in flight across the next tile's barrier"),
         ]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
@@ -142,8 +150,15 @@ class _WgmmaGemm(OpFormulation):
                 f"WBN={wbn} with 3xTF32 holds {wbn} accumulator registers per thread (at most 128: fp32 keeps "
                 "each tile's partial sums beside the totals)")
 
+        def pipelined(stages, inflight):
+            # a group in flight holds one stage beyond the copies ahead, which need one at least
+            return None if not inflight or stages >= 3 else (
+                f"INFLIGHT=1 needs at least 3 stages (one for the copies ahead, one for the wgmmas in flight), "
+                f"not {stages}")
+
         return [
             Constraint(("WGS",), arch),   # of the device, not of a parameter: any one carries it
+            Constraint(("WSTAGES", "INFLIGHT"), pipelined),
             Constraint(("WBN",), partial_sums),
             Constraint(("WGS",), channels),
             Constraint(("WBN",), workspace),
@@ -158,7 +173,7 @@ class _WgmmaGemm(OpFormulation):
         ]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
-        base = {"formulation": FORMULATION_WGMMA}
+        base = {"formulation": FORMULATION_WGMMA, "INFLIGHT": 0}
         out = [{**base, "WGS": 2, "WBN": 128, "WSTAGES": 3}, {**base, "WGS": 1, "WBN": 128, "WSTAGES": 3},
                {**base, "WGS": 1, "WBN": 64, "WSTAGES": 3}]
         narrow = max(16, next_pow2(self.gemm_columns(problem)[0]))
