@@ -93,7 +93,7 @@ def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=
     space = _space(problem, op=op)
     out = []
     depths = (3, 4, 6) if inflight else (2, 3, 4)
-    for wgs, wbn, stages, splitk in itertools.product((1, 2), widths, depths, splits or (None,)):
+    for wgs, wbn, stages, splitk in itertools.product((1, 2, 4), widths, depths, splits or (None,)):
         config = {"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages, "INFLIGHT": inflight}
         if splitk is not None:
             config["SPLITK"] = splitk
@@ -120,7 +120,7 @@ def _default(problem):
 def test_wgmma_is_offered_on_hopper_for_tf32_with_whole_float4_runs():
     name, problem = _problems()[0]
     config = _default(problem).as_dict()
-    assert len(_every_config(problem)) == 18
+    assert len(_every_config(problem)) == 24   # WGS=4 holds at most 128 columns (64 accumulator registers)
     with pytest.raises(InfeasibleConfigError, match="sm_90"):
         _space(problem, DeviceLimits.for_arch("sm_80")).validate(config)
     # fp32 is 3xTF32: both staged copies hold each operand's small parts after its big parts.
@@ -135,6 +135,8 @@ def test_wgmma_is_offered_on_hopper_for_tf32_with_whole_float4_runs():
         FWD.space(fp32, HOPPER).validate({**config, "WBN": 256})
     # A group of wgmmas in flight holds a stage beyond the copies ahead; fp32 pipelines pairs of
     # tiles, each with its own partial sums that the tile's first wgmma overwrites.
+    with pytest.raises(InfeasibleConfigError, match="WGS=4"):   # 512 threads, 128 registers each
+        FWD.space(problem, HOPPER).validate({**config, "WGS": 4, "WBN": 256})
     with pytest.raises(InfeasibleConfigError, match="at least 3 stages"):
         FWD.space(problem, HOPPER).validate({**config, "WSTAGES": 2, "INFLIGHT": 1})
     pipelined = FWD.plan(fp32, FWD.space(fp32, HOPPER).validate({**config, "WBN": 128, "INFLIGHT": 1}))
@@ -157,7 +159,7 @@ def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
     from autocnn.kernels.conv_bwd_data import stride_phases
 
     name, problem = _bwd_problems()[0]   # modern_14: 256 input channels take every width
-    assert len(_every_config(problem, BWD, ALL_WIDTHS)) == 27
+    assert len(_every_config(problem, BWD, ALL_WIDTHS)) == 33
     plan = BWD.plan(problem, BWD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA))
     assert plan.compile_arch("sm_90") == "sm_90a"
     assert [l.kernel for l in plan.launches] == ["conv_bwd_data_stage_dy", "conv_bwd_data_stage_w", "conv_bwd_data"]
@@ -310,7 +312,7 @@ def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path)
                  for config in _every_config(problem, inflight=1)]
 
     failures = _build_failures(compiler, jobs + pipelined)
-    assert len(jobs) == 18 + 6 + len(_every_config(problems[2][1])) and len(pipelined) >= 30 and not failures, \
+    assert len(jobs) == sum(len(_every_config(p)) for _, p in problems) and len(pipelined) >= 30 and not failures, \
         "\n".join(failures[:8])
     # wgmma is not in the portable target: compiling for it must fail, or the suffix would not matter.
     with pytest.raises(CompileError, match="sm_90"):

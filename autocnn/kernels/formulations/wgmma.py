@@ -106,7 +106,10 @@ class _WgmmaGemm(OpFormulation):
         # 32 and 16 columns (after the others: the first choices keep their order) serve GEMMs with
         # few columns, e.g. the backward-data of a layer with 16 input channels.
         return [
-            Param("WGS", (1, 2), "warpgroups along the GEMM's rows (64 rows each)"),
+            # 4 (256 rows, after the others) halves the B tile's reads from L2 per output against 2:
+            # the copies, not the tensor cores, bound the main loop (modern_14 on an H100: 66 of 74 us
+            # with no wgmma at all)
+            Param("WGS", (1, 2, 4), "warpgroups along the GEMM's rows (64 rows each)"),
             Param("WBN", (64, 128, 256, 32, 16), "GEMM columns per block: the wgmma's N"),
             Param("WSTAGES", (3, 4, 2, 5, 6), "shared-memory pipeline stages"),
             # 0 first: the loop that waits for each tile's wgmmas before the next (the code of configs
@@ -156,8 +159,17 @@ class _WgmmaGemm(OpFormulation):
                 f"INFLIGHT=1 needs at least 3 stages (one for the copies ahead, one for the wgmmas in flight), "
                 f"not {stages}")
 
+        def registers(wgs, wbn):
+            # 512 threads get at most 128 registers each: the totals (and fp32's partial sums) fit
+            # in half of them
+            acc = wbn // 2 * (2 if split(p) else 1)
+            return None if wgs < 4 or acc <= 64 else (
+                f"WGS=4 (512 threads, 128 registers each) with WBN={wbn} holds {acc} accumulator registers "
+                "per thread (at most 64)")
+
         return [
             Constraint(("WGS",), arch),   # of the device, not of a parameter: any one carries it
+            Constraint(("WGS", "WBN"), registers),
             Constraint(("WSTAGES", "INFLIGHT"), pipelined),
             Constraint(("WBN",), partial_sums),
             Constraint(("WGS",), channels),
