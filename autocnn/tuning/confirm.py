@@ -13,16 +13,19 @@ from autocnn.tuning.settings import TuneOutcome, TuneSettings
 from autocnn.tuning.sources import MeasurementSource, TrialResult
 
 
-def contenders(known: Mapping[str, TrialResult], default: Config) -> list[Config]:
+def contenders(known: Mapping[str, TrialResult], default: Config, incumbent: Config | None = None) -> list[Config]:
     """The two fastest verified configs, and the op's default unless it failed in the search. A
     default the search never measured (outside held parameters: --fix formulation=wgmma) is timed
     here: it is what a lookup answers when no record exists, so a winner slower than it must not
     become the record (on an H100, a wgmma weight gradient held to its formulation was 259 us where
-    the default ran 213 us)."""
+    the default ran 213 us). Likewise the incumbent, what a lookup answers now from a record of
+    another GPU of this architecture (Tuner._incumbent), unless it failed in the search."""
     ranked = sorted((r for r in known.values() if r.ok and r.time_us is not None), key=lambda r: r.time_us)
     out = [r.config for r in ranked[:2]]
-    if default.key() not in {c.key() for c in out} and (default.key() not in known or known[default.key()].ok):
-        out.append(default)
+    for extra in (default, incumbent):
+        if extra is not None and extra.key() not in {c.key() for c in out} and \
+                (extra.key() not in known or known[extra.key()].ok):
+            out.append(extra)
     return out
 
 
@@ -43,9 +46,11 @@ def retime(source: MeasurementSource, op: str, problem: Any, configs: list[Confi
 
 def confirm_and_store(source: MeasurementSource, db: Any, settings: TuneSettings, operation: Any, problem: Any,
                       default: Config, known: Mapping[str, TrialResult], study_measured: int,
-                      outcome: TuneOutcome) -> TuneOutcome:
-    """Time the winner again with the runner-up and the default, then store it (keeping a faster record)."""
-    finite, last = retime(source, outcome.op, problem, contenders(known, default), settings.confirm_rounds)
+                      outcome: TuneOutcome, incumbent: Config | None = None) -> TuneOutcome:
+    """Time the winner again with the runner-up, the default and the incumbent, then store the fastest
+    (keeping a faster record)."""
+    finite, last = retime(source, outcome.op, problem, contenders(known, default, incumbent),
+                          settings.confirm_rounds)
     if not finite:
         outcome.best = None
         outcome.stopped_because += "; no contender verified again, nothing stored"
@@ -53,7 +58,7 @@ def confirm_and_store(source: MeasurementSource, db: Any, settings: TuneSettings
     winner_key = min(finite, key=finite.get)
     winner = last[winner_key]
     outcome.best = TrialResult(winner.config, True, finite[winner_key], timing=winner.timing)
-    runner = [k for k in finite if k != winner_key and k != default.key()]
+    runner = [k for k in finite if k not in (winner_key, default.key()) and (incumbent is None or k != incumbent.key())]
     if default.key() in finite:
         outcome.default = TrialResult(default, True, finite[default.key()])
     if db is None:

@@ -124,6 +124,7 @@ class Tuner:
             return outcome
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         default = operation.default_config(problem, device.limits())
+        incumbent = self._incumbent(problem)
         outcome = TuneOutcome(op, problem, name, None, None, device=device.name)
         if s.fixed and not space.sample(random.Random(0), 1, max_attempts=1000):
             # The held parameters rule out every config (a formulation that cannot serve this shape
@@ -144,7 +145,7 @@ class Tuner:
         outcome.study_measured = measured_count(known)
         if outcome.best is not None:
             outcome = confirm_and_store(self.source, self.db, s, operation, problem, default, known,
-                                        outcome.study_measured, outcome)
+                                        outcome.study_measured, outcome, incumbent)
         return outcome
 
     # -- the pieces ---------------------------------------------------------------------------
@@ -336,6 +337,17 @@ class Tuner:
             except (InvalidConfigError, InfeasibleConfigError):
                 continue
             study.enqueue_trial(enqueue_params(space, config), skip_if_exists=True)
+
+    def _incumbent(self, problem: Any) -> Config | None:
+        """The config a lookup answers for ``problem`` now from another GPU's record of this
+        architecture (same_arch), which the confirmation times beside the winner: a tune never leaves
+        a record slower than what ran before it (an H200 run held to wgmma stored 590 us for a 7x7
+        forward whose lookup had answered with an H100's fft record, 457 us on the H200). This GPU's
+        own record needs no such care (the database keeps the faster of two)."""
+        if self.db is None or not hasattr(self.db, "tuned"):
+            return None
+        found = self.db.tuned(self.source.device, problem)
+        return found.config if found is not None and found.source == "same_arch" else None
 
     def _stale_winners(self, problem: Any, space: SearchSpace) -> list[Config]:
         # The winners of this very shape under older templates: often unchanged code, so a retune
