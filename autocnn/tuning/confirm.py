@@ -13,19 +13,19 @@ from autocnn.tuning.settings import TuneOutcome, TuneSettings
 from autocnn.tuning.sources import MeasurementSource, TrialResult
 
 
-def contenders(known: Mapping[str, TrialResult], default: Config, incumbent: Config | None = None) -> list[Config]:
-    """The two fastest verified configs, and the op's default unless it failed in the search. A
-    default the search never measured (outside held parameters: --fix formulation=wgmma) is timed
-    here: it is what a lookup answers when no record exists, so a winner slower than it must not
-    become the record (on an H100, a wgmma weight gradient held to its formulation was 259 us where
-    the default ran 213 us). Likewise the incumbent, what a lookup answers now from a record of
-    another GPU of this architecture (Tuner._incumbent), unless it failed in the search."""
+def contenders(known: Mapping[str, TrialResult], *others: Config | None) -> list[Config]:
+    """The two fastest verified configs, and each of ``others`` (given, and not failed in the search).
+    The others are what a lookup answers without this tune's record: the op's default, and the
+    incumbent, a record of another GPU of this architecture (Tuner._incumbent). The search may never
+    have measured them (held parameters: --fix formulation=wgmma), so they are timed here, and a
+    winner slower than them never becomes the record (on an H100, a wgmma weight gradient held to its
+    formulation was 259 us where the default ran 213 us)."""
     ranked = sorted((r for r in known.values() if r.ok and r.time_us is not None), key=lambda r: r.time_us)
     out = [r.config for r in ranked[:2]]
-    for extra in (default, incumbent):
-        if extra is not None and extra.key() not in {c.key() for c in out} and \
-                (extra.key() not in known or known[extra.key()].ok):
-            out.append(extra)
+    for other in others:
+        if other is not None and other.key() not in {c.key() for c in out} and \
+                (other.key() not in known or known[other.key()].ok):
+            out.append(other)
     return out
 
 
@@ -58,7 +58,8 @@ def confirm_and_store(source: MeasurementSource, db: Any, settings: TuneSettings
     winner_key = min(finite, key=finite.get)
     winner = last[winner_key]
     outcome.best = TrialResult(winner.config, True, finite[winner_key], timing=winner.timing)
-    runner = [k for k in finite if k not in (winner_key, default.key()) and (incumbent is None or k != incumbent.key())]
+    others = {c.key() for c in (default, incumbent) if c is not None}
+    runner = [k for k in finite if k != winner_key and k not in others]
     if default.key() in finite:
         outcome.default = TrialResult(default, True, finite[default.key()])
     if db is None:

@@ -124,7 +124,6 @@ class Tuner:
             return outcome
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         default = operation.default_config(problem, device.limits())
-        incumbent = self._incumbent(problem)
         outcome = TuneOutcome(op, problem, name, None, None, device=device.name)
         if s.fixed and not space.sample(random.Random(0), 1, max_attempts=1000):
             # The held parameters rule out every config (a formulation that cannot serve this shape
@@ -145,7 +144,7 @@ class Tuner:
         outcome.study_measured = measured_count(known)
         if outcome.best is not None:
             outcome = confirm_and_store(self.source, self.db, s, operation, problem, default, known,
-                                        outcome.study_measured, outcome, incumbent)
+                                        outcome.study_measured, outcome, self._incumbent(problem))
         return outcome
 
     # -- the pieces ---------------------------------------------------------------------------
