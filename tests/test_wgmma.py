@@ -87,16 +87,19 @@ def _bwd_problems():
 ALL_WIDTHS = (64, 128, 256, 32, 16)
 
 
-def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0):
-    """Every feasible config of the widths given (and with splits, of those SPLITK values: wgrad), with
-    each tile's wgmmas waited for (inflight 0: stages 2-4) or one group in flight (1: stages 3, 4, 6)."""
+def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0, image_tiles=(0, 1)):
+    """Every feasible config of the widths given (and with splits, of those SPLITK values and IMAGE_TILES
+    choices: wgrad), with each tile's wgmmas waited for (inflight 0: stages 2-4) or one group in flight
+    (1: stages 3, 4, 6)."""
     space = _space(problem, op=op)
     out = []
     depths = (3, 4, 6) if inflight else (2, 3, 4)
-    for wgs, wbn, stages, splitk in itertools.product((1, 2, 4), widths, depths, splits or (None,)):
+    for wgs, wbn, stages, splitk, tiles in itertools.product((1, 2, 4), widths, depths, splits or (None,),
+                                                             image_tiles if splits else (None,)):
         config = {"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages, "INFLIGHT": inflight}
         if splitk is not None:
             config["SPLITK"] = splitk
+            config["IMAGE_TILES"] = tiles
         try:
             out.append(space.validate(config))
         except InfeasibleConfigError:
@@ -104,13 +107,14 @@ def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=
     return out
 
 
-def _every_wgrad_config(problem, splits, inflight=0):
-    return _every_config(problem, WGRAD, ALL_WIDTHS, splits, inflight)
+def _every_wgrad_config(problem, splits, inflight=0, image_tiles=(0, 1)):
+    return _every_config(problem, WGRAD, ALL_WIDTHS, splits, inflight, image_tiles)
 
 
-def _both_loops(problem, op=FWD, widths=ALL_WIDTHS, splits=None):
+def _both_loops(problem, op=FWD, widths=ALL_WIDTHS, splits=None, image_tiles=(0, 1)):
     """Every config of the widths given with either main loop (wait per tile, and one group in flight)."""
-    return _every_config(problem, op, widths, splits) + _every_config(problem, op, widths, splits, 1)
+    return _every_config(problem, op, widths, splits, image_tiles=image_tiles) + \
+        _every_config(problem, op, widths, splits, 1, image_tiles)
 
 
 def _default(problem):
@@ -193,6 +197,11 @@ def test_wgmma_serves_stride_1_weight_gradients_on_a_padded_grid():
     assert (grid.HP, grid.WP, grid.XCOPIES) == (16, 16, 3) and grid.GK == 64 * 16 * 16
     assert grid.LC >= grid.GK + 2 * 16 + 2 and grid.LC % 4 == 0
     config = WGRAD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA)
+    # Tiles of each image's 14 rows of 16 (7 of 32 floats) instead of the grid's 16 rows (8 tiles)
+    assert grid.TPI == 7 and grid.tiles(problem, 1) == 64 * 7 and grid.tiles(problem, 0) == 64 * 8
+    assert config["IMAGE_TILES"] == 1
+    one_by_one = ODD_WGRAD[1][1]   # no rows to skip (R = 1): the whole grid, without per-image rounding
+    assert WGRAD.default_config(one_by_one, HOPPER, formulation=FORMULATION_WGMMA)["IMAGE_TILES"] == 0
     plan = WGRAD.plan(problem, config)
     assert plan.compile_arch("sm_90") == "sm_90a"
     assert [l.kernel for l in plan.launches] == ["conv_wgrad_stage_dy", "conv_wgrad_stage_x", "conv_wgrad"]
@@ -227,10 +236,11 @@ def _build_failures(compiler, jobs):
         return [f for f in pool.map(build, jobs) if f]
 
 
-def _padded_grid_wgrad(problem, x, dy):
+def _padded_grid_wgrad(problem, x, dy, image_tiles=0):
     """The weight gradient as the wgmma kernel computes it (wgmma_conv_wgrad.cu.j2), in float64: dY on
     the padded grid, X's shifted copies, and the GEMM whose B rows read copy d = shift % 4 from
-    shift - d. Also checks the alignment the kernel's 16-byte copies rely on."""
+    shift - d, over the whole grid or (image_tiles) over the tiles of each image's P rows, a chunk of
+    4 past them zero. Also checks the alignment the kernel's 16-byte copies rely on."""
     from autocnn.kernels.formulations.wgmma import PaddedGrid
 
     p, g = problem, PaddedGrid.of(problem)
@@ -254,7 +264,17 @@ def _padded_grid_wgrad(problem, x, dy):
             d = shift % 4
             assert d < g.XCOPIES and (shift - d) % 4 == 0 and shift - d + gk <= g.LC
             b[:, r, s_] = copies[d][:, shift - d:shift - d + gk]
-    return (dyp.reshape(p.K, gk) @ b.reshape(-1, gk).T).reshape(p.K, p.C, p.R, p.S)
+    a, b = dyp.reshape(p.K, gk), b.reshape(-1, gk)
+    if image_tiles:   # grid positions v -> j of the kernel's grid_position, chunks past P rows masked
+        v = np.arange(g.tiles(p, 1) * 32)
+        local = (v // 32 % g.TPI) * 32 + v % 32
+        j = (v // 32 // g.TPI) * g.HP * g.WP + local
+        ok = local < p.P * g.WP
+        assert (p.P * g.WP) % 4 == 0 and j[ok].max() < gk and len(set(j[ok])) == ok.sum()
+        # every position where dY is not zero is visited once
+        assert set(j[ok]) >= set(np.flatnonzero(np.abs(a).sum(axis=0)))
+        a, b = a[:, j[ok]], b[:, j[ok]]
+    return (a @ b.T).reshape(p.K, p.C, p.R, p.S)
 
 
 @pytest.mark.parametrize("problem", [ODD_WGRAD[0][1], ODD_WGRAD[1][1],
@@ -274,6 +294,7 @@ def test_the_padded_grid_gemm_is_the_weight_gradient(problem):
         for s_ in range(p.S):
             direct[:, :, r, s_] = np.einsum("nkpq,ncpq->kc", dy, xp[:, :, r:r + p.P, s_:s_ + p.Q])
     np.testing.assert_allclose(_padded_grid_wgrad(p, x, dy), direct, rtol=1e-12, atol=1e-11)
+    np.testing.assert_allclose(_padded_grid_wgrad(p, x, dy, image_tiles=1), direct, rtol=1e-12, atol=1e-11)
 
 
 @needs_nvcc
@@ -284,6 +305,7 @@ def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
             for config in _every_wgrad_config(problem, (1, 8))]
     jobs += [(name, config, WGRAD.plan(problem, config)) for name, problem in problems
              for config in _every_wgrad_config(problem, (8,), inflight=1)]
+    assert {c["IMAGE_TILES"] for _, c, _ in jobs} == {0, 1}
 
     failures = _build_failures(compiler, jobs)
     assert len(jobs) > 150 and not failures, "\n".join(failures[:8])
@@ -371,15 +393,26 @@ def test_wgmma_bwd_data_kernels_verify_against_float64():
     _verify_every_config(BWD, _bwd_problems(), lambda p: _both_loops(p, BWD))
 
 
-@pytest.mark.gpu
-def test_wgmma_wgrad_kernels_verify_against_float64():
-    """Every width and depth with 1 and 8 splits on the seed shapes; every split on the odd ones."""
-    def configs(problem):
-        splits = (1, 2, 4, 8, 16, 32) if problem.N * problem.H < 64 else (1, 8)
-        return _every_wgrad_config(problem, splits) + _every_wgrad_config(problem, splits, inflight=1)
+def _wgrad_configs_to_verify(problem):
+    """Each image's tiles (the default where they pay) in every width and depth with either loop; the
+    whole grid's in fewer (its code is the older, verified before the parameter): seed shapes with 1
+    and 8 splits, the odd shapes with every split; fp32 (3xTF32) with 8 splits."""
+    if problem.precision == "fp32":
+        return [*_both_loops(problem, WGRAD, splits=(8,), image_tiles=(1,)),
+                *_every_wgrad_config(problem, (8,), image_tiles=(0,))]
+    odd = problem.N * problem.H < 64
+    splits = (1, 2, 4, 8, 16, 32) if odd else (1, 8)
+    return [*_every_wgrad_config(problem, splits, image_tiles=(1,)),
+            *_every_wgrad_config(problem, splits, inflight=1, image_tiles=(1,)),
+            *_every_wgrad_config(problem, (1, 8) if odd else (8,), image_tiles=(0,))]
 
-    _verify_every_config(WGRAD, _wgrad_problems(), configs)
-    _verify_every_config(WGRAD, _fp32(_wgrad_problems()), lambda p: _both_loops(p, WGRAD, splits=(8,)))
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", range(len(_wgrad_problems()) + len(_fp32(_wgrad_problems()))),
+                         ids=[n.replace(" ", "_") for n, _ in _wgrad_problems() + _fp32(_wgrad_problems())])
+def test_wgmma_wgrad_kernels_verify_against_float64(index):
+    """One problem per test (each compiles and checks up to 150 configs)."""
+    _verify_every_config(WGRAD, [(_wgrad_problems() + _fp32(_wgrad_problems()))[index]], _wgrad_configs_to_verify)
 
 
 @pytest.mark.gpu
