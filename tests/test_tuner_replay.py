@@ -428,3 +428,30 @@ def test_a_held_search_never_stores_a_record_slower_than_another_gpus_answer(db,
     assert outcome.record.key.gpu == rf.device.name   # this GPU's own record, timed on it
     assert outcome.record.time_us == pytest.approx(fastest.time_us)
     assert outcome.record.runner_up is None or outcome.record.runner_up["config"]["SPLITK"] == 32
+
+
+def test_a_held_search_never_replaces_a_quick_record_with_a_slower_one(db, tmp_path):
+    """A full tuning replaces this GPU's quick record whatever its time (TuningRecord.quick): the
+    confirmation times the quick record's config too, so a search held to slow configs stores that
+    config, measured anew, and not its own slower winner."""
+    from autocnn.kernels import get_operation
+    from autocnn.store import RecordKey, TuningRecord, now_utc
+
+    rf = ReplayFile.load(WGRAD_FILE)
+    fastest = min((r for r in rf.results.values() if r.ok), key=lambda r: r.time_us)
+    operation = get_operation(rf.op)
+    planted = TuningRecord(key=RecordKey.for_(rf.device, rf.problem, operation.config_fingerprint(fastest.config)),
+                           config=fastest.config.as_dict(), time_us=50.0, spread=0.0, default_time_us=None,
+                           cudnn_time_us=None, trials=1, tuned_at=now_utc(), autocnn_version="0", sampler="quick",
+                           quick=True)
+    db.put_many([planted])
+    found = db.tuned(rf.device, rf.problem)
+    assert found.source == "exact" and found.record.quick
+    source = ReplaySource([rf])
+    tuner = Tuner(source, db, TuneSettings(storage=storage(tmp_path), fixed={"formulation": "atomic", "SPLITK": 32},
+                                           sampler="random", seed=3), progress=False)
+    outcome = tuner.tune(rf.op, rf.problem, trials=6)
+    assert fastest.config.key() in source.measured_keys
+    assert outcome.record is not None and outcome.record.config == fastest.config.as_dict()
+    assert not outcome.record.quick and outcome.record.time_us == pytest.approx(fastest.time_us)
+    assert db.tuned(rf.device, rf.problem).record.config == fastest.config.as_dict()

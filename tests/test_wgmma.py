@@ -62,6 +62,14 @@ def _wgrad_problems():
     return [(n, dataclasses.replace(seed[n], precision="tf32")) for n in WGRAD_SEED_SHAPES] + list(ODD_WGRAD)
 
 
+def _strided_wgrad_problems():
+    """The strided shapes (STRIDED_WGRAD, defined with the NumPy model below), tf32 and one in fp32."""
+    resnet = ConvWgradProblem(N=4, C=64, H=56, W=56, K=128, R=3, S=3, stride=(2, 2), padding=(1, 1, 1, 1), bias=False,
+                              precision="tf32")   # ResNet-18's first strided 3x3, 4 images
+    return [*STRIDED_WGRAD, ("resnet_s2", resnet),
+            (f"{STRIDED_WGRAD[0][0]} fp32", dataclasses.replace(STRIDED_WGRAD[0][1], precision="fp32"))]
+
+
 def _space(problem, limits=HOPPER, op=FWD):
     return op.space(problem, limits).restrict({"formulation": FORMULATION_WGMMA})
 
@@ -189,7 +197,7 @@ def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
         BWD.space(problem, HOPPER).validate({**config, "WGS": 2, "WBN": 16})
 
 
-def test_wgmma_serves_stride_1_weight_gradients_on_a_padded_grid():
+def test_wgmma_serves_weight_gradients_on_a_padded_grid():
     from autocnn.kernels.formulations.wgmma import PaddedGrid
 
     name, problem = _wgrad_problems()[0]   # modern_14: 64 x 256 x 14 x 14, 3x3, pad 1
@@ -211,8 +219,14 @@ def test_wgmma_serves_stride_1_weight_gradients_on_a_padded_grid():
     # Any channel counts (no float4 runs of channels); stride 1 only; 3xTF32 doubles the copies.
     odd = ODD_WGRAD[1][1]
     assert WGRAD.plan(odd, WGRAD.default_config(odd, HOPPER, formulation=FORMULATION_WGMMA)).zero_first in ((), ("dw",))
-    with pytest.raises(InfeasibleConfigError, match="stride 1"):
-        WGRAD.space(dataclasses.replace(problem, stride=(2, 2)), HOPPER).validate(config.as_dict())
+    # Strided: X staged on one grid per stride phase, by the one-pass staging only
+    strided = dataclasses.replace(problem, stride=(2, 2))
+    with pytest.raises(InfeasibleConfigError, match="IMAGE_TILES=1"):
+        WGRAD.space(strided, HOPPER).validate({**config.as_dict(), "IMAGE_TILES": 0})
+    sgrid = PaddedGrid.of(strided)   # 7 x 7 outputs, taps shifted by 0 or 1 row and column of 4 phases
+    assert (sgrid.PHASES, sgrid.OH, sgrid.OW, sgrid.HP, sgrid.WP, sgrid.XCOPIES) == (4, 1, 1, 8, 8, 2)
+    splan = WGRAD.plan(strided, WGRAD.default_config(strided, HOPPER, formulation=FORMULATION_WGMMA))
+    assert splan.launches[1].grid[2] == 4 and dict(splan.workspaces)["xs"] == 4 * 2 * problem.C * sgrid.LC
     fp32 = dataclasses.replace(problem, precision="fp32")
     assert dict(WGRAD.plan(fp32, WGRAD.space(fp32, HOPPER).validate(config.as_dict())).workspaces)["xs"] == \
         2 * 3 * problem.C * grid.LC
@@ -238,32 +252,38 @@ def _build_failures(compiler, jobs):
 
 def _padded_grid_wgrad(problem, x, dy, image_tiles=0):
     """The weight gradient as the wgmma kernel computes it (wgmma_conv_wgrad.cu.j2), in float64: dY on
-    the padded grid, X's shifted copies, and the GEMM whose B rows read copy d = shift % 4 from
-    shift - d, over the whole grid or (image_tiles) over the tiles of each image's P rows, a chunk of
-    4 past them zero. Also checks the alignment the kernel's 16-byte copies rely on."""
+    the padded grid, X's shifted copies on one grid per stride phase, and the GEMM whose B rows read
+    copy d = shift % 4 of their tap's phase from shift - d, over the whole grid or (image_tiles) over
+    the tiles of each image's P rows, a chunk of 4 past them zero. Also checks the alignment the
+    kernel's 16-byte copies rely on."""
     from autocnn.kernels.formulations.wgmma import PaddedGrid
 
     p, g = problem, PaddedGrid.of(problem)
-    pt, pl = p.padding[0], p.padding[1]
+    (sh, sw), pt, pl = p.stride, p.padding[0], p.padding[1]
+    assert g.PHASES == sh * sw and ((sh, sw) != (1, 1) or (g.OH, g.OW) == (pt, pl))
     gk = g.GK
     dyp = np.zeros((p.K, p.N, g.HP, g.WP))
     dyp[:, :, :p.P, :p.Q] = dy.transpose(1, 0, 2, 3)
-    grid = np.zeros((p.C, p.N, g.HP, g.WP))
-    for hp in range(g.HP):
-        for wp in range(g.WP):
-            h, w = hp - pt, wp - pl
-            if 0 <= h < p.H and 0 <= w < p.W:
-                grid[:, :, hp, wp] = x[:, :, h, w].T
-    xs = np.zeros((p.C, g.LC + 4))
-    xs[:, :gk] = grid.reshape(p.C, gk)
-    copies = [xs[:, d:d + g.LC] for d in range(g.XCOPIES)]
+    copies = []   # per phase (a, b), a * sw + b: the XCOPIES shifted copies of its grid
+    for a in range(sh):
+        for b_ in range(sw):
+            grid = np.zeros((p.C, p.N, g.HP, g.WP))
+            for hp in range(g.HP):
+                for wp in range(g.WP):
+                    h, w = sh * (hp - g.OH) + a, sw * (wp - g.OW) + b_
+                    if 0 <= h < p.H and 0 <= w < p.W:
+                        grid[:, :, hp, wp] = x[:, :, h, w].T
+            xs = np.zeros((p.C, g.LC + 4))
+            xs[:, :gk] = grid.reshape(p.C, gk)
+            copies.append([xs[:, d:d + g.LC] for d in range(g.XCOPIES)])
     b = np.zeros((p.C, p.R, p.S, gk))
     for r in range(p.R):
         for s_ in range(p.S):
-            shift = r * g.WP + s_
+            a, b_ = (r - pt) % sh, (s_ - pl) % sw
+            shift = ((r - pt - a) // sh + g.OH) * g.WP + (s_ - pl - b_) // sw + g.OW
             d = shift % 4
-            assert d < g.XCOPIES and (shift - d) % 4 == 0 and shift - d + gk <= g.LC
-            b[:, r, s_] = copies[d][:, shift - d:shift - d + gk]
+            assert shift >= 0 and d < g.XCOPIES and (shift - d) % 4 == 0 and shift - d + gk <= g.LC
+            b[:, r, s_] = copies[a * sw + b_][d][:, shift - d:shift - d + gk]
     a, b = dyp.reshape(p.K, gk), b.reshape(-1, gk)
     if image_tiles:   # grid positions v -> j of the kernel's grid_position, chunks past P rows masked
         v = np.arange(g.tiles(p, 1) * 32)
@@ -277,23 +297,39 @@ def _padded_grid_wgrad(problem, x, dy, image_tiles=0):
     return (a @ b.T).reshape(p.K, p.C, p.R, p.S)
 
 
+# Strided weight gradients (wgmma stages X by stride phases): nothing even, stride 2 by 3 with
+# asymmetric padding and a 3x4 filter; ResNet's 3x3 and 1x1 stride-2 layers in small; scherer10's
+# 8x8 stride 2 with padding 3 (shifts of 0-4 columns: 4 copies).
+STRIDED_WGRAD = (("odd_wgs_a", ConvWgradProblem(N=3, C=5, H=13, W=11, K=7, R=3, S=4, stride=(2, 3),
+                                                padding=(1, 2, 0, 1), precision="tf32")),
+                 ("odd_wgs_b", ConvWgradProblem(N=2, C=8, H=14, W=14, K=12, R=3, S=3, stride=(2, 2), padding=(1, 1, 1, 1),
+                                                bias=False, precision="tf32")),
+                 ("odd_wgs_c", ConvWgradProblem(N=2, C=8, H=14, W=14, K=20, R=1, S=1, stride=(2, 2), bias=False,
+                                                precision="tf32")),
+                 ("odd_wgs_d", ConvWgradProblem(N=1, C=4, H=20, W=18, K=9, R=8, S=8, stride=(2, 2), padding=(3, 3, 3, 3),
+                                                precision="tf32")))
+
+
 @pytest.mark.parametrize("problem", [ODD_WGRAD[0][1], ODD_WGRAD[1][1],
-                                     ConvWgradProblem(N=2, C=3, H=9, W=10, K=4, R=8, S=8, padding=(4, 3, 3, 4))],
-                         ids=["3x5_asymmetric", "1x1", "8x8_kriz09_padding"])
+                                     ConvWgradProblem(N=2, C=3, H=9, W=10, K=4, R=8, S=8, padding=(4, 3, 3, 4)),
+                                     *(p for _, p in STRIDED_WGRAD)],
+                         ids=["3x5_asymmetric", "1x1", "8x8_kriz09_padding", *(n for n, _ in STRIDED_WGRAD)])
 def test_the_padded_grid_gemm_is_the_weight_gradient(problem):
     """The wgmma weight gradient's formulation, in NumPy, against the direct float64 sum."""
     rng = np.random.default_rng(5)
     p = problem
     x = rng.standard_normal((p.N, p.C, p.H, p.W))
     dy = rng.standard_normal((p.N, p.K, p.P, p.Q))
-    pt, pl = p.padding[0], p.padding[1]
-    xp = np.zeros((p.N, p.C, p.H + p.R + p.P, p.W + p.S + p.Q))
+    (sh, sw), pt, pl = p.stride, p.padding[0], p.padding[1]
+    xp = np.zeros((p.N, p.C, pt + p.H + p.R + sh * p.P, pl + p.W + p.S + sw * p.Q))
     xp[:, :, pt:pt + p.H, pl:pl + p.W] = x
     direct = np.zeros((p.K, p.C, p.R, p.S))
     for r in range(p.R):
         for s_ in range(p.S):
-            direct[:, :, r, s_] = np.einsum("nkpq,ncpq->kc", dy, xp[:, :, r:r + p.P, s_:s_ + p.Q])
-    np.testing.assert_allclose(_padded_grid_wgrad(p, x, dy), direct, rtol=1e-12, atol=1e-11)
+            window = xp[:, :, r:r + sh * (p.P - 1) + 1:sh, s_:s_ + sw * (p.Q - 1) + 1:sw]
+            direct[:, :, r, s_] = np.einsum("nkpq,ncpq->kc", dy, window)
+    if p.stride == (1, 1):
+        np.testing.assert_allclose(_padded_grid_wgrad(p, x, dy), direct, rtol=1e-12, atol=1e-11)
     np.testing.assert_allclose(_padded_grid_wgrad(p, x, dy, image_tiles=1), direct, rtol=1e-12, atol=1e-11)
 
 
@@ -303,6 +339,10 @@ def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
     problems = (_wgrad_problems()[0], ODD_WGRAD[0], *_fp32([_wgrad_problems()[0]]))
     jobs = [(name, config, WGRAD.plan(problem, config)) for name, problem in problems
             for config in _every_wgrad_config(problem, (1, 8))]
+    strided = [p for p in _strided_wgrad_problems() if p[0] in ("odd_wgs_a", "odd_wgs_d", "resnet_s2")]
+    jobs += [(name, config, WGRAD.plan(problem, config)) for name, problem in strided
+             for config in _every_wgrad_config(problem, (1, 8), inflight=1, image_tiles=(1,))]
+    assert sum(1 for _, _, plan in jobs if plan.problem.stride != (1, 1)) > 30
     jobs += [(name, config, WGRAD.plan(problem, config)) for name, problem in problems
              for config in _every_wgrad_config(problem, (8,), inflight=1)]
     assert {c["IMAGE_TILES"] for _, c, _ in jobs} == {0, 1}
@@ -397,6 +437,8 @@ def _wgrad_configs_to_verify(problem):
     """Each image's tiles (the default where they pay) in every width and depth with either loop; the
     whole grid's in fewer (its code is the older, verified before the parameter): seed shapes with 1
     and 8 splits, the odd shapes with every split; fp32 (3xTF32) with 8 splits."""
+    if problem.stride != (1, 1):   # strided: each image's tiles only
+        return _both_loops(problem, WGRAD, splits=(1, 8), image_tiles=(1,))
     if problem.precision == "fp32":
         return [*_both_loops(problem, WGRAD, splits=(8,), image_tiles=(1,)),
                 *_every_wgrad_config(problem, (8,), image_tiles=(0,))]
@@ -407,12 +449,16 @@ def _wgrad_configs_to_verify(problem):
             *_every_wgrad_config(problem, (1, 8) if odd else (8,), image_tiles=(0,))]
 
 
+def _wgrad_problems_to_verify():
+    return _wgrad_problems() + _fp32(_wgrad_problems()) + _strided_wgrad_problems()
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("index", range(len(_wgrad_problems()) + len(_fp32(_wgrad_problems()))),
-                         ids=[n.replace(" ", "_") for n, _ in _wgrad_problems() + _fp32(_wgrad_problems())])
+@pytest.mark.parametrize("index", range(len(_wgrad_problems_to_verify())),
+                         ids=[n.replace(" ", "_") for n, _ in _wgrad_problems_to_verify()])
 def test_wgmma_wgrad_kernels_verify_against_float64(index):
-    """One problem per test (each compiles and checks up to 150 configs)."""
-    _verify_every_config(WGRAD, [(_wgrad_problems() + _fp32(_wgrad_problems()))[index]], _wgrad_configs_to_verify)
+    """One problem per test (each compiles and checks up to 160 configs)."""
+    _verify_every_config(WGRAD, [_wgrad_problems_to_verify()[index]], _wgrad_configs_to_verify)
 
 
 @pytest.mark.gpu

@@ -339,14 +339,19 @@ class Tuner:
 
     def _incumbent(self, problem: Any) -> Config | None:
         """The config a lookup answers for ``problem`` now from another GPU's record of this
-        architecture (same_arch), which the confirmation times beside the winner: a tune never leaves
-        a record slower than what ran before it (an H200 run held to wgmma stored 590 us for a 7x7
-        forward whose lookup had answered with an H100's fft record, 457 us on the H200). This GPU's
-        own record needs no such care (the database keeps the faster of two)."""
+        architecture (same_arch), or from this GPU's quick record, which the confirmation times beside
+        the winner: a tune never leaves a record slower than what ran before it (an H200 run held to
+        wgmma stored 590 us for a 7x7 forward whose lookup had answered with an H100's fft record,
+        457 us on the H200; an H100 run held to wgmma stored 392 us for a ResNet-18 weight gradient
+        over a quick record of 250 us, since a full record always replaces a quick one). This GPU's
+        own full record needs no such care (the database keeps the faster of two)."""
         if self.db is None or not hasattr(self.db, "tuned"):
             return None
         found = self.db.tuned(self.source.device, problem)
-        return found.config if found is not None and found.source == "same_arch" else None
+        if found is None:
+            return None
+        quick = found.record is not None and found.record.quick
+        return found.config if found.source == "same_arch" or quick else None
 
     def _stale_winners(self, problem: Any, space: SearchSpace) -> list[Config]:
         # The winners of this very shape under older templates: often unchanged code, so a retune

@@ -276,27 +276,40 @@ class WgmmaConvBwdData(_WgmmaGemm):
 
 @dataclass(frozen=True)
 class PaddedGrid:
-    """conv_wgrad's reduction on wgmma (stride 1): GK = N * HP * WP positions j = (n, hp, wp) of an
-    HP x WP grid per image, on which a filter tap (r, s) is the shift r*WP + s. WP is a multiple of
-    4, so a tap's shift is aligned for 16-byte copies when s is; X is staged in XCOPIES = min(S, 4)
-    copies, copy d starting d floats later, each LC floats per channel (the grid and the largest
-    shift). dY is zero on the last R - 1 rows of each image's grid: IMAGE_TILES=1 runs the reduction
-    over TPI tiles of each image's first P rows instead of over the whole grid (modern_14: 7 tiles of
-    32 per image instead of 8; an H100 took its tf32 plan from 207 to 190 us, most of it from
-    staging X's copies in one pass, 38.8 -> 26.9 us)."""
+    """conv_wgrad's reduction on wgmma: GK = N * HP * WP positions j = (n, hp, wp) of an HP x WP grid
+    per image, the output's P x Q positions and room for the largest filter tap's shift. With stride
+    1 a tap (r, s) is the shift r*WP + s of X laid on the grid. With stride (SH, SW) X is laid on the
+    grid once per stride phase (a, b), PHASES = SH * SW grids: grid position (hp, wp) of phase (a, b)
+    holds X's row SH*(hp - OH) + a and column SW*(wp - OW) + b, and tap (r, s) reads phase
+    ((r - PT) mod SH, (s - PL) mod SW) at the shift floor((r - PT) / SH) + OH rows and
+    floor((s - PL) / SW) + OW columns (OH, OW make every shift >= 0; with stride 1, OH = PT, OW = PL).
+    WP is a multiple of 4, so a tap's shift is aligned for 16-byte copies when its column shift is;
+    X is staged in XCOPIES copies (as many as column shifts, at most 4), copy d starting d floats
+    later, each LC floats per channel (the grid and the largest shift). dY is zero on the last rows
+    of each image's grid: IMAGE_TILES=1 runs the reduction over TPI tiles of each image's first P
+    rows instead of over the whole grid (modern_14: 7 tiles of 32 per image instead of 8; an H100
+    took its tf32 plan from 207 to 190 us, most of it from staging X's copies in one pass, 38.8 ->
+    26.9 us)."""
     HP: int
     WP: int
     GK: int
     LC: int
     XCOPIES: int
-    TPI: int            # IMAGE_TILES=1: the BK tiles of one image's P rows (its R - 1 last rows hold no dY)
+    TPI: int            # IMAGE_TILES=1: the BK tiles of one image's P rows (its last rows hold no dY)
+    OH: int = 0         # the grid rows and columns before X's first (stride phases; PT, PL for stride 1)
+    OW: int = 0
+    PHASES: int = 1     # X's grids, one per stride phase
 
     @staticmethod
     def of(problem: Any) -> "PaddedGrid":
         p = problem
-        hp, wp = p.P + p.R - 1, 4 * cdiv(p.Q + p.S - 1, 4)
+        (sh, sw), pt, pl = p.stride, p.padding[0], p.padding[1]
+        oh, ow = cdiv(pt, sh), cdiv(pl, sw)
+        dh, dw = (p.R - 1 - pt) // sh + oh, (p.S - 1 - pl) // sw + ow   # the largest row and column shifts
+        hp, wp = p.P + dh, 4 * cdiv(p.Q + dw, 4)
         gk = p.N * hp * wp
-        return PaddedGrid(hp, wp, gk, gk + 4 * cdiv((p.R - 1) * wp + p.S, 4), min(p.S, 4), cdiv(p.P * wp, BK))
+        return PaddedGrid(hp, wp, gk, gk + 4 * cdiv(dh * wp + dw + 1, 4), min(dw + 1, 4), cdiv(p.P * wp, BK),
+                          oh, ow, sh * sw)
 
     def tiles(self, problem: Any, image_tiles: int) -> int:
         """The reduction's BK tiles: of the whole grid, or (IMAGE_TILES=1) of each image's P rows,
@@ -308,7 +321,7 @@ def wgrad_stage_workspaces(problem: Any) -> tuple[tuple[str, int], ...]:
     """The staged copies' workspaces (float32 elements): dYp on the padded grid, the copies of Xs
     (twice each for 3xTF32: the small parts follow)."""
     p, g, parts = problem, PaddedGrid.of(problem), 2 if split(problem) else 1
-    return (("dyp", parts * p.K * g.GK), ("xs", parts * g.XCOPIES * p.C * g.LC))
+    return (("dyp", parts * p.K * g.GK), ("xs", parts * g.PHASES * g.XCOPIES * p.C * g.LC))
 
 
 def dy_images(problem: Any) -> int:
@@ -324,7 +337,7 @@ def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int], image_tile
     p, g = problem, PaddedGrid.of(problem)
     stage_dy = Launch("conv_wgrad_stage_dy", (cdiv(p.N, dy_images(p)), p.K, 1), threads, 0, ("dy", "dyp", "db"))
     if image_tiles:
-        stage_x = Launch("conv_wgrad_stage_x", (min(1024, cdiv(g.LC, 4 * threads[0])), p.C, 1), threads, 0,
+        stage_x = Launch("conv_wgrad_stage_x", (min(1024, cdiv(g.LC, 4 * threads[0])), p.C, g.PHASES), threads, 0,
                          ("x", "xs"))
     else:
         stage_x = Launch("conv_wgrad_stage_x", (min(256, cdiv(g.LC, threads[0])), p.C, g.XCOPIES), threads, 0,
@@ -334,9 +347,10 @@ def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int], image_tile
 
 def image_tiles_pay(problem: Any) -> bool:
     """Whether tiling each image's P rows (IMAGE_TILES=1) runs fewer reduction tiles than the whole
-    grid: it skips R - 1 rows per image but rounds each image up to whole tiles."""
+    grid: it skips the grid's last rows per image but rounds each image up to whole tiles. A strided
+    layer's X is staged by phases in that staging kernel only."""
     g = PaddedGrid.of(problem)
-    return g.tiles(problem, 1) < g.tiles(problem, 0)
+    return g.PHASES > 1 or g.tiles(problem, 1) < g.tiles(problem, 0)
 
 
 WGRAD_SPLITS = (8, 4, 16, 2, 1, 32)
@@ -344,10 +358,10 @@ WGRAD_SPLITS = (8, 4, 16, 2, 1, 32)
 
 class WgmmaConvWgrad(_WgmmaGemm):
     """conv_wgrad's GEMM (rows: filters, columns: filter taps C*R*S, reduction: the padded grid, split
-    over SPLITK blocks) on wgmma, stride 1 only (a strided layer's taps are no constant shifts)."""
+    over SPLITK blocks) on wgmma; with a stride, each tap a constant shift of its stride phase's grid."""
 
     op = "conv_wgrad"
-    summary = "Hopper warpgroup tensor-core GEMM over a padded grid, split reduction (sm_90a, stride 1; fp32 as 3xTF32)"
+    summary = "Hopper warpgroup tensor-core GEMM over a padded grid, split reduction (sm_90a; fp32 as 3xTF32)"
     templates = ("wgmma_conv_wgrad.cu.j2", "wgmma_core.cuh.j2", "wgmma_mainloop.cuh.j2")
     ARGS = ("dyp", "xs", "dw")
 
@@ -374,16 +388,17 @@ class WgmmaConvWgrad(_WgmmaGemm):
         p = problem
         grid = PaddedGrid.of(p)
 
-        def stride(_):
-            return None if tuple(p.stride) == (1, 1) else (
-                f"wgmma's weight gradient needs stride 1 (a tap is a constant shift of the padded grid), not {p.stride}")
+        def stride(image_tiles):
+            return None if tuple(p.stride) == (1, 1) or image_tiles else (
+                f"a strided weight gradient ({p.stride}) on wgmma needs IMAGE_TILES=1 (its staging lays X on "
+                "the grid by stride phases)")
 
         def enough_tiles(splitk, image_tiles):
             tiles = grid.tiles(p, image_tiles)
             return None if splitk <= tiles else (
                 f"SPLITK={splitk} exceeds the reduction: only {tiles} reduction tiles of {BK}")
 
-        return [*super().constraints(p, limits), Constraint(("SPLITK",), stride),
+        return [*super().constraints(p, limits), Constraint(("IMAGE_TILES",), stride),
                 Constraint(("SPLITK", "IMAGE_TILES"), enough_tiles)]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
@@ -401,7 +416,8 @@ class WgmmaConvWgrad(_WgmmaGemm):
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         g = PaddedGrid.of(problem)
         return {"BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem), "HP": g.HP, "WP": g.WP, "LC": g.LC,
-                "XCOPIES": g.XCOPIES, "DY_IMAGES": dy_images(problem), "TPI": g.TPI}
+                "XCOPIES": g.XCOPIES, "DY_IMAGES": dy_images(problem), "TPI": g.TPI, "OH": g.OH, "OW": g.OW,
+                "PHASES": g.PHASES}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
