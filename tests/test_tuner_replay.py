@@ -402,31 +402,43 @@ def test_a_held_search_slower_than_the_default_stores_the_default(db, tmp_path):
     assert outcome.study_measured == 6   # the search itself stayed inside the held parameters
 
 
-def test_a_held_search_never_stores_a_record_slower_than_another_gpus_answer(db, tmp_path):
-    """The lookup answered with an H100's record of this shape (same architecture) before the tune:
-    the confirmation times that config too, so a search held to slow configs (SPLITK=32, 175 us at
-    best) stores the H100's config, measured here, instead of its own winner or the default (88 us)."""
-    from autocnn.device import DeviceInfo
+def _held_search_over_a_planted_record(db, tmp_path, device=None, quick=False):
+    """Plants a record of the replay's fastest config (on ``device``, default this GPU; quick or
+    full) claiming 50 us, then tunes held to SPLITK=32 (175 us at best): the replay, the fastest
+    result, the source and the outcome."""
     from autocnn.kernels import get_operation
     from autocnn.store import RecordKey, TuningRecord, now_utc
 
     rf = ReplayFile.load(WGRAD_FILE)
     fastest = min((r for r in rf.results.values() if r.ok), key=lambda r: r.time_us)
-    h100 = DeviceInfo("NVIDIA H100 80GB HBM3", "9.0", 132, 13000, 13000)
     operation = get_operation(rf.op)
-    planted = TuningRecord(key=RecordKey.for_(h100, rf.problem, operation.config_fingerprint(fastest.config)),
+    planted = TuningRecord(key=RecordKey.for_(device or rf.device, rf.problem,
+                                              operation.config_fingerprint(fastest.config)),
                            config=fastest.config.as_dict(), time_us=50.0, spread=0.0, default_time_us=None,
-                           cudnn_time_us=None, trials=1, tuned_at=now_utc(), autocnn_version="0", sampler="planted")
+                           cudnn_time_us=None, trials=1, tuned_at=now_utc(), autocnn_version="0", sampler="planted",
+                           quick=quick)
     db.put_many([planted])
-    assert db.tuned(rf.device, rf.problem).source == "same_arch"
+    found = db.tuned(rf.device, rf.problem)
+    assert found.source == ("same_arch" if device else "exact") and found.record.quick == quick
     source = ReplaySource([rf])
     tuner = Tuner(source, db, TuneSettings(storage=storage(tmp_path), fixed={"formulation": "atomic", "SPLITK": 32},
                                            sampler="random", seed=3), progress=False)
     outcome = tuner.tune(rf.op, rf.problem, trials=6)
     assert fastest.config.key() in source.measured_keys
     assert outcome.record is not None and outcome.record.config == fastest.config.as_dict()
-    assert outcome.record.key.gpu == rf.device.name   # this GPU's own record, timed on it
     assert outcome.record.time_us == pytest.approx(fastest.time_us)
+    return rf, fastest, source, outcome
+
+
+def test_a_held_search_never_stores_a_record_slower_than_another_gpus_answer(db, tmp_path):
+    """The lookup answered with an H100's record of this shape (same architecture) before the tune:
+    the confirmation times that config too, so a search held to slow configs (SPLITK=32, 175 us at
+    best) stores the H100's config, measured here, instead of its own winner or the default (88 us)."""
+    from autocnn.device import DeviceInfo
+
+    h100 = DeviceInfo("NVIDIA H100 80GB HBM3", "9.0", 132, 13000, 13000)
+    rf, _, _, outcome = _held_search_over_a_planted_record(db, tmp_path, device=h100)
+    assert outcome.record.key.gpu == rf.device.name   # this GPU's own record, timed on it
     assert outcome.record.runner_up is None or outcome.record.runner_up["config"]["SPLITK"] == 32
 
 
@@ -434,24 +446,6 @@ def test_a_held_search_never_replaces_a_quick_record_with_a_slower_one(db, tmp_p
     """A full tuning replaces this GPU's quick record whatever its time (TuningRecord.quick): the
     confirmation times the quick record's config too, so a search held to slow configs stores that
     config, measured anew, and not its own slower winner."""
-    from autocnn.kernels import get_operation
-    from autocnn.store import RecordKey, TuningRecord, now_utc
-
-    rf = ReplayFile.load(WGRAD_FILE)
-    fastest = min((r for r in rf.results.values() if r.ok), key=lambda r: r.time_us)
-    operation = get_operation(rf.op)
-    planted = TuningRecord(key=RecordKey.for_(rf.device, rf.problem, operation.config_fingerprint(fastest.config)),
-                           config=fastest.config.as_dict(), time_us=50.0, spread=0.0, default_time_us=None,
-                           cudnn_time_us=None, trials=1, tuned_at=now_utc(), autocnn_version="0", sampler="quick",
-                           quick=True)
-    db.put_many([planted])
-    found = db.tuned(rf.device, rf.problem)
-    assert found.source == "exact" and found.record.quick
-    source = ReplaySource([rf])
-    tuner = Tuner(source, db, TuneSettings(storage=storage(tmp_path), fixed={"formulation": "atomic", "SPLITK": 32},
-                                           sampler="random", seed=3), progress=False)
-    outcome = tuner.tune(rf.op, rf.problem, trials=6)
-    assert fastest.config.key() in source.measured_keys
-    assert outcome.record is not None and outcome.record.config == fastest.config.as_dict()
-    assert not outcome.record.quick and outcome.record.time_us == pytest.approx(fastest.time_us)
+    rf, fastest, _, outcome = _held_search_over_a_planted_record(db, tmp_path, quick=True)
+    assert not outcome.record.quick
     assert db.tuned(rf.device, rf.problem).record.config == fastest.config.as_dict()
