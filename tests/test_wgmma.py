@@ -216,7 +216,7 @@ def test_wgmma_serves_weight_gradients_on_a_padded_grid():
     assert plan.launches[-1].grid[2] == config["SPLITK"] > 1
     assert dict(plan.workspaces) == {"dyp": problem.K * grid.GK, "xs": 3 * problem.C * grid.LC}
     assert set(plan.zero_first) == {"dw", "db"}   # the splits' and the planes' atomics add into zeros
-    # Any channel counts (no float4 runs of channels); stride 1 only; 3xTF32 doubles the copies.
+    # Any channel counts (no float4 runs of channels); 3xTF32 doubles the copies.
     odd = ODD_WGRAD[1][1]
     assert WGRAD.plan(odd, WGRAD.default_config(odd, HOPPER, formulation=FORMULATION_WGMMA)).zero_first in ((), ("dw",))
     # Strided: X staged on one grid per stride phase, by the one-pass staging only

@@ -16,7 +16,8 @@ from autocnn.tuning.sources import MeasurementSource, TrialResult
 def contenders(known: Mapping[str, TrialResult], *others: Config | None) -> list[Config]:
     """The two fastest verified configs, and each of ``others`` (given, and not failed in the search).
     The others are what a lookup answers without this tune's record: the op's default, and the
-    incumbent, a record of another GPU of this architecture (Tuner._incumbent). The search may never
+    incumbent, a record of another GPU of this architecture or this GPU's quick record
+    (Tuner._incumbent), either of which this tune's record would replace. The search may never
     have measured them (held parameters: --fix formulation=wgmma), so they are timed here, and a
     winner slower than them never becomes the record (on an H100, a wgmma weight gradient held to its
     formulation was 259 us where the default ran 213 us)."""

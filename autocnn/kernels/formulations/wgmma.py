@@ -329,7 +329,7 @@ def dy_images(problem: Any) -> int:
     return max(1, problem.N // max(1, 2048 // problem.K))
 
 
-def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int], image_tiles: int = 0) -> tuple[Launch, Launch]:
+def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int], image_tiles: int) -> tuple[Launch, Launch]:
     """conv_wgrad's staging kernels (wgmma_conv_wgrad.cu.j2): dY onto the padded grid (one block per
     plane, db summed on the way) and X's copies, run before the GEMM with its block size. X's copies
     are one block per copy and range of a channel (IMAGE_TILES=0), or (1) one pass for all of them,
