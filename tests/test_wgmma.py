@@ -95,10 +95,10 @@ def _bwd_problems():
 ALL_WIDTHS = (64, 128, 256, 32, 16)
 
 
-def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0, image_tiles=(0, 1)):
+def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0, image_tiles=(0, 1), x_unrolled=0):
     """Every feasible config of the widths given (and with splits, of those SPLITK values and IMAGE_TILES
-    choices: wgrad), with each tile's wgmmas waited for (inflight 0: stages 2-4) or one group in flight
-    (1: stages 3, 4, 6)."""
+    choices, X unrolled or not: wgrad), with each tile's wgmmas waited for (inflight 0: stages 2-4) or
+    one group in flight (1: stages 3, 4, 6)."""
     space = _space(problem, op=op)
     out = []
     depths = (3, 4, 6) if inflight else (2, 3, 4)
@@ -108,6 +108,7 @@ def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=
         if splitk is not None:
             config["SPLITK"] = splitk
             config["IMAGE_TILES"] = tiles
+            config["X_UNROLLED"] = x_unrolled
         try:
             out.append(space.validate(config))
         except InfeasibleConfigError:
@@ -115,14 +116,14 @@ def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=
     return out
 
 
-def _every_wgrad_config(problem, splits, inflight=0, image_tiles=(0, 1)):
-    return _every_config(problem, WGRAD, ALL_WIDTHS, splits, inflight, image_tiles)
+def _every_wgrad_config(problem, splits, inflight=0, image_tiles=(0, 1), x_unrolled=0):
+    return _every_config(problem, WGRAD, ALL_WIDTHS, splits, inflight, image_tiles, x_unrolled)
 
 
-def _both_loops(problem, op=FWD, widths=ALL_WIDTHS, splits=None, image_tiles=(0, 1)):
+def _both_loops(problem, op=FWD, widths=ALL_WIDTHS, splits=None, image_tiles=(0, 1), x_unrolled=0):
     """Every config of the widths given with either main loop (wait per tile, and one group in flight)."""
-    return _every_config(problem, op, widths, splits, image_tiles=image_tiles) + \
-        _every_config(problem, op, widths, splits, 1, image_tiles)
+    return _every_config(problem, op, widths, splits, image_tiles=image_tiles, x_unrolled=x_unrolled) + \
+        _every_config(problem, op, widths, splits, 1, image_tiles, x_unrolled)
 
 
 def _default(problem):
@@ -232,6 +233,21 @@ def test_wgmma_serves_weight_gradients_on_a_padded_grid():
         2 * 3 * problem.C * grid.LC
     with pytest.raises(InfeasibleConfigError, match="reduction tiles"):
         WGRAD.space(ODD_WGRAD[0][1], HOPPER).validate({**config.as_dict(), "WGS": 1, "SPLITK": 32})
+    # X unrolled: dY's planes side by side and a row of X per filter tap, over N*P*Q rounded up to
+    # whole tiles (modern_14: 12,544 positions, 392 tiles), for any stride; no grid to tile by images
+    from autocnn.kernels.formulations.wgmma import unrolled_length
+    unrolled = {**config.as_dict(), "IMAGE_TILES": 0, "X_UNROLLED": 1}
+    lj = unrolled_length(problem)
+    assert lj == 64 * 14 * 14 and lj % 32 == 0 and unrolled_length(ODD_WGRAD[0][1]) == 32 * 12   # 3 x 12 x 10 = 360
+    uplan = WGRAD.plan(problem, WGRAD.space(problem, HOPPER).validate(unrolled))
+    assert dict(uplan.workspaces) == {"dyp": problem.K * lj, "xs": problem.C * 9 * lj}
+    assert uplan.launches[1].grid == (-(-lj // (4 * 256)), problem.C * 9, 1)   # 13 blocks of 1,024 positions per row
+    with pytest.raises(InfeasibleConfigError, match="IMAGE_TILES=0"):
+        WGRAD.space(problem, HOPPER).validate({**unrolled, "IMAGE_TILES": 1})
+    assert WGRAD.space(strided, HOPPER).validate(unrolled)["X_UNROLLED"] == 1
+    with pytest.raises(InfeasibleConfigError, match="workspace limit"):   # 2.3 GB of X unrolled
+        WGRAD.space(dict(seed_problems("conv_wgrad"))["scherer10_l2"], HOPPER).validate(
+            {**unrolled, "WGS": 1, "WBN": 64})
 
 
 def _build_failures(compiler, jobs):
@@ -297,6 +313,36 @@ def _padded_grid_wgrad(problem, x, dy, image_tiles=0):
     return (a @ b.T).reshape(p.K, p.C, p.R, p.S)
 
 
+def _unrolled_wgrad(problem, x, dy, splitk=1):
+    """The weight gradient as the wgmma kernel computes it with X_UNROLLED=1, in float64: dY's planes
+    side by side and X unrolled (a row per filter tap), both over the unrolled length (zeros past
+    N*P*Q), the reduction's whole tiles split over SPLITK blocks as the kernel splits them."""
+    from autocnn.kernels.formulations.wgmma import BK, unrolled_length
+
+    p, lj = problem, unrolled_length(problem)
+    (sh, sw), pt, pl = p.stride, p.padding[0], p.padding[1]
+    npq = p.N * p.P * p.Q
+    assert lj % BK == 0 and npq <= lj < npq + BK
+    j = np.arange(lj)
+    n, pq = j // (p.P * p.Q), j % (p.P * p.Q)
+    a = np.zeros((p.K, lj))
+    a[:, :npq] = dy.transpose(1, 0, 2, 3).reshape(p.K, npq)
+    b = np.zeros((p.C, p.R, p.S, lj))
+    for r in range(p.R):
+        for s_ in range(p.S):
+            h, w = sh * (pq // p.Q) - pt + r, sw * (pq % p.Q) - pl + s_
+            ok = (j < npq) & (h >= 0) & (h < p.H) & (w >= 0) & (w < p.W)
+            b[:, r, s_, ok] = x[n[ok], :, h[ok], w[ok]].T
+    b = b.reshape(-1, lj)
+    tiles = lj // BK
+    per = -(-tiles // splitk)
+    out = np.zeros((p.K, b.shape[0]))
+    for z in range(splitk):   # blockIdx.z's tiles: the kernel's first = z * PER, at most PER of them
+        lo, hi = min(tiles, z * per) * BK, min(tiles, (z + 1) * per) * BK
+        out += a[:, lo:hi] @ b[:, lo:hi].T
+    return out.reshape(p.K, p.C, p.R, p.S)
+
+
 # Strided weight gradients (wgmma stages X by stride phases): nothing even, stride 2 by 3 with
 # asymmetric padding and a 3x4 filter; ResNet's 3x3 and 1x1 stride-2 layers in small; scherer10's
 # 8x8 stride 2 with padding 3 (shifts of 0-4 columns: 4 copies).
@@ -315,7 +361,8 @@ STRIDED_WGRAD = (("odd_wgs_a", ConvWgradProblem(N=3, C=5, H=13, W=11, K=7, R=3, 
                                      *(p for _, p in STRIDED_WGRAD)],
                          ids=["3x5_asymmetric", "1x1", "8x8_kriz09_padding", *(n for n, _ in STRIDED_WGRAD)])
 def test_the_padded_grid_gemm_is_the_weight_gradient(problem):
-    """The wgmma weight gradient's formulation, in NumPy, against the direct float64 sum."""
+    """The wgmma weight gradient's formulations (the padded grid, and X unrolled), in NumPy, against
+    the direct float64 sum."""
     rng = np.random.default_rng(5)
     p = problem
     x = rng.standard_normal((p.N, p.C, p.H, p.W))
@@ -331,6 +378,8 @@ def test_the_padded_grid_gemm_is_the_weight_gradient(problem):
     if p.stride == (1, 1):
         np.testing.assert_allclose(_padded_grid_wgrad(p, x, dy), direct, rtol=1e-12, atol=1e-11)
     np.testing.assert_allclose(_padded_grid_wgrad(p, x, dy, image_tiles=1), direct, rtol=1e-12, atol=1e-11)
+    for splitk in (1, 3):
+        np.testing.assert_allclose(_unrolled_wgrad(p, x, dy, splitk), direct, rtol=1e-12, atol=1e-11)
 
 
 @needs_nvcc
@@ -346,6 +395,10 @@ def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
     jobs += [(name, config, WGRAD.plan(problem, config)) for name, problem in problems
              for config in _every_wgrad_config(problem, (8,), inflight=1)]
     assert {c["IMAGE_TILES"] for _, c, _ in jobs} == {0, 1}
+    unrolled = [(name, config, WGRAD.plan(problem, config)) for name, problem in (*problems, *strided)
+                for config in _unrolled_wgrad_configs(problem, (1, 8))]
+    assert len(unrolled) > 100 and {c["X_UNROLLED"] for _, c, _ in unrolled} == {1}
+    jobs += unrolled
 
     failures = _build_failures(compiler, jobs)
     assert len(jobs) > 150 and not failures, "\n".join(failures[:8])
@@ -433,20 +486,27 @@ def test_wgmma_bwd_data_kernels_verify_against_float64():
     _verify_every_config(BWD, _bwd_problems(), lambda p: _both_loops(p, BWD))
 
 
+def _unrolled_wgrad_configs(problem, splits):
+    """X unrolled, with either loop, in the widths that bound its copies (16 to 256 columns)."""
+    return _both_loops(problem, WGRAD, (64, 128, 256, 16), splits, image_tiles=(0,), x_unrolled=1)
+
+
 def _wgrad_configs_to_verify(problem):
     """Each image's tiles (the default where they pay) in every width and depth with either loop; the
     whole grid's in fewer (its code is the older, verified before the parameter): seed shapes with 1
-    and 8 splits, the odd shapes with every split; fp32 (3xTF32) with 8 splits."""
+    and 8 splits, the odd shapes with every split; fp32 (3xTF32) with 8 splits. X unrolled with 1
+    and 8 splits (the odd shapes: 1, 2 and 8), on every shape."""
+    odd = problem.N * problem.H < 64
+    unrolled = _unrolled_wgrad_configs(problem, (1, 2, 8) if odd else (1, 8))
     if problem.stride != (1, 1):   # strided: each image's tiles only
-        return _both_loops(problem, WGRAD, splits=(1, 8), image_tiles=(1,))
+        return [*_both_loops(problem, WGRAD, splits=(1, 8), image_tiles=(1,)), *unrolled]
     if problem.precision == "fp32":
         return [*_both_loops(problem, WGRAD, splits=(8,), image_tiles=(1,)),
-                *_every_wgrad_config(problem, (8,), image_tiles=(0,))]
-    odd = problem.N * problem.H < 64
+                *_every_wgrad_config(problem, (8,), image_tiles=(0,)), *_unrolled_wgrad_configs(problem, (8,))]
     splits = (1, 2, 4, 8, 16, 32) if odd else (1, 8)
     return [*_every_wgrad_config(problem, splits, image_tiles=(1,)),
             *_every_wgrad_config(problem, splits, inflight=1, image_tiles=(1,)),
-            *_every_wgrad_config(problem, (1, 8) if odd else (8,), image_tiles=(0,))]
+            *_every_wgrad_config(problem, (1, 8) if odd else (8,), image_tiles=(0,)), *unrolled]
 
 
 def _wgrad_problems_to_verify():

@@ -99,7 +99,10 @@ class _WgmmaGemm(OpFormulation):
     def vector_channels(self, problem: Any) -> tuple[int, str] | None:   # the channels of the float4 runs
         raise NotImplementedError
 
-    def workspaces(self, problem: Any) -> tuple[tuple[str, int], ...]:
+    # The parameters a GEMM's staged workspaces depend on, passed to workspaces() in this order.
+    workspace_params: tuple[str, ...] = ()
+
+    def workspaces(self, problem: Any, *values: Any) -> tuple[tuple[str, int], ...]:
         raise NotImplementedError
 
     def params(self, problem: Any) -> list[Param]:
@@ -132,13 +135,13 @@ class _WgmmaGemm(OpFormulation):
                 return None
             return f"the NHWC operands move in float4s: {vector[1]} must be a multiple of 4, not {vector[0]}"
 
-        def addressable(_):
+        def addressable(_, *values):
             # the kernels index the staged copies with 32-bit ints
-            need = sum(n for _, n in self.workspaces(p))
+            need = sum(n for _, n in self.workspaces(p, *values))
             return None if need < 2 ** 31 else f"the staged copies hold {need} floats, past 32-bit indexing"
 
-        def workspace(_):
-            need = 4 * sum(n for _, n in self.workspaces(p))
+        def workspace(_, *values):
+            need = 4 * sum(n for _, n in self.workspaces(p, *values))
             return None if need <= limits.workspace_bytes else (
                 f"the NHWC staging workspace ({need} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes")
 
@@ -173,8 +176,8 @@ class _WgmmaGemm(OpFormulation):
             Constraint(("WSTAGES", "INFLIGHT"), pipelined),
             Constraint(("WBN",), partial_sums),
             Constraint(("WGS",), channels),
-            Constraint(("WBN",), workspace),
-            Constraint(("WBN",), addressable),
+            Constraint(("WBN", *self.workspace_params), workspace),
+            Constraint(("WBN", *self.workspace_params), addressable),
             threads_rule(limits, ("WGS",), lambda wgs: 128 * wgs),
             at_most("WBN", max(64, next_pow2(gn)), f"only {gn} {columns}"),
             Constraint(("WGS",), lambda wgs: None if wgs == 1 or 64 * wgs <= max(64, next_pow2(gm))
@@ -194,7 +197,7 @@ class _WgmmaGemm(OpFormulation):
         return out
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
-        return (), self.workspaces(problem)
+        return (), self.workspaces(problem, *(config[name] for name in self.workspace_params))
 
 
 class WgmmaConvFwd(_WgmmaGemm):
@@ -215,7 +218,7 @@ class WgmmaConvFwd(_WgmmaGemm):
     def vector_channels(self, problem: Any) -> tuple[int, str]:
         return problem.C, "C"
 
-    def workspaces(self, problem: Any) -> tuple[tuple[str, int], ...]:
+    def workspaces(self, problem: Any, *values: Any) -> tuple[tuple[str, int], ...]:
         parts = 2 if split(problem) else 1
         return tuple((name, parts * n) for name, n in nhwc_stage_workspaces(problem))
 
@@ -255,7 +258,7 @@ class WgmmaConvBwdData(_WgmmaGemm):
     def vector_channels(self, problem: Any) -> tuple[int, str]:
         return problem.K, "K (dY's channels)"
 
-    def workspaces(self, problem: Any) -> tuple[tuple[str, int], ...]:
+    def workspaces(self, problem: Any, *values: Any) -> tuple[tuple[str, int], ...]:
         return bwd_data_stage_workspaces(problem)
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
@@ -317,10 +320,23 @@ class PaddedGrid:
         return problem.N * self.TPI if image_tiles else cdiv(self.GK, BK)
 
 
-def wgrad_stage_workspaces(problem: Any) -> tuple[tuple[str, int], ...]:
-    """The staged copies' workspaces (float32 elements): dYp on the padded grid, the copies of Xs
-    (twice each for 3xTF32: the small parts follow)."""
-    p, g, parts = problem, PaddedGrid.of(problem), 2 if split(problem) else 1
+def unrolled_length(problem: Any) -> int:
+    """X_UNROLLED=1: the reduction's length, the N*P*Q output positions rounded up to whole BK tiles.
+    The padded grid runs over (P + R - 1) x (Q + S - 1) rounded up positions per image instead: for
+    ResNet-18's 7x7 layers 108 against 49 (96 with IMAGE_TILES), while their X unrolled is 58 MB."""
+    p = problem
+    return BK * cdiv(p.N * p.P * p.Q, BK)
+
+
+def wgrad_stage_workspaces(problem: Any, x_unrolled: int = 0) -> tuple[tuple[str, int], ...]:
+    """The staged copies' workspaces (float32 elements): dYp on the padded grid, the copies of Xs;
+    with X_UNROLLED dY as it is and X unrolled, C*R*S rows, each over the unrolled length (twice
+    each for 3xTF32: the small parts follow)."""
+    p, parts = problem, 2 if split(problem) else 1
+    if x_unrolled:
+        lj = unrolled_length(p)
+        return (("dyp", parts * p.K * lj), ("xs", parts * p.C * p.R * p.S * lj))
+    g = PaddedGrid.of(problem)
     return (("dyp", parts * p.K * g.GK), ("xs", parts * g.PHASES * g.XCOPIES * p.C * g.LC))
 
 
@@ -329,14 +345,19 @@ def dy_images(problem: Any) -> int:
     return max(1, problem.N // max(1, 2048 // problem.K))
 
 
-def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int], image_tiles: int) -> tuple[Launch, Launch]:
+def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int], image_tiles: int,
+                         x_unrolled: int = 0) -> tuple[Launch, Launch]:
     """conv_wgrad's staging kernels (wgmma_conv_wgrad.cu.j2): dY onto the padded grid (one block per
     plane, db summed on the way) and X's copies, run before the GEMM with its block size. X's copies
     are one block per copy and range of a channel (IMAGE_TILES=0), or (1) one pass for all of them,
-    a block per range of 4 * threads floats of a channel, written in float4s."""
+    a block per range of 4 * threads floats of a channel, written in float4s. X_UNROLLED: dY's
+    planes side by side, and X unrolled, a block per range of 4 * threads positions of a tap's row."""
     p, g = problem, PaddedGrid.of(problem)
     stage_dy = Launch("conv_wgrad_stage_dy", (cdiv(p.N, dy_images(p)), p.K, 1), threads, 0, ("dy", "dyp", "db"))
-    if image_tiles:
+    if x_unrolled:
+        stage_x = Launch("conv_wgrad_stage_x", (min(1024, cdiv(unrolled_length(p), 4 * threads[0])),
+                                                p.C * p.R * p.S, 1), threads, 0, ("x", "xs"))
+    elif image_tiles:
         stage_x = Launch("conv_wgrad_stage_x", (min(1024, cdiv(g.LC, 4 * threads[0])), p.C, g.PHASES), threads, 0,
                          ("x", "xs"))
     else:
@@ -374,32 +395,48 @@ class WgmmaConvWgrad(_WgmmaGemm):
     def vector_channels(self, problem: Any) -> tuple[int, str] | None:
         return None   # both operands are contiguous along the grid, whatever the channels
 
-    def workspaces(self, problem: Any) -> tuple[tuple[str, int], ...]:
-        return wgrad_stage_workspaces(problem)
+    workspace_params = ("X_UNROLLED",)
+
+    def workspaces(self, problem: Any, x_unrolled: int = 0) -> tuple[tuple[str, int], ...]:
+        return wgrad_stage_workspaces(problem, x_unrolled)
 
     def params(self, problem: Any) -> list[Param]:
         return [*super().params(problem),
                 Param("SPLITK", WGRAD_SPLITS, "blocks splitting the reduction (partial sums meet by atomics)"),
                 # 0 first: the code of configs written before the parameter
                 Param("IMAGE_TILES", (0, 1), "reduction tiles over each image's P rows (skipping the grid's R - 1 "
-                      "rows of zeros) and X's copies staged in one pass, against tiles over the whole grid")]
+                      "rows of zeros) and X's copies staged in one pass, against tiles over the whole grid"),
+                # 0 first: the padded grid of the configs written before the parameter
+                Param("X_UNROLLED", (0, 1), "X staged unrolled (a row per filter tap over the N*P*Q output "
+                      "positions: no grid, more staging) instead of on the padded grid")]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
         grid = PaddedGrid.of(p)
 
-        def stride(image_tiles):
-            return None if tuple(p.stride) == (1, 1) or image_tiles else (
+        def stride(image_tiles, x_unrolled):
+            return None if tuple(p.stride) == (1, 1) or image_tiles or x_unrolled else (
                 f"a strided weight gradient ({p.stride}) on wgmma needs IMAGE_TILES=1 (its staging lays X on "
-                "the grid by stride phases)")
+                "the grid by stride phases) or X_UNROLLED=1")
 
-        def enough_tiles(splitk, image_tiles):
-            tiles = grid.tiles(p, image_tiles)
+        def one_tiling(image_tiles, x_unrolled):
+            return None if not (image_tiles and x_unrolled) else (
+                "X_UNROLLED=1 has no padded grid to tile by images: it takes IMAGE_TILES=0")
+
+        def unrolled_rows(x_unrolled):
+            # the unrolled X's staging runs a row of blocks per filter tap
+            crs = p.C * p.R * p.S
+            return None if not x_unrolled or crs <= 65535 else (
+                f"X_UNROLLED=1 stages C*R*S = {crs} rows, a grid row each (at most 65535)")
+
+        def enough_tiles(splitk, image_tiles, x_unrolled):
+            tiles = unrolled_length(p) // BK if x_unrolled else grid.tiles(p, image_tiles)
             return None if splitk <= tiles else (
                 f"SPLITK={splitk} exceeds the reduction: only {tiles} reduction tiles of {BK}")
 
-        return [*super().constraints(p, limits), Constraint(("IMAGE_TILES",), stride),
-                Constraint(("SPLITK", "IMAGE_TILES"), enough_tiles)]
+        return [*super().constraints(p, limits), Constraint(("IMAGE_TILES", "X_UNROLLED"), stride),
+                Constraint(("IMAGE_TILES", "X_UNROLLED"), one_tiling), Constraint(("X_UNROLLED",), unrolled_rows),
+                Constraint(("SPLITK", "IMAGE_TILES", "X_UNROLLED"), enough_tiles)]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         # Enough splits for about two blocks per SM of an H100 over the output tiles.
@@ -410,29 +447,29 @@ class WgmmaConvWgrad(_WgmmaGemm):
             blocks = cdiv(p.K, 64 * cand["WGS"]) * cdiv(p.C * p.R * p.S, cand["WBN"])
             want = max(1, min(tiles, 264 // blocks))
             out.append({**cand, "SPLITK": max([s for s in WGRAD_SPLITS if s <= want], default=1),
-                        "IMAGE_TILES": image_tiles})
+                        "IMAGE_TILES": image_tiles, "X_UNROLLED": 0})
         return out
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         g = PaddedGrid.of(problem)
         return {"BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem), "HP": g.HP, "WP": g.WP, "LC": g.LC,
                 "XCOPIES": g.XCOPIES, "DY_IMAGES": dy_images(problem), "TPI": g.TPI, "OH": g.OH, "OW": g.OW,
-                "PHASES": g.PHASES}
+                "PHASES": g.PHASES, "LJ": unrolled_length(problem)}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
         threads = (128 * c["WGS"], 1, 1)
         grid = (cdiv(p.K, 64 * c["WGS"]), cdiv(p.C * p.R * p.S, c["WBN"]), c["SPLITK"])
         main = Launch("conv_wgrad", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p)), self.ARGS)
-        return (*wgrad_stage_launches(p, threads, c["IMAGE_TILES"]), main)
+        return (*wgrad_stage_launches(p, threads, c["IMAGE_TILES"], c["X_UNROLLED"]), main)
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         zero = (("dw",) if config["SPLITK"] > 1 else ()) + (("db",) if problem.bias else ())
-        return zero, self.workspaces(problem)
+        return zero, self.workspaces(problem, config["X_UNROLLED"])
 
     def code_helpers(self) -> tuple:
         return (smem_bytes, split, PaddedGrid, dy_images, wgrad_stage_launches, wgrad_stage_workspaces, WGRAD_SPLITS, BK,
-                ALIGN_SLACK, ARCH, self.ARGS, image_tiles_pay)
+                ALIGN_SLACK, ARCH, self.ARGS, image_tiles_pay, unrolled_length)
 
 
 WGMMA = Formulation(FORMULATION_WGMMA, (WgmmaConvFwd(), WgmmaConvBwdData(), WgmmaConvWgrad()))
