@@ -96,17 +96,18 @@ ALL_WIDTHS = (64, 128, 256, 32, 16)
 
 
 def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0, image_tiles=(0, 1), x_unrolled=0):
-    """Every feasible config of the widths given (and with splits, of those SPLITK values and IMAGE_TILES
-    choices, X unrolled or not: wgrad), with each tile's wgmmas waited for (inflight 0: stages 2-4) or
-    one group in flight (1: stages 3, 4, 6)."""
+    """Every feasible config of the widths given (and of those SPLITK values, by default 1 for conv_fwd
+    and conv_bwd_data; for wgrad with its IMAGE_TILES choices, X unrolled or not), with each tile's
+    wgmmas waited for (inflight 0: stages 2-4) or one group in flight (1: stages 3, 4, 6)."""
     space = _space(problem, op=op)
     out = []
     depths = (3, 4, 6) if inflight else (2, 3, 4)
-    for wgs, wbn, stages, splitk, tiles in itertools.product((1, 2, 4), widths, depths, splits or (None,),
-                                                             image_tiles if splits else (None,)):
-        config = {"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages, "INFLIGHT": inflight}
-        if splitk is not None:
-            config["SPLITK"] = splitk
+    wgrad = op is WGRAD
+    for wgs, wbn, stages, splitk, tiles in itertools.product((1, 2, 4), widths, depths, splits or (1,),
+                                                             image_tiles if wgrad else (None,)):
+        config = {"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages, "INFLIGHT": inflight,
+                  "SPLITK": splitk}
+        if wgrad:
             config["IMAGE_TILES"] = tiles
             config["X_UNROLLED"] = x_unrolled
         try:
@@ -184,7 +185,7 @@ def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
     # 16 input channels (scherer10_l2): the default block is as wide as the GEMM
     scherer = _bwd_problems()[1][1]
     assert BWD.default_config(scherer, HOPPER, formulation=FORMULATION_WGMMA).as_dict()["WBN"] == 16
-    config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 64, "WSTAGES": 3, "INFLIGHT": 0}
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 64, "WSTAGES": 3, "INFLIGHT": 0, "SPLITK": 1}
     with pytest.raises(InfeasibleConfigError, match="multiple of 4"):
         BWD.space(dataclasses.replace(problem, K=6), HOPPER).validate(config)
     fp32 = dataclasses.replace(problem, precision="fp32")
@@ -196,6 +197,35 @@ def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
         BWD.space(scherer, HOPPER).validate({**config, "WBN": 128})
     with pytest.raises(InfeasibleConfigError, match="split evenly"):
         BWD.space(problem, HOPPER).validate({**config, "WGS": 2, "WBN": 16})
+
+
+def _split_configs(problem, op):
+    """Split reductions (2 and 4 blocks per output tile) in two widths, with either loop."""
+    return _both_loops(problem, op, (64, 128), splits=(2, 4))
+
+
+def test_a_split_reduction_adds_into_the_zeroed_output_of_layers_without_activation():
+    from autocnn.kernels.conv_bwd_data import stride_phases
+
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 2, "WBN": 128, "WSTAGES": 3, "INFLIGHT": 0}
+    narrow = {**config, "WGS": 1, "WBN": 16}   # 13 input channels
+    for op, (name, problem), output, base in ((FWD, _problems()[0], "y", config), (BWD, ODD_BWD[0], "dx", narrow)):
+        whole = op.plan(problem, op.space(problem, HOPPER).validate({**base, "SPLITK": 1}))
+        split = op.plan(problem, op.space(problem, HOPPER).validate({**base, "SPLITK": 4}))
+        assert output not in whole.zero_first and output in split.zero_first
+        assert split.launches[-1].grid[2] == 4 * whole.launches[-1].grid[2]   # bwd_data: 4 per stride phase
+        assert "atomicAdd" in split.source and "SplitEp" not in whole.source
+    assert BWD.plan(ODD_BWD[0][1], BWD.space(ODD_BWD[0][1], HOPPER).validate(
+        {**narrow, "SPLITK": 2})).launches[-1].grid[2] == 2 * len(stride_phases(ODD_BWD[0][1]))
+    # the partial sums meet in the output: a fused activation cannot be applied to them
+    relu = dataclasses.replace(_problems()[0][1], activation="relu")
+    with pytest.raises(InfeasibleConfigError, match="activation"):
+        FWD.space(relu, HOPPER).validate({**config, "SPLITK": 2})
+    # no more splits than the reduction has tiles: a 1x1 over 12 channels has one
+    tiny = ConvFwdProblem(N=2, C=12, H=5, W=5, K=8, R=1, S=1, precision="tf32")
+    with pytest.raises(InfeasibleConfigError, match="only 1 tiles"):
+        FWD.space(tiny, HOPPER).validate({**config, "WGS": 1, "WBN": 16, "SPLITK": 2})
+    assert FWD.default_config(_problems()[0][1], HOPPER, formulation=FORMULATION_WGMMA)["SPLITK"] == 1
 
 
 def test_wgmma_serves_weight_gradients_on_a_padded_grid():
@@ -411,10 +441,13 @@ def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path):
     problems = (_bwd_problems()[0], *ODD_BWD, *_fp32([_bwd_problems()[0]]))
     jobs = [(name, config, BWD.plan(problem, config)) for name, problem in problems
             for config in _both_loops(problem, BWD, widths)]
+    splits = [(name, config, BWD.plan(problem, config)) for name, problem in problems
+              for config in _split_configs(problem, BWD)]
 
-    failures = _build_failures(compiler, jobs)
+    failures = _build_failures(compiler, jobs + splits)
     assert len(jobs) == sum(len(_both_loops(p, BWD, widths)) for _, p in problems) and not failures, \
         "\n".join(failures[:8])
+    assert len(splits) > 40
 
 
 @needs_nvcc
@@ -425,8 +458,11 @@ def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path)
             for config in _every_config(problem)]
     pipelined = [(name, config, FWD.plan(problem, config)) for name, problem in problems
                  for config in _every_config(problem, inflight=1)]
+    splits = [(name, config, FWD.plan(problem, config)) for name, problem in problems
+              for config in _split_configs(problem, FWD)]
+    assert len(splits) > 30
 
-    failures = _build_failures(compiler, jobs + pipelined)
+    failures = _build_failures(compiler, jobs + pipelined + splits)
     assert len(jobs) == sum(len(_every_config(p)) for _, p in problems) and len(pipelined) >= 30 and not failures, \
         "\n".join(failures[:8])
     # wgmma is not in the portable target: compiling for it must fail, or the suffix would not matter.
@@ -478,12 +514,12 @@ def _verify_every_config(op, problems, configs):
 
 @pytest.mark.gpu
 def test_wgmma_kernels_verify_against_float64():
-    _verify_every_config(FWD, _problems(), lambda p: _both_loops(p, FWD))
+    _verify_every_config(FWD, _problems(), lambda p: _both_loops(p, FWD) + _split_configs(p, FWD))
 
 
 @pytest.mark.gpu
 def test_wgmma_bwd_data_kernels_verify_against_float64():
-    _verify_every_config(BWD, _bwd_problems(), lambda p: _both_loops(p, BWD))
+    _verify_every_config(BWD, _bwd_problems(), lambda p: _both_loops(p, BWD) + _split_configs(p, BWD))
 
 
 def _unrolled_wgrad_configs(problem, splits):
@@ -524,8 +560,8 @@ def test_wgmma_wgrad_kernels_verify_against_float64(index):
 @pytest.mark.gpu
 def test_wgmma_3xtf32_kernels_meet_the_fp32_bound():
     """fp32 problems (3xTF32) are held to the FP32 bound, the one every fp32 kernel meets."""
-    _verify_every_config(FWD, _fp32(_problems()), lambda p: _both_loops(p, FWD))
-    _verify_every_config(BWD, _fp32(_bwd_problems()), lambda p: _both_loops(p, BWD))
+    _verify_every_config(FWD, _fp32(_problems()), lambda p: _both_loops(p, FWD) + _split_configs(p, FWD))
+    _verify_every_config(BWD, _fp32(_bwd_problems()), lambda p: _both_loops(p, BWD) + _split_configs(p, BWD))
 
 
 def _nan_reaches_what_the_reference_says(op, problem, config, source, result, seed, at):

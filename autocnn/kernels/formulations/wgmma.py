@@ -200,7 +200,50 @@ class _WgmmaGemm(OpFormulation):
         return (), self.workspaces(problem, *(config[name] for name in self.workspace_params))
 
 
-class WgmmaConvFwd(_WgmmaGemm):
+# conv_fwd's and conv_bwd_data's splits of the reduction; 1 first: the code of configs written before
+# the parameter.
+OUTPUT_SPLITS = (1, 2, 4)
+
+
+class _SplitOutputGemm(_WgmmaGemm):
+    """conv_fwd's and conv_bwd_data's GEMMs, whose reduction may be split over SPLITK blocks per output
+    tile that add into the zeroed output by atomics: a layer with few output pixels leaves SMs idle
+    otherwise (ResNet-18's 7x7 layers at batch 64: 3,136 rows, 100 blocks of 128 x 128 for an H100's
+    132 SMs)."""
+
+    output = ""   # the buffer the split blocks add into
+
+    def reduction_tiles(self, problem: Any) -> int:   # BK tiles of the longest reduction of one launch
+        raise NotImplementedError
+
+    def params(self, problem: Any) -> list[Param]:
+        return [*super().params(problem),
+                Param("SPLITK", OUTPUT_SPLITS, "blocks splitting each output tile's reduction (partial sums meet by "
+                      "atomics in the zeroed output)")]
+
+    def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
+        p, tiles = problem, self.reduction_tiles(problem)
+        activation = getattr(p, "activation", "none")
+
+        def enough_tiles(splitk):
+            return None if splitk <= tiles else f"SPLITK={splitk} exceeds the reduction: only {tiles} tiles of {BK}"
+
+        def linear(splitk):
+            return None if splitk == 1 or activation == "none" else (
+                f"SPLITK={splitk} adds partial sums into the output, so the fused activation ({activation}) cannot "
+                "be applied: split only layers without one")
+
+        return [*super().constraints(p, limits), Constraint(("SPLITK",), enough_tiles), Constraint(("SPLITK",), linear)]
+
+    def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
+        return [{**cand, "SPLITK": 1} for cand in super().default_candidates(problem)]
+
+    def buffers(self, problem: Any, config: Config) -> Buffers:
+        zero, workspaces = super().buffers(problem, config)
+        return zero + ((self.output,) if config["SPLITK"] > 1 else ()), workspaces
+
+
+class WgmmaConvFwd(_SplitOutputGemm):
     """conv_fwd's implicit GEMM (rows: output pixels, columns: filters) on wgmma."""
 
     op = "conv_fwd"
@@ -208,6 +251,10 @@ class WgmmaConvFwd(_WgmmaGemm):
     templates = ("wgmma_conv_fwd.cu.j2", "wgmma_core.cuh.j2", "wgmma_mainloop.cuh.j2", "gemm_operands_conv_fwd.cuh.j2",
                  "nhwc_stage_conv_fwd.cuh.j2")
     ARGS = ("x", "w", "bias", "y", "xt", "wt")
+    output = "y"
+
+    def reduction_tiles(self, problem: Any) -> int:
+        return cdiv(problem.C * problem.R * problem.S, BK)
 
     def gemm_rows(self, problem: Any) -> int:
         return problem.N * problem.P * problem.Q
@@ -230,15 +277,16 @@ class WgmmaConvFwd(_WgmmaGemm):
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
         threads = (128 * c["WGS"], 1, 1)
-        grid = (cdiv(p.N * p.P * p.Q, 64 * c["WGS"]), cdiv(p.K, c["WBN"]), 1)
+        grid = (cdiv(p.N * p.P * p.Q, 64 * c["WGS"]), cdiv(p.K, c["WBN"]), c["SPLITK"])
         main = Launch("conv_fwd", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p)), self.ARGS)
         return (*nhwc_stage_launches(p, threads), main)
 
     def code_helpers(self) -> tuple:
-        return (smem_bytes, split, nhwc_stage_launches, nhwc_stage_workspaces, BK, ALIGN_SLACK, ARCH, self.ARGS)
+        return (smem_bytes, split, nhwc_stage_launches, nhwc_stage_workspaces, BK, ALIGN_SLACK, ARCH, self.ARGS,
+                OUTPUT_SPLITS)
 
 
-class WgmmaConvBwdData(_WgmmaGemm):
+class WgmmaConvBwdData(_SplitOutputGemm):
     """conv_bwd_data's implicit GEMM per stride phase (rows: the phase's input pixels, columns:
     input channels, reduction: the phase's taps x filters) on wgmma, over dY staged as NHWC and W
     as CRSK so that both operands are contiguous along the reduction (tap, filter)."""
@@ -248,6 +296,10 @@ class WgmmaConvBwdData(_WgmmaGemm):
     templates = ("wgmma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "wgmma_mainloop.cuh.j2",
                  "gemm_operands_conv_bwd_data.cuh.j2")
     ARGS = ("dyt", "wt", "dx")
+    output = "dx"
+
+    def reduction_tiles(self, problem: Any) -> int:
+        return max(cdiv(problem.K * ph.Ra * ph.Sb, BK) for ph in stride_phases(problem))
 
     def gemm_rows(self, problem: Any) -> int:
         return max(problem.N * ph.Ha * ph.Wb for ph in stride_phases(problem))
@@ -267,14 +319,14 @@ class WgmmaConvBwdData(_WgmmaGemm):
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
         threads = (128 * c["WGS"], 1, 1)
-        grid = (cdiv(self.gemm_rows(p), 64 * c["WGS"]), cdiv(p.C, c["WBN"]), len(stride_phases(p)))
+        grid = (cdiv(self.gemm_rows(p), 64 * c["WGS"]), cdiv(p.C, c["WBN"]), len(stride_phases(p)) * c["SPLITK"])
         main = Launch("conv_bwd_data", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p)),
                       self.ARGS)
         return (*bwd_data_stage_launches(p, threads), main)
 
     def code_helpers(self) -> tuple:
         return (smem_bytes, split, bwd_data_stage_launches, bwd_data_stage_workspaces, stride_phases, BK, ALIGN_SLACK,
-                ARCH, self.ARGS)
+                ARCH, self.ARGS, OUTPUT_SPLITS)
 
 
 @dataclass(frozen=True)
