@@ -63,6 +63,17 @@ def no_gpu_source(monkeypatch):
     return SourceOpened
 
 
+@pytest.fixture
+def device_untouched(monkeypatch):
+    """Fails the test the moment a script asks for CuPy (the device), so that it shows a mistake was
+    refused before any device work."""
+    import autocnn.gpu
+
+    def no_device():
+        raise AssertionError("the device was touched")
+    monkeypatch.setattr(autocnn.gpu, "require_cupy", no_device)
+
+
 @pytest.fixture(autouse=True)
 def _gpu_tests_run_the_kernels_the_lookup_hands_out(request, monkeypatch):
     """GPU tests check the kernels a lookup hands out (records, borrowed configs, defaults): they do

@@ -31,13 +31,7 @@ def small_net():
     (["--torch-model", f"{__name__}:small_net", "--input-shape", "3,16,16", "--batch", "2", "--ops", "avgpool_fwd"],
      "runs none of avgpool_fwd"),
 ])
-def test_bad_input_is_refused_before_any_device_work(argv, message, capsys, monkeypatch):
-    import autocnn.gpu
-
-    def no_device():
-        raise AssertionError("the device was touched")
-
-    monkeypatch.setattr(autocnn.gpu, "require_cupy", no_device)
+def test_bad_input_is_refused_before_any_device_work(argv, message, capsys, device_untouched):
     with pytest.raises(SystemExit) as exc:
         bench_layers.main(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err

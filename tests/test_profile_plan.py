@@ -20,13 +20,7 @@ SHAPE = "N=3,C=4,H=9,W=12,K=5,R=7,S=5,stride=1,pad=3"
     (["--op", "conv_fwdd", "--shape", SHAPE], "conv_fwdd"),
     (["--op", "conv_fwd", "--shape", SHAPE, "--config", "{formulation: fft}"], "Expecting property name"),
 ])
-def test_bad_input_is_refused_before_any_device_work(argv, message, capsys, monkeypatch):
-    import autocnn.gpu
-
-    def no_device():
-        raise AssertionError("the device was touched")
-
-    monkeypatch.setattr(autocnn.gpu, "require_cupy", no_device)
+def test_bad_input_is_refused_before_any_device_work(argv, message, capsys, device_untouched):
     with pytest.raises(SystemExit) as exc:
         profile_plan.main(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -228,6 +228,11 @@ def test_a_split_reduction_adds_into_the_zeroed_output_of_layers_without_activat
     assert FWD.default_config(_problems()[0][1], HOPPER, formulation=FORMULATION_WGMMA)["SPLITK"] == 1
 
 
+def _padded_default(problem):
+    """The first default config of the padded grid (X not unrolled)."""
+    return next(c for c in WGRAD.default_configs(problem, HOPPER, FORMULATION_WGMMA) if not c["X_UNROLLED"])
+
+
 def test_wgmma_serves_weight_gradients_on_a_padded_grid():
     from autocnn.kernels.formulations.wgmma import PaddedGrid
 
@@ -235,12 +240,18 @@ def test_wgmma_serves_weight_gradients_on_a_padded_grid():
     grid = PaddedGrid.of(problem)
     assert (grid.HP, grid.WP, grid.XCOPIES) == (16, 16, 3) and grid.GK == 64 * 16 * 16
     assert grid.LC >= grid.GK + 2 * 16 + 2 and grid.LC % 4 == 0
-    config = WGRAD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA)
+    # The defaults stage X unrolled where its copy is at most 128 MiB (modern_14 in tf32: 116 MB; in
+    # fp32, with the small parts, twice that), the padded grid after it
+    assert WGRAD.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA)["X_UNROLLED"] == 1
+    fp32_default = WGRAD.default_config(dataclasses.replace(problem, precision="fp32"), HOPPER,
+                                        formulation=FORMULATION_WGMMA)
+    assert (fp32_default["X_UNROLLED"], fp32_default["IMAGE_TILES"]) == (0, 1)
+    config = _padded_default(problem)
     # Tiles of each image's 14 rows of 16 (7 of 32 floats) instead of the grid's 16 rows (8 tiles)
     assert grid.TPI == 7 and grid.tiles(problem, 1) == 64 * 7 and grid.tiles(problem, 0) == 64 * 8
     assert config["IMAGE_TILES"] == 1
     one_by_one = ODD_WGRAD[1][1]   # no rows to skip (R = 1): the whole grid, without per-image rounding
-    assert WGRAD.default_config(one_by_one, HOPPER, formulation=FORMULATION_WGMMA)["IMAGE_TILES"] == 0
+    assert _padded_default(one_by_one)["IMAGE_TILES"] == 0
     plan = WGRAD.plan(problem, config)
     assert plan.compile_arch("sm_90") == "sm_90a"
     assert [l.kernel for l in plan.launches] == ["conv_wgrad_stage_dy", "conv_wgrad_stage_x", "conv_wgrad"]
@@ -256,7 +267,7 @@ def test_wgmma_serves_weight_gradients_on_a_padded_grid():
         WGRAD.space(strided, HOPPER).validate({**config.as_dict(), "IMAGE_TILES": 0})
     sgrid = PaddedGrid.of(strided)   # 7 x 7 outputs, taps shifted by 0 or 1 row and column of 4 phases
     assert (sgrid.PHASES, sgrid.OH, sgrid.OW, sgrid.HP, sgrid.WP, sgrid.XCOPIES) == (4, 1, 1, 8, 8, 2)
-    splan = WGRAD.plan(strided, WGRAD.default_config(strided, HOPPER, formulation=FORMULATION_WGMMA))
+    splan = WGRAD.plan(strided, _padded_default(strided))
     assert splan.launches[1].grid[2] == 4 and dict(splan.workspaces)["xs"] == 4 * 2 * problem.C * sgrid.LC
     fp32 = dataclasses.replace(problem, precision="fp32")
     assert dict(WGRAD.plan(fp32, WGRAD.space(fp32, HOPPER).validate(config.as_dict())).workspaces)["xs"] == \

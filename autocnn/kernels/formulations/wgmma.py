@@ -428,6 +428,21 @@ def image_tiles_pay(problem: Any) -> bool:
 
 WGRAD_SPLITS = (8, 4, 16, 2, 1, 32)
 
+# The defaults stage X unrolled where its copy (with 3xTF32's small parts) is at most this big. Tuned
+# on an H100 (tf32), ResNet-18's weight gradients ran faster unrolled up to 116 MB of X: the 7x7 layer
+# (58 MB) 134.7 against 252.6 us, the strided 14x14 and 28x28 (29 and 58 MB) 79.1 against 150.8 and
+# 110.8 against 182.3, the 14x14 (116 MB) 161.9 against 178.7; the 28x28 (231 MB) slower, 245.0 against
+# 212.9. The first defaults of each tiling, side by side on an H100 (seed and ResNet-18 shapes under
+# the limit, both precisions): unrolled took 0.45-0.99 of the padded grid's time in 19 of 20 pairs,
+# 1.52 in convnet18_c2's tf32 (105.7 against 69.3 us; 32 filters, 5x5 taps over 16x16 images).
+UNROLLED_DEFAULT_BYTES = 128 * 2 ** 20
+
+
+def unrolled_pays(problem: Any) -> bool:
+    """Whether the default configs stage X unrolled (X_UNROLLED=1): where its copy is small enough that
+    writing it costs less than the padded grid's waste and its copies (UNROLLED_DEFAULT_BYTES)."""
+    return 4 * dict(wgrad_stage_workspaces(problem, 1))["xs"] <= UNROLLED_DEFAULT_BYTES
+
 
 class WgmmaConvWgrad(_WgmmaGemm):
     """conv_wgrad's GEMM (rows: filters, columns: filter taps C*R*S, reduction: the padded grid, split
@@ -491,15 +506,18 @@ class WgmmaConvWgrad(_WgmmaGemm):
                 Constraint(("SPLITK", "IMAGE_TILES", "X_UNROLLED"), enough_tiles)]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
-        # Enough splits for about two blocks per SM of an H100 over the output tiles.
+        # Enough splits for about two blocks per SM of an H100 over the output tiles. X unrolled first
+        # where it pays (its copy small enough), the padded grid after (a lower workspace limit).
         p, out = problem, []
         image_tiles = int(image_tiles_pay(p))
-        tiles = PaddedGrid.of(p).tiles(p, image_tiles)
-        for cand in super().default_candidates(problem):
-            blocks = cdiv(p.K, 64 * cand["WGS"]) * cdiv(p.C * p.R * p.S, cand["WBN"])
-            want = max(1, min(tiles, 264 // blocks))
-            out.append({**cand, "SPLITK": max([s for s in WGRAD_SPLITS if s <= want], default=1),
-                        "IMAGE_TILES": image_tiles, "X_UNROLLED": 0})
+        tilings = [(0, 1, unrolled_length(p) // BK)] if unrolled_pays(p) else []
+        tilings.append((image_tiles, 0, PaddedGrid.of(p).tiles(p, image_tiles)))
+        for image_tiles, x_unrolled, tiles in tilings:
+            for cand in super().default_candidates(problem):
+                blocks = cdiv(p.K, 64 * cand["WGS"]) * cdiv(p.C * p.R * p.S, cand["WBN"])
+                want = max(1, min(tiles, 264 // blocks))
+                out.append({**cand, "SPLITK": max([s for s in WGRAD_SPLITS if s <= want], default=1),
+                            "IMAGE_TILES": image_tiles, "X_UNROLLED": x_unrolled})
         return out
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
@@ -521,7 +539,7 @@ class WgmmaConvWgrad(_WgmmaGemm):
 
     def code_helpers(self) -> tuple:
         return (smem_bytes, split, PaddedGrid, dy_images, wgrad_stage_launches, wgrad_stage_workspaces, WGRAD_SPLITS, BK,
-                ALIGN_SLACK, ARCH, self.ARGS, image_tiles_pay, unrolled_length)
+                ALIGN_SLACK, ARCH, self.ARGS, image_tiles_pay, unrolled_length, unrolled_pays, UNROLLED_DEFAULT_BYTES)
 
 
 WGMMA = Formulation(FORMULATION_WGMMA, (WgmmaConvFwd(), WgmmaConvBwdData(), WgmmaConvWgrad()))
