@@ -95,7 +95,8 @@ def _bwd_problems():
 ALL_WIDTHS = (64, 128, 256, 32, 16)
 
 
-def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0, image_tiles=(0, 1), x_unrolled=0):
+def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0, image_tiles=(0, 1), x_unrolled=0,
+                  dy_in_place=0):
     """Every feasible config of the widths given (and of those SPLITK values, by default 1 for conv_fwd
     and conv_bwd_data; for wgrad with its IMAGE_TILES choices, X unrolled or not), with each tile's
     wgmmas waited for (inflight 0: stages 2-4) or one group in flight (1: stages 3, 4, 6)."""
@@ -110,6 +111,7 @@ def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=
         if wgrad:
             config["IMAGE_TILES"] = tiles
             config["X_UNROLLED"] = x_unrolled
+            config["DY_IN_PLACE"] = dy_in_place
         try:
             out.append(space.validate(config))
         except InfeasibleConfigError:
@@ -121,10 +123,11 @@ def _every_wgrad_config(problem, splits, inflight=0, image_tiles=(0, 1), x_unrol
     return _every_config(problem, WGRAD, ALL_WIDTHS, splits, inflight, image_tiles, x_unrolled)
 
 
-def _both_loops(problem, op=FWD, widths=ALL_WIDTHS, splits=None, image_tiles=(0, 1), x_unrolled=0):
+def _both_loops(problem, op=FWD, widths=ALL_WIDTHS, splits=None, image_tiles=(0, 1), x_unrolled=0, dy_in_place=0):
     """Every config of the widths given with either main loop (wait per tile, and one group in flight)."""
-    return _every_config(problem, op, widths, splits, image_tiles=image_tiles, x_unrolled=x_unrolled) + \
-        _every_config(problem, op, widths, splits, 1, image_tiles, x_unrolled)
+    return _every_config(problem, op, widths, splits, image_tiles=image_tiles, x_unrolled=x_unrolled,
+                         dy_in_place=dy_in_place) + \
+        _every_config(problem, op, widths, splits, 1, image_tiles, x_unrolled, dy_in_place)
 
 
 def _default(problem):
@@ -286,6 +289,23 @@ def test_wgmma_serves_weight_gradients_on_a_padded_grid():
     with pytest.raises(InfeasibleConfigError, match="IMAGE_TILES=0"):
         WGRAD.space(problem, HOPPER).validate({**unrolled, "IMAGE_TILES": 1})
     assert WGRAD.space(strided, HOPPER).validate(unrolled)["X_UNROLLED"] == 1
+    # dY read in place: no dYp, the GEMM takes dY; only tf32 without bias, Q a multiple of 4, image tiles
+    resnet1 = ConvWgradProblem(N=64, C=3, H=224, W=224, K=64, R=7, S=7, stride=(2, 2), padding=(3, 3, 3, 3),
+                               bias=False, precision="tf32")   # staged, dY on the grid would need 219 MB
+    in_place = WGRAD.default_config(resnet1, HOPPER, formulation=FORMULATION_WGMMA)
+    assert in_place["DY_IN_PLACE"] == 1 and in_place["IMAGE_TILES"] == 1
+    iplan = WGRAD.plan(resnet1, in_place)
+    assert [l.kernel for l in iplan.launches] == ["conv_wgrad_stage_x", "conv_wgrad"]
+    assert iplan.launches[-1].args[0] == "dy" and set(dict(iplan.workspaces)) == {"xs"}
+    assert "conv_wgrad_stage_dy" not in iplan.source
+    with pytest.raises(InfeasibleConfigError, match="workspace limit"):   # dYp and Xs: 383 MB
+        WGRAD.space(resnet1, HOPPER).validate({**in_place.as_dict(), "DY_IN_PLACE": 0})
+    for bad, why in ((dataclasses.replace(resnet1, precision="fp32"), "tf32"), (dataclasses.replace(resnet1, bias=True),
+                     "no bias"), (dataclasses.replace(resnet1, W=222), "Q a multiple of 4 .*, not 111")):
+        with pytest.raises(InfeasibleConfigError, match=why):
+            WGRAD.space(bad, HOPPER).validate({**in_place.as_dict(), "WBN": 64, "WGS": 1})
+    with pytest.raises(InfeasibleConfigError, match="IMAGE_TILES=1"):
+        WGRAD.space(resnet1, HOPPER).validate({**in_place.as_dict(), "IMAGE_TILES": 0, "X_UNROLLED": 1})
     with pytest.raises(InfeasibleConfigError, match="workspace limit"):   # 2.3 GB of X unrolled
         WGRAD.space(dict(seed_problems("conv_wgrad"))["scherer10_l2"], HOPPER).validate(
             {**unrolled, "WGS": 1, "WBN": 64})
@@ -350,6 +370,13 @@ def _padded_grid_wgrad(problem, x, dy, image_tiles=0):
         assert (p.P * g.WP) % 4 == 0 and j[ok].max() < gk and len(set(j[ok])) == ok.sum()
         # every position where dY is not zero is visited once
         assert set(j[ok]) >= set(np.flatnonzero(np.abs(a).sum(axis=0)))
+        # DY_IN_PLACE reads the same values from dY where it lies: the kernel's offset of v in image
+        # t / TPI, row hp and column wp of the grid, valid inside P x Q (its AOp)
+        hp, wp = local // g.WP, local % g.WP
+        inside = (hp < p.P) & (wp < p.Q)
+        off = (v // 32 // g.TPI) * p.K * p.P * p.Q + hp * p.Q + wp
+        read = np.where(inside, dy.reshape(-1)[np.arange(p.K)[:, None] * p.P * p.Q + np.where(inside, off, 0)], 0.0)
+        assert np.array_equal(read[:, ok], a[:, j[ok]])
         a, b = a[:, j[ok]], b[:, j[ok]]
     return (a @ b.T).reshape(p.K, p.C, p.R, p.S)
 
@@ -397,10 +424,19 @@ STRIDED_WGRAD = (("odd_wgs_a", ConvWgradProblem(N=3, C=5, H=13, W=11, K=7, R=3, 
                                                 precision="tf32")))
 
 
+# dY read in place (tf32 without bias, Q a multiple of 4): ResNet-18's first layer in small (3
+# channels, 7x7, stride 2, padding 3: 9 x 8 outputs), and a stride-1 3x3 with 12 output columns.
+IN_PLACE_WGRAD = (("odd_wgi_a", ConvWgradProblem(N=3, C=3, H=17, W=15, K=12, R=7, S=7, stride=(2, 2),
+                                                 padding=(3, 3, 3, 3), bias=False, precision="tf32")),
+                  ("odd_wgi_b", ConvWgradProblem(N=2, C=5, H=9, W=12, K=7, R=3, S=3, padding=(1, 1, 1, 1),
+                                                 bias=False, precision="tf32")))
+
+
 @pytest.mark.parametrize("problem", [ODD_WGRAD[0][1], ODD_WGRAD[1][1],
                                      ConvWgradProblem(N=2, C=3, H=9, W=10, K=4, R=8, S=8, padding=(4, 3, 3, 4)),
-                                     *(p for _, p in STRIDED_WGRAD)],
-                         ids=["3x5_asymmetric", "1x1", "8x8_kriz09_padding", *(n for n, _ in STRIDED_WGRAD)])
+                                     *(p for _, p in STRIDED_WGRAD), *(p for _, p in IN_PLACE_WGRAD)],
+                         ids=["3x5_asymmetric", "1x1", "8x8_kriz09_padding", *(n for n, _ in STRIDED_WGRAD),
+                              *(n for n, _ in IN_PLACE_WGRAD)])
 def test_the_padded_grid_gemm_is_the_weight_gradient(problem):
     """The wgmma weight gradient's formulations (the padded grid, and X unrolled), in NumPy, against
     the direct float64 sum."""
@@ -440,6 +476,10 @@ def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
                 for config in _unrolled_wgrad_configs(problem, (1, 8))]
     assert len(unrolled) > 100 and {c["X_UNROLLED"] for _, c, _ in unrolled} == {1}
     jobs += unrolled
+    in_place = [(name, config, WGRAD.plan(problem, config)) for name, problem in (*IN_PLACE_WGRAD, *strided)
+                for config in _in_place_wgrad_configs(problem)]
+    assert len(in_place) > 60 and {c["DY_IN_PLACE"] for _, c, _ in in_place} == {1}
+    jobs += in_place
 
     failures = _build_failures(compiler, jobs)
     assert len(jobs) > 150 and not failures, "\n".join(failures[:8])
@@ -538,13 +578,21 @@ def _unrolled_wgrad_configs(problem, splits):
     return _both_loops(problem, WGRAD, (64, 128, 256, 16), splits, image_tiles=(0,), x_unrolled=1)
 
 
+def _in_place_wgrad_configs(problem):
+    """dY read in place (where it can be: tf32 without bias, Q a multiple of 4), each image's tiles,
+    with either loop, 1 and 8 splits."""
+    if problem.precision != "tf32" or problem.bias or problem.Q % 4:
+        return []
+    return _both_loops(problem, WGRAD, (64, 128, 256, 16), (1, 8), image_tiles=(1,), dy_in_place=1)
+
+
 def _wgrad_configs_to_verify(problem):
     """Each image's tiles (the default where they pay) in every width and depth with either loop; the
     whole grid's in fewer (its code is the older, verified before the parameter): seed shapes with 1
     and 8 splits, the odd shapes with every split; fp32 (3xTF32) with 8 splits. X unrolled with 1
-    and 8 splits (the odd shapes: 1, 2 and 8), on every shape."""
+    and 8 splits (the odd shapes: 1, 2 and 8), on every shape; dY in place where it can be."""
     odd = problem.N * problem.H < 64
-    unrolled = _unrolled_wgrad_configs(problem, (1, 2, 8) if odd else (1, 8))
+    unrolled = _unrolled_wgrad_configs(problem, (1, 2, 8) if odd else (1, 8)) + _in_place_wgrad_configs(problem)
     if problem.stride != (1, 1):   # strided: each image's tiles only
         return [*_both_loops(problem, WGRAD, splits=(1, 8), image_tiles=(1,)), *unrolled]
     if problem.precision == "fp32":
@@ -557,7 +605,7 @@ def _wgrad_configs_to_verify(problem):
 
 
 def _wgrad_problems_to_verify():
-    return _wgrad_problems() + _fp32(_wgrad_problems()) + _strided_wgrad_problems()
+    return _wgrad_problems() + _fp32(_wgrad_problems()) + _strided_wgrad_problems() + list(IN_PLACE_WGRAD)
 
 
 @pytest.mark.gpu

@@ -380,16 +380,17 @@ def unrolled_length(problem: Any) -> int:
     return BK * cdiv(p.N * p.P * p.Q, BK)
 
 
-def wgrad_stage_workspaces(problem: Any, x_unrolled: int = 0) -> tuple[tuple[str, int], ...]:
-    """The staged copies' workspaces (float32 elements): dYp on the padded grid, the copies of Xs;
-    with X_UNROLLED dY as it is and X unrolled, C*R*S rows, each over the unrolled length (twice
-    each for 3xTF32: the small parts follow)."""
+def wgrad_stage_workspaces(problem: Any, x_unrolled: int = 0, dy_in_place: int = 0) -> tuple[tuple[str, int], ...]:
+    """The staged copies' workspaces (float32 elements): dYp on the padded grid (none with
+    DY_IN_PLACE), the copies of Xs; with X_UNROLLED dY as it is and X unrolled, C*R*S rows, each over
+    the unrolled length (twice each for 3xTF32: the small parts follow)."""
     p, parts = problem, 2 if split(problem) else 1
     if x_unrolled:
         lj = unrolled_length(p)
         return (("dyp", parts * p.K * lj), ("xs", parts * p.C * p.R * p.S * lj))
     g = PaddedGrid.of(problem)
-    return (("dyp", parts * p.K * g.GK), ("xs", parts * g.PHASES * g.XCOPIES * p.C * g.LC))
+    xs = ("xs", parts * g.PHASES * g.XCOPIES * p.C * g.LC)
+    return (xs,) if dy_in_place else (("dyp", parts * p.K * g.GK), xs)
 
 
 def dy_images(problem: Any) -> int:
@@ -398,12 +399,13 @@ def dy_images(problem: Any) -> int:
 
 
 def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int], image_tiles: int,
-                         x_unrolled: int = 0) -> tuple[Launch, Launch]:
+                         x_unrolled: int = 0, dy_in_place: int = 0) -> tuple[Launch, ...]:
     """conv_wgrad's staging kernels (wgmma_conv_wgrad.cu.j2): dY onto the padded grid (one block per
     plane, db summed on the way) and X's copies, run before the GEMM with its block size. X's copies
     are one block per copy and range of a channel (IMAGE_TILES=0), or (1) one pass for all of them,
     a block per range of 4 * threads floats of a channel, written in float4s. X_UNROLLED: dY's
-    planes side by side, and X unrolled, a block per range of 4 * threads positions of a tap's row."""
+    planes side by side, and X unrolled, a block per range of 4 * threads positions of a tap's row.
+    DY_IN_PLACE: X's copies only."""
     p, g = problem, PaddedGrid.of(problem)
     stage_dy = Launch("conv_wgrad_stage_dy", (cdiv(p.N, dy_images(p)), p.K, 1), threads, 0, ("dy", "dyp", "db"))
     if x_unrolled:
@@ -415,7 +417,7 @@ def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int], image_tile
     else:
         stage_x = Launch("conv_wgrad_stage_x", (min(256, cdiv(g.LC, threads[0])), p.C, g.XCOPIES), threads, 0,
                          ("x", "xs"))
-    return stage_dy, stage_x
+    return (stage_x,) if dy_in_place else (stage_dy, stage_x)
 
 
 def image_tiles_pay(problem: Any) -> bool:
@@ -462,10 +464,10 @@ class WgmmaConvWgrad(_WgmmaGemm):
     def vector_channels(self, problem: Any) -> tuple[int, str] | None:
         return None   # both operands are contiguous along the grid, whatever the channels
 
-    workspace_params = ("X_UNROLLED",)
+    workspace_params = ("X_UNROLLED", "DY_IN_PLACE")
 
-    def workspaces(self, problem: Any, x_unrolled: int = 0) -> tuple[tuple[str, int], ...]:
-        return wgrad_stage_workspaces(problem, x_unrolled)
+    def workspaces(self, problem: Any, x_unrolled: int = 0, dy_in_place: int = 0) -> tuple[tuple[str, int], ...]:
+        return wgrad_stage_workspaces(problem, x_unrolled, dy_in_place)
 
     def params(self, problem: Any) -> list[Param]:
         return [*super().params(problem),
@@ -475,7 +477,10 @@ class WgmmaConvWgrad(_WgmmaGemm):
                       "rows of zeros) and X's copies staged in one pass, against tiles over the whole grid"),
                 # 0 first: the padded grid of the configs written before the parameter
                 Param("X_UNROLLED", (0, 1), "X staged unrolled (a row per filter tap over the N*P*Q output "
-                      "positions: no grid, more staging) instead of on the padded grid")]
+                      "positions: no grid, more staging) instead of on the padded grid"),
+                # 0 first: dY staged on the grid, as configs written before the parameter
+                Param("DY_IN_PLACE", (0, 1), "dY read where it lies instead of staged on the padded grid (each "
+                      "image's tiles, tf32 without bias, Q a multiple of 4)")]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
@@ -501,7 +506,18 @@ class WgmmaConvWgrad(_WgmmaGemm):
             return None if splitk <= tiles else (
                 f"SPLITK={splitk} exceeds the reduction: only {tiles} reduction tiles of {BK}")
 
+        def in_place(dy_in_place, image_tiles, x_unrolled):
+            if not dy_in_place:
+                return None
+            why = [w for w, bad in (
+                ("IMAGE_TILES=1 (the padded grid, tiled by images)", not image_tiles or x_unrolled),
+                ("tf32 (3xTF32 stages dY's TF32 parts)", split(p)),
+                ("no bias (db is summed while dY is staged)", p.bias),
+                (f"Q a multiple of 4 (16-byte chunks of dY's rows), not {p.Q}", p.Q % 4)) if bad]
+            return None if not why else "DY_IN_PLACE=1 needs " + "; ".join(why)
+
         return [*super().constraints(p, limits), Constraint(("IMAGE_TILES", "X_UNROLLED"), stride),
+                Constraint(("DY_IN_PLACE", "IMAGE_TILES", "X_UNROLLED"), in_place),
                 Constraint(("IMAGE_TILES", "X_UNROLLED"), one_tiling), Constraint(("X_UNROLLED",), unrolled_rows),
                 Constraint(("SPLITK", "IMAGE_TILES", "X_UNROLLED"), enough_tiles)]
 
@@ -517,7 +533,9 @@ class WgmmaConvWgrad(_WgmmaGemm):
                 blocks = cdiv(p.K, 64 * cand["WGS"]) * cdiv(p.C * p.R * p.S, cand["WBN"])
                 want = max(1, min(tiles, 264 // blocks))
                 out.append({**cand, "SPLITK": max([s for s in WGRAD_SPLITS if s <= want], default=1),
-                            "IMAGE_TILES": image_tiles, "X_UNROLLED": x_unrolled})
+                            "IMAGE_TILES": image_tiles, "X_UNROLLED": x_unrolled, "DY_IN_PLACE": 0})
+        # Last, dY read in place, where staging it would not fit the workspace (ResNet-18's first layer)
+        out += [{**c, "DY_IN_PLACE": 1} for c in out if c["IMAGE_TILES"] and not c["X_UNROLLED"]]
         return out
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
@@ -530,12 +548,13 @@ class WgmmaConvWgrad(_WgmmaGemm):
         p, c = problem, config
         threads = (128 * c["WGS"], 1, 1)
         grid = (cdiv(p.K, 64 * c["WGS"]), cdiv(p.C * p.R * p.S, c["WBN"]), c["SPLITK"])
-        main = Launch("conv_wgrad", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p)), self.ARGS)
-        return (*wgrad_stage_launches(p, threads, c["IMAGE_TILES"], c["X_UNROLLED"]), main)
+        args = ("dy", *self.ARGS[1:]) if c["DY_IN_PLACE"] else self.ARGS   # the GEMM reads dY itself
+        main = Launch("conv_wgrad", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p)), args)
+        return (*wgrad_stage_launches(p, threads, c["IMAGE_TILES"], c["X_UNROLLED"], c["DY_IN_PLACE"]), main)
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         zero = (("dw",) if config["SPLITK"] > 1 else ()) + (("db",) if problem.bias else ())
-        return zero, self.workspaces(problem, config["X_UNROLLED"])
+        return zero, self.workspaces(problem, config["X_UNROLLED"], config["DY_IN_PLACE"])
 
     def code_helpers(self) -> tuple:
         return (smem_bytes, split, PaddedGrid, dy_images, wgrad_stage_launches, wgrad_stage_workspaces, WGRAD_SPLITS, BK,
