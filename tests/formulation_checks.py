@@ -7,7 +7,7 @@ import random
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.compiler import NvccCompiler
@@ -24,10 +24,14 @@ def operations_with(formulation: Formulation) -> dict[str, Any]:
             if formulation.serves(op.name)}
 
 
-def sampled(operation: Any, name: str, problem: Any, limits: DeviceLimits, rng: random.Random, count: int) -> list:
-    """The formulation's default config for the problem, and ``count`` sampled ones."""
+def sampled(operation: Any, name: str, problem: Any, limits: DeviceLimits, rng: random.Random, count: int,
+            fixed: Mapping[str, Any] | None = None) -> list:
+    """The formulation's default config for the problem, and ``count`` sampled ones; with ``fixed``
+    (parameters held at one value), ``count`` sampled configs of that part of the space only."""
+    space = operation.space(problem, limits).restrict({"formulation": name, **(fixed or {})})
+    if fixed:
+        return space.sample(rng, count)
     default = operation.default_config(problem, limits, formulation=name)
-    space = operation.space(problem, limits).restrict({"formulation": name})
     return [default, *space.sample(rng, count, exclude=[default])]
 
 
@@ -60,9 +64,10 @@ def compile_failures(jobs: Sequence[tuple[str, Any, bool]], arch: str, cache_dir
 
 
 def assert_verifies_on_gpu(operation: Any, name: str, problems: Sequence[tuple[str, Any]], samples: int,
-                           workspace_limit: int) -> None:
-    """Each problem's default and ``samples`` sampled configs run on the GPU with fresh inputs:
-    every element within the problem's bound of float64, and the workspace within the limit."""
+                           workspace_limit: int, fixed: Mapping[str, Any] | None = None) -> None:
+    """Each problem's default and ``samples`` sampled configs (with ``fixed``: only sampled ones, of
+    that part of the space) run on the GPU with fresh inputs: every element within the problem's
+    bound of float64, and the workspace within the limit."""
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
     from autocnn.tuning.measure import check_candidate
@@ -72,7 +77,7 @@ def assert_verifies_on_gpu(operation: Any, name: str, problems: Sequence[tuple[s
     rng = random.Random()
     failures, checked = [], 0
     for label, problem in problems:
-        for config in sampled(operation, name, problem, limits, rng, samples):
+        for config in sampled(operation, name, problem, limits, rng, samples, fixed):
             plan = operation.plan(problem, config)
             checked += 1
             start = time.perf_counter()

@@ -17,11 +17,12 @@ from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, dft_smem_bytes, fft_conv, fft_size, mac_block,
-                                             operand_sizes, smooth_size, spectrum, workspace_elements)
+                                             mma_block, mma_lead, mma_smem_bytes, operand_sizes, smooth_size, spectrum,
+                                             workspace_elements)
 from autocnn.kernels.operation import LibraryFft, cdiv
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
-from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with
+from tests.formulation_checks import assert_verifies_on_gpu, build_failures, compile_failures, operations_with
 from tests.plan_numpy import check_plans
 
 LIMITS = DeviceLimits.for_arch("sm_90")
@@ -224,6 +225,75 @@ def test_tiled_multiply_accumulate_blocks_cover_every_output_and_need_cp_async()
     assert OPERATIONS["conv_fwd"].default_config(problem, DeviceLimits("sm_75"), formulation=NAME)["MAC"] == "thread"
 
 
+def test_tensor_core_multiply_accumulate_blocks_cover_every_output():
+    """MAC "mma": a warp is one frequency and 16*IT x 8*JT outputs, the warps of a frequency split
+    its rows; the grid covers every frequency, row and column of O; its shared memory is two padded
+    stages of both tiles or the outputs' tile, whichever is larger, within the device's limit; both
+    precisions; refused before sm_80."""
+    rng = random.Random(7)
+    for op in CONV_OPS:
+        for name, problem in [*((n, p) for n, p in seed_problems(op) if n in SEEDS), *small_problems(op)]:
+            for precision in ("fp32", "tf32"):
+                problem = dataclasses.replace(problem, precision=precision)
+                f = fft_conv(problem)
+                for config in space(op, problem).restrict({"MAC": "mma"}).sample(rng, 3):
+                    fh, fw = fft_size(f, config["FFT_SIZE"])
+                    fb, bi, bj = mma_block(config)
+                    assert bi == 16 * config["IT"] * (config["FFT_THREADS"] // 32 // fb) and bj == 8 * config["JT"]
+                    nb = min(config["IMGS"], problem.N)
+                    rows, cols = (problem.K, problem.C) if op == "conv_wgrad" else (nb, f.out_planes)
+                    stages = 2 * fb * (config["BL"] * (mma_lead(bi) + mma_lead(bj)) + 8) * 8
+                    for mac in (s for s in OPERATIONS[op].plan(problem, config).steps if s.kernel == "fft_mac"):
+                        gx, gy, gz = mac.grid
+                        assert gx * fb >= spectrum(fh, fw) > (gx - 1) * fb, f"{op} {name} {config}"
+                        assert gy * bi >= (mac.scalars[0] if op != "conv_wgrad" else rows) and gz * bj >= cols
+                        assert mac.shared_bytes == mma_smem_bytes(config) == max(stages, bi * bj * fb * 8)
+                        assert mac.shared_bytes <= LIMITS.max_smem_per_block and mac.block == (config["FFT_THREADS"], 1, 1)
+    assert [mma_lead(n) for n in (8, 16, 32, 64, 128)] == [20, 20, 36, 68, 132]   # 4 (mod 16)
+    problem = dict(seed_problems("conv_bwd_data"))["sweep_7x7"]
+    old = OPERATIONS["conv_bwd_data"].space(problem, DeviceLimits("sm_75")).restrict({"formulation": NAME})
+    with pytest.raises(InfeasibleConfigError, match="MAC=mma.*cp.async"):
+        old.validate({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 1, "FFT_THREADS": 128, "IT": 1, "JT": 2,
+                      "MAC": "mma", "FB": 4, "BL": 8, "XFORM_A": "cufft", "XFORM_B": "cufft"})
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"FFT_THREADS": 128, "FB": 8}, "FFT_THREADS=128 is not a multiple of 256"),
+    ({"BL": 4}, "BL=4 is not a multiple of 8"),
+    ({"IT": 8, "JT": 1}, "at most 4 m16 tiles a warp along the rows, not IT=8"),
+    ({"IT": 2, "JT": 8}, "IT=2, JT=8 needs 256 accumulators a thread \\(fp32\\), more than 128"),
+])
+def test_tensor_core_multiply_accumulate_refuses_what_it_cannot_run(change, message):
+    problem = dict(seed_problems("conv_bwd_data"))["sweep_7x7"]
+    base = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 32, "FFT_THREADS": 256, "IT": 1, "JT": 4, "MAC": "mma",
+            "FB": 4, "BL": 16, "XFORM_A": "cufft", "XFORM_B": "dft"}
+    sp = space("conv_bwd_data", problem)
+    assert sp.validate(base)["MAC"] == "mma"
+    with pytest.raises(InfeasibleConfigError, match=message):
+        sp.validate({**base, **change})
+    # tf32 keeps no partial sums apart: twice the tile fits in the same accumulators.
+    tf32 = space("conv_bwd_data", dataclasses.replace(problem, precision="tf32"))
+    assert tf32.validate({**base, "IT": 2, "JT": 8})["JT"] == 8
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_tensor_core_multiply_accumulate_builds_without_spills(tmp_path):
+    """The largest tiles each precision allows (128 accumulators a thread) and the tuned shapes of
+    sweep_7x7 and sweep_11x11 compile for sm_90 with no spills, every op."""
+    jobs = []
+    for op in CONV_OPS:
+        for row in ("sweep_7x7", "sweep_11x11"):
+            for precision, tiles in (("fp32", ((1, 8), (2, 4), (1, 4))), ("tf32", ((2, 8), (4, 4), (2, 4)))):
+                problem = dataclasses.replace(dict(seed_problems(op))[row], precision=precision)
+                for (it, jt), (fb, bl) in zip(tiles, ((4, 16), (8, 8), (4, 8))):
+                    config = space(op, problem).validate(
+                        {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 64, "FFT_THREADS": 256, "IT": it, "JT": jt,
+                         "MAC": "mma", "FB": fb, "BL": bl, "XFORM_A": "cufft", "XFORM_B": "dft"})
+                    jobs.append((f"{op} {row} {precision} {config}", OPERATIONS[op].plan(problem, config), True))
+    failures = compile_failures(jobs, "sm_90", tmp_path)
+    assert not failures, "\n".join(failures[:10])
+
+
 @pytest.mark.parametrize("op", CONV_OPS)
 def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op):
     """XFORM_A / XFORM_B = dft: one fft_dft_a/b launch (DFT_PLANES planes a block, its shared
@@ -268,6 +338,18 @@ def test_templates_build_without_spills(arch, tmp_path):
                 for op in CONV_OPS}
     failures = build_failures(OPERATIONS, NAME, problems, arch, tmp_path)
     assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_tensor_core_multiply_accumulate_verifies_against_float64_on_the_gpu(op):
+    """MAC "mma" in both precisions: fp32 (3xTF32) within the FP32 bound and tf32 within its own,
+    every element checked, on the odd large-filter shapes (batch 1, asymmetric padding, strides,
+    an image smaller than its filter's reach) and the 7x7 sweep row."""
+    pytest.importorskip("cupy")
+    problems = [*small_problems(op), ("sweep_7x7", dict(seed_problems(op))["sweep_7x7"])]
+    problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 2, WORKSPACE_LIMIT_BYTES, fixed={"MAC": "mma"})
 
 
 @pytest.mark.gpu

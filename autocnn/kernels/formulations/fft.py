@@ -23,7 +23,10 @@ thread one frequency and IT x JT outputs, its operands read from L2: four to eig
 value loaded, and every block of outputs reads the operands again, so L2 traffic bounds it. MAC
 "block" (sm_80 and later) stages [BL terms x rows x FB frequencies] tiles of both operands in shared
 memory with cp.async (two stages) for a block of BI x BJ outputs at FB frequencies: each value
-loaded from L2 serves BI or BJ outputs instead of IT or JT.
+loaded from L2 serves BI or BJ outputs instead of IT or JT. MAC "mma" stages the same runs and forms
+each frequency's products on the tensor cores (mma.sync.m16n8k8 on TF32 operands; a warp takes one
+frequency and 16*IT x 8*JT outputs): 3xTF32 for fp32 problems, which keeps the FP32 bound, and one
+TF32 mma a product for tf32 ones (mma_block, mma_smem_bytes).
 
 Each operand's spectra come from placed planes and cuFFT's R2C (XFORM_A / XFORM_B "cufft"), or
 from a direct transform (fft_dft_a / fft_dft_b, "dft"): two small matrix products per plane in
@@ -49,10 +52,15 @@ MAX_FFT = 256
 IMGS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 THREADS = (64, 128, 256)
 TILE = (1, 2, 4, 8)   # 8 x 8 outputs: 128 accumulators, four products per value loaded
-MAC = ("thread", "block")
-FREQS = (4, 8)        # frequencies per block of MAC "block": 32- or 64-byte runs per plane
-TERMS = (4, 8, 16)    # terms per shared-memory stage of MAC "block"
-MIN_BLOCK_ARCH = 80   # cp.async
+MAC = ("thread", "block", "mma")
+FREQS = (4, 8)        # frequencies per block of MAC "block" and "mma": 32- or 64-byte runs per plane
+TERMS = (4, 8, 16)    # terms per shared-memory stage of MAC "block" and "mma"
+MIN_BLOCK_ARCH = 80   # cp.async, and mma.sync on TF32 operands
+MMA_K = 8             # terms of one mma k-step: "mma" stages whole k-steps
+MMA_MAX_IT = 4        # m16 tiles a warp along O's rows
+# Accumulators a thread (re and im, 4 floats per mma tile; fp32 also keeps a stage's partial sums
+# apart from the total): at most 128; ptxas reports whether the fragments still fit without spills.
+MMA_MAX_ACCUMULATORS = 128
 XFORMS = ("cufft", "dft")   # an operand's forward transform: placed planes + cuFFT R2C, or computed directly
 DFT_PLANES = 4        # planes a block of the direct transform computes (they share its twiddle tables)
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
@@ -115,6 +123,31 @@ def mac_smem_bytes(config: Config | dict) -> int:
     return 2 * config["BL"] * (bi + bj) * fb * 8
 
 
+def mma_block(config: Config | dict) -> tuple[int, int, int]:
+    """MAC "mma": frequencies, rows and columns of O per block. A warp takes one frequency and
+    16*IT rows x 8*JT columns; the FFT_THREADS/32/FB warps of a frequency split its rows."""
+    fb, warps = config["FB"], config["FFT_THREADS"] // 32
+    return fb, 16 * config["IT"] * (warps // fb), 8 * config["JT"]
+
+
+def mma_lead(n: int) -> int:
+    """A frequency's row of n complex numbers padded to 4 (mod 16): conflict-free fragment reads."""
+    return n + (4 - n) % 16
+
+
+def mma_smem_bytes(config: Config | dict) -> int:
+    """MAC "mma": two stages of both operands' [frequency][term][row] tiles (each frequency's tile
+    padded by 4 complex numbers), or the outputs' [row][column][frequency] tile, whichever is larger."""
+    fb, bi, bj = mma_block(config)
+    bl = config["BL"]
+    stages = 2 * fb * ((bl * mma_lead(bi) + 4) + (bl * mma_lead(bj) + 4)) * 8
+    return max(stages, bi * bj * fb * 8)
+
+
+def mma_accumulators(config: Config | dict, split3: bool) -> int:
+    return 8 * config["IT"] * config["JT"] * (2 if split3 else 1)
+
+
 def operand_sizes(problem: Any) -> dict[str, tuple[int, int]]:
     """The data planes (height, width) of operands A and B, before placement (fft_place_a/b)."""
     p = problem
@@ -160,10 +193,12 @@ class _Fft(OpFormulation):
                 Param("FFT_THREADS", THREADS, "threads per block of the generated kernels"),
                 Param("IT", TILE, "multiply-accumulate outputs per thread along its first index"),
                 Param("JT", TILE, "multiply-accumulate outputs per thread along its second index"),
-                Param("MAC", MAC, "multiply-accumulate: a thread per frequency from L2, or shared-memory tiles"),
-                Param("FB", FREQS, "frequencies per block of the tiled multiply-accumulate", (("MAC", ("block",)),)),
+                Param("MAC", MAC, "multiply-accumulate: a thread per frequency from L2, shared-memory tiles, "
+                      "or shared-memory tiles on the tensor cores"),
+                Param("FB", FREQS, "frequencies per block of the tiled multiply-accumulate",
+                      (("MAC", ("block", "mma")),)),
                 Param("BL", TERMS, "terms per shared-memory stage of the tiled multiply-accumulate",
-                      (("MAC", ("block",)),)),
+                      (("MAC", ("block", "mma")),)),
                 Param("XFORM_A", XFORMS, "transform of the first operand: placed + cuFFT R2C, or computed directly"),
                 Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly")]
 
@@ -179,8 +214,29 @@ class _Fft(OpFormulation):
                 f"{fh}x{fw} FFT planes exceed {MAX_FFT} (images this large would need FFT tiling)"
 
         def block_arch(mac):
-            ok = mac != "block" or arch_number(limits.arch) >= MIN_BLOCK_ARCH
-            return None if ok else f"the tiled multiply-accumulate needs cp.async (sm_{MIN_BLOCK_ARCH} or later), not {limits.arch}"
+            ok = mac == "thread" or arch_number(limits.arch) >= MIN_BLOCK_ARCH
+            return None if ok else (f"the tiled multiply-accumulate (MAC={mac}) needs cp.async "
+                                    f"(sm_{MIN_BLOCK_ARCH} or later), not {limits.arch}")
+
+        split3 = p.precision == "fp32"
+
+        def mma_shape(mac, threads, it, jt, fb, bl):
+            if mac != "mma":
+                return None
+            if threads % (32 * fb):
+                return f"MAC=mma gives each of FB={fb} frequencies whole warps: FFT_THREADS={threads} is not a multiple of {32 * fb}"
+            if bl % MMA_K:
+                return f"MAC=mma stages whole mma k-steps of {MMA_K} terms: BL={bl} is not a multiple of {MMA_K}"
+            if it > MMA_MAX_IT:
+                return f"MAC=mma takes at most {MMA_MAX_IT} m16 tiles a warp along the rows, not IT={it}"
+            if mma_accumulators({"IT": it, "JT": jt}, split3) > MMA_MAX_ACCUMULATORS:
+                return (f"MAC=mma with IT={it}, JT={jt} needs {mma_accumulators({'IT': it, 'JT': jt}, split3)} "
+                        f"accumulators a thread ({p.precision}), more than {MMA_MAX_ACCUMULATORS}")
+            return None
+
+        def mac_smem(mac, t, i, j, fb, bl):
+            c = {"FFT_THREADS": t, "IT": i, "JT": j, "FB": fb, "BL": bl}
+            return mma_smem_bytes(c) if mac == "mma" else mac_smem_bytes(c)
 
         sizes = operand_sizes(p)
 
@@ -188,10 +244,10 @@ class _Fft(OpFormulation):
             return lambda how, xform: 0 if xform == "cufft" else dft_smem_bytes(sizes[operand], *fft_size(f, how))
 
         return [Constraint(("FFT_SIZE",), size), Constraint(("MAC",), block_arch),
+                Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
                 smem_rule(limits, ("FFT_SIZE", "XFORM_A"), dft_smem("A")),
                 smem_rule(limits, ("FFT_SIZE", "XFORM_B"), dft_smem("B")),
-                smem_rule(limits, ("FFT_THREADS", "IT", "JT", "FB", "BL"),
-                          lambda t, i, j, fb, bl: mac_smem_bytes({"FFT_THREADS": t, "IT": i, "JT": j, "FB": fb, "BL": bl})),
+                smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mac_smem),
                 workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS"),
                                lambda how, imgs: 4 * sum(workspace_elements(f, how, imgs).values()))]
 
@@ -212,7 +268,8 @@ class _Fft(OpFormulation):
         return {"fft_h": fh, "fft_w": fw, "fft_threads": config["FFT_THREADS"], "fft_it": config["IT"],
                 "fft_jt": config["JT"], "bias_grad_threads": config["FFT_THREADS"], "fft_mac": config["MAC"],
                 "fft_fb": config.get("FB", 0), "fft_bl": config.get("BL", 0), "fft_dft_planes": DFT_PLANES,
-                "fft_dft_a": config["XFORM_A"] == "dft", "fft_dft_b": config["XFORM_B"] == "dft"}
+                "fft_dft_a": config["XFORM_A"] == "dft", "fft_dft_b": config["XFORM_B"] == "dft",
+                "fft_split3": problem.precision == "fp32"}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         return (), tuple(workspace_elements(fft_conv(problem), config["FFT_SIZE"], config["IMGS"]).items())
@@ -234,10 +291,11 @@ class _Fft(OpFormulation):
             # Only conv_wgrad sums over blocks of images; the others' blocks are separate images, and
             # cuFFT's C2R has meanwhile overwritten the previous block's spectra anyway.
             accumulate = int(f.op == "conv_wgrad" and n0 > 0)
-            if c["MAC"] == "block":
-                fb, bi, bj = mac_block(c)
+            if c["MAC"] in ("block", "mma"):
+                fb, bi, bj = (mac_block if c["MAC"] == "block" else mma_block)(c)
+                smem = (mac_smem_bytes if c["MAC"] == "block" else mma_smem_bytes)(c)
                 return Launch("fft_mac", (cdiv(spec, fb), cdiv(rows, bi), cdiv(cols, bj)), (threads, 1, 1),
-                              mac_smem_bytes(c), (mac_x, mac_y, "fft_of"), (nb, accumulate))
+                              smem, (mac_x, mac_y, "fft_of"), (nb, accumulate))
             return kernel("fft_mac", spec, (mac_x, mac_y, "fft_of"), (nb, accumulate),
                           (cdiv(rows, c["IT"]), cdiv(cols, c["JT"])))
 
@@ -276,7 +334,8 @@ class _Fft(OpFormulation):
         return tuple(steps)
 
     def code_helpers(self) -> tuple:
-        return (smooth_size, FftConv, fft_conv, fft_size, spectrum, mac_block, mac_smem_bytes, operand_sizes,
+        return (smooth_size, FftConv, fft_conv, fft_size, spectrum, mac_block, mac_smem_bytes, mma_block, mma_lead,
+                mma_smem_bytes, operand_sizes,
                 dft_smem_bytes, workspace_elements, self.ARGS)
 
 
