@@ -276,6 +276,30 @@ def test_tensor_core_multiply_accumulate_refuses_what_it_cannot_run(change, mess
     assert tf32.validate({**base, "IT": 2, "JT": 8})["JT"] == 8
 
 
+def test_tensor_core_fragment_reads_are_free_of_bank_conflicts():
+    """MAC "mma" reads its fragments as 8-byte complex numbers from [term][row] tiles whose row pitch
+    is mma_lead(rows): a half-warp's 16 reads then fall on 16 different bank pairs (shared memory
+    serves 16 eight-byte words a pass), for the A fragment (rows g and g+8, terms t and t+4) and the
+    B fragment (terms t and t+4, column g) of every tile size the configs give, at any warp offset
+    (a multiple of 16 rows, or 8 columns a tile). The index formulas are _fft.cuh.j2's."""
+    for rows in (16, 32, 48, 64, 96, 128, 192, 256):            # BI = 16 * IT * warps a frequency
+        ld = mma_lead(rows)
+        for first in range(0, rows, 16):
+            for q in range(4):
+                for half in (range(16), range(16, 32)):
+                    words = {((lane % 4 + (q >> 1) * 4) * ld + first + lane // 4 + (q & 1) * 8) % 16 for lane in half}
+                    assert len(words) == 16, (rows, first, q)
+    for cols in (8, 16, 32, 64):                                 # BJ = 8 * JT
+        ld = mma_lead(cols)
+        for first in range(0, cols, 8):
+            for q in range(2):
+                for half in (range(16), range(16, 32)):
+                    words = {((lane % 4 + q * 4) * ld + first + lane // 4) % 16 for lane in half}
+                    assert len(words) == 16, (cols, first, q)
+    # Without the padding a power-of-two pitch puts the four terms of a half-warp on one bank pair.
+    assert len({((lane % 4) * 64 + lane // 4) % 16 for lane in range(16)}) == 4
+
+
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_tensor_core_multiply_accumulate_builds_without_spills(tmp_path):
     """The largest tiles each precision allows (128 accumulators a thread) and the tuned shapes of
