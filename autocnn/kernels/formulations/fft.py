@@ -183,7 +183,8 @@ class _Fft(OpFormulation):
 
     def __init__(self, op: str):
         self.op = op
-        self.templates = (f"fft_{op}.cu.j2", "_fft.cuh.j2", *(("_bias_grad.cuh.j2",) if op == "conv_wgrad" else ()))
+        self.templates = (f"fft_{op}.cu.j2", "_fft.cuh.j2", "_mma_sync.cuh.j2",
+                          *(("_bias_grad.cuh.j2",) if op == "conv_wgrad" else ()))
 
     def params(self, problem: Any) -> list[Param]:
         f = fft_conv(problem)
