@@ -111,14 +111,20 @@ def spectrum(fh: int, fw: int) -> int:
 
 
 def mac_block(config: Config | dict) -> tuple[int, int, int]:
-    """MAC "block": frequencies, rows and columns of O per block (a warp: FB frequencies x
-    32/FB column threads; the block's warps are its row threads)."""
+    """The tiled multiply-accumulates: frequencies, rows and columns of O per block. MAC "block": a
+    warp is FB frequencies x 32/FB column threads, the block's warps its row threads; "mma": see
+    mma_block."""
+    if config["MAC"] == "mma":
+        return mma_block(config)
     fb, warps = config["FB"], config["FFT_THREADS"] // 32
     return fb, warps * config["IT"], (32 // fb) * config["JT"]
 
 
 def mac_smem_bytes(config: Config | dict) -> int:
-    """Two stages of both operands' tiles, 8 bytes a complex number."""
+    """The tiled multiply-accumulates' shared memory. MAC "block": two stages of both operands'
+    tiles, 8 bytes a complex number; "mma": see mma_smem_bytes."""
+    if config["MAC"] == "mma":
+        return mma_smem_bytes(config)
     fb, bi, bj = mac_block(config)
     return 2 * config["BL"] * (bi + bj) * fb * 8
 
@@ -230,14 +236,11 @@ class _Fft(OpFormulation):
                 return f"MAC=mma stages whole mma k-steps of {MMA_K} terms: BL={bl} is not a multiple of {MMA_K}"
             if it > MMA_MAX_IT:
                 return f"MAC=mma takes at most {MMA_MAX_IT} m16 tiles a warp along the rows, not IT={it}"
-            if mma_accumulators({"IT": it, "JT": jt}, split3) > MMA_MAX_ACCUMULATORS:
-                return (f"MAC=mma with IT={it}, JT={jt} needs {mma_accumulators({'IT': it, 'JT': jt}, split3)} "
-                        f"accumulators a thread ({p.precision}), more than {MMA_MAX_ACCUMULATORS}")
+            accumulators = mma_accumulators({"IT": it, "JT": jt}, split3)
+            if accumulators > MMA_MAX_ACCUMULATORS:
+                return (f"MAC=mma with IT={it}, JT={jt} needs {accumulators} accumulators a thread "
+                        f"({p.precision}), more than {MMA_MAX_ACCUMULATORS}")
             return None
-
-        def mac_smem(mac, t, i, j, fb, bl):
-            c = {"FFT_THREADS": t, "IT": i, "JT": j, "FB": fb, "BL": bl}
-            return mma_smem_bytes(c) if mac == "mma" else mac_smem_bytes(c)
 
         sizes = operand_sizes(p)
 
@@ -248,7 +251,9 @@ class _Fft(OpFormulation):
                 Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
                 smem_rule(limits, ("FFT_SIZE", "XFORM_A"), dft_smem("A")),
                 smem_rule(limits, ("FFT_SIZE", "XFORM_B"), dft_smem("B")),
-                smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mac_smem),
+                smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"),
+                          lambda mac, t, i, j, fb, bl: mac_smem_bytes({"MAC": mac, "FFT_THREADS": t, "IT": i, "JT": j,
+                                                                       "FB": fb, "BL": bl})),
                 workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS"),
                                lambda how, imgs: 4 * sum(workspace_elements(f, how, imgs).values()))]
 
@@ -293,10 +298,9 @@ class _Fft(OpFormulation):
             # cuFFT's C2R has meanwhile overwritten the previous block's spectra anyway.
             accumulate = int(f.op == "conv_wgrad" and n0 > 0)
             if c["MAC"] in ("block", "mma"):
-                fb, bi, bj = (mac_block if c["MAC"] == "block" else mma_block)(c)
-                smem = (mac_smem_bytes if c["MAC"] == "block" else mma_smem_bytes)(c)
+                fb, bi, bj = mac_block(c)
                 return Launch("fft_mac", (cdiv(spec, fb), cdiv(rows, bi), cdiv(cols, bj)), (threads, 1, 1),
-                              smem, (mac_x, mac_y, "fft_of"), (nb, accumulate))
+                              mac_smem_bytes(c), (mac_x, mac_y, "fft_of"), (nb, accumulate))
             return kernel("fft_mac", spec, (mac_x, mac_y, "fft_of"), (nb, accumulate),
                           (cdiv(rows, c["IT"]), cdiv(cols, c["JT"])))
 
