@@ -11,6 +11,7 @@ from autocnn.kernels.formulations.circular_bwd import CIRCULAR_BWD
 from autocnn.kernels.formulations.direct import DIRECT
 from autocnn.kernels.formulations.fft import FFT
 from autocnn.kernels.formulations.gather import GATHER
+from autocnn.kernels.formulations.halo import HALO
 from autocnn.kernels.formulations.igemm import IGEMM
 from autocnn.kernels.formulations.rows import ROWS
 from autocnn.kernels.formulations.tensorcore import TENSOR_CORE
@@ -24,6 +25,7 @@ from autocnn.kernels.formulations.winograd import WINOGRAD
 # again with the tiled multiply-accumulate and the direct transforms (77 of 140 configs with one).
 # circular (Scherer et al. 2010) comes after the others: today's defaults do not change.
 # circular_bwd serves conv_bwd_fused only (kernels/conv_bwd_fused.py), the one-pass backward.
-# wgmma (Hopper only, tf32 conv_fwd) comes last for the same reason as circular.
+# wgmma (Hopper only, tf32 conv_fwd) comes last for the same reason as circular, and halo (Hopper only)
+# after it.
 REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, FFT, WINDOW_GATHER,
-                                     CIRCULAR, CIRCULAR_BWD, WGMMA)
+                                     CIRCULAR, CIRCULAR_BWD, WGMMA, HALO)
