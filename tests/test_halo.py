@@ -135,7 +135,7 @@ def _rejects(problem, op, config, match):
 
 def test_the_halo_gemm_is_offered_on_hopper_with_its_rules_named():
     name, p = _seed(BWD, ["scherer10_l2"])[0]
-    ok = {"WGS": 2, "WBN": 16, "WSTAGES": 3, "TPS": 4}
+    ok = {"WGS": 2, "WBN": 16, "WSTAGES": 3, "TPS": 4, "MT": 1, "INFLIGHT": 0}
     assert _space(p, BWD).validate({"formulation": FORMULATION_HALO, **ok})
     _rejects(p, BWD, {**ok, "TPS": 3}, "TPS=3 does not divide the taps of every phase")
     _rejects(p, BWD, {**ok, "WBN": 64}, "WBN=64 exceeds 16")
@@ -149,10 +149,12 @@ def test_the_halo_gemm_is_offered_on_hopper_with_its_rules_named():
     _rejects(odd, BWD, ok | {"TPS": 1}, "K .dY's channels. must be a multiple of 4, not 6")
     fp32 = dataclasses.replace(p, precision="fp32")
     big = ConvBwdDataProblem(N=8, C=256, H=14, W=14, K=256, R=3, S=3, padding=1, precision="fp32")
-    _rejects(big, BWD, {"WGS": 2, "WBN": 128, "WSTAGES": 3, "TPS": 3}, "fp32 keeps each tap's partial sums")
+    _rejects(big, BWD, {**ok, "WBN": 128, "TPS": 3}, "fp32 keeps each tap's partial sums")
     assert _space(fp32, BWD).validate({"formulation": FORMULATION_HALO, **ok})
+    _rejects(fp32, BWD, {**ok, "INFLIGHT": 1}, "INFLIGHT=1 is tf32 only")
+    _rejects(p, BWD, {**ok, "INFLIGHT": 1, "WSTAGES": 2}, "INFLIGHT=1 needs at least 3 stages")
     wide = ConvFwdProblem(N=1, C=4, H=8, W=9000, K=8, R=3, S=3, padding=1, precision="tf32")   # rows 9,002 wide
-    _rejects(wide, FWD, {"WGS": 1, "WBN": 16, "WSTAGES": 3, "TPS": 1}, f"exceeds the descriptor's {MAX_PITCH}")
+    _rejects(wide, FWD, {**ok, "WGS": 1, "TPS": 1}, f"exceeds the descriptor's {MAX_PITCH}")
 
 
 def test_shared_memory_counts_each_slot_the_copies_ahead_reach():
@@ -164,13 +166,14 @@ def test_shared_memory_counts_each_slot_the_copies_ahead_reach():
     assert smem_bytes(g, 2, 16, 3, 4, True) == 2 * (smem_bytes(g, 2, 16, 3, 4, False) - 1024) + 1024
 
 
-def _configs(problem, op, stages=(2, 3, 5), widths=(16, 32, 64, 128, 256)):
-    """Every feasible config of these widths and depths, over every taps-per-step choice."""
+def _configs(problem, op, stages=(2, 3, 5), widths=(16, 32, 64, 128, 256), mts=(1, 4), inflights=(0, 1)):
+    """Every feasible config of these widths, depths, tiles per block and loops, over every taps-per-step
+    choice."""
     space, out = _space(problem, op), []
-    for wgs, wbn, st, tps in itertools.product((1, 2, 4), widths, stages, (1, 2, 3, 4, 8, 9, 16)):
+    for wgs, wbn, st, tps, mt, inf in itertools.product((1, 2, 4), widths, stages, (1, 2, 3, 4, 8, 9, 16), mts, inflights):
         try:
             out.append(space.validate({"formulation": FORMULATION_HALO, "WGS": wgs, "WBN": wbn, "WSTAGES": st,
-                                       "TPS": tps}))
+                                       "TPS": tps, "MT": mt, "INFLIGHT": inf}))
         except InfeasibleConfigError:
             pass
     return out
@@ -201,7 +204,7 @@ def test_sampled_configs_build_for_sm90a_without_spills(tmp_path):
             configs = _configs(p, op)
             for k in rng.choice(len(configs), size=min(6, len(configs)), replace=False):
                 jobs.append((name, configs[k], op.plan(p, configs[k])))
-    assert len(jobs) >= 30
+    assert len(jobs) >= 30 and any(c["MT"] > 1 for _, c, _ in jobs) and any(c["INFLIGHT"] for _, c, _ in jobs)
     failures = _build_failures(compiler, jobs)
     assert not failures, "\n".join(failures[:8])
 
@@ -229,12 +232,16 @@ def _verify(op, problems, configs):
 
 
 def _gpu_configs(problem):
-    """Each taps-per-step choice with 2 and 5 stages (one halo slot more) in the narrowest and widest
-    widths the shape takes, plus the defaults."""
+    """Every other of the configs with each taps-per-step choice, 2 and 5 stages (one halo slot more),
+    the narrowest and widest widths the shape takes, one tile a block; with 4 tiles a block 3 and 5 stages, tf32 with a group in
+    flight; plus the defaults."""
     op = FWD if problem.op == "conv_fwd" else BWD
-    configs = _configs(problem, op, stages=(2, 5))
+    configs = _configs(problem, op, stages=(2, 5), mts=(1,), inflights=(0,))
     widths = sorted({c["WBN"] for c in configs})
-    keep = [c for c in configs if c["WBN"] in (widths[0], widths[-1])]
+    keep = [c for c in configs if c["WBN"] in (widths[0], widths[-1])][::2]
+    tiled = _configs(problem, op, stages=(3, 5), widths=(widths[0], widths[-1]), mts=(4,),
+                     inflights=(0,) if problem.precision == "fp32" else (1,))
+    keep += tiled[::3]
     space, defaults = _space(problem, op), []
     for cand in HALO.for_op(op.name).default_candidates(problem):
         try:

@@ -25,7 +25,9 @@ formulation: both operands are staged as TF32 parts followed by the remainders' 
 tap's 32 products go to partial sums of their own that are added to the totals in FP32.
 
 Parameters: WGS warpgroups (BM = 64 * WGS rows), WBN columns (the wgmma's N), WSTAGES weight stages,
-TPS taps per step (a divisor of every phase's taps). conv_fwd takes stride 1 only (a strided
+TPS taps per step (a divisor of every phase's taps), MT row tiles per block (one pipeline over all of
+them: a block's first copies wait for L2 once per MT tiles), INFLIGHT (tf32: a step's wgmmas run on
+through the next step's barrier, as in the wgmma formulation). conv_fwd takes stride 1 only (a strided
 forward's taps are not shifts of one grid).
 """
 from __future__ import annotations
@@ -46,6 +48,7 @@ BK = 32             # channels of the reduction per step: 8 chunks of 16 bytes
 ALIGN_SLACK = 1024  # the weights' swizzle needs 1024-byte aligned stages; the kernel aligns its dynamic smem
 MAX_PITCH = 16383   # the descriptor's leading byte offset (PITCH * 16 bytes) has 14 bits of 16-byte units
 TPS_CHOICES = (1, 2, 3, 4, 8, 9, 16)
+TILE_CHOICES = (1, 2, 4, 8)
 
 
 def split(problem: Any) -> bool:
@@ -165,6 +168,8 @@ class _HaloGemm(OpFormulation):
             Param("WSTAGES", (3, 4, 2, 5, 6), "weight stages of the pipeline"),
             Param("TPS", TPS_CHOICES, "filter taps per pipeline step (their weights staged together; a divisor "
                   "of every phase's taps)"),
+            Param("MT", TILE_CHOICES, "row tiles per block, one after another through one pipeline"),
+            Param("INFLIGHT", (0, 1), "a step's group of wgmmas left in flight across the next step's barrier (tf32)"),
         ]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
@@ -203,6 +208,14 @@ class _HaloGemm(OpFormulation):
                 f"WGS={wgs}, WBN={wbn}, TPS={tps} hold {acc} accumulator registers per thread (at most {cap}"
                 + ("; fp32 keeps each tap's partial sums beside the totals)" if split(p) else ")"))
 
+        def pipelined(stages, inflight):
+            if not inflight:
+                return None
+            if split(p):
+                return "INFLIGHT=1 is tf32 only: fp32 adds each tap's partial sums once its wgmmas completed"
+            return None if stages >= 3 else (
+                f"INFLIGHT=1 needs at least 3 stages (one for the copies ahead, one for the wgmmas in flight), not {stages}")
+
         def workspace(_):
             need = 4 * sum(n for _, n in stage_workspaces(p))
             return None if need <= limits.workspace_bytes else (
@@ -220,6 +233,7 @@ class _HaloGemm(OpFormulation):
             Constraint(("TPS",), divides_taps),
             Constraint(("WGS",), pitch),
             Constraint(("WGS", "WBN", "TPS"), registers),
+            Constraint(("WSTAGES", "INFLIGHT"), pipelined),
             threads_rule(limits, ("WGS",), lambda wgs: 128 * wgs),
             at_most("WBN", max(16, next_pow2(cols)), f"only {cols} GEMM columns"),
             Constraint(("WGS",), lambda wgs: None if wgs == 1 or 64 * wgs <= max(64, next_pow2(rows))
@@ -235,11 +249,11 @@ class _HaloGemm(OpFormulation):
         tps = [t for t in TPS_CHOICES if all(n % t == 0 for n in taps)]
         narrow = max(16, next_pow2(gemm_columns(problem)))
         widths = [w for w in (narrow, 64, 128) if w <= max(16, narrow)] if narrow < 64 else [128, 64]
-        out = []
+        out, base = [], {"formulation": FORMULATION_HALO, "MT": 1, "INFLIGHT": 0}
         for wbn in dict.fromkeys(widths):
             for t in sorted(tps, key=lambda t: (abs(t - 4), t))[:2]:
-                out.append({"formulation": FORMULATION_HALO, "WGS": 2, "WBN": wbn, "WSTAGES": 3, "TPS": t})
-        out.append({"formulation": FORMULATION_HALO, "WGS": 1, "WBN": min(64, narrow), "WSTAGES": 3, "TPS": 1})
+                out.append({**base, "WGS": 2, "WBN": wbn, "WSTAGES": 3, "TPS": t})
+        out.append({**base, "WGS": 1, "WBN": min(64, narrow), "WSTAGES": 3, "TPS": 1})
         return out
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
@@ -248,7 +262,7 @@ class _HaloGemm(OpFormulation):
         return {"BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem), "HD": g.HD, "VD": g.VD, "UP": g.UP,
                 "VP": g.VP, "SP": g.SP, "SQ": g.SQ, "halo_phases": g.phases, "PITCH": g.pitch(bm),
                 "SLOTS": slots(g, config["WSTAGES"], config["TPS"]), "KRED": reduction_channels(problem),
-                "COLS": gemm_columns(problem), "op_name": problem.op}
+                "COLS": gemm_columns(problem), "op_name": problem.op, "MT": config["MT"], "INFLIGHT": config["INFLIGHT"]}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c, g = problem, config, HaloGrid.of(problem)
@@ -257,7 +271,8 @@ class _HaloGemm(OpFormulation):
         stage_a = Launch(f"{p.op}_stage_a", (g.HD, cdiv(kred, 32), p.N), threads, 0, (self.source, "at"))
         stage_w = Launch(f"{p.op}_stage_w", (min(1024, cdiv(cols * p.R * p.S * kred, threads[0])), 1, 1), threads, 0,
                          ("w", "wt"))
-        main = Launch(p.op, (cdiv(p.N * g.HD * g.VD, 64 * c["WGS"]), cdiv(cols, c["WBN"]), len(g.phases)), threads,
+        tiles = cdiv(p.N * g.HD * g.VD, 64 * c["WGS"])
+        main = Launch(p.op, (cdiv(tiles, c["MT"]), cdiv(cols, c["WBN"]), len(g.phases)), threads,
                       smem_bytes(g, c["WGS"], c["WBN"], c["WSTAGES"], c["TPS"], split(p)), self.ARGS)
         return stage_a, stage_w, main
 
@@ -266,7 +281,7 @@ class _HaloGemm(OpFormulation):
 
     def code_helpers(self) -> tuple:
         return (HaloGrid, HaloPhase, split, slots, smem_bytes, stage_workspaces, reduction_channels, gemm_columns,
-                stride_phases, BK, ALIGN_SLACK, ARCH, self.ARGS)
+                stride_phases, BK, ALIGN_SLACK, ARCH, TILE_CHOICES, self.ARGS)
 
 
 class HaloConvFwd(_HaloGemm):
