@@ -63,6 +63,61 @@ def compile_failures(jobs: Sequence[tuple[str, Any, bool]], arch: str, cache_dir
         return [f for f in pool.map(build, jobs) if f]
 
 
+def target_build_failures(compiler: NvccCompiler, jobs: Sequence[tuple[str, Any, Any]]) -> list[str]:
+    """Each (name, config, plan) compiled for its plan's target (sm_90a for the Hopper formulations):
+    kernels missing from the build, any spill, or ptxas's C7514 (it found registers of a group of
+    wgmmas in flight touched, and made every wgmma wait)."""
+    def build(job):
+        name, config, plan = job
+        module = compiler.compile(plan.source, config=config, arch=plan.compile_arch(compiler.arch))
+        missing = set(plan.kernel_names) - set(module.reports)
+        spills = [str(r) for r in module.reports.values() if r.spills]
+        serialized = "C7514" in module.log
+        return f"{name} {config}: missing {missing}, spills {spills}, serialized {serialized}" \
+            if missing or spills or serialized else None
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return [f for f in pool.map(build, jobs) if f]
+
+
+def assert_every_config_verifies(operation: Any, formulation: str, problems: Sequence[tuple[str, Any]], configs: Any,
+                                 arch: str, limits: DeviceLimits) -> None:
+    """``configs(problem)`` of each problem through NVRTC (what the training library loads), and the
+    formulation's default through an nvcc cubin (what the tuner measures), every element checked
+    against float64; skipped unless the GPU is ``arch``."""
+    import pytest
+
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.compiler import CompilePool, nvcc_path
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    device = current_device(0)
+    if device.arch != arch:
+        pytest.skip(f"{formulation} needs a {arch} GPU, not {device.arch}")
+    loader = KernelLoader()
+    failures, checked = [], 0
+    for name, problem in problems:
+        for config in configs(problem):
+            check = check_candidate(loader.load(operation.plan(problem, config)), problem, time_it=False)
+            checked += 1
+            if not check.verification.passed:
+                failures.append(f"{name} {config} (NVRTC): {check.verification.message}")
+    if nvcc_path() is not None:
+        with CompilePool(device.arch) as pool:
+            for name, problem in problems:
+                plan = operation.plan(problem, operation.default_config(problem, limits, formulation=formulation))
+                module = pool.submit(plan).result()
+                check = check_candidate(loader.load(plan, module.cubin_path), problem, time_it=False)
+                checked += 1
+                if not check.verification.passed:
+                    failures.append(f"{name} default (nvcc cubin): {check.verification.message}")
+    expected = sum(len(configs(p)) for _, p in problems) + (len(problems) if nvcc_path() else 0)
+    assert checked == expected and checked > 0
+    assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:8])
+
+
 def assert_verifies_on_gpu(operation: Any, name: str, problems: Sequence[tuple[str, Any]], samples: int,
                            workspace_limit: int, fixed: Mapping[str, Any] | None = None) -> None:
     """Each problem's default and ``samples`` sampled configs (with ``fixed``: only sampled ones, of

@@ -261,8 +261,8 @@ def _registry_without_circular():
 def test_registering_circular_leaves_other_formulations_and_defaults_as_they_were():
     """Fingerprints (what shipped records are keyed by) and heuristic defaults of every other
     formulation are the same with and without circular registered."""
-    # After every formulation that was there before it (only wgmma, added since, comes later).
-    assert [f.name for f in REGISTRY][-3:] == [CIRCULAR.name, "circular_bwd", "wgmma"]
+    # After every formulation that was there before it (only wgmma and halo, added since, come later).
+    assert [f.name for f in REGISTRY][-4:] == [CIRCULAR.name, "circular_bwd", "wgmma", "halo"]
     before = _registry_without_circular()
     for cls in (ConvFwd, ConvBwdData, ConvWgrad):
         old, new = cls(before), cls(REGISTRY)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -24,6 +22,7 @@ from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.formulations.halo import FORMULATION_HALO, HALO, HaloGrid, smem_bytes, slots
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem
 from autocnn.kernels.suite import seed_problems
+from tests.formulation_checks import assert_every_config_verifies, target_build_failures
 
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 FWD = OPERATIONS["conv_fwd"]
@@ -181,20 +180,6 @@ def _configs(problem, op, stages=(2, 3, 5), widths=(16, 32, 64, 128, 256), mts=(
     return out
 
 
-def _build_failures(compiler, jobs):
-    def build(job):
-        name, config, plan = job
-        module = compiler.compile(plan.source, config=config, arch=plan.compile_arch(compiler.arch))
-        missing = set(plan.kernel_names) - set(module.reports)
-        spills = [str(r) for r in module.reports.values() if r.spills]
-        serialized = "C7514" in module.log or "C7515" in module.log or "C7510" in module.log
-        return f"{name} {config}: missing {missing}, spills {spills}, serialized {serialized}" \
-            if missing or spills or serialized else None
-
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        return [f for f in pool.map(build, jobs) if f]
-
-
 @needs_nvcc
 def test_sampled_configs_build_for_sm90a_without_spills(tmp_path):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
@@ -207,36 +192,21 @@ def test_sampled_configs_build_for_sm90a_without_spills(tmp_path):
             for k in rng.choice(len(configs), size=min(6, len(configs)), replace=False):
                 jobs.append((name, configs[k], op.plan(p, configs[k])))
     assert len(jobs) >= 30 and any(c["MT"] > 1 for _, c, _ in jobs) and any(c["INFLIGHT"] for _, c, _ in jobs)
-    failures = _build_failures(compiler, jobs)
+    failures = target_build_failures(compiler, jobs)
     assert not failures, "\n".join(failures[:8])
 
 
 def _verify(op, problems, configs):
-    """Every config on each shape through NVRTC (the training library's path), every element checked
-    against float64 (fp32 problems at the FP32 bound)."""
-    pytest.importorskip("cupy")
-    from autocnn.device import current_device
-    from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
-
-    device = current_device(0)
-    if device.arch != "sm_90":
-        pytest.skip(f"the halo GEMM needs a Hopper GPU (sm_90), not {device.arch}")
-    loader, failures, checked = KernelLoader(), [], 0
-    for name, problem in problems:
-        for config in configs(problem):
-            check = check_candidate(loader.load(op.plan(problem, config)), problem, time_it=False)
-            checked += 1
-            if not check.verification.passed:
-                failures.append(f"{name} {config}: {check.verification.message}")
-    assert checked == sum(len(configs(p)) for _, p in problems) and checked > 0
-    assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:8])
+    """Every config on each shape through NVRTC (the training library's path), and the default
+    through an nvcc cubin (the tuner's), every element checked against float64 (fp32 problems at the
+    FP32 bound)."""
+    assert_every_config_verifies(op, FORMULATION_HALO, problems, configs, "sm_90", HOPPER)
 
 
 def _gpu_configs(problem):
-    """Every other of the configs with each taps-per-step choice, 2 and 5 stages (one halo slot more),
-    the narrowest and widest widths the shape takes, one tile a block; with 4 tiles a block 3 and 5 stages, tf32 with a group in
-    flight; plus the defaults."""
+    """Every other config of each taps-per-step choice with 2 and 5 stages (one halo slot more) in the
+    narrowest and widest widths the shape takes, one tile a block; every third with 4 tiles a block
+    and 3 or 5 stages (tf32 with a group in flight); plus the defaults."""
     op = FWD if problem.op == "conv_fwd" else BWD
     configs = _configs(problem, op, stages=(2, 5), mts=(1,), inflights=(0,))
     widths = sorted({c["WBN"] for c in configs})

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -24,6 +22,7 @@ from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.formulations.wgmma import FORMULATION_WGMMA
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from autocnn.kernels.suite import seed_problems
+from tests.formulation_checks import assert_every_config_verifies, target_build_failures
 
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 FWD = OPERATIONS["conv_fwd"]
@@ -311,22 +310,6 @@ def test_wgmma_serves_weight_gradients_on_a_padded_grid():
             {**unrolled, "WGS": 1, "WBN": 64})
 
 
-def _build_failures(compiler, jobs):
-    """Each (name, config, plan) compiled for its plan's target: what is missing or spills, per job."""
-    def build(job):
-        name, config, plan = job
-        module = compiler.compile(plan.source, config=config, arch=plan.compile_arch(compiler.arch))
-        missing = set(plan.kernel_names) - set(module.reports)
-        spills = [str(r) for r in module.reports.values() if r.spills]
-        # ptxas's C7514: it found registers of a group in flight touched and made every wgmma wait
-        serialized = "C7514" in module.log
-        return f"{name} {config}: missing {missing}, spills {spills}, serialized {serialized}" \
-            if missing or spills or serialized else None
-
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        return [f for f in pool.map(build, jobs) if f]
-
-
 def _padded_grid_wgrad(problem, x, dy, image_tiles=0):
     """The weight gradient as the wgmma kernel computes it (wgmma_conv_wgrad.cu.j2), in float64: dY on
     the padded grid, X's shifted copies on one grid per stride phase, and the GEMM whose B rows read
@@ -481,7 +464,7 @@ def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
     assert len(in_place) > 60 and {c["DY_IN_PLACE"] for _, c, _ in in_place} == {1}
     jobs += in_place
 
-    failures = _build_failures(compiler, jobs)
+    failures = target_build_failures(compiler, jobs)
     assert len(jobs) > 150 and not failures, "\n".join(failures[:8])
 
 
@@ -495,7 +478,7 @@ def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path):
     splits = [(name, config, BWD.plan(problem, config)) for name, problem in problems
               for config in _split_configs(problem, BWD)]
 
-    failures = _build_failures(compiler, jobs + splits)
+    failures = target_build_failures(compiler, jobs + splits)
     assert len(jobs) == sum(len(_both_loops(p, BWD, widths)) for _, p in problems) and not failures, \
         "\n".join(failures[:8])
     assert len(splits) > 40
@@ -513,7 +496,7 @@ def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path)
               for config in _split_configs(problem, FWD)]
     assert len(splits) > 30
 
-    failures = _build_failures(compiler, jobs + pipelined + splits)
+    failures = target_build_failures(compiler, jobs + pipelined + splits)
     assert len(jobs) == sum(len(_every_config(p)) for _, p in problems) and len(pipelined) >= 30 and not failures, \
         "\n".join(failures[:8])
     # wgmma is not in the portable target: compiling for it must fail, or the suffix would not matter.
@@ -530,37 +513,8 @@ def test_the_lookups_resource_check_compiles_for_the_plans_target():
 
 
 def _verify_every_config(op, problems, configs):
-    """Every config on each shape through NVRTC (what the training library loads), and the default
-    through an nvcc cubin (what the tuner measures), every element checked against float64."""
-    pytest.importorskip("cupy")
-    from autocnn.device import current_device
-    from autocnn.kernels.compiler import CompilePool
-    from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
-
-    device = current_device(0)
-    if device.arch != "sm_90":
-        pytest.skip(f"wgmma needs a Hopper GPU (sm_90), not {device.arch}")
-    loader = KernelLoader()
-    failures, checked = [], 0
-    for name, problem in problems:
-        for config in configs(problem):
-            check = check_candidate(loader.load(op.plan(problem, config)), problem, time_it=False)
-            checked += 1
-            if not check.verification.passed:
-                failures.append(f"{name} {config} (NVRTC): {check.verification.message}")
-    if nvcc_path() is not None:
-        with CompilePool(device.arch) as pool:
-            for name, problem in problems:
-                plan = op.plan(problem, op.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA))
-                module = pool.submit(plan).result()
-                check = check_candidate(loader.load(plan, module.cubin_path), problem, time_it=False)
-                checked += 1
-                if not check.verification.passed:
-                    failures.append(f"{name} default (nvcc cubin): {check.verification.message}")
-    expected = sum(len(configs(p)) for _, p in problems) + (len(problems) if nvcc_path() else 0)
-    assert checked == expected
-    assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:8])
+    """Every config on each shape through NVRTC, and the default through an nvcc cubin."""
+    assert_every_config_verifies(op, FORMULATION_WGMMA, problems, configs, "sm_90", HOPPER)
 
 
 @pytest.mark.gpu
