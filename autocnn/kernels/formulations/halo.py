@@ -281,7 +281,7 @@ class _HaloGemm(OpFormulation):
 class HaloConvFwd(_HaloGemm):
     op = "conv_fwd"
     summary = "Hopper tensor-core GEMM whose filter taps are shifts of one staged halo tile (stride 1; fp32 as 3xTF32)"
-    templates = ("halo_conv_fwd.cu.j2", "_halo_gemm.cuh.j2")
+    templates = ("halo_conv_fwd.cu.j2", "_halo_gemm.cuh.j2", "_wgmma_ops.cuh.j2")
     source = "x"
     ARGS = ("at", "wt", "bias", "y")
 
@@ -290,7 +290,7 @@ class HaloConvBwdData(_HaloGemm):
     op = "conv_bwd_data"
     summary = "Hopper tensor-core GEMM per stride phase whose filter taps are shifts of one staged halo tile " \
               "(fp32 as 3xTF32)"
-    templates = ("halo_conv_bwd_data.cu.j2", "_halo_gemm.cuh.j2")
+    templates = ("halo_conv_bwd_data.cu.j2", "_halo_gemm.cuh.j2", "_wgmma_ops.cuh.j2")
     source = "dy"
     ARGS = ("at", "wt", "dx")
 

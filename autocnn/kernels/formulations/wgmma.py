@@ -248,7 +248,7 @@ class WgmmaConvFwd(_SplitOutputGemm):
 
     op = "conv_fwd"
     summary = "Hopper warpgroup tensor-core implicit GEMM (sm_90a; fp32 as 3xTF32)"
-    templates = ("wgmma_conv_fwd.cu.j2", "wgmma_core.cuh.j2", "wgmma_mainloop.cuh.j2", "gemm_operands_conv_fwd.cuh.j2",
+    templates = ("wgmma_conv_fwd.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2", "gemm_operands_conv_fwd.cuh.j2",
                  "nhwc_stage_conv_fwd.cuh.j2")
     ARGS = ("x", "w", "bias", "y", "xt", "wt")
     output = "y"
@@ -293,7 +293,7 @@ class WgmmaConvBwdData(_SplitOutputGemm):
 
     op = "conv_bwd_data"
     summary = "Hopper warpgroup tensor-core implicit GEMM per stride phase (sm_90a; fp32 as 3xTF32)"
-    templates = ("wgmma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "wgmma_mainloop.cuh.j2",
+    templates = ("wgmma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2",
                  "gemm_operands_conv_bwd_data.cuh.j2")
     ARGS = ("dyt", "wt", "dx")
     output = "dx"
@@ -452,7 +452,7 @@ class WgmmaConvWgrad(_WgmmaGemm):
 
     op = "conv_wgrad"
     summary = "Hopper warpgroup tensor-core GEMM over a padded grid, split reduction (sm_90a; fp32 as 3xTF32)"
-    templates = ("wgmma_conv_wgrad.cu.j2", "wgmma_core.cuh.j2", "wgmma_mainloop.cuh.j2")
+    templates = ("wgmma_conv_wgrad.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2")
     ARGS = ("dyp", "xs", "dw")
 
     def gemm_rows(self, problem: Any) -> int:
