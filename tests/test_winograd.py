@@ -16,12 +16,13 @@ from autocnn.errors import InfeasibleConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.formulations.winograd import NAME, TRANSFORMS, WINOGRAD, tiles, view, workspace_elements
+from autocnn.kernels.formulations.winograd import NAME, TRANSFORMS, WINOGRAD, splits, tiles, view, workspace_elements
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import seed_problems
 from autocnn.tuning.measure import error_bound
-from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with
+from tests.formulation_checks import assert_verifies_on_gpu, build_failures, compile_failures, operations_with
 from tests.plan_numpy import check_plans, relative_errors, run_plan
+from tests.test_precision import split_tf32
 
 LIMITS = DeviceLimits.for_arch("sm_90")
 OPERATIONS = operations_with(WINOGRAD)
@@ -57,6 +58,15 @@ class Kernels:
         self.block = min(config["IMGS"], problem.N)
         self.bt, self.g, self.at = matrices(self.m, dtype)
         self.src, self.dst = ("x", "y") if problem.op == "conv_fwd" else ("dy", "dx")
+        self.split, self.dtype = splits(config) == 3, dtype
+
+    def _parts(self, x):
+        """GEMM_3XTF32's (hi, lo): cvt.rna.tf32's in float32; in float64 a split at float32 whose
+        dropped lo·lo stays below the float64 check's tolerance, so the blocks' placement is checked."""
+        if self.dtype == np.float32:
+            return split_tf32(x)
+        hi = x.astype(np.float32).astype(np.float64)
+        return hi, x - hi
 
     def _point_major(self, buf, rows):
         a = self.m + 2
@@ -68,7 +78,10 @@ class Kernels:
         w = b["w"].reshape(self.p.w_shape)
         g = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3) if v.FLIP else w   # (COUT, CIN, 3, 3)
         u = np.einsum("ij,ocjk,lk->iloc", self.g, g, self.g)
-        b["wg_u"][:a * a * v.COUT * v.CIN] = u.ravel()
+        if self.split:                        # (hi, lo, hi) along the reduction
+            hi, lo = self._parts(u)
+            u = np.concatenate([hi, lo, hi], axis=-1)
+        b["wg_u"][:u.size] = u.ravel()
 
     def winograd_input(self, b, n0, nb):
         v, m, a = self.v, self.m, self.m + 2
@@ -80,7 +93,12 @@ class Kernels:
         for i in range(th):
             for j in range(tw):
                 d[:, :, i, j] = src[:, :, i * m:i * m + a, j * m:j * m + a]
-        self._point_major(b["wg_v"], v.CIN)[:, :, :, :nb] = np.einsum("ij,bctsjk,lk->ilcbts", self.bt, d, self.bt)
+        x = np.einsum("ij,bctsjk,lk->ilcbts", self.bt, d, self.bt)
+        if not self.split:
+            self._point_major(b["wg_v"], v.CIN)[:, :, :, :nb] = x
+            return
+        hi, lo = self._parts(x)                # (hi, hi, lo) along the reduction
+        self._point_major(b["wg_v"], 3 * v.CIN)[:, :, :, :nb] = np.concatenate([hi, hi, lo], axis=2)
 
     def winograd_output(self, b, n0, nb):
         p, v, m = self.p, self.v, self.m
@@ -124,15 +142,19 @@ def test_plans_compute_the_convolution_in_numpy(op, rng):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("m", (2, 4))
-def test_float32_rounding_is_within_the_fp32_bound(op, m, rng):
+@pytest.mark.parametrize("x3", (0, 1))
+def test_float32_rounding_is_within_the_fp32_bound(op, m, x3, rng):
     """The plan in float32 (transforms and products rounded as on the GPU, up to the order of the
-    GEMM's sums) on the channel counts of the seed 3x3 layers: both tiles pass the FP32 bound,
-    F(4x4,3x3) with less margin. The GPU test and the tuner's verification have the last word."""
+    GEMM's sums; with GEMM_3XTF32 the operands split by cvt.rna.tf32, each product of TF32 parts
+    exact) on the channel counts of the seed 3x3 layers: both tiles pass the FP32 bound with
+    either products, F(4x4,3x3) with less margin. The GPU test and the tuner's verification have
+    the last word."""
     for name in SEEDS:
         problem = dataclasses.replace(dict(seed_problems(op))[name], N=2, H=12, W=12)
         inputs = {k: rng.standard_normal(s).astype(np.float32) for k, s in reference.input_shapes(problem).items()}
         expected = reference.run_problem(problem, {k: v.astype(np.float64) for k, v in inputs.items()})
-        config = space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": 2, "WG_THREADS": 128})
+        config = space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": 2, "WG_THREADS": 128,
+                                              "GEMM_3XTF32": x3})
         plan = OPERATIONS[op].plan(problem, config)
         errors = relative_errors(run_plan(plan, inputs, Kernels(problem, config, np.float32), np.float32), expected)
         for out, err in errors.items():
@@ -157,22 +179,47 @@ def test_workspace_is_computed_and_never_above_the_limit():
             for config in [OPERATIONS[op].default_config(problem, LIMITS, formulation=NAME), *sp.sample(rng, 8)]:
                 plan = OPERATIONS[op].plan(problem, config)
                 assert plan.workspace_bytes == 4 * sum(workspace_elements(view(problem), config["TILE"],
-                                                                          config["IMGS"]).values())
+                                                                          config["IMGS"], splits(config)).values())
                 assert plan.workspace_bytes <= WORKSPACE_LIMIT_BYTES, f"{op} {name} {config}"
     big = dict(seed_problems("conv_fwd"))["modern_56"]    # 64 images of 56x56x64: V and M of all exceed 256 MiB
     with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
-        space("conv_fwd", big).validate({"formulation": NAME, "TILE": 2, "IMGS": 64, "WG_THREADS": 128})
+        space("conv_fwd", big).validate({"formulation": NAME, "TILE": 2, "IMGS": 64, "WG_THREADS": 128,
+                                             "GEMM_3XTF32": 0})
 
 
 def test_plans_are_a_filter_transform_then_per_block_transforms_around_one_batched_gemm():
     problem = odd_problems("conv_bwd_data")[0][1]            # N = 3
-    config = space("conv_bwd_data", problem).validate({"formulation": NAME, "TILE": 4, "IMGS": 2, "WG_THREADS": 64})
+    config = space("conv_bwd_data", problem).validate({"formulation": NAME, "TILE": 4, "IMGS": 2, "WG_THREADS": 64,
+                                                        "GEMM_3XTF32": 0})
     plan = OPERATIONS["conv_bwd_data"].plan(problem, config)
     assert [s.kernel for s in plan.steps] == ["winograd_filter"] + 2 * [
         "winograd_input", "cublasSgemmStridedBatched", "winograd_output"]
     gemms = plan.library_gemms
     assert all(g.batch == 36 and not g.tf32 for g in gemms) and [g.n for g in gemms] == [2 * 4 * 3, 4 * 3]
     assert "constexpr bool FLIP = true;" in plan.source
+    assert "tf32_part" not in plan.source
+
+
+def test_3xtf32_products_are_one_tf32_gemm_over_three_blocks_of_the_reduction():
+    """GEMM_3XTF32: U is COUT x 3·CIN and V 3·CIN x tiles per point, and the one GEMM per block of
+    images runs on TF32 tensor-op math over all three blocks; tf32 problems keep TF32_GEMM."""
+    problem = odd_problems("conv_fwd")[0][1]                 # N = 3, C = 5, K = 7
+    sp = space("conv_fwd", problem)
+    config = sp.validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64, "GEMM_3XTF32": 1})
+    plan = OPERATIONS["conv_fwd"].plan(problem, config)
+    v, (th, tw) = view(problem), tiles(view(problem), 2)
+    gemms = plan.library_gemms
+    assert [(g.m, g.k, g.batch, g.tf32) for g in gemms] == 2 * [(7, 15, 16, True)]
+    assert gemms[0].a.ld == 15 and gemms[0].a.batch_stride == 7 * 15
+    assert gemms[0].b.batch_stride == 15 * 2 * th * tw
+    assert dict(plan.workspaces)["wg_v"] == 16 * 15 * 2 * th * tw == 3 * workspace_elements(v, 2, 2)["wg_v"]
+    assert "tf32_part" in plan.source
+    plain = plan_of = OPERATIONS["conv_fwd"].plan(problem, sp.validate({**config.as_dict(), "GEMM_3XTF32": 0}))
+    assert not any(g.tf32 for g in plain.library_gemms) and plan_of.library_gemms[0].k == 5
+    tf32 = dataclasses.replace(problem, precision="tf32")
+    with pytest.raises(Exception, match="GEMM_3XTF32"):
+        space("conv_fwd", tf32).validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64,
+                                          "TF32_GEMM": 0, "GEMM_3XTF32": 1})
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
@@ -180,6 +227,12 @@ def test_plans_are_a_filter_transform_then_per_block_transforms_around_one_batch
 def test_templates_build_without_spills(arch, tmp_path):
     problems = {op: [*((n, p) for n, p in seed_problems(op) if n in SEEDS[:1]), *odd_problems(op)[:3]] for op in OPS}
     failures = build_failures(OPERATIONS, NAME, problems, arch, tmp_path)
+    # GEMM_3XTF32's transforms (each value split in two, three stores a point), each tile, spill-free.
+    jobs = [(f"{op} {label} {config}", OPERATIONS[op].plan(problem, config), True)
+            for op in OPS for label, problem in problems[op][:2]
+            for config in (space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": 2,
+                                                         "WG_THREADS": 128, "GEMM_3XTF32": 1}) for m in (2, 4))]
+    failures += compile_failures(jobs, arch, tmp_path)
     assert not failures, "\n".join(failures[:10])
 
 
@@ -213,3 +266,25 @@ def test_each_tile_verifies_on_the_seed_shapes(op, m):
         config = OPERATIONS[op].space(problem, limits).validate({**default.as_dict(), "TILE": m, "IMGS": 1})
         check = check_candidate(loader.load(OPERATIONS[op].plan(problem, config)), problem, time_it=False)
         assert check.verification.passed, f"{name} F({m}x{m},3x3): {check.verification.message}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("m", (2, 4))
+def test_3xtf32_products_verify_on_every_shape(op, m):
+    """GEMM_3XTF32 on the tensor cores, each tile, on the seed 3x3 layers and the odd shapes, with
+    blocks of images that divide the batch and ones that do not: the one FP32 bound, every element."""
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    limits = current_device(0).limits()
+    loader = KernelLoader()
+    for name, problem in gpu_problems(op):
+        sp = OPERATIONS[op].space(problem, limits)
+        allowed = next(p.choices for p in sp.params if p.name == "IMGS")
+        for imgs in sorted({1, 2, 16} & set(allowed)):
+            config = sp.validate({"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 128, "GEMM_3XTF32": 1})
+            check = check_candidate(loader.load(OPERATIONS[op].plan(problem, config)), problem, time_it=False)
+            assert check.verification.passed, f"{name} F({m}x{m},3x3) {config}: {check.verification.message}"

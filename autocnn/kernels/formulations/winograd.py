@@ -14,8 +14,17 @@ filters flipped and transposed (C outputs, K inputs), padded by R-1-pad_top and 
 the filter transform reads them so. Parameters: TILE (m = 2 or 4: F(4x4,3x3) does 4x fewer
 multiplications than the direct form, F(2x2,3x3) 2.25x, with larger rounding from its larger
 transform constants: the tuner's verification decides where it passes the bound), IMGS (images
-per block: the workspaces V and M hold one block), WG_THREADS of the transform kernels, and
-TF32_GEMM for tf32 problems.
+per block: the workspaces V and M hold one block), WG_THREADS of the transform kernels,
+TF32_GEMM for tf32 problems, and GEMM_3XTF32 for fp32 problems.
+
+GEMM_3XTF32 runs the FP32 products on the tensor cores, FP32-accurate: the transforms write each
+value x of U and V as its TF32 part hi(x) and the TF32 part of the remainder lo(x) (3xTF32), in
+three blocks along the reduction, U as (hi, lo, hi) and V as (hi, hi, lo), so that one TF32 GEMM
+over 3·CIN sums hi·hi + lo·hi + hi·lo. Products of TF32 values are exact in FP32, and TF32 inputs
+pass the tensor cores unchanged whatever rounding cuBLAS applies; what is left out, lo·lo, is
+below FP32's own rounding. Three times the reduction on the TF32 units still takes a third less
+time than FP32 SGEMM on an H100 where the channels are many (modern_14, F(4x4): 79.5 against
+129.4 us); V's writes triple, so with few channels (64) the FP32 products stay faster.
 """
 from __future__ import annotations
 
@@ -88,10 +97,17 @@ def block_tiles(v: WinogradView, m: int, imgs: int) -> int:
     return min(imgs, v.N) * th * tw
 
 
-def workspace_elements(v: WinogradView, m: int, imgs: int) -> dict[str, int]:
+def workspace_elements(v: WinogradView, m: int, imgs: int, splits: int = 1) -> dict[str, int]:
+    """U, V and M for one block of images; ``splits`` = 3 holds U and V as 3xTF32 blocks."""
     points = (m + 2) ** 2
     cols = block_tiles(v, m, imgs)
-    return {"wg_u": points * v.COUT * v.CIN, "wg_v": points * v.CIN * cols, "wg_m": points * v.COUT * cols}
+    return {"wg_u": points * v.COUT * splits * v.CIN, "wg_v": points * splits * v.CIN * cols,
+            "wg_m": points * v.COUT * cols}
+
+
+def splits(config: Config) -> int:
+    """Blocks of U and V along the reduction: 3 for 3xTF32 products, else 1."""
+    return 3 if config.get("GEMM_3XTF32", 0) else 1
 
 
 def _literal(c: Fraction) -> str:
@@ -140,6 +156,9 @@ class _Winograd(OpFormulation):
                Param("WG_THREADS", THREADS, "threads per block of the transform kernels")]
         if problem.precision == "tf32":
             out.append(Param("TF32_GEMM", (0, 1), "cuBLAS with TF32 tensor-op math (tf32 problems only)"))
+        else:
+            out.append(Param("GEMM_3XTF32", (0, 1), "the products as 3xTF32 on the tensor cores, FP32-accurate "
+                             "(fp32 problems only; 0: cuBLAS SGEMM)"))
         return out
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
@@ -149,36 +168,48 @@ class _Winograd(OpFormulation):
                    f"{p.stride[0]}x{p.stride[1]}")
             return [Constraint(("TILE",), lambda m: why)]
         v = view(p)
-        return [workspace_rule(limits.workspace_bytes, ("TILE", "IMGS"),
-                               lambda m, imgs: 4 * sum(workspace_elements(v, m, imgs).values()))]
+        if p.precision == "tf32":
+            return [workspace_rule(limits.workspace_bytes, ("TILE", "IMGS"),
+                                   lambda m, imgs: 4 * sum(workspace_elements(v, m, imgs).values()))]
+        return [workspace_rule(limits.workspace_bytes, ("TILE", "IMGS", "GEMM_3XTF32"),
+                               lambda m, imgs, x3: 4 * sum(workspace_elements(v, m, imgs, 3 if x3 else 1).values()))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
-        """Each tile with the largest block within a quarter of the workspace limit, then one image."""
+        """Each tile with the largest block within a quarter of the workspace limit, then one image;
+        for fp32, FP32 products first, then each tile with 3xTF32 products."""
         v = view(problem)
         imgs_choices = choices_upto(IMGS, next_pow2(problem.N))
-        extra = {"TF32_GEMM": 0} if problem.precision == "tf32" else {}
-        out = []
-        for m in (4, 2):
-            fits = [i for i in imgs_choices if 4 * sum(workspace_elements(v, m, i).values()) <= DEFAULT_WORKSPACE_BYTES]
-            out.append({"formulation": NAME, "TILE": m, "IMGS": max(fits, default=1), "WG_THREADS": 128, **extra})
+        tf32 = problem.precision == "tf32"
+        extra = {"TF32_GEMM": 0} if tf32 else {"GEMM_3XTF32": 0}
+
+        def largest_block(m: int, parts: int) -> int:
+            fits = [i for i in imgs_choices
+                    if 4 * sum(workspace_elements(v, m, i, parts).values()) <= DEFAULT_WORKSPACE_BYTES]
+            return max(fits, default=1)
+
+        out = [{"formulation": NAME, "TILE": m, "IMGS": largest_block(m, 1), "WG_THREADS": 128, **extra}
+               for m in (4, 2)]
         out.append({"formulation": NAME, "TILE": 2, "IMGS": 1, "WG_THREADS": 128, **extra})
+        if not tf32:
+            out += [{"formulation": NAME, "TILE": m, "IMGS": largest_block(m, 3), "WG_THREADS": 128, "GEMM_3XTF32": 1}
+                    for m in (4, 2)]
         return out
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         m = config["TILE"]
         bt, g, at = TRANSFORMS[m]
         v = view(problem)
-        return {"wg_m": m, "wg_alpha": m + 2, "wg_threads": config["WG_THREADS"],
+        return {"wg_m": m, "wg_alpha": m + 2, "wg_threads": config["WG_THREADS"], "wg_split": splits(config) == 3,
                 "wg_block": min(config["IMGS"], v.N), "wg_pad_t": v.PAD_T, "wg_pad_l": v.PAD_L,
                 "wg_filter": sandwich("x", g, "g", 3, "part"), "wg_input": sandwich("x", bt, "d", m + 2, "part"),
                 "wg_output": sandwich("y", at, "mm", m + 2, "part")}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
-        return (), tuple(workspace_elements(view(problem), config["TILE"], config["IMGS"]).items())
+        return (), tuple(workspace_elements(view(problem), config["TILE"], config["IMGS"], splits(config)).items())
 
     def launches(self, problem: Any, config: Config) -> tuple:
         v, m, threads = view(problem), config["TILE"], config["WG_THREADS"]
-        points = (m + 2) ** 2
+        points, red = (m + 2) ** 2, splits(config) * v.CIN    # red: the GEMMs' reduction
         th, tw = tiles(v, m)
         ld = block_tiles(v, m, config["IMGS"])   # columns of V and M
         b = min(config["IMGS"], v.N)
@@ -188,16 +219,16 @@ class _Winograd(OpFormulation):
             nb = min(b, v.N - n0)
             steps.append(Launch("winograd_input", (cdiv(v.CIN * ld, threads), 1, 1), (threads, 1, 1), 0,
                                 (self.src, "wg_v"), (n0, nb)))
-            steps.append(LibraryGemm(m=v.COUT, n=nb * th * tw, k=v.CIN, a=MatrixView("wg_u", 0, v.CIN, v.COUT * v.CIN),
-                                     b=MatrixView("wg_v", 0, ld, v.CIN * ld), c=MatrixView("wg_m", 0, ld, v.COUT * ld),
-                                     batch=points, tf32=bool(config.get("TF32_GEMM", 0))))
+            steps.append(LibraryGemm(m=v.COUT, n=nb * th * tw, k=red, a=MatrixView("wg_u", 0, red, v.COUT * red),
+                                     b=MatrixView("wg_v", 0, ld, red * ld), c=MatrixView("wg_m", 0, ld, v.COUT * ld),
+                                     batch=points, tf32=bool(config.get("TF32_GEMM", 0)) or red > v.CIN))
             steps.append(Launch("winograd_output", (cdiv(v.COUT * ld, threads), 1, 1), (threads, 1, 1), 0,
                                 ("wg_m", "bias", self.dst), (n0, nb)))
         return tuple(steps)
 
     def code_helpers(self) -> tuple:
-        return (WinogradView, serves, view, tiles, block_tiles, workspace_elements, _literal, _combination, sandwich,
-                TRANSFORMS)
+        return (WinogradView, serves, view, tiles, block_tiles, workspace_elements, splits, _literal, _combination,
+                sandwich, TRANSFORMS)
 
 
 WINOGRAD = Formulation(NAME, (_Winograd("conv_fwd", "x", "y"), _Winograd("conv_bwd_data", "dy", "dx")))
