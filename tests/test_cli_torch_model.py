@@ -52,7 +52,7 @@ def test_mistakes_are_named_before_the_gpu_is_opened(no_gpu_source, capsys, argv
 
 def test_ops_and_held_parameters_choose_among_the_models_kernels(no_gpu_source, monkeypatch, capsys):
     """--ops keeps the named operations; --fix leaves out the kernels whose operation does not offer
-    the held value (the weight gradient has no winograd) and says so."""
+    the held value (the weight gradient has no halo) and says so."""
     seen = {}
     real = cli._tune_problems
 
@@ -67,6 +67,6 @@ def test_ops_and_held_parameters_choose_among_the_models_kernels(no_gpu_source, 
     assert seen["ops"] == ["conv_fwd", "conv_wgrad"]
     with pytest.raises(no_gpu_source):
         cli.main(["tune", "--torch-model", f"{__name__}:small_net", "--input-shape", "3,16,16", "--batch", "4",
-                  "--ops", "conv_fwd,conv_wgrad", "--fix", "formulation=winograd"])
+                  "--ops", "conv_fwd,conv_wgrad", "--fix", "formulation=halo"])
     assert seen["ops"] == ["conv_fwd"]
     assert "1 problems (conv_wgrad) left out" in capsys.readouterr().err

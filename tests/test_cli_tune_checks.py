@@ -31,7 +31,7 @@ SHAPE = "N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3"
     (["--op", "conv_fwd", "--shape", SHAPE, "--vary", "FRAG,NOSUCH"], "--vary: NOSUCH is not a parameter"),
     # A held value that no problem of the run offers (misspelt); one that some ops lack holds elsewhere.
     (["--network", "lenet5", "--fix", "formulation=wgmmma"], "no problem of this run offers formulation=wgmmma"),
-    (["--op", "conv_wgrad", "--shape", SHAPE, "--fix", "formulation=winograd"], "no problem of this run offers"),
+    (["--op", "conv_wgrad", "--shape", SHAPE, "--fix", "formulation=halo"], "no problem of this run offers"),
 ])
 def test_mistakes_are_named_before_any_device_is_touched(no_gpu_source, capsys, argv, message):
     assert cli.main(["tune", *argv]) == 1

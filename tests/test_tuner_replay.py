@@ -362,25 +362,25 @@ def test_held_parameters_that_rule_out_every_config_are_named_before_anything_ru
 
 
 def test_a_held_value_that_an_op_does_not_offer_leaves_that_problem_out(db, tmp_path):
-    """formulation=winograd over a network: the weight gradients (no winograd) are left out, before
+    """formulation=halo over a network: the weight gradients (no halo) are left out, before
     a study is opened or anything measured, and the run goes on; a value no problem offers is refused."""
     from autocnn.errors import InvalidConfigError
     from autocnn.kernels.problem import ConvFwdProblem, ConvWgradProblem
     from autocnn.tuning.tuner import problems_offering
 
     source = ReplaySource([ReplayFile.load(WGRAD_FILE)])
-    tuner = Tuner(source, db, TuneSettings(storage=storage(tmp_path), fixed={"formulation": "winograd"}), progress=False)
+    tuner = Tuner(source, db, TuneSettings(storage=storage(tmp_path), fixed={"formulation": "halo"}), progress=False)
     wgrad = ConvWgradProblem(N=8, C=8, H=8, W=8, K=8, R=3, S=3, padding=(1, 1, 1, 1), precision="tf32")
     outcome = tuner.tune("conv_wgrad", wgrad, trials=4)
     assert outcome.best is None and outcome.measured == 0 and source.calls == 0
-    assert "conv_wgrad has no config with formulation=winograd" in outcome.stopped_because
-    assert "formulation='winograd' is not allowed" in outcome.stopped_because
+    assert "conv_wgrad has no config with formulation=halo" in outcome.stopped_because
+    assert "formulation='halo' is not allowed" in outcome.stopped_because
     assert not (tmp_path / "optuna.db").exists()
     fwd = ConvFwdProblem(N=8, C=8, H=8, W=8, K=8, R=3, S=3, padding=(1, 1, 1, 1), precision="tf32")
-    assert problems_offering({"formulation": "winograd"}, [wgrad, fwd]) == [fwd]
+    assert problems_offering({"formulation": "halo"}, [wgrad, fwd]) == [fwd]
     assert problems_offering({}, [wgrad, fwd]) == [wgrad, fwd]
-    with pytest.raises(InvalidConfigError, match="no problem of this run offers formulation=winograd"):
-        problems_offering({"formulation": "winograd"}, [wgrad])
+    with pytest.raises(InvalidConfigError, match="no problem of this run offers formulation=halo"):
+        problems_offering({"formulation": "halo"}, [wgrad])
 
 
 def test_a_held_search_slower_than_the_default_stores_the_default(db, tmp_path):

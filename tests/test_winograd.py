@@ -1,6 +1,6 @@
-"""The Winograd formulation F(2x2,3x3) / F(4x4,3x3) for 3x3 stride-1 conv_fwd and conv_bwd_data: on
-the CPU, its transforms (the module's B^T, G, A^T) and plans run in NumPy against the float64
-direct reference, F(4x4) and F(2x2) rounding in float32 measured against the FP32 bound, its
+"""The Winograd formulation F(2x2,3x3) / F(4x4,3x3) for 3x3 stride-1 conv_fwd, conv_bwd_data and
+conv_wgrad: on the CPU, its transforms (the module's B^T, G, A^T, and the weight gradient's
+G^T [(A dY A^T) . (B^T d B)] G) and plans run in NumPy against the float64 direct reference, F(4x4) and F(2x2) rounding in float32 measured against the FP32 bound, its
 workspace against the limit, its templates through nvcc; on the GPU (-m gpu), every element
 against float64."""
 from __future__ import annotations
@@ -47,6 +47,8 @@ def odd_problems(op: str) -> list[tuple[str, object]]:
                                      activation="tanh"))]
     if op == "conv_fwd":
         return fwd
+    if op == "conv_wgrad":      # with the bias gradient where the forward has a bias
+        return [(name, p.with_op(op, bias=p.bias)) for name, p in fwd]
     return [(name, p.with_op(op)) for name, p in fwd if not p.bias]
 
 
@@ -57,8 +59,8 @@ class Kernels:
         self.p, self.v, self.m = problem, view(problem), config["TILE"]
         self.block = min(config["IMGS"], problem.N)
         self.bt, self.g, self.at = matrices(self.m, dtype)
-        self.src, self.dst = ("x", "y") if problem.op == "conv_fwd" else ("dy", "dx")
-        self.split, self.dtype = splits(config) == 3, dtype
+        self.src, self.dst = ("dy", "dx") if problem.op == "conv_bwd_data" else ("x", "y")
+        self.parts, self.dtype = splits(problem.op, config), dtype
 
     def _parts(self, x):
         """GEMM_3XTF32's (hi, lo): cvt.rna.tf32's in float32; in float64 a split at float32 whose
@@ -78,7 +80,7 @@ class Kernels:
         w = b["w"].reshape(self.p.w_shape)
         g = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3) if v.FLIP else w   # (COUT, CIN, 3, 3)
         u = np.einsum("ij,ocjk,lk->iloc", self.g, g, self.g)
-        if self.split:                        # (hi, lo, hi) along the reduction
+        if self.parts == 3:                   # (hi, lo, hi) along the reduction
             hi, lo = self._parts(u)
             u = np.concatenate([hi, lo, hi], axis=-1)
         b["wg_u"][:u.size] = u.ravel()
@@ -93,12 +95,39 @@ class Kernels:
         for i in range(th):
             for j in range(tw):
                 d[:, :, i, j] = src[:, :, i * m:i * m + a, j * m:j * m + a]
-        x = np.einsum("ij,bctsjk,lk->ilcbts", self.bt, d, self.bt)
-        if not self.split:
-            self._point_major(b["wg_v"], v.CIN)[:, :, :, :nb] = x
-            return
-        hi, lo = self._parts(x)                # (hi, hi, lo) along the reduction
-        self._point_major(b["wg_v"], 3 * v.CIN)[:, :, :, :nb] = np.concatenate([hi, hi, lo], axis=2)
+        self._store(b["wg_v"], v.CIN, np.einsum("ij,bctsjk,lk->ilcbts", self.bt, d, self.bt), nb)
+
+    def _store(self, buf, rows, x, nb):
+        """A transform's (a, a, rows, nb, th, tw) result in the plan's layout."""
+        if self.parts == 1:
+            self._point_major(buf, rows)[:, :, :, :nb] = x
+        elif self.parts == 3:                  # (hi, hi, lo) along the reduction
+            hi, lo = self._parts(x)
+            self._point_major(buf, 3 * rows)[:, :, :, :nb] = np.concatenate([hi, hi, lo], axis=2)
+        else:                                  # conv_wgrad: the TF32 parts, then the remainders
+            hi, lo = self._parts(x)
+            size = hi.shape[0] * hi.shape[1] * rows * self.block * hi.shape[4] * hi.shape[5]
+            self._point_major(buf[:size], rows)[:, :, :, :nb] = hi
+            self._point_major(buf[size:], rows)[:, :, :, :nb] = lo
+
+    def winograd_grad(self, b, n0, nb):
+        """P = A dY A^T of each m x m tile of dY (zero past the output)."""
+        v, m = self.v, self.m
+        th, tw = tiles(v, m)
+        dy = b["dy"].reshape(v.N, v.COUT, v.HO, v.WO)[n0:n0 + nb]
+        dy = np.pad(dy, ((0, 0), (0, 0), (0, th * m - v.HO), (0, tw * m - v.WO)))
+        tiles_ = dy.reshape(nb, v.COUT, th, m, tw, m).transpose(0, 1, 2, 4, 3, 5)     # (nb, K, th, tw, m, m)
+        # P[i][l] = sum_jq A[i][j] dY[j][q] A[l][q], A = (A^T)^T
+        self._store(b["wg_p"], v.COUT, np.einsum("ji,bktsjq,ql->ilkbts", self.at, tiles_, self.at), nb)
+
+    def winograd_wgrad_output(self, b):
+        v, a = self.v, self.m + 2
+        mm = b["wg_m"][:a * a * v.COUT * v.CIN].reshape(a, a, v.COUT, v.CIN)
+        dw = np.einsum("ji,jkoc,kl->ocil", self.g, mm, self.g)                        # G^T M G
+        b["dw"][...] = dw.ravel()
+
+    def conv_bias_grad(self, b):
+        b["db"][...] = b["dy"].reshape(self.p.N, self.p.K, -1).sum(axis=(0, 2))
 
     def winograd_output(self, b, n0, nb):
         p, v, m = self.p, self.v, self.m
@@ -162,13 +191,24 @@ def test_float32_rounding_is_within_the_fp32_bound(op, m, x3, rng):
             assert err <= bound / 2, f"{name} F({m}x{m},3x3): {out} error {err:.3g} against the bound {bound:.3g}"
 
 
+@pytest.mark.parametrize("m", (2, 4))
+def test_weight_gradient_transforms_give_a_tiles_share_of_the_gradient(m, rng):
+    """G^T [(A dY A^T) . (B^T d B)] G is the 3x3 gradient of the tile's m x m outputs (dY) with
+    respect to the filter: sum over outputs (i, j) of dY[i][j] d[i+r][j+s]."""
+    bt, g, at = matrices(m)
+    d, dy = rng.standard_normal((m + 2, m + 2)), rng.standard_normal((m, m))
+    direct = np.array([[np.sum(dy * d[r:r + m, s:s + m]) for s in range(3)] for r in range(3)])
+    assert np.allclose(g.T @ ((at.T @ dy @ at) * (bt @ d @ bt.T)) @ g, direct, rtol=0, atol=1e-12)
+
+
 def test_only_3x3_stride_1_problems_are_served():
     strided = ConvFwdProblem(N=2, C=3, H=9, W=9, K=4, R=3, S=3, stride=2, padding=1)
     five = ConvFwdProblem(N=2, C=3, H=9, W=9, K=4, R=5, S=5)
     for problem in (strided, five):
         with pytest.raises(InfeasibleConfigError, match="winograd computes 3x3 stride-1 convolutions"):
             OPERATIONS["conv_fwd"].default_config(problem, LIMITS, formulation=NAME)
-    assert "conv_wgrad" not in OPERATIONS
+    with pytest.raises(InfeasibleConfigError, match="winograd computes 3x3 stride-1 convolutions"):
+        OPERATIONS["conv_wgrad"].default_config(strided.with_op("conv_wgrad"), LIMITS, formulation=NAME)
 
 
 def test_workspace_is_computed_and_never_above_the_limit():
@@ -178,8 +218,8 @@ def test_workspace_is_computed_and_never_above_the_limit():
             sp = space(op, problem)
             for config in [OPERATIONS[op].default_config(problem, LIMITS, formulation=NAME), *sp.sample(rng, 8)]:
                 plan = OPERATIONS[op].plan(problem, config)
-                assert plan.workspace_bytes == 4 * sum(workspace_elements(view(problem), config["TILE"],
-                                                                          config["IMGS"], splits(config)).values())
+                assert plan.workspace_bytes == 4 * sum(workspace_elements(
+                    view(problem), config["TILE"], config["IMGS"], splits(op, config)).values())
                 assert plan.workspace_bytes <= WORKSPACE_LIMIT_BYTES, f"{op} {name} {config}"
     big = dict(seed_problems("conv_fwd"))["modern_56"]    # 64 images of 56x56x64: V and M of all exceed 256 MiB
     with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
@@ -220,6 +260,26 @@ def test_3xtf32_products_are_one_tf32_gemm_over_three_blocks_of_the_reduction():
     with pytest.raises(Exception, match="GEMM_3XTF32"):
         space("conv_fwd", tf32).validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64,
                                           "TF32_GEMM": 0, "GEMM_3XTF32": 1})
+
+
+@pytest.mark.parametrize("x3", (0, 1))
+def test_weight_gradient_plans_accumulate_the_points_gemms_over_blocks_of_images(x3):
+    """conv_wgrad: per block, X's and dY's transforms and the points' GEMMs M (K x C) += P V^T
+    (three with GEMM_3XTF32: hi·hi, lo·hi, hi·lo on the parts), then dW's transform and db."""
+    problem = odd_problems("conv_wgrad")[4][1]                # N = 3, C = 5, K = 7, bias
+    config = space("conv_wgrad", problem).validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64,
+                                                    "GEMM_3XTF32": x3})
+    plan = OPERATIONS["conv_wgrad"].plan(problem, config)
+    gemms_per_block = 3 if x3 else 1
+    assert [s.kernel for s in plan.steps] == 2 * ["winograd_input", "winograd_grad", *gemms_per_block * [
+        "cublasSgemmStridedBatched"]] + ["winograd_wgrad_output", "conv_bias_grad"]
+    gemms = plan.library_gemms
+    (th, tw), ld = tiles(view(problem), 2), 2 * tiles(view(problem), 2)[0] * tiles(view(problem), 2)[1]
+    assert all((g.m, g.n, g.batch, g.trans_b, g.tf32) == (7, 5, 16, True, bool(x3)) for g in gemms)
+    assert [g.k for g in gemms] == gemms_per_block * [2 * th * tw] + gemms_per_block * [th * tw]
+    assert [g.accumulate for g in gemms] == [False] + (2 * gemms_per_block - 1) * [True]
+    if x3:
+        assert [(g.a.offset, g.b.offset) for g in gemms[:3]] == [(0, 0), (16 * 7 * ld, 0), (0, 16 * 5 * ld)]
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")

@@ -1,30 +1,41 @@
-"""winograd: Winograd's minimal filtering F(m x m, 3x3) for 3x3 stride-1 convolutions, conv_fwd and
-conv_bwd_data (Lavin and Gray 2016). With d an (m+2) x (m+2) input tile and g a 3x3 filter, an
-m x m output tile of the correlation is A^T [(G g G^T) . (B^T d B)] A; over channels the
-element-wise products become, for each of the (m+2)^2 points of the transformed tile, a GEMM:
+"""winograd: Winograd's minimal filtering F(m x m, 3x3) for 3x3 stride-1 convolutions, all three
+ops (Lavin and Gray 2016). With d an (m+2) x (m+2) input tile and g a 3x3 filter, an m x m output
+tile of the correlation is A^T [(G g G^T) . (B^T d B)] A; over channels the element-wise products
+become, for each of the (m+2)^2 points of the transformed tile, a GEMM:
 
     winograd_filter   U[e][co][ci] = (G g[co][ci] G^T)[e]        a generated kernel
     winograd_input    V[e][ci][t]  = (B^T d[ci][t] B)[e]          a generated kernel, per block of images
-    the products      M[e] = U[e] V[e], (m+2)^2 GEMMs             cuBLAS batched SGEMM (FP32), a
-                                                                  library GEMM step of the plan
+    the products      M[e] = U[e] V[e], (m+2)^2 GEMMs             cuBLAS batched GEMMs, a library
+                                                                  GEMM step of the plan
     winograd_output   Y tile = A^T M[.][co][t] A, + bias, activation, cropped to the output
 
 conv_bwd_data of a stride-1 convolution is a forward one: dX is the correlation of dY with the
 filters flipped and transposed (C outputs, K inputs), padded by R-1-pad_top and S-1-pad_left;
-the filter transform reads them so. Parameters: TILE (m = 2 or 4: F(4x4,3x3) does 4x fewer
-multiplications than the direct form, F(2x2,3x3) 2.25x, with larger rounding from its larger
-transform constants: the tuner's verification decides where it passes the bound), IMGS (images
-per block: the workspaces V and M hold one block), WG_THREADS of the transform kernels,
-TF32_GEMM for tf32 problems, and GEMM_3XTF32 for fp32 problems.
+the filter transform reads them so.
+
+conv_wgrad differentiates the forward tile: the gradient of A^T [U . V] A with respect to g is
+G^T [(A dY A^T) . V] G, so per point M[e] = sum over images and tiles of P[e] V[e]^T (K x C, the
+GEMMs accumulating over blocks of images), with P = A dY A^T (winograd_grad) and V the forward's
+input transform of X; dW = G^T M G (winograd_wgrad_output), db by its own reduction. The
+reduction is long (images x tiles) and the output small, the shape where the GEMM's tensor cores
+pay most.
+
+Parameters: TILE (m = 2 or 4: F(4x4,3x3) does 4x fewer multiplications than the direct form,
+F(2x2,3x3) 2.25x, with larger rounding from its larger transform constants: the tuner's
+verification decides where it passes the bound), IMGS (images per block: the workspaces hold one
+block), WG_THREADS of the transform kernels, TF32_GEMM for tf32 problems, and GEMM_3XTF32 for
+fp32 problems.
 
 GEMM_3XTF32 runs the FP32 products on the tensor cores, FP32-accurate: the transforms write each
-value x of U and V as its TF32 part hi(x) and the TF32 part of the remainder lo(x) (3xTF32), in
-three blocks along the reduction, U as (hi, lo, hi) and V as (hi, hi, lo), so that one TF32 GEMM
-over 3·CIN sums hi·hi + lo·hi + hi·lo. Products of TF32 values are exact in FP32, and TF32 inputs
-pass the tensor cores unchanged whatever rounding cuBLAS applies; what is left out, lo·lo, is
-below FP32's own rounding. Three times the reduction on the TF32 units still takes a third less
-time than FP32 SGEMM on an H100 where the channels are many (modern_14, F(4x4): 79.5 against
-129.4 us); V's writes triple, so with few channels (64) the FP32 products stay faster.
+value x as its TF32 part hi(x) and the TF32 part of the remainder lo(x) (3xTF32). For conv_fwd and
+conv_bwd_data they go in three blocks along the reduction, U as (hi, lo, hi) and V as (hi, hi,
+lo), so that one TF32 GEMM over 3·CIN sums hi·hi + lo·hi + hi·lo; conv_wgrad, whose M is small,
+keeps two parts of each operand and accumulates three GEMMs. Products of TF32 values are exact
+in FP32, and TF32 inputs pass the tensor cores unchanged whatever rounding cuBLAS applies; what is
+left out, lo·lo, is below FP32's own rounding. Three times the reduction on the TF32 units still
+takes a third less time than FP32 SGEMM on an H100 where the channels are many (modern_14 forward,
+F(4x4): 79.5 against 129.4 us); V's writes triple, so with few channels (64) the FP32 products
+stay faster there.
 """
 from __future__ import annotations
 
@@ -81,7 +92,7 @@ def serves(p: Any) -> bool:
 
 
 def view(p: Any) -> WinogradView:
-    if p.op == "conv_fwd":
+    if p.op in ("conv_fwd", "conv_wgrad"):     # conv_wgrad: the forward correlation it differentiates
         return WinogradView(p.op, p.N, p.C, p.K, p.H, p.W, p.P, p.Q, p.padding[0], p.padding[1], False)
     return WinogradView(p.op, p.N, p.K, p.C, p.P, p.Q, p.H, p.W, p.R - 1 - p.padding[0], p.S - 1 - p.padding[1], True)
 
@@ -97,17 +108,25 @@ def block_tiles(v: WinogradView, m: int, imgs: int) -> int:
     return min(imgs, v.N) * th * tw
 
 
-def workspace_elements(v: WinogradView, m: int, imgs: int, splits: int = 1) -> dict[str, int]:
-    """U, V and M for one block of images; ``splits`` = 3 holds U and V as 3xTF32 blocks."""
+def workspace_elements(v: WinogradView, m: int, imgs: int, parts: int = 1) -> dict[str, int]:
+    """The transformed operands and the products for one block of images, each operand in
+    ``parts`` blocks (``splits``). conv_wgrad: V (X's transform), P (dY's) and M, K x C a point."""
     points = (m + 2) ** 2
     cols = block_tiles(v, m, imgs)
-    return {"wg_u": points * v.COUT * splits * v.CIN, "wg_v": points * splits * v.CIN * cols,
+    if v.op == "conv_wgrad":
+        return {"wg_v": parts * points * v.CIN * cols, "wg_p": parts * points * v.COUT * cols,
+                "wg_m": points * v.COUT * v.CIN}
+    return {"wg_u": points * v.COUT * parts * v.CIN, "wg_v": points * parts * v.CIN * cols,
             "wg_m": points * v.COUT * cols}
 
 
-def splits(config: Config) -> int:
-    """Blocks of U and V along the reduction: 3 for 3xTF32 products, else 1."""
-    return 3 if config.get("GEMM_3XTF32", 0) else 1
+def splits(op: str, config: Config) -> int:
+    """Blocks of each transformed operand: 1 for FP32 or TF32 products; with GEMM_3XTF32, three
+    along the reduction (conv_fwd, conv_bwd_data: one GEMM) or a TF32 part and a remainder part
+    (conv_wgrad: three GEMMs accumulate into its small M)."""
+    if not config.get("GEMM_3XTF32", 0):
+        return 1
+    return 2 if op == "conv_wgrad" else 3
 
 
 def _literal(c: Fraction) -> str:
@@ -172,7 +191,8 @@ class _Winograd(OpFormulation):
             return [workspace_rule(limits.workspace_bytes, ("TILE", "IMGS"),
                                    lambda m, imgs: 4 * sum(workspace_elements(v, m, imgs).values()))]
         return [workspace_rule(limits.workspace_bytes, ("TILE", "IMGS", "GEMM_3XTF32"),
-                               lambda m, imgs, x3: 4 * sum(workspace_elements(v, m, imgs, 3 if x3 else 1).values()))]
+                               lambda m, imgs, x3: 4 * sum(workspace_elements(
+                                   v, m, imgs, splits(p.op, {"GEMM_3XTF32": x3})).values()))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         """Each tile with the largest block within a quarter of the workspace limit, then one image;
@@ -191,7 +211,8 @@ class _Winograd(OpFormulation):
                for m in (4, 2)]
         out.append({"formulation": NAME, "TILE": 2, "IMGS": 1, "WG_THREADS": 128, **extra})
         if not tf32:
-            out += [{"formulation": NAME, "TILE": m, "IMGS": largest_block(m, 3), "WG_THREADS": 128, "GEMM_3XTF32": 1}
+            x3 = splits(problem.op, {"GEMM_3XTF32": 1})
+            out += [{"formulation": NAME, "TILE": m, "IMGS": largest_block(m, x3), "WG_THREADS": 128, "GEMM_3XTF32": 1}
                     for m in (4, 2)]
         return out
 
@@ -199,17 +220,20 @@ class _Winograd(OpFormulation):
         m = config["TILE"]
         bt, g, at = TRANSFORMS[m]
         v = view(problem)
-        return {"wg_m": m, "wg_alpha": m + 2, "wg_threads": config["WG_THREADS"], "wg_split": splits(config) == 3,
+        split = splits(problem.op, config)
+        return {"wg_m": m, "wg_alpha": m + 2, "wg_threads": config["WG_THREADS"], "wg_wgrad": False,
+                "wg_split": {1: "", 2: "parts", 3: "kconcat"}[split],
                 "wg_block": min(config["IMGS"], v.N), "wg_pad_t": v.PAD_T, "wg_pad_l": v.PAD_L,
                 "wg_filter": sandwich("x", g, "g", 3, "part"), "wg_input": sandwich("x", bt, "d", m + 2, "part"),
                 "wg_output": sandwich("y", at, "mm", m + 2, "part")}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
-        return (), tuple(workspace_elements(view(problem), config["TILE"], config["IMGS"], splits(config)).items())
+        return (), tuple(workspace_elements(view(problem), config["TILE"], config["IMGS"],
+                                            splits(problem.op, config)).items())
 
     def launches(self, problem: Any, config: Config) -> tuple:
         v, m, threads = view(problem), config["TILE"], config["WG_THREADS"]
-        points, red = (m + 2) ** 2, splits(config) * v.CIN    # red: the GEMMs' reduction
+        points, red = (m + 2) ** 2, splits(problem.op, config) * v.CIN    # red: the GEMMs' reduction
         th, tw = tiles(v, m)
         ld = block_tiles(v, m, config["IMGS"])   # columns of V and M
         b = min(config["IMGS"], v.N)
@@ -231,4 +255,53 @@ class _Winograd(OpFormulation):
                 sandwich, TRANSFORMS)
 
 
-WINOGRAD = Formulation(NAME, (_Winograd("conv_fwd", "x", "y"), _Winograd("conv_bwd_data", "dy", "dx")))
+class _WinogradWgrad(_Winograd):
+    """conv_wgrad: per block of images, X's input transform (V) and dY's (P = A dY A^T), then the
+    points' GEMMs M[e] (+)= P[e] V[e]^T (K x C, accumulated over the blocks); after the last block
+    dW = G^T M G, and db by its own reduction."""
+
+    def __init__(self) -> None:
+        super().__init__("conv_wgrad", "x", "dw")
+        self.templates = ("winograd_conv_wgrad.cu.j2", "_winograd.cuh.j2", "_bias_grad.cuh.j2")
+
+    def context(self, problem: Any, config: Config) -> dict[str, Any]:
+        m = config["TILE"]
+        _, g, at = TRANSFORMS[m]
+        a = tuple(zip(*at))           # A, (m+2) x m
+        gt = tuple(zip(*g))           # G^T, 3 x (m+2)
+        return {**super().context(problem, config), "wg_wgrad": True, "wg_bias_grad": bool(problem.bias),
+                "wg_grad": sandwich("x", a, "g", m, "part"), "wg_wgrad_out": sandwich("y", gt, "mm", m + 2, "part")}
+
+    def launches(self, problem: Any, config: Config) -> tuple:
+        v, m, threads = view(problem), config["TILE"], config["WG_THREADS"]
+        points, parts = (m + 2) ** 2, splits(problem.op, config)
+        th, tw = tiles(v, m)
+        ld = block_tiles(v, m, config["IMGS"])
+        b = min(config["IMGS"], v.N)
+        tf32 = parts > 1 or bool(config.get("TF32_GEMM", 0))
+        # (P part, V part) of each GEMM: FP32 or TF32 products take the one pair; 3xTF32 the TF32
+        # parts' product, then the remainders' products with them, accumulating.
+        pairs = ((0, 0),) if parts == 1 else ((0, 0), (1, 0), (0, 1))
+        steps: list = []
+        for n0 in range(0, v.N, b):
+            nb = min(b, v.N - n0)
+            steps.append(Launch("winograd_input", (cdiv(v.CIN * ld, threads), 1, 1), (threads, 1, 1), 0,
+                                ("x", "wg_v"), (n0, nb)))
+            steps.append(Launch("winograd_grad", (cdiv(v.COUT * ld, threads), 1, 1), (threads, 1, 1), 0,
+                                ("dy", "wg_p"), (n0, nb)))
+            for i, (jp, jv) in enumerate(pairs):
+                steps.append(LibraryGemm(
+                    m=v.COUT, n=v.CIN, k=nb * th * tw,
+                    a=MatrixView("wg_p", jp * points * v.COUT * ld, ld, v.COUT * ld),
+                    b=MatrixView("wg_v", jv * points * v.CIN * ld, ld, v.CIN * ld), trans_b=True,
+                    c=MatrixView("wg_m", 0, v.CIN, v.COUT * v.CIN), batch=points, tf32=tf32,
+                    accumulate=n0 > 0 or i > 0))
+        steps.append(Launch("winograd_wgrad_output", (cdiv(v.COUT * v.CIN, threads), 1, 1), (threads, 1, 1), 0,
+                            ("wg_m", "dw")))
+        if problem.bias:
+            steps.append(Launch("conv_bias_grad", (v.COUT, 1, 1), (threads, 1, 1), 0, ("dy", "db")))
+        return tuple(steps)
+
+
+WINOGRAD = Formulation(NAME, (_Winograd("conv_fwd", "x", "y"), _Winograd("conv_bwd_data", "dy", "dx"),
+                              _WinogradWgrad()))
