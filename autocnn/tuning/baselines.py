@@ -73,6 +73,24 @@ def time_cudnn(op: str, problem: Any, *, flusher: Any = None, budget_s: float = 
         return time_callable(runner, flusher=flusher, budget_s=budget_s).median_us
 
 
+def cudnn_draw(device: int, l2_bytes: int, jobs: list[tuple[str, dict[str, Any]]], budget_s: float) -> list[float | None]:
+    """``time_cudnn`` of each (op, problem as ``to_dict``) in the calling process, on one device.
+
+    Run in a fresh process (``autocnn bench --cudnn-processes``): benchmark mode chooses cuDNN's
+    algorithm for a shape once per process, from one noisy timing of each candidate, and on small
+    layers it does not always choose the same one, so one process's time is one draw of that choice."""
+    from autocnn.gpu import require_cupy
+    from autocnn.kernels.problem import problem_from_dict
+    from autocnn.tuning.measure import L2Flusher
+
+    require_cupy().cuda.Device(device).use()
+    import torch
+
+    torch.cuda.set_device(device)
+    flusher = L2Flusher(l2_bytes)
+    return [time_cudnn(op, problem_from_dict(problem), flusher=flusher, budget_s=budget_s) for op, problem in jobs]
+
+
 def cudnn_runner(op: str, problem: Any) -> Callable[[], None] | None:
     """A closure that enqueues PyTorch's version of the operation, or None where it has none.
 

@@ -135,6 +135,16 @@ class BenchRow:
         return BenchRow(**{k: v for k, v in data.items() if k in names})
 
 
+def fastest_draws(draws: Sequence[Sequence[float | None]]) -> list[float | None]:
+    """Per problem, the fastest of several processes' cuDNN times (``draws[process][problem]``);
+    None where no process timed it."""
+    if not draws:
+        return []
+    if len({len(d) for d in draws}) != 1:
+        raise ValueError(f"cuDNN draws of different lengths: {[len(d) for d in draws]}")
+    return [min((t for t in times if t is not None), default=None) for times in zip(*draws)]
+
+
 def row_from_results(op: str, name: str, problem: Any, results: Sequence[Any], cudnn_us: float | None) -> BenchRow:
     """A row from the measured TrialResults (the default config's first) and cuDNN's time."""
     from autocnn.kernels import operation_for

@@ -10,6 +10,12 @@ and TF32 GEMM rates and its copy bandwidth are measured first, under the same ti
 each convolution's achieved TFLOP/s is shown as a share of both GEMM rates. Every measurement is
 written as JSON as it comes; the tables are printed last (``autocnn.tuning.bench_table``).
 
+cuDNN's benchmark mode picks an algorithm per shape once per process, and on small layers it does
+not always pick the same one: two runs minutes apart have differed by up to 2x on a row and by 2% on
+the geometric means. ``--cudnn-processes N`` times cuDNN again in N-1 fresh processes after the
+run (one after another, the GPU otherwise idle) and compares with the fastest of the N draws; each
+row keeps every draw in the JSON (``cudnn_draws_us``).
+
     autocnn bench --samples 64 --out bench.json      (or python scripts/bench_kernels.py ...)
     autocnn bench --precision tf32 --ops conv_fwd --shapes modern_14,modern_56
 """
@@ -26,7 +32,8 @@ from typing import Any
 from autocnn.device import set_workspace_limit
 from autocnn.kernels import OPERATIONS, operation_for
 from autocnn.kernels.suite import CONV_OPS, POOL_OPS, TARGET_SHAPES, seed_problems, seed_shapes, target_problems
-from autocnn.tuning.bench_table import CONV_PRECISIONS, GpuRates, progress_line, row_from_results, tables
+from autocnn.tuning.bench_table import (CONV_PRECISIONS, GpuRates, fastest_draws, progress_line, row_from_results,
+                                         tables)
 
 PRECISION_CHOICES = {"both": CONV_PRECISIONS, **{p: (p,) for p in CONV_PRECISIONS}}
 
@@ -45,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, printed)")
     ap.add_argument("--out", type=Path, default=Path("bench_kernels.json"), help="JSON results")
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--cudnn-processes", type=int, default=1, metavar="N",
+                    help="time cuDNN in N processes and compare with its fastest (default 1: the run's own)")
     ap.add_argument("--workspace-limit", default=None, metavar="SIZE",
                     help="the most scratch memory one kernel may use, e.g. 64MiB (default: "
                          "$AUTOCNN_WORKSPACE_LIMIT, else 256MiB); sampled and looked-up configs stay within it")
@@ -70,6 +79,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
         raise ValueError(f"--shapes: unknown shape(s) {sorted(wanted - known)}; known: {', '.join(sorted(known))}")
     if args.samples < 0:
         raise ValueError(f"--samples must be at least 0, not {args.samples}")
+    if not 1 <= args.cudnn_processes <= 16:
+        raise ValueError(f"--cudnn-processes must be 1 to 16, not {args.cudnn_processes}")
     if args.workspace_limit is not None:
         set_workspace_limit(args.workspace_limit)
     precisions = PRECISION_CHOICES[args.precision]
@@ -141,11 +152,36 @@ def main(argv: list[str] | None = None) -> int:
                             "fingerprint": operation.fingerprint(), "results": [r.to_dict() for r in results]})
             print(progress_line(row), flush=True)
             _write(args.out, device.to_dict(), seed, args.samples, work.precisions, rates, rows, records)
+        if have_torch and args.cudnn_processes > 1 and rows:
+            rows = _cudnn_in_fresh_processes(args, device, work, rows, records)
+            _write(args.out, device.to_dict(), seed, args.samples, work.precisions, rates, rows, records)
     finally:
         source.close()
     print(f"\n# {len(rows)} problems in {time.time() - start:.0f} s; full results in {args.out}")
+    if args.cudnn_processes > 1:
+        print(f"# cuDNN: the fastest of {args.cudnn_processes} processes' times")
     print(tables(rows, rates, work.precisions))
     return 0
+
+
+def _cudnn_in_fresh_processes(args: argparse.Namespace, device: Any, work: BenchPlan, rows: list,
+                              records: list) -> list:
+    """The rows with cuDNN's fastest time over this run's draw and ``args.cudnn_processes - 1``
+    more, each timed in a fresh process, one after another; every draw kept in ``records``."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from autocnn.tuning.baselines import cudnn_draw
+
+    jobs = [(op, problem.to_dict()) for op, _, problem in work.problems][:len(rows)]
+    draws = [[r.cudnn_us for r in rows]]
+    for i in range(1, args.cudnn_processes):
+        print(f"# cuDNN in a fresh process ({i + 1} of {args.cudnn_processes})", flush=True)
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            draws.append(pool.submit(cudnn_draw, args.device, device.l2_bytes, jobs, args.budget * 2).result())
+    for record, times in zip(records, zip(*draws)):
+        record["cudnn_draws_us"] = list(times)
+    return [dataclasses.replace(row, cudnn_us=fastest) for row, fastest in zip(rows, fastest_draws(draws))]
 
 
 def _write(path: Path, device: dict[str, Any], seed: int, samples: int, precisions: tuple[str, ...],
