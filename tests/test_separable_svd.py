@@ -1,15 +1,19 @@
 """The batched power-method SVD (autocnn.separable): the float64 NumPy implementation against
 numpy.linalg.svd, warm starts, the cap, deflation, the energy rank, the factor check, and the CUDA
-template (rendered and compiled with nvcc on the CPU; run against the NumPy one on a GPU)."""
+template (compiled with nvcc and run under the CPU emulator on the CPU; run against the NumPy one on a
+GPU)."""
 from __future__ import annotations
+
+import ctypes
+import shutil
 
 import numpy as np
 import pytest
 
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.separable.rank import energy_rank, energy_shares
-from autocnn.separable.svd import (CAPPED, CONVERGED, ZERO, SvdSettings, effective_filters, power_svd,
-                                   report_from)
+from autocnn.separable.svd import (CAPPED, CONVERGED, ZERO, SvdSettings, _dominance_check, effective_filters,
+                                   power_svd, report_from)
 from autocnn.separable.svd_check import check_factors
 
 TIGHT = SvdSettings(tolerance=1e-24, max_iterations=100_000)
@@ -86,6 +90,67 @@ def test_warm_start_needs_fewer_iterations(rng):
     warm, fresh = power_svd(moved, 2, start=cold.v), power_svd(moved, 2)
     assert warm.iterations.mean() < 0.6 * fresh.iterations.mean()
     assert check_factors(moved, warm.u, warm.v, warm.status, warm.settings, "float64").passed
+
+
+def neighbour_gaps(s, rank):
+    """Each leading singular value's relative distance to its nearest neighbour, [B, rank]."""
+    s = np.concatenate([s, np.zeros((s.shape[0], 1))], axis=1)
+    below = (s[:, :rank] - s[:, 1:rank + 1]) / s[:, :rank]
+    above = np.concatenate([np.full((s.shape[0], 1), np.inf), (s[:, :rank - 1] - s[:, 1:rank]) / s[:, 1:rank]], axis=1)
+    return np.minimum(below, above)
+
+
+# Random 7x7 filters of which two settled on the wrong vector and said CONVERGED before the dominance
+# check: filter 621's second component on sigma_2 = 3.14 (sigma = 3.97, 3.44, 3.14, ...), |<v, v_1>| =
+# 0.0069, and 837's on sigma_2 = 3.33 instead of sigma_1 = 3.53; warm-started from those, the first
+# took 54 products to reach the right one (test_warm_start_needs_fewer_iterations failed).
+SETTLING_SEED, SETTLING_FILTERS = 1007, (621, 837)
+
+
+def test_a_converged_vector_is_the_dominant_one():
+    w = np.random.default_rng(SETTLING_SEED).standard_normal((1024, 7, 7))
+    result = power_svd(w, 2)
+    _, s, Vt = np.linalg.svd(w)
+    dots = np.abs(np.einsum("bjx,bjx->bj", result.v, Vt[:, :2]))
+    for f in SETTLING_FILTERS:
+        assert (result.status[f] == CONVERGED).all() and dots[f, 1] > 0.999, (f, dots[f])
+    # Against numpy's SVD where the filter's components so far converged. The stopping rule leaves
+    # sin(angle) up to about sqrt(2 tol) sigma_j^2 / (sigma_j^2 - sigma_k^2): |<v, v_true>| >= 0.9975 at
+    # 1% apart (this batch's filters 95 and 315 sit at 0.9987, 1.3-1.4% apart), >= 0.9994 at 2%.
+    so_far = np.cumprod(result.status == CONVERGED, axis=1).astype(bool)
+    gaps = neighbour_gaps(s, 2)
+    assert (dots[so_far & (gaps > 0.02)] > 0.999).all()
+    assert (dots[so_far & (gaps > 0.01)] > 0.995).all()
+    # Every converged vector against its own deflated Gram matrix (also after a capped component):
+    # its Rayleigh quotient within the dominance check's slack, 2 sqrt(2 tol), of the top eigenvalue.
+    F = w.copy()
+    for j in range(2):
+        A = np.einsum("byx,byz->bxz", F, F)
+        top = np.linalg.eigvalsh(A)[:, -1]
+        quotient = np.einsum("bx,bxz,bz->b", result.v[:, j], A, result.v[:, j])
+        converged = result.status[:, j] == CONVERGED
+        assert (quotient[converged] >= top[converged] * (1 - 3 * np.sqrt(result.settings.tolerance))).all()
+        F -= result.u[:, j][:, :, None] * result.v[:, j][:, None, :]
+    check = check_factors(w, result.u, result.v, result.status, result.settings, "float64")
+    assert check.passed and check.settled == 0, check.message
+    # A warm start from the factors confirms every converged vector in one product (plus one at most).
+    again = power_svd(w, 2, start=result.v)
+    assert (again.iterations[result.status == CONVERGED] <= 2).all()
+
+
+@pytest.mark.parametrize("S", [1, 2, 3, 7, 11])
+def test_dominance_check_decides_by_the_top_eigenvalue(S):
+    gen = np.random.default_rng(S)
+    F = gen.standard_normal((2000, S + 2, S))
+    A = np.einsum("byx,byz->bxz", F, F)
+    top = np.linalg.eigvalsh(A)[:, -1]
+    shift = top * gen.uniform(0.3, 1.3, 2000)
+    certified, z = _dominance_check(A, shift)
+    np.testing.assert_array_equal(certified, shift > top)
+    # Where not: z's Rayleigh quotient is at least the shift, so power iteration from it rises above it.
+    low = ~certified
+    quotient = np.einsum("bi,bij,bj->b", z[low], A[low], z[low]) / np.einsum("bi,bi->b", z[low], z[low])
+    assert (quotient >= shift[low] * (1 - 1e-12)).all()
 
 
 def test_a_warm_start_that_is_not_a_unit_vector_starts_cold(rng):
@@ -209,6 +274,81 @@ def test_projection_template_compiles_with_nvcc(R, S, rank):
     assert not report.spills
 
 
+# The kernel under the CPU emulator (tests/cuda_emulator.py): one group per block (its warp barrier is
+# then the group's), g++ in place of nvcc; the same steps as on a GPU, not the GPU's rounding.
+EMULATOR_EXTRA = r"""
+inline void __syncwarp(unsigned) { emu_warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
+inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
+"""
+
+
+def emulated_svd(R, S, rank, threads_per_filter, tmp_path):
+    """A function (w, v0, settings) -> (u, v, iterations, status) running the kernel on the emulator."""
+    import subprocess
+
+    from autocnn.separable.svd_cuda import SvdVariant, render_source
+    from tests.cuda_emulator import PRELUDE
+
+    variant = SvdVariant(threads_per_filter, 1)
+    source = (PRELUDE + EMULATOR_EXTRA + render_source(R, S, rank, [variant]).replace("__shared__", "static")
+              + 'extern "C" void emu_svd(float* w, float* u, float* v, int* its, int* status, int filters, '
+              f"float tolerance, int cap) {{ emu_run((unsigned)filters, {threads_per_filter}u, [&] {{ "
+              f"{variant.kernel}(w, u, v, its, status, filters, tolerance, cap); }}); }}\n")
+    cpp, lib = tmp_path / f"{variant.kernel}.cpp", tmp_path / f"{variant.kernel}.so"
+    cpp.write_text(source)
+    done = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(cpp), "-o", str(lib)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    emu = ctypes.CDLL(str(lib))
+
+    def run(w, v0=None, settings=SvdSettings()):
+        B = w.shape[0]
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        u = np.full((B, rank, R), np.nan, dtype=np.float32)
+        v = np.zeros((B, rank, S), dtype=np.float32) if v0 is None else np.array(v0, dtype=np.float32)
+        its = np.full((B, rank), -1, dtype=np.int32)
+        status = np.full((B, rank), -1, dtype=np.int32)
+        pointers = [ctypes.c_void_p(a.ctypes.data) for a in (w, u, v, its, status)]
+        emu.emu_svd(*pointers, ctypes.c_int(B), ctypes.c_float(settings.tolerance),
+                    ctypes.c_int(settings.max_iterations))
+        return u, v, its, status
+
+    return run
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
+@pytest.mark.parametrize("threads_per_filter", [1, 4, 32])
+def test_emulated_kernel_runs_the_dominance_check_as_numpy_does(threads_per_filter, tmp_path):
+    # Filters whose component settles on the wrong vector from its cold start: two at j = 1 (so
+    # the restart is projected off v_0) and one at j = 0, among others that do not.
+    w = np.random.default_rng(SETTLING_SEED).standard_normal((1024, 7, 7))
+    other = np.random.default_rng(1010).standard_normal((1024, 7, 7))[14]
+    w = np.concatenate([w[list(SETTLING_FILTERS)], other[None], w[:29]]).astype(np.float32)
+    run = emulated_svd(7, 7, 2, threads_per_filter, tmp_path)
+    u, v, its, status = run(w)
+    ref = power_svd(w.astype(np.float64), 2)
+    np.testing.assert_array_equal(status, ref.status)
+    assert np.abs(its - ref.iterations).max() <= 2
+    assert its[0, 1] > 7 and its[2, 0] > 5   # the check sent them on (7 and 5 products before it)
+    _, _, Vt = np.linalg.svd(w.astype(np.float64))
+    dots = np.abs(np.einsum("bjx,bjx->bj", v.astype(np.float64), Vt[:, :2]))
+    assert (dots[:3][status[:3] == CONVERGED] > 0.999).all()
+    np.testing.assert_allclose(effective_filters(u, v), effective_filters(ref.u, ref.v), atol=1e-4)
+    assert check_factors(w, u, v, status, SvdSettings(), "float32").passed
+    _, _, warm_its, warm_status = run(w, v0=v)
+    assert (warm_its[status == CONVERGED] <= 2).all()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
+def test_emulated_kernel_matches_numpy_at_full_rank(tmp_path):
+    gen = np.random.default_rng(8)
+    w = gen.standard_normal((256, 5, 5)).astype(np.float32)
+    u, v, its, status = emulated_svd(5, 5, 5, 1, tmp_path)(w)
+    ref = power_svd(w.astype(np.float64), 5)
+    assert (status == ref.status).mean() > 0.99 and np.abs(its - ref.iterations).max() <= 2
+    assert check_factors(w, u, v, status, SvdSettings(), "float32").passed
+
+
 # -- on a GPU -------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -264,6 +404,41 @@ def test_cuda_svd_cap_warm_start_and_random_filters():
     moved = w + 0.01 * gen.standard_normal(w.shape, dtype=cp.float32)
     warm = svd.decompose(moved, u, v, its, status).report()
     assert warm.mean_iterations[0] < 0.6 * cold.mean_iterations[0]
+
+
+@pytest.mark.gpu
+def test_cuda_svd_converged_vectors_are_the_dominant_ones():
+    import cupy as cp
+
+    from autocnn.separable.svd_cuda import CudaPowerSvd
+
+    w = np.random.default_rng(SETTLING_SEED).standard_normal((1024, 7, 7)).astype(np.float32)
+    svd = CudaPowerSvd()
+    u = cp.empty((1024, 2, 7), dtype=cp.float32)
+    v = cp.zeros((1024, 2, 7), dtype=cp.float32)
+    its = cp.empty((1024, 2), dtype=cp.int32)
+    status = cp.empty((1024, 2), dtype=cp.int32)
+    call = svd.decompose(cp.asarray(w), u, v, its, status)
+    got_u, got_v, got_its, got_status = (cp.asnumpy(a) for a in (u, v, its, status))
+    ref = power_svd(w.astype(np.float64), 2)
+    _, _, Vt = np.linalg.svd(w.astype(np.float64))
+    dots = np.abs(np.einsum("bjx,bjx->bj", got_v.astype(np.float64), Vt[:, :2]))
+    for f in SETTLING_FILTERS:
+        assert (got_status[f] == CONVERGED).all() and dots[f, 1] > 0.999, (f, dots[f], got_its[f])
+    F = w.astype(np.float64)
+    for j in range(2):
+        A = np.einsum("byx,byz->bxz", F, F)
+        top = np.linalg.eigvalsh(A)[:, -1]
+        quotient = np.einsum("bx,bxz,bz->b", got_v[:, j], A, got_v[:, j])
+        converged = got_status[:, j] == CONVERGED
+        assert (quotient[converged] >= top[converged] * (1 - 3 * np.sqrt(SvdSettings().tolerance) - 1e-5)).all()
+        F -= got_u[:, j].astype(np.float64)[:, :, None] * got_v[:, j].astype(np.float64)[:, None, :]
+    assert (got_status == ref.status).mean() > 0.99
+    assert call.report().mean_iterations == pytest.approx(ref.report().mean_iterations, abs=1.0)
+    check = check_factors(w, got_u, got_v, got_status, SvdSettings(), "float32")
+    assert check.passed and check.settled == 0, check.message
+    svd.decompose(cp.asarray(w), u, v, its, status)   # warm: one product confirms each
+    assert (cp.asnumpy(its)[got_status == CONVERGED] <= 2).all()
 
 
 @pytest.mark.gpu

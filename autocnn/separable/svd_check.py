@@ -6,15 +6,15 @@ error. With V orthonormal (deflation, and each product projected off the earlier
 error is ||F||^2 - sum_j ||F_j v_j||^2. Its excess over the best rank-r error (the truncated SVD's,
 sum_{j>=r} sigma_j^2) is the energy the components missed, and:
 
-* a converged component (nu - mu <= tol nu, so ||A b - mu b|| <= sqrt(2 tol) nu) misses at most
-  about its residual, sqrt(2 tol) sigma_0^2, from a start not nearly orthogonal to the top
-  eigenvector; the check allows CONVERGED_FACTOR * sqrt(tol) * sigma_0^2 per converged component.
-  The power method cannot tell a nearly degenerate pair apart from a start nearly orthogonal to
-  the top eigenvector (about 1% of cold starts of random 9x9 filters lie within 0.1 of orthogonal
-  to it): it may settle on the next one. A filter may then miss up to sigma_j^2 - sigma_{j+1}^2 per
-  component (the truncated SVD's values), the most that settling costs; such *settled* filters
-  may be at most SETTLED_SHARE of the batch (measured: 0-3 of 1,024 random filters at the
-  default settings), so a kernel that is wrong for many filters still fails;
+* a converged component (nu - mu <= tol nu, so ||A b - mu b|| <= sqrt(2 tol) nu, and no eigenvalue
+  of its Gram matrix at or above nu + 2 sqrt(2 tol) nu: svd's dominance check) misses at most
+  about 2 sqrt(2 tol) sigma_j^2; the check allows CONVERGED_FACTOR * sqrt(tol) * sigma_0^2 per
+  converged component. Without the dominance check a start nearly orthogonal to the top
+  eigenvector settles on the next one (measured: 0-4 of 1,024 random filters at the default
+  settings; with it, none in 400 such batches), and so may a capped component's vector. A filter
+  may then miss up to sigma_j^2 - sigma_{j+1}^2 per component (the truncated SVD's values), the
+  most that settling costs; such *settled* filters may be at most SETTLED_SHARE of the batch, so
+  a kernel that is wrong for many filters still fails;
 * a capped component after m products misses at most about rho^(2m) (1 - rho) tan^2(theta_0)
   sigma_0^2 <= tan^2(theta_0) / (2 e m) sigma_0^2; the check allows S / m * sigma_0^2 (a cold start's
   tan^2 is at most about S);
