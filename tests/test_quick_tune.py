@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from autocnn.device import DeviceInfo
-from autocnn.errors import FailureClass
+from autocnn.errors import FailureClass, InfeasibleConfigError
 from autocnn.kernels import ConvFwdProblem, get_operation
 from autocnn.kernels.space import Config
 from autocnn.store import RecordKey, TuningDatabase, TuningRecord, approve_all, now_utc
@@ -123,7 +123,11 @@ def test_candidates_are_the_lookup_the_nearest_of_each_formulation_and_each_defa
     assert n["atomic_far"].key() not in keys                         # only the nearest of a formulation
     limits = DEVICE.limits()
     for name in OP.formulation_names:
-        first = next(iter(OP.default_configs(PROBLEM, limits, name)))
+        try:
+            first = next(iter(OP.default_configs(PROBLEM, limits, name)))
+        except InfeasibleConfigError as exc:       # winograd serves 3x3 filters only: no candidate
+            assert name == "winograd" and "3x3 stride-1" in str(exc), name
+            continue
         assert first.key() in keys, name
     assert {c.origin for c in candidates[2:]} >= {"default atomic", "default rows", "default unrolled"}
 
