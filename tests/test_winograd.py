@@ -254,8 +254,8 @@ def test_3xtf32_products_are_one_tf32_gemm_over_three_blocks_of_the_reduction():
     assert gemms[0].b.batch_stride == 15 * 2 * th * tw
     assert dict(plan.workspaces)["wg_v"] == 16 * 15 * 2 * th * tw == 3 * workspace_elements(v, 2, 2)["wg_v"]
     assert "tf32_part" in plan.source
-    plain = plan_of = OPERATIONS["conv_fwd"].plan(problem, sp.validate({**config.as_dict(), "GEMM_3XTF32": 0}))
-    assert not any(g.tf32 for g in plain.library_gemms) and plan_of.library_gemms[0].k == 5
+    plain = OPERATIONS["conv_fwd"].plan(problem, sp.validate({**config.as_dict(), "GEMM_3XTF32": 0}))
+    assert not any(g.tf32 for g in plain.library_gemms) and plain.library_gemms[0].k == 5
     tf32 = dataclasses.replace(problem, precision="tf32")
     with pytest.raises(Exception, match="GEMM_3XTF32"):
         space("conv_fwd", tf32).validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64,
