@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from autocnn.device import DeviceLimits
-from autocnn.errors import InfeasibleConfigError
+from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.formulations.winograd import NAME, TRANSFORMS, WINOGRAD, splits, tiles, view, workspace_elements
+from autocnn.kernels.formulations.winograd import (NAME, TRANSFORMS, WINOGRAD, config_splits, tiles, view,
+                                                    workspace_elements)
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import seed_problems
 from autocnn.tuning.measure import error_bound
@@ -60,7 +61,7 @@ class Kernels:
         self.block = min(config["IMGS"], problem.N)
         self.bt, self.g, self.at = matrices(self.m, dtype)
         self.src, self.dst = ("dy", "dx") if problem.op == "conv_bwd_data" else ("x", "y")
-        self.parts, self.dtype = splits(problem.op, config), dtype
+        self.parts, self.dtype = config_splits(problem.op, config), dtype
 
     def _parts(self, x):
         """GEMM_3XTF32's (hi, lo): cvt.rna.tf32's in float32; in float64 a split at float32 whose
@@ -219,7 +220,7 @@ def test_workspace_is_computed_and_never_above_the_limit():
             for config in [OPERATIONS[op].default_config(problem, LIMITS, formulation=NAME), *sp.sample(rng, 8)]:
                 plan = OPERATIONS[op].plan(problem, config)
                 assert plan.workspace_bytes == 4 * sum(workspace_elements(
-                    view(problem), config["TILE"], config["IMGS"], splits(op, config)).values())
+                    view(problem), config["TILE"], config["IMGS"], config_splits(op, config)).values())
                 assert plan.workspace_bytes <= WORKSPACE_LIMIT_BYTES, f"{op} {name} {config}"
     big = dict(seed_problems("conv_fwd"))["modern_56"]    # 64 images of 56x56x64: V and M of all exceed 256 MiB
     with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
@@ -257,7 +258,7 @@ def test_3xtf32_products_are_one_tf32_gemm_over_three_blocks_of_the_reduction():
     plain = OPERATIONS["conv_fwd"].plan(problem, sp.validate({**config.as_dict(), "GEMM_3XTF32": 0}))
     assert not any(g.tf32 for g in plain.library_gemms) and plain.library_gemms[0].k == 5
     tf32 = dataclasses.replace(problem, precision="tf32")
-    with pytest.raises(Exception, match="GEMM_3XTF32"):
+    with pytest.raises(InvalidConfigError, match="GEMM_3XTF32"):
         space("conv_fwd", tf32).validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64,
                                           "TF32_GEMM": 0, "GEMM_3XTF32": 1})
 

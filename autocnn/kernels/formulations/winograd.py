@@ -120,13 +120,17 @@ def workspace_elements(v: WinogradView, m: int, imgs: int, parts: int = 1) -> di
             "wg_m": points * v.COUT * cols}
 
 
-def splits(op: str, config: Config) -> int:
-    """Blocks of each transformed operand: 1 for FP32 or TF32 products; with GEMM_3XTF32, three
-    along the reduction (conv_fwd, conv_bwd_data: one GEMM) or a TF32 part and a remainder part
-    (conv_wgrad: three GEMMs accumulate into its small M)."""
-    if not config.get("GEMM_3XTF32", 0):
+def splits(op: str, x3: int) -> int:
+    """Blocks of each transformed operand: 1 for FP32 or TF32 products; with 3xTF32 products (x3,
+    the config's GEMM_3XTF32), three along the reduction (conv_fwd, conv_bwd_data: one GEMM) or a
+    TF32 part and a remainder part (conv_wgrad: three GEMMs accumulate into its small M)."""
+    if not x3:
         return 1
     return 2 if op == "conv_wgrad" else 3
+
+
+def config_splits(op: str, config: Config) -> int:
+    return splits(op, config.get("GEMM_3XTF32", 0))
 
 
 def _literal(c: Fraction) -> str:
@@ -187,12 +191,10 @@ class _Winograd(OpFormulation):
                    f"{p.stride[0]}x{p.stride[1]}")
             return [Constraint(("TILE",), lambda m: why)]
         v = view(p)
-        if p.precision == "tf32":
-            return [workspace_rule(limits.workspace_bytes, ("TILE", "IMGS"),
-                                   lambda m, imgs: 4 * sum(workspace_elements(v, m, imgs).values()))]
-        return [workspace_rule(limits.workspace_bytes, ("TILE", "IMGS", "GEMM_3XTF32"),
-                               lambda m, imgs, x3: 4 * sum(workspace_elements(
-                                   v, m, imgs, splits(p.op, {"GEMM_3XTF32": x3})).values()))]
+        # GEMM_3XTF32 is a parameter of fp32 problems only; a tf32 problem's products keep one block.
+        params = ("TILE", "IMGS") if p.precision == "tf32" else ("TILE", "IMGS", "GEMM_3XTF32")
+        return [workspace_rule(limits.workspace_bytes, params, lambda m, imgs, x3=0: 4 * sum(
+            workspace_elements(v, m, imgs, splits(p.op, x3)).values()))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         """Each tile with the largest block within a quarter of the workspace limit, then one image;
@@ -211,16 +213,15 @@ class _Winograd(OpFormulation):
                for m in (4, 2)]
         out.append({"formulation": NAME, "TILE": 2, "IMGS": 1, "WG_THREADS": 128, **extra})
         if not tf32:
-            x3 = splits(problem.op, {"GEMM_3XTF32": 1})
-            out += [{"formulation": NAME, "TILE": m, "IMGS": largest_block(m, x3), "WG_THREADS": 128, "GEMM_3XTF32": 1}
-                    for m in (4, 2)]
+            out += [{"formulation": NAME, "TILE": m, "IMGS": largest_block(m, splits(problem.op, 1)), "WG_THREADS": 128,
+                     "GEMM_3XTF32": 1} for m in (4, 2)]
         return out
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         m = config["TILE"]
         bt, g, at = TRANSFORMS[m]
         v = view(problem)
-        split = splits(problem.op, config)
+        split = config_splits(problem.op, config)
         return {"wg_m": m, "wg_alpha": m + 2, "wg_threads": config["WG_THREADS"], "wg_wgrad": False,
                 "wg_split": {1: "", 2: "parts", 3: "kconcat"}[split],
                 "wg_block": min(config["IMGS"], v.N), "wg_pad_t": v.PAD_T, "wg_pad_l": v.PAD_L,
@@ -229,11 +230,11 @@ class _Winograd(OpFormulation):
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         return (), tuple(workspace_elements(view(problem), config["TILE"], config["IMGS"],
-                                            splits(problem.op, config)).items())
+                                            config_splits(problem.op, config)).items())
 
     def launches(self, problem: Any, config: Config) -> tuple:
         v, m, threads = view(problem), config["TILE"], config["WG_THREADS"]
-        points, red = (m + 2) ** 2, splits(problem.op, config) * v.CIN    # red: the GEMMs' reduction
+        points, red = (m + 2) ** 2, config_splits(problem.op, config) * v.CIN    # red: the GEMMs' reduction
         th, tw = tiles(v, m)
         ld = block_tiles(v, m, config["IMGS"])   # columns of V and M
         b = min(config["IMGS"], v.N)
@@ -251,8 +252,8 @@ class _Winograd(OpFormulation):
         return tuple(steps)
 
     def code_helpers(self) -> tuple:
-        return (WinogradView, serves, view, tiles, block_tiles, workspace_elements, splits, _literal, _combination,
-                sandwich, TRANSFORMS)
+        return (WinogradView, serves, view, tiles, block_tiles, workspace_elements, splits, config_splits, _literal,
+                _combination, sandwich, TRANSFORMS)
 
 
 class _WinogradWgrad(_Winograd):
@@ -274,7 +275,7 @@ class _WinogradWgrad(_Winograd):
 
     def launches(self, problem: Any, config: Config) -> tuple:
         v, m, threads = view(problem), config["TILE"], config["WG_THREADS"]
-        points, parts = (m + 2) ** 2, splits(problem.op, config)
+        points, parts = (m + 2) ** 2, config_splits(problem.op, config)
         th, tw = tiles(v, m)
         ld = block_tiles(v, m, config["IMGS"])
         b = min(config["IMGS"], v.N)
@@ -286,7 +287,7 @@ class _WinogradWgrad(_Winograd):
         for n0 in range(0, v.N, b):
             nb = min(b, v.N - n0)
             steps.append(Launch("winograd_input", (cdiv(v.CIN * ld, threads), 1, 1), (threads, 1, 1), 0,
-                                ("x", "wg_v"), (n0, nb)))
+                                (self.src, "wg_v"), (n0, nb)))
             steps.append(Launch("winograd_grad", (cdiv(v.COUT * ld, threads), 1, 1), (threads, 1, 1), 0,
                                 ("dy", "wg_p"), (n0, nb)))
             for i, (jp, jv) in enumerate(pairs):
