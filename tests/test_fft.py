@@ -16,9 +16,9 @@ from autocnn.errors import InfeasibleConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, dft_smem_bytes, fft_conv, fft_size, mac_block,
-                                             mma_block, mma_lead, mma_smem_bytes, operand_sizes, smooth_size, spectrum,
-                                             workspace_elements)
+from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, dft_smem_bytes, fft_conv, fft_size,
+                                             is_phased, mac_block, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
+                                             smooth_size, spectrum, sub_filter, takes_phases, workspace_elements)
 from autocnn.kernels.operation import LibraryFft, cdiv
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
@@ -51,11 +51,14 @@ def space(op, problem):
 
 
 class Kernels:
-    """The formulation's generated kernels in NumPy, from each op's definition as correlations."""
+    """The formulation's generated kernels in NumPy, from each op's definition as correlations.
+    With STRIDE_PHASES=1 a plane index of the phased operand is (outer, a*SW + b, c): phase (a, b)."""
 
     def __init__(self, problem, config):
         self.p = problem
-        self.fh, self.fw = fft_size(fft_conv(problem), config["FFT_SIZE"])
+        self.phased = is_phased(config)
+        self.fh, self.fw = fft_size(fft_conv(problem, self.phased), config["FFT_SIZE"])
+        self.phases = problem.stride[0] * problem.stride[1] if self.phased else 1
 
     def _planes(self, buf, count):
         return buf[:count * self.fh * self.fw].reshape(count, self.fh, self.fw)
@@ -71,19 +74,43 @@ class Kernels:
         planes[...] = 0
         planes[:, :, pt:pt + p.H, pl:pl + p.W] = b["x"].reshape(p.x_shape)[n0:n0 + nb]
 
+    def _place_x_phases(self, b, out, n0, nb):
+        # Phase (a, b) of the padded X: rows SH*i + a, columns SW*j + b, for i, j within the wrap-free size.
+        p, (pt, pl), (sh, sw) = self.p, self.p.padding[:2], self.p.stride
+        hi, wi = fft_conv(p, True).HP, fft_conv(p, True).WP
+        padded = np.zeros((nb, p.C, sh * hi + sh, sw * wi + sw))
+        padded[:, :, pt:pt + p.H, pl:pl + p.W] = b["x"].reshape(p.x_shape)[n0:n0 + nb]
+        planes = self._planes(b[out], nb * self.phases * p.C).reshape(nb, sh, sw, p.C, self.fh, self.fw)
+        planes[...] = 0
+        for ph_a in range(sh):
+            for ph_b in range(sw):
+                planes[:, ph_a, ph_b, :, :hi, :wi] = padded[:, :, ph_a:ph_a + sh * hi:sh, ph_b:ph_b + sw * wi:sw]
+
     def _place_dy(self, b, out, n0, nb):
-        p, (sh, sw) = self.p, self.p.stride
+        p, (sh, sw) = self.p, (1, 1) if self.phased else self.p.stride   # phases: dY as it is
         planes = self._planes(b[out], nb * p.K).reshape(nb, p.K, self.fh, self.fw)
         planes[...] = 0
         planes[:, :, :sh * p.P:sh, :sw * p.Q:sw] = b["dy"].reshape(p.y_shape)[n0:n0 + nb]
 
     def fft_place_a(self, b, n0, nb):
-        (self._place_dy if self.p.op == "conv_bwd_data" else self._place_x)(b, "fft_a", n0, nb)
+        if self.p.op == "conv_bwd_data":
+            return self._place_dy(b, "fft_a", n0, nb)
+        (self._place_x_phases if self.phased else self._place_x)(b, "fft_a", n0, nb)
 
     def fft_place_b(self, b, n0, nb):
         p = self.p
         if p.op == "conv_wgrad":
             return self._place_dy(b, "fft_b", n0, nb)
+        if self.phased:   # the sub-filters W[k, c, a + SH*u, b + SW*v]
+            (sh, sw), (ru, su) = p.stride, sub_filter(p)
+            planes = self._planes(b["fft_b"], p.K * self.phases * p.C).reshape(p.K, sh, sw, p.C, self.fh, self.fw)
+            planes[...] = 0
+            w = b["w"].reshape(p.w_shape)
+            for ph_a in range(sh):
+                for ph_b in range(sw):
+                    sub = w[:, :, ph_a::sh, ph_b::sw]
+                    planes[:, ph_a, ph_b, :, :sub.shape[2], :sub.shape[3]] = sub
+            return
         planes = self._planes(b["fft_b"], p.K * p.C).reshape(p.K, p.C, self.fh, self.fw)
         planes[...] = 0
         planes[:, :, :p.R, :p.S] = b["w"].reshape(p.w_shape)
@@ -108,12 +135,14 @@ class Kernels:
         if p.op == "conv_fwd":      # corr(x, w): X conj(W), summed over c
             a, w = self._spectra(b["fft_af"], nb, p.C), self._spectra(b["fft_bf"], p.K, p.C)
             out, total = self._spectra(b["fft_of"], nb, p.K), np.einsum("ncf...,kcf...->nkf...", a, np.conj(w))
-        elif p.op == "conv_bwd_data":   # conv(dy spread, w): DY W, summed over k
-            a, w = self._spectra(b["fft_af"], nb, p.K), self._spectra(b["fft_bf"], p.K, p.C)
-            out, total = self._spectra(b["fft_of"], nb, p.C), np.einsum("nkf...,kcf...->ncf...", a, w)
+        elif p.op == "conv_bwd_data":   # conv(dy spread, w): DY W, summed over k (phases: C's planes per phase)
+            cp = self.phases * p.C
+            a, w = self._spectra(b["fft_af"], nb, p.K), self._spectra(b["fft_bf"], p.K, cp)
+            out, total = self._spectra(b["fft_of"], nb, cp), np.einsum("nkf...,kcf...->ncf...", a, w)
         else:                           # corr(x, dy spread): X conj(DY), summed over n and blocks
-            a, d = self._spectra(b["fft_af"], nb, p.C), self._spectra(b["fft_bf"], nb, p.K)
-            out, total = self._spectra(b["fft_of"], p.K, p.C), np.einsum("nkf...,ncf...->kcf...", np.conj(d), a)
+            cp = self.phases * p.C
+            a, d = self._spectra(b["fft_af"], nb, cp), self._spectra(b["fft_bf"], nb, p.K)
+            out, total = self._spectra(b["fft_of"], p.K, cp), np.einsum("nkf...,ncf...->kcf...", np.conj(d), a)
         out[...] = out + total if accumulate else total
 
     def fft_crop(self, b, n0, nb):
@@ -125,9 +154,19 @@ class Kernels:
             if p.bias:
                 y = y + b["bias"].reshape(1, -1, 1, 1)
             b["y"].reshape(p.y_shape)[n0:n0 + nb] = reference.activation(y, p.activation)
+        elif p.op == "conv_bwd_data" and self.phased:   # padded row h: phase h mod SH, position h div SH
+            o = self._planes(b["fft_o"], nb * self.phases * p.C).reshape(nb, sh, sw, p.C, self.fh, self.fw)
+            hs, ws = np.arange(p.H) + pt, np.arange(p.W) + pl
+            picked = o[:, hs[:, None] % sh, ws[None, :] % sw, :, hs[:, None] // sh, ws[None, :] // sw]   # (H, W, nb, C)
+            b["dx"].reshape(p.x_shape)[n0:n0 + nb] = picked.transpose(2, 3, 0, 1) * scale
         elif p.op == "conv_bwd_data":
             o = self._planes(b["fft_o"], nb * p.C).reshape(nb, p.C, self.fh, self.fw)
             b["dx"].reshape(p.x_shape)[n0:n0 + nb] = o[:, :, pt:pt + p.H, pl:pl + p.W] * scale
+        elif self.phased:   # tap r: phase r mod SH, position r div SH
+            o = self._planes(b["fft_o"], p.K * self.phases * p.C).reshape(p.K, sh, sw, p.C, self.fh, self.fw)
+            rs, ss = np.arange(p.R), np.arange(p.S)
+            picked = o[:, rs[:, None] % sh, ss[None, :] % sw, :, rs[:, None] // sh, ss[None, :] // sw]   # (R, S, K, C)
+            b["dw"].reshape(p.w_shape)[...] = picked.transpose(2, 3, 0, 1) * scale
         else:
             o = self._planes(b["fft_o"], p.K * p.C).reshape(p.K, p.C, self.fh, self.fw)
             b["dw"].reshape(p.w_shape)[...] = o[:, :, :p.R, :p.S] * scale
@@ -155,6 +194,41 @@ def test_plans_compute_the_convolution_in_numpy(op, rng):
     assert checked >= 5 * len(small_problems(op))
 
 
+@pytest.mark.parametrize("op", ("conv_bwd_data", "conv_wgrad"))
+def test_stride_phases_compute_the_convolution_in_numpy_on_strided_shapes(op, rng):
+    """Both STRIDE_PHASES settings, each of the three multiply-accumulates, on every strided shape
+    (strides 2 and 3, filters that no stride divides, asymmetric padding): against float64."""
+    strided = [(n, p) for n, p in small_problems(op) if takes_phases(p)]
+    strided.append(("s3_9x8", PROBLEM_TYPES[op](N=3, C=3, H=20, W=17, K=4, R=9, S=8, stride=3, padding=(4, 2, 1, 3))))
+    assert len(strided) >= 3
+
+    def configs(problem):
+        base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items() if k not in ("FB", "BL")}
+        macs = ({"MAC": "thread", "IT": 2, "JT": 1}, {"MAC": "block", "IT": 1, "JT": 2, "FB": 4, "BL": 4},
+                {"MAC": "mma", "IT": 1, "JT": 1, "FB": 4, "BL": 8})
+        return [space(op, problem).validate({**base, **mac, "IMGS": min(2, problem.N), "STRIDE_PHASES": ph, "XFORM_A": xa, "XFORM_B": xb})
+                for ph in (0, 1) for mac in macs for xa, xb in (("cufft", "cufft"), ("dft", "dft"))]
+
+    assert check_plans(OPERATIONS[op], strided, configs, Kernels, rng, tolerance=1e-11) == 12 * len(strided)
+
+
+def test_stride_phases_make_planes_a_stride_smaller_with_the_same_products():
+    """scherer10_l2's backward-data (8x8, stride 2, 128x128): dY spread at the stride needs 135 x 135
+    planes, its phases 70 x 70 (P + ceil(R/SH) - 1 = 67, smooth); the multiply-accumulate's outputs
+    grow by the four phases, its frequencies shrink by about as much."""
+    problem = dict(seed_problems("conv_bwd_data"))["scherer10_l2"]
+    spread, phased = fft_conv(problem), fft_conv(problem, True)
+    assert fft_size(spread, "smooth") == (135, 135) and fft_size(phased, "smooth") == (70, 70)
+    assert (phased.a_planes, phased.b_planes, phased.out_planes) == (64, 64 * 4 * 16, 4 * 16)
+    assert operand_sizes(problem, True) == {"A": (64, 64), "B": (4, 4)}
+    wgrad = dict(seed_problems("conv_wgrad"))["scherer10_l2"]
+    assert fft_size(fft_conv(wgrad, True), "smooth") == (70, 70)
+    assert (fft_conv(wgrad, True).a_planes, fft_conv(wgrad, True).out_planes) == (4 * 16, 64 * 4 * 16)
+    assert not takes_phases(dict(seed_problems("conv_fwd"))["scherer10_l2"])
+    assert not takes_phases(dict(seed_problems("conv_bwd_data"))["sweep_7x7"])
+    assert "STRIDE_PHASES" not in [p.name for p in space("conv_bwd_data", dict(seed_problems("conv_bwd_data"))["sweep_7x7"]).params]
+
+
 def test_filters_below_25_taps_and_images_beyond_the_largest_fft_are_left_to_others():
     three = PROBLEM_TYPES["conv_fwd"](N=2, C=3, H=9, W=9, K=4, R=3, S=3, padding=1)
     with pytest.raises(InfeasibleConfigError, match="filters of 25 taps or more, not 3x3"):
@@ -171,7 +245,7 @@ def test_workspace_is_computed_and_never_above_the_limit():
             for config in [OPERATIONS[op].default_config(problem, LIMITS, formulation=NAME),
                            *space(op, problem).sample(rng, 6)]:
                 plan = OPERATIONS[op].plan(problem, config)
-                expected = workspace_elements(fft_conv(problem), config["FFT_SIZE"], config["IMGS"])
+                expected = workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"], config["IMGS"])
                 assert plan.workspace_bytes == 4 * sum(expected.values()) <= WORKSPACE_LIMIT_BYTES, f"{op} {name}"
     # sweep_11x11's 4,096 filter spectra and 64 images of 64 planes each exceed 256 MiB.
     problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]
@@ -183,16 +257,18 @@ def test_workspace_is_computed_and_never_above_the_limit():
 
 @pytest.mark.parametrize("mac", ({"MAC": "thread", "XFORM_A": "cufft", "XFORM_B": "cufft"},
                                  {"MAC": "block", "FB": 8, "BL": 4, "XFORM_A": "dft", "XFORM_B": "cufft"}))
-def test_wgrad_transforms_back_once_after_accumulating_every_block(mac):
+@pytest.mark.parametrize("phases", (0, 1))
+def test_wgrad_transforms_back_once_after_accumulating_every_block(mac, phases):
     problem = dict(small_problems("conv_wgrad"))["f_s2"]     # N = 5
     config = space("conv_wgrad", problem).validate({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2,
-                                                    "FFT_THREADS": 64, "IT": 1, "JT": 2, **mac})
+                                                    "FFT_THREADS": 64, "IT": 1, "JT": 2, "STRIDE_PHASES": phases, **mac})
     plan = OPERATIONS["conv_wgrad"].plan(problem, config)
     macs = [s for s in plan.steps if s.kernel == "fft_mac"]
     assert [m.scalars for m in macs] == [(2, 0), (2, 1), (1, 1)]
     assert [s.kind for s in plan.library_ffts].count("c2r") == 1 and plan.steps[-1].kernel == "conv_bias_grad"
     fwd = dict(small_problems("conv_fwd"))["f_s2"]
-    steps = OPERATIONS["conv_fwd"].plan(fwd, space("conv_fwd", fwd).validate(config.as_dict())).steps
+    fwd_config = {k: v for k, v in config.as_dict().items() if k != "STRIDE_PHASES"}   # conv_fwd has no phases
+    steps = OPERATIONS["conv_fwd"].plan(fwd, space("conv_fwd", fwd).validate(fwd_config)).steps
     assert [s.kernel for s in steps[:2]] == ["fft_place_b", "cufftExecR2C"]     # the filters' spectra once
     assert sum(isinstance(s, LibraryFft) and s.kind == "c2r" for s in steps) == 3
 
@@ -205,12 +281,12 @@ def test_tiled_multiply_accumulate_blocks_cover_every_output_and_need_cp_async()
     for op in CONV_OPS:
         for name, problem in [*((n, p) for n, p in seed_problems(op) if n in SEEDS), *small_problems(op)]:
             sp = space(op, problem).restrict({"MAC": "block"})
-            f = fft_conv(problem)
             for config in sp.sample(rng, 4):
+                f = fft_conv(problem, is_phased(config))
                 fh, fw = fft_size(f, config["FFT_SIZE"])
                 fb, bi, bj = mac_block(config)
                 nb = min(config["IMGS"], problem.N)
-                rows, cols = (problem.K, problem.C) if op == "conv_wgrad" else (nb, f.out_planes)
+                rows, cols = (problem.K, f.phases * problem.C) if op == "conv_wgrad" else (nb, f.out_planes)
                 for mac in (s for s in OPERATIONS[op].plan(problem, config).steps if s.kernel == "fft_mac"):
                     gx, gy, gz = mac.grid
                     assert gx * fb >= spectrum(fh, fw) > (gx - 1) * fb, f"{op} {name} {config}"
@@ -235,13 +311,13 @@ def test_tensor_core_multiply_accumulate_blocks_cover_every_output():
         for name, problem in [*((n, p) for n, p in seed_problems(op) if n in SEEDS), *small_problems(op)]:
             for precision in ("fp32", "tf32"):
                 problem = dataclasses.replace(problem, precision=precision)
-                f = fft_conv(problem)
                 for config in space(op, problem).restrict({"MAC": "mma"}).sample(rng, 3):
+                    f = fft_conv(problem, is_phased(config))
                     fh, fw = fft_size(f, config["FFT_SIZE"])
                     fb, bi, bj = mma_block(config)
                     assert bi == 16 * config["IT"] * (config["FFT_THREADS"] // 32 // fb) and bj == 8 * config["JT"]
                     nb = min(config["IMGS"], problem.N)
-                    rows, cols = (problem.K, problem.C) if op == "conv_wgrad" else (nb, f.out_planes)
+                    rows, cols = (problem.K, f.phases * problem.C) if op == "conv_wgrad" else (nb, f.out_planes)
                     stages = 2 * fb * (config["BL"] * (mma_lead(bi) + mma_lead(bj)) + 8) * 8
                     for mac in (s for s in OPERATIONS[op].plan(problem, config).steps if s.kernel == "fft_mac"):
                         gx, gy, gz = mac.grid
@@ -318,16 +394,16 @@ def test_tensor_core_multiply_accumulate_builds_without_spills(tmp_path):
     assert not failures, "\n".join(failures[:10])
 
 
-@pytest.mark.parametrize("op", CONV_OPS)
-def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op):
+@pytest.mark.parametrize("op, phases", [(op, ph) for op in CONV_OPS for ph in ((0, 1) if op != "conv_fwd" else (None,))])
+def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op, phases):
     """XFORM_A / XFORM_B = dft: one fft_dft_a/b launch (DFT_PLANES planes a block, its shared
     memory from the operand's data planes) where place + cuFFT R2C were, for every block of images
     that transforms the operand; the other operand and the C2R are untouched."""
     problem = dict(small_problems(op))["f_s2"]                  # N = 5: blocks of 2, 2 and 1
     base = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2, "FFT_THREADS": 64, "IT": 1, "JT": 2,
-            "MAC": "thread"}
-    sizes = operand_sizes(problem)
-    fh, fw = fft_size(fft_conv(problem), "smooth")
+            "MAC": "thread", **({} if phases is None else {"STRIDE_PHASES": phases})}
+    sizes = operand_sizes(problem, bool(phases))
+    fh, fw = fft_size(fft_conv(problem, bool(phases)), "smooth")
     cufft = OPERATIONS[op].plan(problem, space(op, problem).validate({**base, "XFORM_A": "cufft", "XFORM_B": "cufft"}))
     for xa, xb in (("dft", "cufft"), ("cufft", "dft"), ("dft", "dft")):
         plan = OPERATIONS[op].plan(problem, space(op, problem).validate({**base, "XFORM_A": xa, "XFORM_B": xb}))
@@ -337,7 +413,7 @@ def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op):
             if xform == "dft":
                 before = [n for n in before if n != f"r2c:fft_{operand}"]
                 before = [f"fft_dft_{operand}" if n == f"fft_place_{operand}" else n for n in before]
-                f = fft_conv(problem)
+                f = fft_conv(problem, bool(phases))
                 for step in (s for s in plan.steps if s.kernel == f"fft_dft_{operand}"):
                     nb = step.scalars[1]
                     planes = nb * (f.a_planes if operand == "a" else f.b_planes)   # filters: nb = 1
@@ -386,3 +462,39 @@ def test_fft_verifies_against_float64_on_the_gpu(op):
     pytest.importorskip("cupy")
     problems = [(n, p) for n, p in seed_problems(op) if n in SEEDS] + small_problems(op)
     assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 3, WORKSPACE_LIMIT_BYTES)
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_stride_phases_build_without_spills(tmp_path):
+    """STRIDE_PHASES=1 on scherer10_l2 (the row it is for) and the strided odd shapes, every
+    multiply-accumulate and both transforms of each operand, both precisions, for sm_90."""
+    jobs = []
+    for op in ("conv_bwd_data", "conv_wgrad"):
+        problems = [("scherer10_l2", dict(seed_problems(op))["scherer10_l2"]),
+                    *((n, p) for n, p in small_problems(op) if takes_phases(p))]
+        for name, problem in problems:
+            for precision in ("fp32", "tf32"):
+                problem = dataclasses.replace(problem, precision=precision)
+                base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items() if k not in ("FB", "BL")}
+                for mac, xform in ((({"MAC": "mma", "IT": 1, "JT": 4, "FB": 4, "BL": 8}), "dft"),
+                                   (({"MAC": "block", "IT": 2, "JT": 2, "FB": 4, "BL": 8}), "cufft"),
+                                   (({"MAC": "thread", "IT": 2, "JT": 2}), "dft")):
+                    config = space(op, problem).validate({**base, **mac, "IMGS": 1, "STRIDE_PHASES": 1,
+                                                          "XFORM_A": xform, "XFORM_B": xform})
+                    jobs.append((f"{op} {name} {precision} {config}", OPERATIONS[op].plan(problem, config), True))
+    failures = compile_failures(jobs, "sm_90", tmp_path)
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ("conv_bwd_data", "conv_wgrad"))
+def test_stride_phases_verify_against_float64_on_the_gpu(op):
+    """STRIDE_PHASES=1 in both precisions (fp32 within the FP32 bound, tf32 within its own), every
+    element checked: the strided odd shapes (strides 2 and 3 with asymmetric padding, filters no
+    stride divides, batch 1) and scherer10_l3 (8x8, stride 2)."""
+    pytest.importorskip("cupy")
+    problems = [*((n, p) for n, p in small_problems(op) if takes_phases(p)),
+                ("s3_9x8", PROBLEM_TYPES[op](N=3, C=3, H=20, W=17, K=4, R=9, S=8, stride=3, padding=(4, 2, 1, 3))),
+                ("scherer10_l3", dict(seed_problems(op))["scherer10_l3"])]
+    problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 3, WORKSPACE_LIMIT_BYTES, fixed={"STRIDE_PHASES": 1})

@@ -33,6 +33,15 @@ from a direct transform (fft_dft_a / fft_dft_b, "dft"): two small matrix product
 shared memory with tabulated twiddles, over only the rows and columns that hold data, reading the
 source once. It wins for filters (an 11x11 filter in a 42x42 plane: 31 us against 75 for 4,096
 planes on an H100) and loses for images (shared-memory loads bound it), so it is a choice per operand.
+
+Strides above one in conv_bwd_data and conv_wgrad (STRIDE_PHASES=1): the stride's phases taken apart,
+each a stride-1 convolution of planes a stride's factor smaller instead of dY spread at the stride.
+Row h of the padded input is phase a = h mod SH, position i = h div SH, and the taps of phase a are
+the sub-filter W[a + SH*u] (u < RU = ceil(R / SH)). conv_bwd_data: dX's phase (a, b) is the full
+convolution of dY (not spread) with its sub-filter, so O has SH*SW*C planes per image, B K*SH*SW*C
+sub-filters. conv_wgrad: the sub-filter (a, b) of dW is the correlation of X's phase (a, b) with dY,
+so A has SH*SW*C planes per image and O K*SH*SW*C. The products are as many as with spreading, and
+the planes are SH*SW times smaller (the spread planes' spectra repeat SH*SW times over).
 """
 from __future__ import annotations
 
@@ -86,18 +95,44 @@ class FftConv:
     N: int
     C: int
     K: int
-    HP: int          # padded input height and width: the least FFT size
+    HP: int          # the least FFT size: the padded input's height and width (with phases: see fft_conv)
     WP: int
     a_planes: int    # planes of A per image: X (conv_fwd, conv_wgrad) or dY (conv_bwd_data)
     b_planes: int    # planes of B: the filters (K*C), or per image dY's K (conv_wgrad)
     out_planes: int  # planes out per image (conv_fwd K, conv_bwd_data C), or K*C (conv_wgrad)
+    phases: int = 1  # stride phases taken apart (SH*SW with STRIDE_PHASES=1): C counts C*phases planes
 
 
-def fft_conv(p: Any) -> FftConv:
+def takes_phases(p: Any) -> bool:
+    """Whether the problem offers STRIDE_PHASES: a stride above one in conv_bwd_data or conv_wgrad."""
+    return p.op in ("conv_bwd_data", "conv_wgrad") and tuple(p.stride) != (1, 1)
+
+
+def sub_filter(p: Any) -> tuple[int, int]:
+    """The largest phase's sub-filter: ceil(R / SH) x ceil(S / SW) taps."""
+    return cdiv(p.R, p.stride[0]), cdiv(p.S, p.stride[1])
+
+
+def fft_conv(p: Any, phased: bool = False) -> FftConv:
+    if phased and takes_phases(p):
+        (sh, sw), (ru, su), ph = p.stride, sub_filter(p), p.stride[0] * p.stride[1]
+        # Wrap-free sizes: a full convolution of P positions with RU taps has P + RU - 1; conv_bwd_data
+        # also reads dX's last row (H - 1 + PT) div SH of it, conv_wgrad X's phases up to that length.
+        hp, wp = p.P + ru - 1, p.Q + su - 1
+        if p.op == "conv_bwd_data":
+            hp, wp = max(hp, (p.H - 1 + p.padding[0]) // sh + 1), max(wp, (p.W - 1 + p.padding[1]) // sw + 1)
+            a, b, out = p.K, p.K * ph * p.C, ph * p.C
+        else:
+            a, b, out = ph * p.C, p.K, p.K * ph * p.C
+        return FftConv(p.op, p.N, p.C, p.K, hp, wp, a, b, out, ph)
     hp, wp = p.H + p.padding[0] + p.padding[2], p.W + p.padding[1] + p.padding[3]
     a, b, out = {"conv_fwd": (p.C, p.K * p.C, p.K), "conv_bwd_data": (p.K, p.K * p.C, p.C),
                  "conv_wgrad": (p.C, p.K, p.K * p.C)}[p.op]
     return FftConv(p.op, p.N, p.C, p.K, hp, wp, a, b, out)
+
+
+def is_phased(config: Config | dict) -> bool:
+    return bool(config.get("STRIDE_PHASES", 0))
 
 
 def fft_size(f: FftConv, how: str) -> tuple[int, int]:
@@ -154,9 +189,13 @@ def mma_accumulators(config: Config | dict, split3: bool) -> int:
     return 8 * config["IT"] * config["JT"] * (2 if split3 else 1)
 
 
-def operand_sizes(problem: Any) -> dict[str, tuple[int, int]]:
+def operand_sizes(problem: Any, phased: bool = False) -> dict[str, tuple[int, int]]:
     """The data planes (height, width) of operands A and B, before placement (fft_place_a/b)."""
     p = problem
+    if phased and takes_phases(p):
+        f = fft_conv(p, True)
+        return ({"A": (p.P, p.Q), "B": sub_filter(p)} if p.op == "conv_bwd_data"
+                else {"A": (f.HP, f.WP), "B": (p.P, p.Q)})
     return {"conv_fwd": {"A": (p.H, p.W), "B": (p.R, p.S)}, "conv_bwd_data": {"A": (p.P, p.Q), "B": (p.R, p.S)},
             "conv_wgrad": {"A": (p.H, p.W), "B": (p.P, p.Q)}}[p.op]
 
@@ -193,8 +232,10 @@ class _Fft(OpFormulation):
                           *(("_bias_grad.cuh.j2",) if op == "conv_wgrad" else ()))
 
     def params(self, problem: Any) -> list[Param]:
-        f = fft_conv(problem)
-        sizes = ("smooth",) if fft_size(f, "smooth") == fft_size(f, "pow2") else ("smooth", "pow2")
+        forms = (fft_conv(problem),) + ((fft_conv(problem, True),) if takes_phases(problem) else ())
+        sizes = ("smooth",) if all(fft_size(f, "smooth") == fft_size(f, "pow2") for f in forms) else ("smooth", "pow2")
+        phases = [Param("STRIDE_PHASES", (1, 0), "the stride's phases as stride-1 transforms of smaller planes, "
+                        "or dY spread at the stride")] if takes_phases(problem) else []
         return [Param("FFT_SIZE", sizes, "FFT planes: smallest 2^a 3^b 5^c 7^d size, or power of two"),
                 Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (the workspaces hold one)"),
                 Param("FFT_THREADS", THREADS, "threads per block of the generated kernels"),
@@ -207,16 +248,22 @@ class _Fft(OpFormulation):
                 Param("BL", TERMS, "terms per shared-memory stage of the tiled multiply-accumulate",
                       (("MAC", ("block", "mma")),)),
                 Param("XFORM_A", XFORMS, "transform of the first operand: placed + cuFFT R2C, or computed directly"),
-                Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly")]
+                Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly"),
+                *phases]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
-        p, f = problem, fft_conv(problem)
+        p = problem
         if p.R * p.S < MIN_TAPS:
             why = f"fft serves filters of {MIN_TAPS} taps or more, not {p.R}x{p.S}"
             return [Constraint(("FFT_SIZE",), lambda s: why)]
+        # Rules over the planes also read STRIDE_PHASES where the problem has it (*ph: () or (0|1,)).
+        ph_key = ("STRIDE_PHASES",) if takes_phases(p) else ()
 
-        def size(how):
-            fh, fw = fft_size(f, how)
+        def conv(ph):
+            return fft_conv(p, bool(ph and ph[0]))
+
+        def size(how, *ph):
+            fh, fw = fft_size(conv(ph), how)
             return None if max(fh, fw) <= MAX_FFT else \
                 f"{fh}x{fw} FFT planes exceed {MAX_FFT} (images this large would need FFT tiling)"
 
@@ -242,26 +289,32 @@ class _Fft(OpFormulation):
                         f"({p.precision}), more than {MMA_MAX_ACCUMULATORS}")
             return None
 
-        sizes = operand_sizes(p)
-
         def dft_smem(operand):
-            return lambda how, xform: 0 if xform == "cufft" else dft_smem_bytes(sizes[operand], *fft_size(f, how))
+            def nbytes(how, xform, *ph):
+                if xform == "cufft":
+                    return 0
+                phased = bool(ph and ph[0])
+                return dft_smem_bytes(operand_sizes(p, phased)[operand], *fft_size(fft_conv(p, phased), how))
+            return nbytes
 
-        return [Constraint(("FFT_SIZE",), size), Constraint(("MAC",), block_arch),
+        return [Constraint(("FFT_SIZE", *ph_key), size), Constraint(("MAC",), block_arch),
                 Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
-                smem_rule(limits, ("FFT_SIZE", "XFORM_A"), dft_smem("A")),
-                smem_rule(limits, ("FFT_SIZE", "XFORM_B"), dft_smem("B")),
+                smem_rule(limits, ("FFT_SIZE", "XFORM_A", *ph_key), dft_smem("A")),
+                smem_rule(limits, ("FFT_SIZE", "XFORM_B", *ph_key), dft_smem("B")),
                 smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"),
                           lambda mac, t, i, j, fb, bl: mac_smem_bytes({"MAC": mac, "FFT_THREADS": t, "IT": i, "JT": j,
                                                                        "FB": fb, "BL": bl})),
-                workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS"),
-                               lambda how, imgs: 4 * sum(workspace_elements(f, how, imgs).values()))]
+                workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS", *ph_key),
+                               lambda how, imgs, *ph: 4 * sum(workspace_elements(conv(ph), how, imgs).values()))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
-        f = fft_conv(problem)
+        # Strided ops take their phases apart: the same products over planes SH*SW times smaller.
+        phases = {"STRIDE_PHASES": 1} if takes_phases(problem) else {}
+        f = fft_conv(problem, bool(phases))
         imgs = choices_upto(IMGS, next_pow2(problem.N))
         fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
-        base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128, "XFORM_A": "cufft", "XFORM_B": "cufft"}
+        base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128, "XFORM_A": "cufft", "XFORM_B": "cufft",
+                **phases}
         # The filters' spectra (operand B but in conv_wgrad) computed directly: measured faster than
         # placing + cuFFT on an H100. The last runs on any GPU (no cp.async) and in the least workspace.
         filters = {"XFORM_B": "dft"} if self.op != "conv_wgrad" else {}
@@ -270,18 +323,19 @@ class _Fft(OpFormulation):
                 {**base, "IMGS": 1, "IT": 1, "JT": 1, "MAC": "thread"}]
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
-        fh, fw = fft_size(fft_conv(problem), config["FFT_SIZE"])
+        fh, fw = fft_size(fft_conv(problem, is_phased(config)), config["FFT_SIZE"])
         return {"fft_h": fh, "fft_w": fw, "fft_threads": config["FFT_THREADS"], "fft_it": config["IT"],
                 "fft_jt": config["JT"], "bias_grad_threads": config["FFT_THREADS"], "fft_mac": config["MAC"],
                 "fft_fb": config.get("FB", 0), "fft_bl": config.get("BL", 0), "fft_dft_planes": DFT_PLANES,
                 "fft_dft_a": config["XFORM_A"] == "dft", "fft_dft_b": config["XFORM_B"] == "dft",
-                "fft_split3": problem.precision == "fp32"}
+                "fft_split3": problem.precision == "fp32", "fft_phased": is_phased(config)}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
-        return (), tuple(workspace_elements(fft_conv(problem), config["FFT_SIZE"], config["IMGS"]).items())
+        return (), tuple(workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"],
+                                            config["IMGS"]).items())
 
     def launches(self, problem: Any, config: Config) -> tuple:
-        f, c = fft_conv(problem), config
+        f, c = fft_conv(problem, is_phased(config)), config
         fh, fw = fft_size(f, c["FFT_SIZE"])
         threads, real, spec = c["FFT_THREADS"], fh * fw, spectrum(fh, fw)
         (src, dst), (mac_x, mac_y) = self.ARGS[self.op]
@@ -293,7 +347,7 @@ class _Fft(OpFormulation):
         def mac(n0, nb):
             # O[i][j]: conv_fwd i = image, j = filter; conv_bwd_data i = image, j = channel;
             # conv_wgrad i = filter, j = channel (the images are the sum, accumulated after the first block).
-            rows, cols = (f.K, f.C) if f.op == "conv_wgrad" else (nb, f.out_planes)
+            rows, cols = (f.K, f.phases * f.C) if f.op == "conv_wgrad" else (nb, f.out_planes)
             # Only conv_wgrad sums over blocks of images; the others' blocks are separate images, and
             # cuFFT's C2R has meanwhile overwritten the previous block's spectra anyway.
             accumulate = int(f.op == "conv_wgrad" and n0 > 0)
@@ -307,7 +361,7 @@ class _Fft(OpFormulation):
         def transform(kind, src_buf, dst_buf, planes):
             return LibraryFft(kind, src_buf, 0, dst_buf, 0, planes, fh, fw)
 
-        sizes = operand_sizes(problem)
+        sizes = operand_sizes(problem, is_phased(config))
 
         def forward(operand, src, n0, nb, planes):
             # The operand's spectra: placed planes transformed by cuFFT, or computed directly.
@@ -330,17 +384,17 @@ class _Fft(OpFormulation):
             if f.op != "conv_wgrad":
                 steps += [transform("c2r", "fft_of", "fft_o", nb * f.out_planes),
                           kernel("fft_crop", nb * f.out_planes * problem.P * problem.Q if f.op == "conv_fwd"
-                                 else nb * f.out_planes * problem.H * problem.W, ("fft_o", "bias", dst), (n0, nb))]
+                                 else nb * f.C * problem.H * problem.W, ("fft_o", "bias", dst), (n0, nb))]
         if f.op == "conv_wgrad":
             steps += [transform("c2r", "fft_of", "fft_o", f.out_planes),
-                      kernel("fft_crop", f.out_planes * problem.R * problem.S, ("fft_o", "bias", dst), (0, 1))]
+                      kernel("fft_crop", f.K * f.C * problem.R * problem.S, ("fft_o", "bias", dst), (0, 1))]
             if problem.bias:
                 steps.append(Launch("conv_bias_grad", (f.K, 1, 1), (threads, 1, 1), 0, ("dy", "db")))
         return tuple(steps)
 
     def code_helpers(self) -> tuple:
-        return (smooth_size, FftConv, fft_conv, fft_size, spectrum, mac_block, mac_smem_bytes, mma_block, mma_lead,
-                mma_smem_bytes, operand_sizes,
+        return (smooth_size, FftConv, takes_phases, sub_filter, fft_conv, is_phased, fft_size, spectrum, mac_block,
+                mac_smem_bytes, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                 dft_smem_bytes, workspace_elements, self.ARGS)
 
 
