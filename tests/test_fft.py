@@ -117,7 +117,9 @@ class Kernels:
 
     def _spectra_of(self, b, placed, spectra, place):
         # The direct transform: the placed planes' half spectra, as numpy.fft (unnormalised) has them.
-        scratch = {**b, placed: np.zeros_like(b[placed])}
+        # A directly transformed operand has no placed planes in the plan: room for as many as its spectra.
+        count = b[spectra].size // (2 * self.fh * (self.fw // 2 + 1))
+        scratch = {**b, placed: np.zeros(count * self.fh * self.fw)}
         place(scratch)
         planes = scratch[placed].reshape(-1, self.fh, self.fw)
         out = b[spectra].view(np.complex128)
@@ -245,7 +247,10 @@ def test_workspace_is_computed_and_never_above_the_limit():
             for config in [OPERATIONS[op].default_config(problem, LIMITS, formulation=NAME),
                            *space(op, problem).sample(rng, 6)]:
                 plan = OPERATIONS[op].plan(problem, config)
-                expected = workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"], config["IMGS"])
+                expected = workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"], config["IMGS"],
+                                              config["XFORM_A"], config["XFORM_B"])
+                assert ("fft_a" in expected) == (config["XFORM_A"] == "cufft") and \
+                    ("fft_b" in expected) == (config["XFORM_B"] == "cufft")
                 assert plan.workspace_bytes == 4 * sum(expected.values()) <= WORKSPACE_LIMIT_BYTES, f"{op} {name}"
     # sweep_11x11's 4,096 filter spectra and 64 images of 64 planes each exceed 256 MiB.
     problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]

@@ -208,16 +208,21 @@ def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
     return 8 * (sw * half + fh * sh + sh * half) + 4 * sh * sw
 
 
-def workspace_elements(f: FftConv, how: str, imgs: int) -> dict[str, int]:
-    """Real planes and half spectra (two floats a complex number) of A, B and the output."""
+def workspace_elements(f: FftConv, how: str, imgs: int, xform_a: str = "cufft", xform_b: str = "cufft") -> dict[str, int]:
+    """Real planes and half spectra (two floats a complex number) of A, B and the output; an operand
+    transformed directly (XFORM "dft") has no placed planes. The filters' 4,096 placed planes of
+    scherer10_l2's phases alone are 80 MB that would otherwise halve the images a block may take."""
     fh, fw = fft_size(f, how)
     b = min(imgs, f.N)
     a_planes = b * f.a_planes
     b_planes = b * f.b_planes if f.op == "conv_wgrad" else f.b_planes
     o_planes = f.out_planes if f.op == "conv_wgrad" else b * f.out_planes
     real, spec = fh * fw, 2 * spectrum(fh, fw)
-    return {"fft_a": a_planes * real, "fft_af": a_planes * spec, "fft_b": b_planes * real,
-            "fft_bf": b_planes * spec, "fft_of": o_planes * spec, "fft_o": o_planes * real}
+    sizes = {"fft_a": a_planes * real, "fft_af": a_planes * spec, "fft_b": b_planes * real,
+             "fft_bf": b_planes * spec, "fft_of": o_planes * spec, "fft_o": o_planes * real}
+    unused = {"fft_a"} if xform_a == "dft" else set()
+    unused |= {"fft_b"} if xform_b == "dft" else set()
+    return {name: n for name, n in sizes.items() if name not in unused}
 
 
 class _Fft(OpFormulation):
@@ -304,8 +309,9 @@ class _Fft(OpFormulation):
                 smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"),
                           lambda mac, t, i, j, fb, bl: mac_smem_bytes({"MAC": mac, "FFT_THREADS": t, "IT": i, "JT": j,
                                                                        "FB": fb, "BL": bl})),
-                workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS", *ph_key),
-                               lambda how, imgs, *ph: 4 * sum(workspace_elements(conv(ph), how, imgs).values()))]
+                workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *ph_key),
+                               lambda how, imgs, xa, xb, *ph: 4 * sum(workspace_elements(conv(ph), how, imgs, xa,
+                                                                                         xb).values()))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         # Strided ops take their phases apart: the same products over planes SH*SW times smaller.
@@ -332,7 +338,7 @@ class _Fft(OpFormulation):
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         return (), tuple(workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"],
-                                            config["IMGS"]).items())
+                                            config["IMGS"], config["XFORM_A"], config["XFORM_B"]).items())
 
     def launches(self, problem: Any, config: Config) -> tuple:
         f, c = fft_conv(problem, is_phased(config)), config
