@@ -17,7 +17,7 @@ from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, dft_smem_bytes, fft_conv, fft_size,
-                                             is_phased, mac_block, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
+                                             fdft_smem_bytes, is_phased, mac_block, split_factor, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                                              smooth_size, spectrum, sub_filter, takes_phases, workspace_elements)
 from autocnn.kernels.operation import LibraryFft, cdiv
 from autocnn.kernels.problem import PROBLEM_TYPES
@@ -175,6 +175,32 @@ class Kernels:
 
     def conv_bias_grad(self, b):
         b["db"][...] = b["dy"].reshape(self.p.y_shape).sum(axis=(0, 2, 3))
+
+
+def test_fdft_splits_each_size_into_its_two_closest_factors():
+    assert [split_factor(n) for n in (7, 35, 40, 42, 64, 70, 128, 135, 256)] == [1, 5, 5, 6, 8, 7, 8, 9, 16]
+
+
+def test_fdft_rows_and_columns_are_the_dft_of_numpy():
+    """The factorised transform's arithmetic (fdft in _fft.cuh.j2) written out in NumPy: a placed
+    plane's half spectrum through the two stages of rows and of columns equals numpy.fft.rfft2."""
+    rng = np.random.default_rng(3)
+    for fh, fw in ((42, 42), (70, 35), (40, 64), (7, 12)):
+        h1, w1 = split_factor(fh), split_factor(fw)
+        h2, w2, half = fh // h1, fw // w1, fw // 2 + 1
+        plane = np.zeros((fh, fw))
+        plane[2:fh - 3, 1:fw - 2] = rng.standard_normal((fh - 5, fw - 3))
+        tw = lambda m, n: np.exp(-2j * np.pi * (m % n) / n)
+        # rows: in[x], x = w2*x1 + x2; ra[x2][v1]; spectrum[v1 + w1*v2]
+        x1, x2, v1, v2 = np.arange(w1), np.arange(w2), np.arange(w1), np.arange(w2)
+        ra = np.einsum("rab,ac->rbc", plane.reshape(fh, w1, w2), tw(np.outer(x1, v1), w1)) * tw(np.outer(x2, v1), fw)
+        rows = np.einsum("rbc,bd->rcd", ra, tw(np.outer(x2, v2), w2))        # [r][v1][v2]
+        rows = rows.transpose(0, 2, 1).reshape(fh, fw)[:, :half]             # v = v1 + w1*v2
+        y1, y2, u1, u2 = np.arange(h1), np.arange(h2), np.arange(h1), np.arange(h2)
+        ca = np.einsum("abv,ac->bcv", rows.reshape(h1, h2, half), tw(np.outer(y1, u1), h1)) * \
+            tw(np.outer(y2, u1), fh)[:, :, None]
+        spectrum = np.einsum("bcv,bd->cdv", ca, tw(np.outer(y2, u2), h2)).transpose(1, 0, 2).reshape(fh, half)
+        assert np.allclose(spectrum, np.fft.rfft2(plane), atol=1e-9), (fh, fw)
 
 
 def test_smooth_sizes_have_only_small_prime_factors():
@@ -410,12 +436,13 @@ def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op, phases):
     sizes = operand_sizes(problem, bool(phases))
     fh, fw = fft_size(fft_conv(problem, bool(phases)), "smooth")
     cufft = OPERATIONS[op].plan(problem, space(op, problem).validate({**base, "XFORM_A": "cufft", "XFORM_B": "cufft"}))
-    for xa, xb in (("dft", "cufft"), ("cufft", "dft"), ("dft", "dft")):
+    for xa, xb in (("dft", "cufft"), ("cufft", "dft"), ("dft", "dft"), ("fdft", "cufft"), ("dft", "fdft"),
+                   ("fdft", "fdft")):
         plan = OPERATIONS[op].plan(problem, space(op, problem).validate({**base, "XFORM_A": xa, "XFORM_B": xb}))
         names = [s.kernel if not isinstance(s, LibraryFft) else f"{s.kind}:{s.src}" for s in plan.steps]
         before = [s.kernel if not isinstance(s, LibraryFft) else f"{s.kind}:{s.src}" for s in cufft.steps]
         for operand, xform in (("a", xa), ("b", xb)):
-            if xform == "dft":
+            if xform != "cufft":
                 before = [n for n in before if n != f"r2c:fft_{operand}"]
                 before = [f"fft_dft_{operand}" if n == f"fft_place_{operand}" else n for n in before]
                 f = fft_conv(problem, bool(phases))
@@ -423,7 +450,8 @@ def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op, phases):
                     nb = step.scalars[1]
                     planes = nb * (f.a_planes if operand == "a" else f.b_planes)   # filters: nb = 1
                     assert step.grid == (cdiv(planes, DFT_PLANES), 1, 1) and step.block == (64, 1, 1)
-                    assert step.shared_bytes == dft_smem_bytes(sizes[operand.upper()], fh, fw)
+                    smem = (dft_smem_bytes if xform == "dft" else fdft_smem_bytes)(sizes[operand.upper()], fh, fw)
+                    assert step.shared_bytes == smem
         assert names == before, f"{op} {xa} {xb}"
 
 
@@ -503,3 +531,37 @@ def test_stride_phases_verify_against_float64_on_the_gpu(op):
                 ("scherer10_l3", dict(seed_problems(op))["scherer10_l3"])]
     problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
     assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 3, WORKSPACE_LIMIT_BYTES, fixed={"STRIDE_PHASES": 1})
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_factorised_transforms_build_without_spills(tmp_path):
+    """XFORM fdft for either operand on the sweep rows and scherer10_l2 (phases apart and not), every
+    op, for sm_90: the kernels are there and spill nothing."""
+    jobs = []
+    for op in CONV_OPS:
+        for row in ("sweep_7x7", "sweep_11x11", "scherer10_l2"):
+            problem = dict(seed_problems(op))[row]
+            for ph in ((0, 1) if takes_phases(problem) else (None,)):
+                for xa, xb in (("fdft", "fdft"), ("fdft", "dft")):
+                    config = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 1, "FFT_THREADS": 256, "IT": 2,
+                              "JT": 2, "MAC": "thread", "XFORM_A": xa, "XFORM_B": xb,
+                              **({} if ph is None else {"STRIDE_PHASES": ph})}
+                    try:
+                        config = space(op, problem).validate(config)
+                    except InfeasibleConfigError:
+                        continue   # scherer10_l2 spread at the stride: 135 x 135 planes exceed shared memory
+                    jobs.append((f"{op} {row} {config}", OPERATIONS[op].plan(problem, config), True))
+    assert len(jobs) >= 14
+    failures = compile_failures(jobs, "sm_90", tmp_path)
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_factorised_transforms_verify_against_float64_on_the_gpu(op):
+    """XFORM_A=fdft (images, dY or X's phases) in both precisions on the odd large-filter shapes and
+    the 11x11 sweep row, every element within the bound."""
+    pytest.importorskip("cupy")
+    problems = [*small_problems(op), ("sweep_11x11", dict(seed_problems(op))["sweep_11x11"])]
+    problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 2, WORKSPACE_LIMIT_BYTES, fixed={"XFORM_A": "fdft"})

@@ -33,6 +33,9 @@ from a direct transform (fft_dft_a / fft_dft_b, "dft"): two small matrix product
 shared memory with tabulated twiddles, over only the rows and columns that hold data, reading the
 source once. It wins for filters (an 11x11 filter in a 42x42 plane: 31 us against 75 for 4,096
 planes on an H100) and loses for images (shared-memory loads bound it), so it is a choice per operand.
+"fdft" computes the same spectra with each size split in two factors, FW = W1*W2 and FH = H1*H2 (one
+Cooley-Tukey step: small DFTs of W1 points, twiddles, small DFTs of W2 points): W1 + W2 multiply-adds
+a point instead of FW, so images too can skip the placed planes and cuFFT's passes over memory.
 
 Strides above one in conv_bwd_data and conv_wgrad (STRIDE_PHASES=1): the stride's phases taken apart,
 each a stride-1 convolution of planes a stride's factor smaller instead of dY spread at the stride.
@@ -70,7 +73,9 @@ MMA_MAX_IT = 4        # m16 tiles a warp along O's rows
 # Accumulators a thread (re and im, 4 floats per mma tile; fp32 also keeps a stage's partial sums
 # apart from the total): at most 128; ptxas reports whether the fragments still fit without spills.
 MMA_MAX_ACCUMULATORS = 128
-XFORMS = ("cufft", "dft")   # an operand's forward transform: placed planes + cuFFT R2C, or computed directly
+# An operand's forward transform: placed planes + cuFFT R2C, computed directly (dft), or computed
+# directly with each size split into two factors (fdft).
+XFORMS = ("cufft", "dft", "fdft")
 DFT_PLANES = 4        # planes a block of the direct transform computes (they share its twiddle tables)
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
 
@@ -200,6 +205,29 @@ def operand_sizes(problem: Any, phased: bool = False) -> dict[str, tuple[int, in
             "conv_wgrad": {"A": (p.H, p.W), "B": (p.P, p.Q)}}[p.op]
 
 
+def split_factor(n: int) -> int:
+    """fdft's first factor of a transform size: its largest divisor not above sqrt(n), so that the
+    two factors' sum, the complex multiply-adds per point, is least."""
+    return max(d for d in range(1, int(n ** 0.5) + 1) if n % d == 0)
+
+
+def fdft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
+    """The factorised direct transform's shared memory (Fdft in _fft.cuh.j2): the six twiddle tables,
+    the rows' spectra placed at their rows, and either the placed data rows with the rows' first
+    stage or the columns' first stage (the two never live at once)."""
+    sh, _ = src
+    half = fw // 2 + 1
+    w1, h1 = split_factor(fw), split_factor(fh)
+    w2, h2 = fw // w1, fh // h1
+    tables = 8 * (w1 * w1 + w2 * w1 + w2 * w2 + h1 * h1 + h2 * h1 + h2 * h2)
+    return tables + 8 * fh * half + max(12 * sh * fw, 8 * fh * half)
+
+
+def xform_smem_bytes(xform: str, src: tuple[int, int], fh: int, fw: int) -> int:
+    return {"cufft": lambda: 0, "dft": lambda: dft_smem_bytes(src, fh, fw),
+            "fdft": lambda: fdft_smem_bytes(src, fh, fw)}[xform]()
+
+
 def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
     """The direct transform's shared memory: twiddle tables of rows and columns, the rows' spectra
     (8 bytes a complex number) and the plane's data (Dft in _fft.cuh.j2)."""
@@ -210,7 +238,7 @@ def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
 
 def workspace_elements(f: FftConv, how: str, imgs: int, xform_a: str = "cufft", xform_b: str = "cufft") -> dict[str, int]:
     """Real planes and half spectra (two floats a complex number) of A, B and the output; an operand
-    transformed directly (XFORM "dft") has no placed planes. The filters' 4,096 placed planes of
+    transformed directly (XFORM "dft" or "fdft") has no placed planes. The filters' 4,096 placed planes of
     scherer10_l2's phases alone are 80 MB that would otherwise halve the images a block may take."""
     fh, fw = fft_size(f, how)
     b = min(imgs, f.N)
@@ -220,8 +248,8 @@ def workspace_elements(f: FftConv, how: str, imgs: int, xform_a: str = "cufft", 
     real, spec = fh * fw, 2 * spectrum(fh, fw)
     sizes = {"fft_a": a_planes * real, "fft_af": a_planes * spec, "fft_b": b_planes * real,
              "fft_bf": b_planes * spec, "fft_of": o_planes * spec, "fft_o": o_planes * real}
-    unused = {"fft_a"} if xform_a == "dft" else set()
-    unused |= {"fft_b"} if xform_b == "dft" else set()
+    unused = {"fft_a"} if xform_a != "cufft" else set()
+    unused |= {"fft_b"} if xform_b != "cufft" else set()
     return {name: n for name, n in sizes.items() if name not in unused}
 
 
@@ -252,8 +280,10 @@ class _Fft(OpFormulation):
                       (("MAC", ("block", "mma")),)),
                 Param("BL", TERMS, "terms per shared-memory stage of the tiled multiply-accumulate",
                       (("MAC", ("block", "mma")),)),
-                Param("XFORM_A", XFORMS, "transform of the first operand: placed + cuFFT R2C, or computed directly"),
-                Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly"),
+                Param("XFORM_A", XFORMS, "transform of the first operand: placed + cuFFT R2C, or computed directly "
+                      "(whole, or each size split in two factors)"),
+                Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly "
+                      "(whole, or each size split in two factors)"),
                 *phases]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
@@ -296,10 +326,8 @@ class _Fft(OpFormulation):
 
         def dft_smem(operand):
             def nbytes(how, xform, *ph):
-                if xform == "cufft":
-                    return 0
                 phased = bool(ph and ph[0])
-                return dft_smem_bytes(operand_sizes(p, phased)[operand], *fft_size(fft_conv(p, phased), how))
+                return xform_smem_bytes(xform, operand_sizes(p, phased)[operand], *fft_size(fft_conv(p, phased), how))
             return nbytes
 
         return [Constraint(("FFT_SIZE", *ph_key), size), Constraint(("MAC",), block_arch),
@@ -334,6 +362,8 @@ class _Fft(OpFormulation):
                 "fft_jt": config["JT"], "bias_grad_threads": config["FFT_THREADS"], "fft_mac": config["MAC"],
                 "fft_fb": config.get("FB", 0), "fft_bl": config.get("BL", 0), "fft_dft_planes": DFT_PLANES,
                 "fft_dft_a": config["XFORM_A"] == "dft", "fft_dft_b": config["XFORM_B"] == "dft",
+                "fft_fdft_a": config["XFORM_A"] == "fdft", "fft_fdft_b": config["XFORM_B"] == "fdft",
+                "fft_h1": split_factor(fh), "fft_w1": split_factor(fw),
                 "fft_split3": problem.precision == "fp32", "fft_phased": is_phased(config)}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
@@ -372,9 +402,10 @@ class _Fft(OpFormulation):
         def forward(operand, src, n0, nb, planes):
             # The operand's spectra: placed planes transformed by cuFFT, or computed directly.
             low = operand.lower()
-            if c[f"XFORM_{operand}"] == "dft":
+            if c[f"XFORM_{operand}"] != "cufft":
                 return [Launch(f"fft_dft_{low}", (cdiv(planes, DFT_PLANES), 1, 1), (threads, 1, 1),
-                               dft_smem_bytes(sizes[operand], fh, fw), (src, f"fft_{low}f"), (n0, nb))]
+                               xform_smem_bytes(c[f"XFORM_{operand}"], sizes[operand], fh, fw), (src, f"fft_{low}f"),
+                               (n0, nb))]
             return [kernel(f"fft_place_{low}", planes * real, (src, f"fft_{low}"), (n0, nb)),
                     transform("r2c", f"fft_{low}", f"fft_{low}f", planes)]
 
@@ -401,7 +432,7 @@ class _Fft(OpFormulation):
     def code_helpers(self) -> tuple:
         return (smooth_size, FftConv, takes_phases, sub_filter, fft_conv, is_phased, fft_size, spectrum, mac_block,
                 mac_smem_bytes, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
-                dft_smem_bytes, workspace_elements, self.ARGS)
+                dft_smem_bytes, split_factor, fdft_smem_bytes, xform_smem_bytes, workspace_elements, self.ARGS)
 
 
 FFT = Formulation(NAME, tuple(_Fft(op) for op in ("conv_fwd", "conv_bwd_data", "conv_wgrad")))
