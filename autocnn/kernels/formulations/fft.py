@@ -224,8 +224,10 @@ def fdft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
 
 
 def xform_smem_bytes(xform: str, src: tuple[int, int], fh: int, fw: int) -> int:
-    return {"cufft": lambda: 0, "dft": lambda: dft_smem_bytes(src, fh, fw),
-            "fdft": lambda: fdft_smem_bytes(src, fh, fw)}[xform]()
+    """The shared memory of an operand's forward transform: none for placed planes + cuFFT."""
+    if xform == "cufft":
+        return 0
+    return (dft_smem_bytes if xform == "dft" else fdft_smem_bytes)(src, fh, fw)
 
 
 def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
@@ -293,9 +295,10 @@ class _Fft(OpFormulation):
             return [Constraint(("FFT_SIZE",), lambda s: why)]
         # Rules over the planes also read STRIDE_PHASES where the problem has it (*ph: () or (0|1,)).
         ph_key = ("STRIDE_PHASES",) if takes_phases(p) else ()
+        forms = {phased: (fft_conv(p, phased), operand_sizes(p, phased)) for phased in (False, True)}
 
         def conv(ph):
-            return fft_conv(p, bool(ph and ph[0]))
+            return forms[bool(ph and ph[0])][0]
 
         def size(how, *ph):
             fh, fw = fft_size(conv(ph), how)
@@ -326,8 +329,8 @@ class _Fft(OpFormulation):
 
         def dft_smem(operand):
             def nbytes(how, xform, *ph):
-                phased = bool(ph and ph[0])
-                return xform_smem_bytes(xform, operand_sizes(p, phased)[operand], *fft_size(fft_conv(p, phased), how))
+                f, sizes = forms[bool(ph and ph[0])]
+                return xform_smem_bytes(xform, sizes[operand], *fft_size(f, how))
             return nbytes
 
         return [Constraint(("FFT_SIZE", *ph_key), size), Constraint(("MAC",), block_arch),
