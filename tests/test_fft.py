@@ -147,6 +147,12 @@ class Kernels:
             out, total = self._spectra(b["fft_of"], p.K, cp), np.einsum("nkf...,ncf...->kcf...", np.conj(d), a)
         out[...] = out + total if accumulate else total
 
+    def fft_idft(self, b, n0, nb):
+        # XFORM_O fdft: cuFFT's C2R (unnormalised) and the crop in one; the plan has no real output planes.
+        count = b["fft_of"].size // (2 * self.fh * (self.fw // 2 + 1))
+        planes = np.fft.irfft2(self._spectra(b["fft_of"], count), s=(self.fh, self.fw)) * (self.fh * self.fw)
+        self.fft_crop({**b, "fft_o": planes.ravel()}, n0, nb)
+
     def fft_crop(self, b, n0, nb):
         p, scale = self.p, 1.0 / (self.fh * self.fw)
         (pt, pl), (sh, sw) = p.padding[:2], p.stride
@@ -203,6 +209,32 @@ def test_fdft_rows_and_columns_are_the_dft_of_numpy():
         assert np.allclose(spectrum, np.fft.rfft2(plane), atol=1e-9), (fh, fw)
 
 
+def test_factorised_inverse_keeps_outputs_of_numpys_irfft2():
+    """The factorised inverse's arithmetic (idft in _fft.cuh.j2) written out in NumPy: a half spectrum
+    through the columns' two stages (only the kept rows in the second) and the rows' real sums with
+    their doubled weights gives numpy.fft.irfft2's values at the kept rows and columns, with rows and
+    columns kept at an offset and at a stride, and odd and even widths."""
+    rng = np.random.default_rng(5)
+    for (fh, fw), (oh, sh, nh), (ow, sw, nw) in (((42, 42), (5, 1, 32), (5, 1, 32)), ((40, 35), (0, 2, 20), (0, 3, 12)),
+                                                ((70, 70), (0, 1, 67), (0, 1, 67)), ((7, 12), (3, 1, 4), (1, 1, 11))):
+        h1 = split_factor(fh)
+        h2, half = fh // h1, fw // 2 + 1
+        spec = np.fft.rfft2(rng.standard_normal((fh, fw)))
+        itw = lambda m, n: np.exp(2j * np.pi * (m % n) / n)
+        u1, u2, y1, y2 = np.arange(h1), np.arange(h2), np.arange(h1), np.arange(h2)
+        # first stage: s1[u2][y1][v] = w_FH^-(u2 y1) sum over u1 of Z[h2*u1 + u2][v] w_H1^-(u1 y1)
+        s1 = np.einsum("abv,ac->bcv", spec.reshape(h1, h2, half), itw(np.outer(u1, y1), h1)) * \
+            itw(np.outer(u2, y1), fh)[:, :, None]
+        cols = np.einsum("bcv,bd->cdv", s1, itw(np.outer(u2, y2), h2))   # [y1][y2][v]: row y1 + h1*y2
+        rows = cols.transpose(1, 0, 2).reshape(fh, half)[oh + sh * np.arange(nh)]
+        v, xs = np.arange(half), ow + sw * np.arange(nw)
+        weight = np.where((v == 0) | (2 * v == fw), 1.0, 2.0) / (fh * fw)
+        table = weight[:, None] * np.exp(-2j * np.pi * (np.outer(v, xs) % fw) / fw)   # c_v SCALE w_FW^(v x)
+        kept = rows.real @ table.real + rows.imag @ table.imag
+        expected = np.fft.irfft2(spec, s=(fh, fw))[oh:oh + sh * nh:sh, ow:ow + sw * nw:sw]
+        assert kept.shape == expected.shape and np.allclose(kept, expected, atol=1e-12), (fh, fw)
+
+
 def test_smooth_sizes_have_only_small_prime_factors():
     assert [smooth_size(n) for n in (1, 11, 13, 17, 23, 38, 97, 127)] == [1, 12, 14, 18, 24, 40, 98, 128]
 
@@ -234,7 +266,7 @@ def test_stride_phases_compute_the_convolution_in_numpy_on_strided_shapes(op, rn
         base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items() if k not in ("FB", "BL")}
         macs = ({"MAC": "thread", "IT": 2, "JT": 1}, {"MAC": "block", "IT": 1, "JT": 2, "FB": 4, "BL": 4},
                 {"MAC": "mma", "IT": 1, "JT": 1, "FB": 4, "BL": 8})
-        return [space(op, problem).validate({**base, **mac, "IMGS": min(2, problem.N), "STRIDE_PHASES": ph, "XFORM_A": xa, "XFORM_B": xb})
+        return [space(op, problem).complete({**base, **mac, "IMGS": min(2, problem.N), "STRIDE_PHASES": ph, "XFORM_A": xa, "XFORM_B": xb})
                 for ph in (0, 1) for mac in macs for xa, xb in (("cufft", "cufft"), ("dft", "dft"))]
 
     assert check_plans(OPERATIONS[op], strided, configs, Kernels, rng, tolerance=1e-11) == 12 * len(strided)
@@ -274,14 +306,15 @@ def test_workspace_is_computed_and_never_above_the_limit():
                            *space(op, problem).sample(rng, 6)]:
                 plan = OPERATIONS[op].plan(problem, config)
                 expected = workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"], config["IMGS"],
-                                              config["XFORM_A"], config["XFORM_B"])
+                                              config["XFORM_A"], config["XFORM_B"], config.get("XFORM_O", "cufft"))
                 assert ("fft_a" in expected) == (config["XFORM_A"] == "cufft") and \
-                    ("fft_b" in expected) == (config["XFORM_B"] == "cufft")
+                    ("fft_b" in expected) == (config["XFORM_B"] == "cufft") and \
+                    ("fft_o" in expected) == (config.get("XFORM_O") != "fdft")
                 assert plan.workspace_bytes == 4 * sum(expected.values()) <= WORKSPACE_LIMIT_BYTES, f"{op} {name}"
     # sweep_11x11's 4,096 filter spectra and 64 images of 64 planes each exceed 256 MiB.
     problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]
     with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
-        space("conv_fwd", problem).validate({"formulation": NAME, "FFT_SIZE": "pow2", "IMGS": 128, "FFT_THREADS": 128,
+        space("conv_fwd", problem).complete({"formulation": NAME, "FFT_SIZE": "pow2", "IMGS": 128, "FFT_THREADS": 128,
                                              "IT": 2, "JT": 2, "MAC": "thread",
                                              "XFORM_A": "cufft", "XFORM_B": "cufft"})
 
@@ -291,7 +324,7 @@ def test_workspace_is_computed_and_never_above_the_limit():
 @pytest.mark.parametrize("phases", (0, 1))
 def test_wgrad_transforms_back_once_after_accumulating_every_block(mac, phases):
     problem = dict(small_problems("conv_wgrad"))["f_s2"]     # N = 5
-    config = space("conv_wgrad", problem).validate({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2,
+    config = space("conv_wgrad", problem).complete({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2,
                                                     "FFT_THREADS": 64, "IT": 1, "JT": 2, "STRIDE_PHASES": phases, **mac})
     plan = OPERATIONS["conv_wgrad"].plan(problem, config)
     macs = [s for s in plan.steps if s.kernel == "fft_mac"]
@@ -299,7 +332,7 @@ def test_wgrad_transforms_back_once_after_accumulating_every_block(mac, phases):
     assert [s.kind for s in plan.library_ffts].count("c2r") == 1 and plan.steps[-1].kernel == "conv_bias_grad"
     fwd = dict(small_problems("conv_fwd"))["f_s2"]
     fwd_config = {k: v for k, v in config.as_dict().items() if k != "STRIDE_PHASES"}   # conv_fwd has no phases
-    steps = OPERATIONS["conv_fwd"].plan(fwd, space("conv_fwd", fwd).validate(fwd_config)).steps
+    steps = OPERATIONS["conv_fwd"].plan(fwd, space("conv_fwd", fwd).complete(fwd_config)).steps
     assert [s.kernel for s in steps[:2]] == ["fft_place_b", "cufftExecR2C"]     # the filters' spectra once
     assert sum(isinstance(s, LibraryFft) and s.kind == "c2r" for s in steps) == 3
 
@@ -327,7 +360,7 @@ def test_tiled_multiply_accumulate_blocks_cover_every_output_and_need_cp_async()
     problem = dict(seed_problems("conv_fwd"))["sweep_7x7"]
     old = OPERATIONS["conv_fwd"].space(problem, DeviceLimits("sm_75")).restrict({"formulation": NAME})
     with pytest.raises(InfeasibleConfigError, match="cp.async"):
-        old.validate({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 1, "FFT_THREADS": 128, "IT": 2, "JT": 2,
+        old.complete({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 1, "FFT_THREADS": 128, "IT": 2, "JT": 2,
                       "MAC": "block", "FB": 4, "BL": 8, "XFORM_A": "cufft", "XFORM_B": "cufft"})
     assert OPERATIONS["conv_fwd"].default_config(problem, DeviceLimits("sm_75"), formulation=NAME)["MAC"] == "thread"
 
@@ -360,7 +393,7 @@ def test_tensor_core_multiply_accumulate_blocks_cover_every_output():
     problem = dict(seed_problems("conv_bwd_data"))["sweep_7x7"]
     old = OPERATIONS["conv_bwd_data"].space(problem, DeviceLimits("sm_75")).restrict({"formulation": NAME})
     with pytest.raises(InfeasibleConfigError, match="MAC=mma.*cp.async"):
-        old.validate({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 1, "FFT_THREADS": 128, "IT": 1, "JT": 2,
+        old.complete({"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 1, "FFT_THREADS": 128, "IT": 1, "JT": 2,
                       "MAC": "mma", "FB": 4, "BL": 8, "XFORM_A": "cufft", "XFORM_B": "cufft"})
 
 
@@ -375,12 +408,12 @@ def test_tensor_core_multiply_accumulate_refuses_what_it_cannot_run(change, mess
     base = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 32, "FFT_THREADS": 256, "IT": 1, "JT": 4, "MAC": "mma",
             "FB": 4, "BL": 16, "XFORM_A": "cufft", "XFORM_B": "dft"}
     sp = space("conv_bwd_data", problem)
-    assert sp.validate(base)["MAC"] == "mma"
+    assert sp.complete(base)["MAC"] == "mma"
     with pytest.raises(InfeasibleConfigError, match=message):
-        sp.validate({**base, **change})
+        sp.complete({**base, **change})
     # tf32 keeps no partial sums apart: twice the tile fits in the same accumulators.
     tf32 = space("conv_bwd_data", dataclasses.replace(problem, precision="tf32"))
-    assert tf32.validate({**base, "IT": 2, "JT": 8})["JT"] == 8
+    assert tf32.complete({**base, "IT": 2, "JT": 8})["JT"] == 8
 
 
 def test_tensor_core_fragment_reads_are_free_of_bank_conflicts():
@@ -417,7 +450,7 @@ def test_tensor_core_multiply_accumulate_builds_without_spills(tmp_path):
             for precision, tiles in (("fp32", ((1, 8), (2, 4), (1, 4))), ("tf32", ((2, 8), (4, 4), (2, 4)))):
                 problem = dataclasses.replace(dict(seed_problems(op))[row], precision=precision)
                 for (it, jt), (fb, bl) in zip(tiles, ((4, 16), (8, 8), (4, 8))):
-                    config = space(op, problem).validate(
+                    config = space(op, problem).complete(
                         {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 64, "FFT_THREADS": 256, "IT": it, "JT": jt,
                          "MAC": "mma", "FB": fb, "BL": bl, "XFORM_A": "cufft", "XFORM_B": "dft"})
                     jobs.append((f"{op} {row} {precision} {config}", OPERATIONS[op].plan(problem, config), True))
@@ -435,10 +468,10 @@ def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op, phases):
             "MAC": "thread", **({} if phases is None else {"STRIDE_PHASES": phases})}
     sizes = operand_sizes(problem, bool(phases))
     fh, fw = fft_size(fft_conv(problem, bool(phases)), "smooth")
-    cufft = OPERATIONS[op].plan(problem, space(op, problem).validate({**base, "XFORM_A": "cufft", "XFORM_B": "cufft"}))
+    cufft = OPERATIONS[op].plan(problem, space(op, problem).complete({**base, "XFORM_A": "cufft", "XFORM_B": "cufft"}))
     for xa, xb in (("dft", "cufft"), ("cufft", "dft"), ("dft", "dft"), ("fdft", "cufft"), ("dft", "fdft"),
                    ("fdft", "fdft")):
-        plan = OPERATIONS[op].plan(problem, space(op, problem).validate({**base, "XFORM_A": xa, "XFORM_B": xb}))
+        plan = OPERATIONS[op].plan(problem, space(op, problem).complete({**base, "XFORM_A": xa, "XFORM_B": xb}))
         names = [s.kernel if not isinstance(s, LibraryFft) else f"{s.kind}:{s.src}" for s in plan.steps]
         before = [s.kernel if not isinstance(s, LibraryFft) else f"{s.kind}:{s.src}" for s in cufft.steps]
         for operand, xform in (("a", xa), ("b", xb)):
@@ -456,12 +489,12 @@ def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op, phases):
 
 
 def test_configs_from_before_the_tiled_multiply_accumulate_complete_to_the_thread_one():
-    """A stale fft record (tuned before MAC and XFORM existed) is a first guess for its retune:
-    completed, it names the multiply-accumulate and the transforms it ran."""
+    """A stale fft record (tuned before MAC, XFORM and XFORM_O existed) is a first guess for its
+    retune: completed, it names the multiply-accumulate and the transforms it ran."""
     problem = dict(seed_problems("conv_bwd_data"))["sweep_11x11"]
     old = {"formulation": NAME, "IMGS": 64, "FFT_SIZE": "smooth", "FFT_THREADS": 256, "IT": 4, "JT": 4}
     assert space("conv_bwd_data", problem).complete(old).as_dict() == {**old, "MAC": "thread", "XFORM_A": "cufft",
-                                                                        "XFORM_B": "cufft"}
+                                                                        "XFORM_B": "cufft", "XFORM_O": "cufft"}
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
@@ -512,7 +545,7 @@ def test_stride_phases_build_without_spills(tmp_path):
                 for mac, xform in ((({"MAC": "mma", "IT": 1, "JT": 4, "FB": 4, "BL": 8}), "dft"),
                                    (({"MAC": "block", "IT": 2, "JT": 2, "FB": 4, "BL": 8}), "cufft"),
                                    (({"MAC": "thread", "IT": 2, "JT": 2}), "dft")):
-                    config = space(op, problem).validate({**base, **mac, "IMGS": 1, "STRIDE_PHASES": 1,
+                    config = space(op, problem).complete({**base, **mac, "IMGS": 1, "STRIDE_PHASES": 1,
                                                           "XFORM_A": xform, "XFORM_B": xform})
                     jobs.append((f"{op} {name} {precision} {config}", OPERATIONS[op].plan(problem, config), True))
     failures = compile_failures(jobs, "sm_90", tmp_path)
@@ -535,23 +568,24 @@ def test_stride_phases_verify_against_float64_on_the_gpu(op):
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_factorised_transforms_build_without_spills(tmp_path):
-    """XFORM fdft for either operand on the sweep rows and scherer10_l2 (phases apart and not), every
-    op, for sm_90: the kernels are there and spill nothing."""
+    """XFORM fdft for either operand and XFORM_O fdft for the way back on the sweep rows and
+    scherer10_l2 (phases apart and not), every op, for sm_90: the kernels are there and spill nothing."""
     jobs = []
     for op in CONV_OPS:
         for row in ("sweep_7x7", "sweep_11x11", "scherer10_l2"):
             problem = dict(seed_problems(op))[row]
             for ph in ((0, 1) if takes_phases(problem) else (None,)):
-                for xa, xb in (("fdft", "fdft"), ("fdft", "dft")):
+                for xa, xb, xo in (("fdft", "fdft", "fdft"), ("fdft", "dft", "cufft"), ("cufft", "dft", "fdft")):
                     config = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 1, "FFT_THREADS": 256, "IT": 2,
                               "JT": 2, "MAC": "thread", "XFORM_A": xa, "XFORM_B": xb,
-                              **({} if ph is None else {"STRIDE_PHASES": ph})}
+                              **({} if ph is None else {"STRIDE_PHASES": ph}),
+                              **({"XFORM_O": xo} if op != "conv_wgrad" else {})}
                     try:
-                        config = space(op, problem).validate(config)
+                        config = space(op, problem).complete(config)
                     except InfeasibleConfigError:
                         continue   # scherer10_l2 spread at the stride: 135 x 135 planes exceed shared memory
                     jobs.append((f"{op} {row} {config}", OPERATIONS[op].plan(problem, config), True))
-    assert len(jobs) >= 14
+    assert len(jobs) >= 20 and sum("fft_idft" in [st.kernel for st in job[1].steps] for job in jobs) >= 8
     failures = compile_failures(jobs, "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
@@ -565,3 +599,16 @@ def test_factorised_transforms_verify_against_float64_on_the_gpu(op):
     problems = [*small_problems(op), ("sweep_11x11", dict(seed_problems(op))["sweep_11x11"])]
     problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
     assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 2, WORKSPACE_LIMIT_BYTES, fixed={"XFORM_A": "fdft"})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ("conv_fwd", "conv_bwd_data"))
+def test_factorised_inverse_verifies_against_float64_on_the_gpu(op):
+    """XFORM_O=fdft (the kept outputs straight from the spectra, bias and activation fused) in both
+    precisions on the odd large-filter shapes (strides, asymmetric padding, batch 1, an image smaller
+    than its filter's reach), the 11x11 sweep row and scherer10_l2 (its backward-data with the phases
+    apart), every element within the bound."""
+    pytest.importorskip("cupy")
+    problems = [*small_problems(op), *((row, dict(seed_problems(op))[row]) for row in ("sweep_11x11", "scherer10_l2"))]
+    problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 2, WORKSPACE_LIMIT_BYTES, fixed={"XFORM_O": "fdft"})

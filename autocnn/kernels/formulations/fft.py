@@ -36,6 +36,11 @@ planes on an H100) and loses for images (shared-memory loads bound it), so it is
 "fdft" computes the same spectra with each size split in two factors, FW = W1*W2 and FH = H1*H2 (one
 Cooley-Tukey step: small DFTs of W1 points, twiddles, small DFTs of W2 points): W1 + W2 multiply-adds
 a point instead of FW, so images too can skip the placed planes and cuFFT's passes over memory.
+The way back (XFORM_O, conv_fwd and conv_bwd_data): cuFFT's C2R of whole planes and fft_crop, or
+"fdft", the factorised inverse (fft_idft) that reads each plane's spectrum once and computes and
+stores only the outputs the op keeps (the cropped, stride-sampled rows and columns) with the
+crop's scale, bias and activation. conv_wgrad transforms back once, after every block of images,
+and keeps cuFFT there.
 
 Strides above one in conv_bwd_data and conv_wgrad (STRIDE_PHASES=1): the stride's phases taken apart,
 each a stride-1 convolution of planes a stride's factor smaller instead of dY spread at the stride.
@@ -76,6 +81,8 @@ MMA_MAX_ACCUMULATORS = 128
 # An operand's forward transform: placed planes + cuFFT R2C, computed directly (dft), or computed
 # directly with each size split into two factors (fdft).
 XFORMS = ("cufft", "dft", "fdft")
+# The output's inverse transform: cuFFT C2R + fft_crop, or the factorised inverse of the kept outputs.
+XFORMS_O = ("cufft", "fdft")
 DFT_PLANES = 4        # planes a block of the direct transform computes (they share its twiddle tables)
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
 
@@ -138,6 +145,23 @@ def fft_conv(p: Any, phased: bool = False) -> FftConv:
 
 def is_phased(config: Config | dict) -> bool:
     return bool(config.get("STRIDE_PHASES", 0))
+
+
+def takes_inverse(p: Any) -> bool:
+    """Whether the problem offers XFORM_O: the ops that transform back every block of images."""
+    return p.op in ("conv_fwd", "conv_bwd_data")
+
+
+def inverse_of(config: Config | dict) -> str:
+    return config.get("XFORM_O", "cufft")
+
+
+def kept_columns(p: Any, phased: bool = False) -> int:
+    """Columns of each output plane the op keeps (Output::OUT_W in the op's template): conv_fwd
+    Q, conv_bwd_data W, or with the phases apart every phase's positions up to dX's last column."""
+    if p.op == "conv_fwd":
+        return p.Q
+    return (p.W - 1 + p.padding[1]) // p.stride[1] + 1 if phased and takes_phases(p) else p.W
 
 
 def fft_size(f: FftConv, how: str) -> tuple[int, int]:
@@ -230,6 +254,16 @@ def xform_smem_bytes(xform: str, src: tuple[int, int], fh: int, fw: int) -> int:
     return (dft_smem_bytes if xform == "dft" else fdft_smem_bytes)(src, fh, fw)
 
 
+def idft_smem_bytes(out_w: int, fh: int, fw: int) -> int:
+    """The factorised inverse's shared memory (Idft in _fft.cuh.j2): twiddle tables of the columns'
+    two stages and of the rows' real outputs, the plane's spectrum (later the kept rows') and the
+    columns' first stage."""
+    half = fw // 2 + 1
+    h1 = split_factor(fh)
+    h2 = fh // h1
+    return 8 * (h1 * h1 + h2 * h1 + h2 * h2 + half * out_w + 2 * fh * half)
+
+
 def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
     """The direct transform's shared memory: twiddle tables of rows and columns, the rows' spectra
     (8 bytes a complex number) and the plane's data (Dft in _fft.cuh.j2)."""
@@ -238,10 +272,12 @@ def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
     return 8 * (sw * half + fh * sh + sh * half) + 4 * sh * sw
 
 
-def workspace_elements(f: FftConv, how: str, imgs: int, xform_a: str = "cufft", xform_b: str = "cufft") -> dict[str, int]:
+def workspace_elements(f: FftConv, how: str, imgs: int, xform_a: str = "cufft", xform_b: str = "cufft",
+                       xform_o: str = "cufft") -> dict[str, int]:
     """Real planes and half spectra (two floats a complex number) of A, B and the output; an operand
-    transformed directly (XFORM "dft" or "fdft") has no placed planes. The filters' 4,096 placed planes of
-    scherer10_l2's phases alone are 80 MB that would otherwise halve the images a block may take."""
+    transformed directly (XFORM "dft" or "fdft") has no placed planes, nor the output its real planes
+    when the factorised inverse (XFORM_O "fdft") stores the kept outputs. The filters' 4,096 placed
+    planes of scherer10_l2's phases alone are 80 MB that would otherwise halve the images a block may take."""
     fh, fw = fft_size(f, how)
     b = min(imgs, f.N)
     a_planes = b * f.a_planes
@@ -252,6 +288,7 @@ def workspace_elements(f: FftConv, how: str, imgs: int, xform_a: str = "cufft", 
              "fft_bf": b_planes * spec, "fft_of": o_planes * spec, "fft_o": o_planes * real}
     unused = {"fft_a"} if xform_a != "cufft" else set()
     unused |= {"fft_b"} if xform_b != "cufft" else set()
+    unused |= {"fft_o"} if xform_o != "cufft" else set()
     return {name: n for name, n in sizes.items() if name not in unused}
 
 
@@ -271,6 +308,9 @@ class _Fft(OpFormulation):
         sizes = ("smooth",) if all(fft_size(f, "smooth") == fft_size(f, "pow2") for f in forms) else ("smooth", "pow2")
         phases = [Param("STRIDE_PHASES", (1, 0), "the stride's phases as stride-1 transforms of smaller planes, "
                         "or dY spread at the stride")] if takes_phases(problem) else []
+        inverse = [Param("XFORM_O", XFORMS_O, "transform back: cuFFT C2R of whole planes and a crop, or the "
+                         "kept outputs alone computed directly (each size split in two factors)")] \
+            if takes_inverse(problem) else []
         return [Param("FFT_SIZE", sizes, "FFT planes: smallest 2^a 3^b 5^c 7^d size, or power of two"),
                 Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (the workspaces hold one)"),
                 Param("FFT_THREADS", THREADS, "threads per block of the generated kernels"),
@@ -286,7 +326,7 @@ class _Fft(OpFormulation):
                       "(whole, or each size split in two factors)"),
                 Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly "
                       "(whole, or each size split in two factors)"),
-                *phases]
+                *phases, *inverse]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
@@ -295,6 +335,7 @@ class _Fft(OpFormulation):
             return [Constraint(("FFT_SIZE",), lambda s: why)]
         # Rules over the planes also read STRIDE_PHASES where the problem has it (*ph: () or (0|1,)).
         ph_key = ("STRIDE_PHASES",) if takes_phases(p) else ()
+        o_key = ("XFORM_O",) if takes_inverse(p) else ()   # likewise XFORM_O: () or ("cufft"|"fdft",)
         forms = {phased: (fft_conv(p, phased), operand_sizes(p, phased)) for phased in (False, True)}
 
         def conv(ph):
@@ -333,6 +374,19 @@ class _Fft(OpFormulation):
                 return xform_smem_bytes(xform, sizes[operand], *fft_size(f, how))
             return nbytes
 
+        def idft_smem(how, *keys):
+            # keys: (XFORM_O, STRIDE_PHASES) or (XFORM_O,) where the problem has phases or not.
+            if keys[0] != "fdft":
+                return 0
+            phased = bool(keys[1:] and keys[1])
+            return idft_smem_bytes(kept_columns(p, phased), *fft_size(forms[phased][0], how))
+
+        inverse = [smem_rule(limits, ("FFT_SIZE", *o_key, *ph_key), idft_smem)] if o_key else []
+
+        def workspace(how, imgs, xa, xb, *keys):
+            xo, ph = (keys[0], keys[1:]) if o_key else ("cufft", keys)
+            return 4 * sum(workspace_elements(conv(ph), how, imgs, xa, xb, xo).values())
+
         return [Constraint(("FFT_SIZE", *ph_key), size), Constraint(("MAC",), block_arch),
                 Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
                 smem_rule(limits, ("FFT_SIZE", "XFORM_A", *ph_key), dft_smem("A")),
@@ -340,9 +394,9 @@ class _Fft(OpFormulation):
                 smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"),
                           lambda mac, t, i, j, fb, bl: mac_smem_bytes({"MAC": mac, "FFT_THREADS": t, "IT": i, "JT": j,
                                                                        "FB": fb, "BL": bl})),
-                workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *ph_key),
-                               lambda how, imgs, xa, xb, *ph: 4 * sum(workspace_elements(conv(ph), how, imgs, xa,
-                                                                                         xb).values()))]
+                *inverse,
+                workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *o_key, *ph_key),
+                               workspace)]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         # Strided ops take their phases apart: the same products over planes SH*SW times smaller.
@@ -350,8 +404,9 @@ class _Fft(OpFormulation):
         f = fft_conv(problem, bool(phases))
         imgs = choices_upto(IMGS, next_pow2(problem.N))
         fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
+        inverse = {"XFORM_O": "cufft"} if takes_inverse(problem) else {}
         base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128, "XFORM_A": "cufft", "XFORM_B": "cufft",
-                **phases}
+                **phases, **inverse}
         # The filters' spectra (operand B but in conv_wgrad) computed directly: measured faster than
         # placing + cuFFT on an H100. The last runs on any GPU (no cp.async) and in the least workspace.
         filters = {"XFORM_B": "dft"} if self.op != "conv_wgrad" else {}
@@ -367,11 +422,13 @@ class _Fft(OpFormulation):
                 "fft_dft_a": config["XFORM_A"] == "dft", "fft_dft_b": config["XFORM_B"] == "dft",
                 "fft_fdft_a": config["XFORM_A"] == "fdft", "fft_fdft_b": config["XFORM_B"] == "fdft",
                 "fft_h1": split_factor(fh), "fft_w1": split_factor(fw),
-                "fft_split3": problem.precision == "fp32", "fft_phased": is_phased(config)}
+                "fft_split3": problem.precision == "fp32", "fft_phased": is_phased(config),
+                "fft_fdft_o": inverse_of(config) == "fdft"}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         return (), tuple(workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"],
-                                            config["IMGS"], config["XFORM_A"], config["XFORM_B"]).items())
+                                            config["IMGS"], config["XFORM_A"], config["XFORM_B"],
+                                            inverse_of(config)).items())
 
     def launches(self, problem: Any, config: Config) -> tuple:
         f, c = fft_conv(problem, is_phased(config)), config
@@ -421,7 +478,11 @@ class _Fft(OpFormulation):
             if f.op == "conv_wgrad":
                 steps += forward("B", "dy", n0, nb, nb * f.b_planes)
             steps.append(mac(n0, nb))
-            if f.op != "conv_wgrad":
+            if f.op != "conv_wgrad" and inverse_of(c) == "fdft":   # the kept outputs, straight from the spectra
+                steps.append(Launch("fft_idft", (cdiv(nb * f.out_planes, DFT_PLANES), 1, 1), (threads, 1, 1),
+                                    idft_smem_bytes(kept_columns(problem, is_phased(c)), fh, fw),
+                                    ("fft_of", "bias", dst), (n0, nb)))
+            elif f.op != "conv_wgrad":
                 steps += [transform("c2r", "fft_of", "fft_o", nb * f.out_planes),
                           kernel("fft_crop", nb * f.out_planes * problem.P * problem.Q if f.op == "conv_fwd"
                                  else nb * f.C * problem.H * problem.W, ("fft_o", "bias", dst), (n0, nb))]
@@ -435,7 +496,8 @@ class _Fft(OpFormulation):
     def code_helpers(self) -> tuple:
         return (smooth_size, FftConv, takes_phases, sub_filter, fft_conv, is_phased, fft_size, spectrum, mac_block,
                 mac_smem_bytes, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
-                dft_smem_bytes, split_factor, fdft_smem_bytes, xform_smem_bytes, workspace_elements, self.ARGS)
+                dft_smem_bytes, split_factor, fdft_smem_bytes, xform_smem_bytes, workspace_elements, takes_inverse,
+                inverse_of, kept_columns, idft_smem_bytes, self.ARGS)
 
 
 FFT = Formulation(NAME, tuple(_Fft(op) for op in ("conv_fwd", "conv_bwd_data", "conv_wgrad")))
