@@ -53,6 +53,8 @@ the planes are SH*SW times smaller (the spread planes' spectra repeat SH*SW time
 """
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,12 +158,59 @@ def inverse_of(config: Config | dict) -> str:
     return config.get("XFORM_O", "cufft")
 
 
-def kept_columns(p: Any, phased: bool = False) -> int:
-    """Columns of each output plane the op keeps (Output::OUT_W in the op's template): conv_fwd
-    Q, conv_bwd_data W, or with the phases apart every phase's positions up to dX's last column."""
+def kept_columns(p: Any, phased: bool = False) -> tuple[int, int, int]:
+    """The columns of each output plane the op keeps, as (first, step, count): Output::OFF_W,
+    STEP_W and OUT_W in the op's template, which checks them against these. conv_fwd Q at the
+    stride, conv_bwd_data W from PL, or with the phases apart every phase's positions up to dX's
+    last column."""
     if p.op == "conv_fwd":
-        return p.Q
-    return (p.W - 1 + p.padding[1]) // p.stride[1] + 1 if phased and takes_phases(p) else p.W
+        return 0, p.stride[1], p.Q
+    if phased and takes_phases(p):
+        return 0, 1, (p.W - 1 + p.padding[1]) // p.stride[1] + 1
+    return p.padding[1], 1, p.W
+
+
+def twiddle(m: int, n: int, scale: float = 1.0) -> tuple[float, float]:
+    """scale * e^(-2 pi i m / n) rounded to float32, the angle reduced exactly first."""
+    angle = 2.0 * math.pi * (m % n) / n
+
+    def f32(x: float) -> float:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    return f32(scale * math.cos(angle)), f32(-scale * math.sin(angle))
+
+
+def float2_literals(values: list[tuple[float, float]]) -> str:
+    """A float2 initialiser list, exact: hexadecimal float literals, four to a line."""
+    items = [f"{{{re.hex()}f, {im.hex()}f}}" for re, im in values]
+    return ",\n    ".join(", ".join(items[i:i + 4]) for i in range(0, len(items), 4))
+
+
+def factor_tables(n: int, inverse: bool = False) -> list[tuple[float, float]]:
+    """One size's twiddles for the factorised transforms (n = F1*F2, F1 = split_factor(n)), as the
+    kernels lay them out: [a][b] w_F1^(a b), [c][b] w_n^(c b), [c][d] w_F2^(c d), c, d < F2 and
+    a, b < F1; conjugated for the inverse."""
+    f1 = split_factor(n)
+    f2 = n // f1
+    out = [twiddle(a * b, f1) for a in range(f1) for b in range(f1)]
+    out += [twiddle(c * b, n) for c in range(f2) for b in range(f1)]
+    out += [twiddle(c * d, f2) for c in range(f2) for d in range(f2)]
+    return [(re, -im) for re, im in out] if inverse else out
+
+
+def fdft_tables(fh: int, fw: int) -> list[tuple[float, float]]:
+    """fdft's six twiddle tables (Fdft in _fft.cuh.j2): the width's three, then the height's."""
+    return factor_tables(fw) + factor_tables(fh)
+
+
+def idft_tables(p: Any, phased: bool, fh: int, fw: int) -> list[tuple[float, float]]:
+    """The factorised inverse's tables (Idft in _fft.cuh.j2): [v][j] c_v w_FW^(v x_j) / (FH FW) for
+    the kept columns x_j (zero for the padding to whole column groups; c_v = 2 but at v = 0 and
+    v = FW/2), then the height's three conjugated tables."""
+    first, step, count = kept_columns(p, phased)
+    columns = cdiv(count, IDFT_COLUMNS) * IDFT_COLUMNS
+    rows = [twiddle(v * (first + step * j), fw, (1.0 if v == 0 or 2 * v == fw else 2.0) / (fh * fw))
+            if j < count else (0.0, 0.0) for v in range(fw // 2 + 1) for j in range(columns)]
+    return rows + factor_tables(fh, inverse=True)
 
 
 def fft_size(f: FftConv, how: str) -> tuple[int, int]:
@@ -254,14 +303,23 @@ def xform_smem_bytes(xform: str, src: tuple[int, int], fh: int, fw: int) -> int:
     return (dft_smem_bytes if xform == "dft" else fdft_smem_bytes)(src, fh, fw)
 
 
+IDFT_PLANES = (4, 2, 1)       # planes a block of the factorised inverse takes through its stages together
+IDFT_PLANES_BYTES = 48 * 1024  # ... as many as have their spectra in this much shared memory (or one)
+IDFT_COLUMNS = 4              # adjacent output columns a thread of its last stage (Idft::JB)
+
+
+def idft_planes(fh: int, fw: int) -> int:
+    return next((n for n in IDFT_PLANES if n * 8 * spectrum(fh, fw) <= IDFT_PLANES_BYTES), 1)
+
+
 def idft_smem_bytes(out_w: int, fh: int, fw: int) -> int:
-    """The factorised inverse's shared memory (Idft in _fft.cuh.j2): twiddle tables of the columns'
-    two stages and of the rows' real outputs, the plane's spectrum (later the kept rows') and the
-    columns' first stage."""
-    half = fw // 2 + 1
+    """The factorised inverse's shared memory (Idft in _fft.cuh.j2): the rows' table of real outputs
+    (kept columns padded to whole groups of IDFT_COLUMNS), the columns' two twiddle tables, and the
+    spectra of the planes it takes together, worked in place."""
     h1 = split_factor(fh)
     h2 = fh // h1
-    return 8 * (h1 * h1 + h2 * h1 + h2 * h2 + half * out_w + 2 * fh * half)
+    columns = cdiv(out_w, IDFT_COLUMNS) * IDFT_COLUMNS
+    return 8 * ((fw // 2 + 1) * columns + h1 * h1 + h2 * h1 + h2 * h2 + idft_planes(fh, fw) * spectrum(fh, fw))
 
 
 def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
@@ -379,7 +437,7 @@ class _Fft(OpFormulation):
             if keys[0] != "fdft":
                 return 0
             phased = bool(keys[1:] and keys[1])
-            return idft_smem_bytes(kept_columns(p, phased), *fft_size(forms[phased][0], how))
+            return idft_smem_bytes(kept_columns(p, phased)[2], *fft_size(forms[phased][0], how))
 
         inverse = [smem_rule(limits, ("FFT_SIZE", *o_key, *ph_key), idft_smem)] if o_key else []
 
@@ -423,7 +481,21 @@ class _Fft(OpFormulation):
                 "fft_fdft_a": config["XFORM_A"] == "fdft", "fft_fdft_b": config["XFORM_B"] == "fdft",
                 "fft_h1": split_factor(fh), "fft_w1": split_factor(fw),
                 "fft_split3": problem.precision == "fp32", "fft_phased": is_phased(config),
-                "fft_fdft_o": inverse_of(config) == "fdft"}
+                "fft_fdft_o": inverse_of(config) == "fdft", **self._tables(problem, config, fh, fw)}
+
+    @staticmethod
+    def _tables(problem: Any, config: Config, fh: int, fw: int) -> dict[str, Any]:
+        # The factorised transforms' twiddles, computed here in double precision and rendered into
+        # the source: a block copies them instead of evaluating each with a double-precision sincospi
+        # (which took about 20 us of the 11x11 inverse on an H100).
+        out: dict[str, Any] = {}
+        if "fdft" in (config["XFORM_A"], config["XFORM_B"]):
+            out["fft_fdft_tables"] = float2_literals(fdft_tables(fh, fw))
+        if inverse_of(config) == "fdft":
+            phased = is_phased(config)
+            out.update(fft_idft_planes=idft_planes(fh, fw), fft_idft_columns=kept_columns(problem, phased),
+                       fft_idft_tables=float2_literals(idft_tables(problem, phased, fh, fw)))
+        return out
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         return (), tuple(workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"],
@@ -479,8 +551,8 @@ class _Fft(OpFormulation):
                 steps += forward("B", "dy", n0, nb, nb * f.b_planes)
             steps.append(mac(n0, nb))
             if f.op != "conv_wgrad" and inverse_of(c) == "fdft":   # the kept outputs, straight from the spectra
-                steps.append(Launch("fft_idft", (cdiv(nb * f.out_planes, DFT_PLANES), 1, 1), (threads, 1, 1),
-                                    idft_smem_bytes(kept_columns(problem, is_phased(c)), fh, fw),
+                steps.append(Launch("fft_idft", (cdiv(nb * f.out_planes, idft_planes(fh, fw)), 1, 1),
+                                    (threads, 1, 1), idft_smem_bytes(kept_columns(problem, is_phased(c))[2], fh, fw),
                                     ("fft_of", "bias", dst), (n0, nb)))
             elif f.op != "conv_wgrad":
                 steps += [transform("c2r", "fft_of", "fft_o", nb * f.out_planes),
@@ -497,7 +569,8 @@ class _Fft(OpFormulation):
         return (smooth_size, FftConv, takes_phases, sub_filter, fft_conv, is_phased, fft_size, spectrum, mac_block,
                 mac_smem_bytes, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                 dft_smem_bytes, split_factor, fdft_smem_bytes, xform_smem_bytes, workspace_elements, takes_inverse,
-                inverse_of, kept_columns, idft_smem_bytes, self.ARGS)
+                inverse_of, kept_columns, idft_planes, idft_smem_bytes, twiddle, float2_literals, factor_tables,
+                fdft_tables, idft_tables, self.ARGS)
 
 
 FFT = Formulation(NAME, tuple(_Fft(op) for op in ("conv_fwd", "conv_bwd_data", "conv_wgrad")))
