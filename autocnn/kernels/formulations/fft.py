@@ -197,6 +197,26 @@ def factor_tables(n: int, inverse: bool = False) -> list[tuple[float, float]]:
     return [(re, -im) for re, im in out] if inverse else out
 
 
+def placement(p: Any, phased: bool = False) -> dict[str, tuple[int, int, int, int]]:
+    """Where each operand's data sits in its FH x FW plane, as (OFF_H, OFF_W, STEP_H, STEP_W): the
+    OperandA / OperandB structs of the op's template, which checks them against these. X at the
+    padding's offset; dY spread at the stride in conv_bwd_data (A) and conv_wgrad (B); filters at the
+    origin; with the phases apart every operand at the origin, one element a position."""
+    if phased and takes_phases(p):
+        return {"A": (0, 0, 1, 1), "B": (0, 0, 1, 1)}
+    x, origin, dy = (p.padding[0], p.padding[1], 1, 1), (0, 0, 1, 1), (0, 0, *p.stride)
+    return {"conv_fwd": {"A": x, "B": origin}, "conv_bwd_data": {"A": dy, "B": origin},
+            "conv_wgrad": {"A": x, "B": dy}}[p.op]
+
+
+def dft_tables(src: tuple[int, int], place: tuple[int, int, int, int], fh: int, fw: int) -> list[tuple[float, float]]:
+    """The direct transform's tables (Dft in _fft.cuh.j2) for an operand's SRC_H x SRC_W data placed
+    at (OFF_H, OFF_W) with steps (STEP_H, STEP_W): [x][v] w_FW^(v col(x)), then [u][r] w_FH^(u row(r))."""
+    (sh, sw), (off_h, off_w, step_h, step_w) = src, place
+    columns = [twiddle(v * (off_w + x * step_w), fw) for x in range(sw) for v in range(fw // 2 + 1)]
+    return columns + [twiddle(u * (off_h + r * step_h), fh) for u in range(fh) for r in range(sh)]
+
+
 def fdft_tables(fh: int, fw: int) -> list[tuple[float, float]]:
     """fdft's six twiddle tables (Fdft in _fft.cuh.j2): the width's three, then the height's."""
     return factor_tables(fw) + factor_tables(fh)
@@ -489,10 +509,17 @@ class _Fft(OpFormulation):
         # the source: a block copies them instead of evaluating each with a double-precision sincospi
         # (which took about 20 us of the 11x11 inverse on an H100).
         out: dict[str, Any] = {}
+        phased = is_phased(config)
+        sizes, places = operand_sizes(problem, phased), placement(problem, phased)
+        for operand in ("A", "B"):
+            table = None
+            if config[f"XFORM_{operand}"] == "dft":
+                values = dft_tables(sizes[operand], places[operand], fh, fw)
+                table = {"placement": places[operand], "literals": float2_literals(values)}
+            out[f"fft_dft_tables_{operand.lower()}"] = table
         if "fdft" in (config["XFORM_A"], config["XFORM_B"]):
             out["fft_fdft_tables"] = float2_literals(fdft_tables(fh, fw))
         if inverse_of(config) == "fdft":
-            phased = is_phased(config)
             out.update(fft_idft_planes=idft_planes(fh, fw), fft_idft_columns=kept_columns(problem, phased),
                        fft_idft_tables=float2_literals(idft_tables(problem, phased, fh, fw)))
         return out
@@ -570,7 +597,7 @@ class _Fft(OpFormulation):
                 mac_smem_bytes, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                 dft_smem_bytes, split_factor, fdft_smem_bytes, xform_smem_bytes, workspace_elements, takes_inverse,
                 inverse_of, kept_columns, idft_planes, idft_smem_bytes, twiddle, float2_literals, factor_tables,
-                fdft_tables, idft_tables, self.ARGS)
+                fdft_tables, idft_tables, placement, dft_tables, self.ARGS)
 
 
 FFT = Formulation(NAME, tuple(_Fft(op) for op in ("conv_fwd", "conv_bwd_data", "conv_wgrad")))
