@@ -16,8 +16,9 @@ from autocnn.errors import InfeasibleConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, dft_smem_bytes, fft_conv, fft_size,
-                                             fdft_smem_bytes, is_phased, mac_block, split_factor, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
+from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, dft_smem_bytes, dft_tables, fdft_tables,
+                                             fft_conv, fft_size, fdft_smem_bytes, idft_tables, is_phased, kept_columns,
+                                             placement, mac_block, split_factor, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                                              smooth_size, spectrum, sub_filter, takes_phases, workspace_elements)
 from autocnn.kernels.operation import LibraryFft, cdiv
 from autocnn.kernels.problem import PROBLEM_TYPES
@@ -233,6 +234,53 @@ def test_factorised_inverse_keeps_outputs_of_numpys_irfft2():
         kept = rows.real @ table.real + rows.imag @ table.imag
         expected = np.fft.irfft2(spec, s=(fh, fw))[oh:oh + sh * nh:sh, ow:ow + sw * nw:sw]
         assert kept.shape == expected.shape and np.allclose(kept, expected, atol=1e-12), (fh, fw)
+
+
+def test_rendered_twiddle_tables_transform_as_numpy_does():
+    """The tables fft.py renders into the kernels (float32, rounded once from double precision): dft's
+    for every operand's placement of each op (phases apart and not) give numpy.fft.rfft2 of the placed
+    plane through the kernel's two products; fdft's are its three factor tables of each size; the
+    inverse's row table gives irfft2's kept columns from the kept rows' half spectra."""
+    rng = np.random.default_rng(11)
+    checked = 0
+    for op in CONV_OPS:
+        for name, problem in small_problems(op):
+            for phased in ((False, True) if takes_phases(problem) else (False,)):
+                fh, fw = fft_size(fft_conv(problem, phased), "smooth")
+                half = fw // 2 + 1
+                for operand, (sh, sw) in operand_sizes(problem, phased).items():
+                    off_h, off_w, step_h, step_w = placement(problem, phased)[operand]
+                    src = rng.standard_normal((sh, sw))
+                    placed = np.zeros((fh, fw))
+                    placed[off_h:off_h + step_h * sh:step_h, off_w:off_w + step_w * sw:step_w] = src
+                    table = np.array(dft_tables((sh, sw), placement(problem, phased)[operand], fh, fw))
+                    assert table.dtype == np.float64 and np.all(table == table.astype(np.float32))
+                    table = table[:, 0] + 1j * table[:, 1]
+                    tw, th = table[:sw * half].reshape(sw, half), table[sw * half:].reshape(fh, sh)
+                    got, expected = th @ (src @ tw), np.fft.rfft2(placed)
+                    assert np.abs(got - expected).max() <= 1e-6 * np.abs(expected).max(), f"{op} {name} {operand}"
+                    checked += 1
+                if op != "conv_wgrad":   # the inverse's rows: the kept columns of irfft2
+                    first, step, count = kept_columns(problem, phased)
+                    spec = np.fft.rfft2(rng.standard_normal((fh, fw)))
+                    rows = np.fft.ifft(spec, axis=0) * fh   # the columns inverted, unnormalised as the kernel's
+                    columns = -(-count // 4) * 4
+                    table = np.array(idft_tables(problem, phased, fh, fw))[:half * columns]
+                    table = (table[:, 0] + 1j * table[:, 1]).reshape(half, columns)
+                    got = rows.real @ table.real + rows.imag @ table.imag
+                    expected = np.fft.irfft2(spec, s=(fh, fw))[:, first:first + step * count:step]
+                    assert np.abs(got[:, :count] - expected).max() <= 1e-6 * np.abs(expected).max(), f"{op} {name}"
+                    assert not got[:, count:].any()   # the padding to whole column groups stores nothing
+    assert checked >= 2 * sum(len(small_problems(op)) for op in CONV_OPS)
+    for fh, fw in ((42, 42), (70, 35)):
+        tables = np.array(fdft_tables(fh, fw))
+        w1, h1 = split_factor(fw), split_factor(fh)
+        w2, h2 = fw // w1, fh // h1
+        a = np.arange(max(fh, fw))
+        expected = np.concatenate([np.exp(-2j * np.pi * (np.outer(a[:f], a[:g]) % n) / n).ravel()
+                                   for f, g, n in ((w1, w1, w1), (w2, w1, fw), (w2, w2, w2),
+                                                   (h1, h1, h1), (h2, h1, fh), (h2, h2, h2))])
+        assert np.abs(tables[:, 0] + 1j * tables[:, 1] - expected).max() < 1e-7
 
 
 def test_smooth_sizes_have_only_small_prime_factors():
