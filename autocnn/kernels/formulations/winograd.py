@@ -53,7 +53,6 @@ NAME = "winograd"
 TILES = (2, 4)
 IMGS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 THREADS = (64, 128, 256)
-BIAS_LOADS = (1, 4, 8)   # the weight gradient's bias reduction: independent sums a thread (_bias_grad.cuh.j2)
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
 
 _h = Fraction(1, 2)
@@ -266,23 +265,12 @@ class _WinogradWgrad(_Winograd):
         super().__init__("conv_wgrad", "x", "dw")
         self.templates = ("winograd_conv_wgrad.cu.j2", "_winograd.cuh.j2", "_bias_grad.cuh.j2")
 
-    def params(self, problem: Any) -> list[Param]:
-        # Listed last with the code it had before first, so that an older record completes to it.
-        bias = [Param("BIAS_LOADS", BIAS_LOADS, "independent running sums a thread of the bias gradient "
-                      "(loads in flight at once)")] if problem.bias else []
-        return [*super().params(problem), *bias]
-
-    def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
-        bias = {"BIAS_LOADS": 1} if problem.bias else {}
-        return [{**c, **bias} for c in super().default_candidates(problem)]
-
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         m = config["TILE"]
         _, g, at = TRANSFORMS[m]
         a = tuple(zip(*at))           # A, (m+2) x m
         gt = tuple(zip(*g))           # G^T, 3 x (m+2)
         return {**super().context(problem, config), "wg_wgrad": True, "wg_bias_grad": bool(problem.bias),
-                "wg_bias_loads": config.get("BIAS_LOADS", 1),
                 "wg_grad": sandwich("x", a, "g", m, "part"), "wg_wgrad_out": sandwich("y", gt, "mm", m + 2, "part")}
 
     def launches(self, problem: Any, config: Config) -> tuple:
