@@ -505,9 +505,9 @@ class _Fft(OpFormulation):
 
     @staticmethod
     def _tables(problem: Any, config: Config, fh: int, fw: int) -> dict[str, Any]:
-        # The factorised transforms' twiddles, computed here in double precision and rendered into
-        # the source: a block copies them instead of evaluating each with a double-precision sincospi
-        # (which took about 20 us of the 11x11 inverse on an H100).
+        # The direct transforms' twiddles (dft, fdft, the inverse), computed here in double precision
+        # and rendered into the source: a block copies them instead of evaluating each with a
+        # double-precision sincospi (the 11x11 inverse, timed alone on an H100: 97.7 -> 86.4 us).
         out: dict[str, Any] = {}
         phased = is_phased(config)
         sizes, places = operand_sizes(problem, phased), placement(problem, phased)
