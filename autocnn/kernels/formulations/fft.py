@@ -53,6 +53,7 @@ the planes are SH*SW times smaller (the spread planes' spectra repeat SH*SW time
 """
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -179,13 +180,20 @@ def twiddle(m: int, n: int, scale: float = 1.0) -> tuple[float, float]:
     return f32(scale * math.cos(angle)), f32(-scale * math.sin(angle))
 
 
-def float2_literals(values: list[tuple[float, float]]) -> str:
+# The tables below are pure functions of sizes and placements, cached (tuples): every plan of an fft
+# config renders them, and computing and printing them was a fifth of planning one.
+Table = tuple[tuple[float, float], ...]
+
+
+@functools.lru_cache(maxsize=512)
+def float2_literals(values: Table) -> str:
     """A float2 initialiser list, exact: hexadecimal float literals, four to a line."""
     items = [f"{{{re.hex()}f, {im.hex()}f}}" for re, im in values]
     return ",\n    ".join(", ".join(items[i:i + 4]) for i in range(0, len(items), 4))
 
 
-def factor_tables(n: int, inverse: bool = False) -> list[tuple[float, float]]:
+@functools.lru_cache(maxsize=256)
+def factor_tables(n: int, inverse: bool = False) -> Table:
     """One size's twiddles for the factorised transforms (n = F1*F2, F1 = split_factor(n)), as the
     kernels lay them out: [a][b] w_F1^(a b), [c][b] w_n^(c b), [c][d] w_F2^(c d), c, d < F2 and
     a, b < F1; conjugated for the inverse."""
@@ -194,7 +202,7 @@ def factor_tables(n: int, inverse: bool = False) -> list[tuple[float, float]]:
     out = [twiddle(a * b, f1) for a in range(f1) for b in range(f1)]
     out += [twiddle(c * b, n) for c in range(f2) for b in range(f1)]
     out += [twiddle(c * d, f2) for c in range(f2) for d in range(f2)]
-    return [(re, -im) for re, im in out] if inverse else out
+    return tuple((re, -im) for re, im in out) if inverse else tuple(out)
 
 
 def placement(p: Any, phased: bool = False) -> dict[str, tuple[int, int, int, int]]:
@@ -209,28 +217,31 @@ def placement(p: Any, phased: bool = False) -> dict[str, tuple[int, int, int, in
             "conv_wgrad": {"A": x, "B": dy}}[p.op]
 
 
-def dft_tables(src: tuple[int, int], place: tuple[int, int, int, int], fh: int, fw: int) -> list[tuple[float, float]]:
+@functools.lru_cache(maxsize=256)
+def dft_tables(src: tuple[int, int], place: tuple[int, int, int, int], fh: int, fw: int) -> Table:
     """The direct transform's tables (Dft in _fft.cuh.j2) for an operand's SRC_H x SRC_W data placed
     at (OFF_H, OFF_W) with steps (STEP_H, STEP_W): [x][v] w_FW^(v col(x)), then [u][r] w_FH^(u row(r))."""
     (sh, sw), (off_h, off_w, step_h, step_w) = src, place
     columns = [twiddle(v * (off_w + x * step_w), fw) for x in range(sw) for v in range(fw // 2 + 1)]
-    return columns + [twiddle(u * (off_h + r * step_h), fh) for u in range(fh) for r in range(sh)]
+    return tuple(columns + [twiddle(u * (off_h + r * step_h), fh) for u in range(fh) for r in range(sh)])
 
 
-def fdft_tables(fh: int, fw: int) -> list[tuple[float, float]]:
+def fdft_tables(fh: int, fw: int) -> Table:
     """fdft's six twiddle tables (Fdft in _fft.cuh.j2): the width's three, then the height's."""
     return factor_tables(fw) + factor_tables(fh)
 
 
-def idft_tables(p: Any, phased: bool, fh: int, fw: int) -> list[tuple[float, float]]:
+@functools.lru_cache(maxsize=256)
+def idft_tables(kept: tuple[int, int, int], fh: int, fw: int) -> Table:
     """The factorised inverse's tables (Idft in _fft.cuh.j2): [v][j] c_v w_FW^(v x_j) / (FH FW) for
-    the kept columns x_j (zero for the padding to whole column groups; c_v = 2 but at v = 0 and
-    v = FW/2), then the height's three conjugated tables."""
-    first, step, count = kept_columns(p, phased)
+    the kept columns x_j = first + step*j (kept_columns: first, step, count; zero for the padding to
+    whole column groups; c_v = 2 but at v = 0 and v = FW/2), then the height's three conjugated
+    tables."""
+    first, step, count = kept
     columns = cdiv(count, IDFT_COLUMNS) * IDFT_COLUMNS
     rows = [twiddle(v * (first + step * j), fw, (1.0 if v == 0 or 2 * v == fw else 2.0) / (fh * fw))
             if j < count else (0.0, 0.0) for v in range(fw // 2 + 1) for j in range(columns)]
-    return rows + factor_tables(fh, inverse=True)
+    return tuple(rows) + factor_tables(fh, inverse=True)
 
 
 def fft_size(f: FftConv, how: str) -> tuple[int, int]:
@@ -452,17 +463,19 @@ class _Fft(OpFormulation):
                 return xform_smem_bytes(xform, sizes[operand], *fft_size(f, how))
             return nbytes
 
+        def inverse_and_phases(keys):   # the values of (*o_key, *ph_key): XFORM_O and the ph tuple
+            return (keys[0], keys[1:]) if o_key else ("cufft", keys)
+
         def idft_smem(how, *keys):
-            # keys: (XFORM_O, STRIDE_PHASES) or (XFORM_O,) where the problem has phases or not.
-            if keys[0] != "fdft":
+            xo, ph = inverse_and_phases(keys)
+            if xo != "fdft":
                 return 0
-            phased = bool(keys[1:] and keys[1])
-            return idft_smem_bytes(kept_columns(p, phased)[2], *fft_size(forms[phased][0], how))
+            return idft_smem_bytes(kept_columns(p, bool(ph and ph[0]))[2], *fft_size(conv(ph), how))
 
         inverse = [smem_rule(limits, ("FFT_SIZE", *o_key, *ph_key), idft_smem)] if o_key else []
 
         def workspace(how, imgs, xa, xb, *keys):
-            xo, ph = (keys[0], keys[1:]) if o_key else ("cufft", keys)
+            xo, ph = inverse_and_phases(keys)
             return 4 * sum(workspace_elements(conv(ph), how, imgs, xa, xb, xo).values())
 
         return [Constraint(("FFT_SIZE", *ph_key), size), Constraint(("MAC",), block_arch),
@@ -521,7 +534,7 @@ class _Fft(OpFormulation):
             out["fft_fdft_tables"] = float2_literals(fdft_tables(fh, fw))
         if inverse_of(config) == "fdft":
             out.update(fft_idft_planes=idft_planes(fh, fw), fft_idft_columns=kept_columns(problem, phased),
-                       fft_idft_tables=float2_literals(idft_tables(problem, phased, fh, fw)))
+                       fft_idft_tables=float2_literals(idft_tables(kept_columns(problem, phased), fh, fw)))
         return out
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
