@@ -243,3 +243,19 @@ def test_threads_compiling_one_source_into_one_cache_all_succeed(tmp_path):
         modules = list(pool.map(lambda _: nvcc.compile(source), range(4)))
     assert all("k" in m.reports for m in modules)
     assert not list((tmp_path / "cache").rglob("*.tmp"))
+
+
+def test_code_source_of_a_cached_function_is_its_source():
+    """A helper wrapped by functools.lru_cache counts by its source, not by the wrapper's repr (which
+    holds an address that differs in every process, and so would the fingerprint and the study)."""
+    import functools
+
+    from autocnn.kernels.codegen import code_source
+    from autocnn.kernels.formulations.fft import dft_tables
+
+    @functools.lru_cache(maxsize=4)
+    def cached(n: int) -> int:
+        return n + 1
+
+    assert "return n + 1" in code_source(cached) and " at 0x" not in code_source(cached)
+    assert code_source(dft_tables).lstrip().startswith("@functools.lru_cache") and "def dft_tables" in code_source(dft_tables)

@@ -79,7 +79,10 @@ def template_fingerprint(files: tuple[str, ...], code_sources: tuple[str, ...] =
 
 
 def code_source(obj: object) -> str:
-    """Source text of a function or method (for fingerprints), or repr for a constant."""
+    """Source text of a function or method (for fingerprints), or repr for a constant. A decorated
+    function (functools.lru_cache, wraps) counts by the source it wraps: the wrapper's repr holds its
+    address, which would give every process its own fingerprint and Optuna study."""
+    obj = inspect.unwrap(obj) if callable(obj) else obj
     if inspect.isfunction(obj) or inspect.ismethod(obj) or inspect.isclass(obj):
         return inspect.getsource(obj)
     return repr(obj)
