@@ -16,8 +16,8 @@ from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.formulations.winograd import (NAME, TRANSFORMS, WINOGRAD, config_splits, tiles, view,
-                                                    workspace_elements)
+from autocnn.kernels.formulations.winograd import (NAME, TRANSFORMS, WINOGRAD, config_splits, products_gemm, tiles,
+                                                    view, workspace_elements)
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import seed_problems
 from autocnn.tuning.measure import error_bound
@@ -62,6 +62,7 @@ class Kernels:
         self.bt, self.g, self.at = matrices(self.m, dtype)
         self.src, self.dst = ("dy", "dx") if problem.op == "conv_bwd_data" else ("x", "y")
         self.parts, self.dtype = config_splits(problem.op, config), dtype
+        self.splitk = config.get("MMA_SPLITK", 1)
 
     def _parts(self, x):
         """GEMM_3XTF32's (hi, lo): cvt.rna.tf32's in float32; in float64 a split at float32 whose
@@ -110,6 +111,28 @@ class Kernels:
             size = hi.shape[0] * hi.shape[1] * rows * self.block * hi.shape[4] * hi.shape[5]
             self._point_major(buf[:size], rows)[:, :, :, :nb] = hi
             self._point_major(buf[size:], rows)[:, :, :, :nb] = lo
+
+    def winograd_products(self, b, cols, accumulate):
+        """PRODUCTS "mma": each point's GEMM over one block of images (``cols`` of its tiles), stored,
+        added to M (a later block), or with MMA_SPLITK added into the M that winograd_clear zeroed."""
+        v, a = self.v, (self.m + 2) ** 2
+        th, tw = tiles(v, self.m)
+        ld = self.block * th * tw
+        vt = b["wg_v"][:a * v.CIN * ld].reshape(a, v.CIN, ld)[:, :, :cols]
+        if self.p.op == "conv_wgrad":
+            pg = b["wg_p"][:a * v.COUT * ld].reshape(a, v.COUT, ld)[:, :, :cols]
+            mm = b["wg_m"][:a * v.COUT * v.CIN].reshape(a, v.COUT, v.CIN)
+            prod = pg @ vt.transpose(0, 2, 1)
+            if self.splitk > 1 or accumulate:
+                mm += prod
+            else:
+                mm[...] = prod
+        else:
+            u = b["wg_u"][:a * v.COUT * v.CIN].reshape(a, v.COUT, v.CIN)
+            b["wg_m"][:a * v.COUT * ld].reshape(a, v.COUT, ld)[:, :, :cols] = u @ vt
+
+    def winograd_clear(self, b):
+        b["wg_m"][...] = 0
 
     def winograd_grad(self, b, n0, nb):
         """P = A dY A^T of each m x m tile of dY (zero past the output)."""
@@ -184,7 +207,7 @@ def test_float32_rounding_is_within_the_fp32_bound(op, m, x3, rng):
         inputs = {k: rng.standard_normal(s).astype(np.float32) for k, s in reference.input_shapes(problem).items()}
         expected = reference.run_problem(problem, {k: v.astype(np.float64) for k, v in inputs.items()})
         config = space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": 2, "WG_THREADS": 128,
-                                              "GEMM_3XTF32": x3})
+                                              "GEMM_3XTF32": x3, "PRODUCTS": "cublas"})
         plan = OPERATIONS[op].plan(problem, config)
         errors = relative_errors(run_plan(plan, inputs, Kernels(problem, config, np.float32), np.float32), expected)
         for out, err in errors.items():
@@ -225,13 +248,13 @@ def test_workspace_is_computed_and_never_above_the_limit():
     big = dict(seed_problems("conv_fwd"))["modern_56"]    # 64 images of 56x56x64: V and M of all exceed 256 MiB
     with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
         space("conv_fwd", big).validate({"formulation": NAME, "TILE": 2, "IMGS": 64, "WG_THREADS": 128,
-                                             "GEMM_3XTF32": 0})
+                                             "GEMM_3XTF32": 0, "PRODUCTS": "cublas"})
 
 
 def test_plans_are_a_filter_transform_then_per_block_transforms_around_one_batched_gemm():
     problem = odd_problems("conv_bwd_data")[0][1]            # N = 3
     config = space("conv_bwd_data", problem).validate({"formulation": NAME, "TILE": 4, "IMGS": 2, "WG_THREADS": 64,
-                                                        "GEMM_3XTF32": 0})
+                                                        "GEMM_3XTF32": 0, "PRODUCTS": "cublas"})
     plan = OPERATIONS["conv_bwd_data"].plan(problem, config)
     assert [s.kernel for s in plan.steps] == ["winograd_filter"] + 2 * [
         "winograd_input", "cublasSgemmStridedBatched", "winograd_output"]
@@ -246,7 +269,7 @@ def test_3xtf32_products_are_one_tf32_gemm_over_three_blocks_of_the_reduction():
     images runs on TF32 tensor-op math over all three blocks; tf32 problems keep TF32_GEMM."""
     problem = odd_problems("conv_fwd")[0][1]                 # N = 3, C = 5, K = 7
     sp = space("conv_fwd", problem)
-    config = sp.validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64, "GEMM_3XTF32": 1})
+    config = sp.validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64, "GEMM_3XTF32": 1, "PRODUCTS": "cublas"})
     plan = OPERATIONS["conv_fwd"].plan(problem, config)
     v, (th, tw) = view(problem), tiles(view(problem), 2)
     gemms = plan.library_gemms
@@ -255,12 +278,12 @@ def test_3xtf32_products_are_one_tf32_gemm_over_three_blocks_of_the_reduction():
     assert gemms[0].b.batch_stride == 15 * 2 * th * tw
     assert dict(plan.workspaces)["wg_v"] == 16 * 15 * 2 * th * tw == 3 * workspace_elements(v, 2, 2)["wg_v"]
     assert "tf32_part" in plan.source
-    plain = OPERATIONS["conv_fwd"].plan(problem, sp.validate({**config.as_dict(), "GEMM_3XTF32": 0}))
+    plain = OPERATIONS["conv_fwd"].plan(problem, sp.validate({**config.as_dict(), "GEMM_3XTF32": 0, "PRODUCTS": "cublas"}))
     assert not any(g.tf32 for g in plain.library_gemms) and plain.library_gemms[0].k == 5
     tf32 = dataclasses.replace(problem, precision="tf32")
     with pytest.raises(InvalidConfigError, match="GEMM_3XTF32"):
         space("conv_fwd", tf32).validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64,
-                                          "TF32_GEMM": 0, "GEMM_3XTF32": 1})
+                                          "TF32_GEMM": 0, "GEMM_3XTF32": 1, "PRODUCTS": "cublas"})
 
 
 @pytest.mark.parametrize("x3", (0, 1))
@@ -269,7 +292,7 @@ def test_weight_gradient_plans_accumulate_the_points_gemms_over_blocks_of_images
     (three with GEMM_3XTF32: hi·hi, lo·hi, hi·lo on the parts), then dW's transform and db."""
     problem = odd_problems("conv_wgrad")[4][1]                # N = 3, C = 5, K = 7, bias
     config = space("conv_wgrad", problem).validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64,
-                                                    "GEMM_3XTF32": x3})
+                                                    "GEMM_3XTF32": x3, "PRODUCTS": "cublas"})
     plan = OPERATIONS["conv_wgrad"].plan(problem, config)
     gemms_per_block = 3 if x3 else 1
     assert [s.kernel for s in plan.steps] == 2 * ["winograd_input", "winograd_grad", *gemms_per_block * [
@@ -283,6 +306,56 @@ def test_weight_gradient_plans_accumulate_the_points_gemms_over_blocks_of_images
         assert [(g.a.offset, g.b.offset) for g in gemms[:3]] == [(0, 0), (16 * 7 * ld, 0), (0, 16 * 5 * ld)]
 
 
+def mma_config(op, problem, m=2, imgs=2, **mma):
+    """A config with PRODUCTS "mma" (32 x 32 tiles over 2 x 2 warps unless ``mma`` says otherwise)."""
+    flag = "GEMM_3XTF32" if problem.precision == "fp32" else "TF32_GEMM"
+    values = {"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 64, flag: 0, "PRODUCTS": "mma",
+              "MMA_BM": 32, "MMA_BN": 32, "MMA_BK": 16, "MMA_WM": 2, "MMA_WN": 2, "MMA_STAGES": 2, "MMA_FRAG": "pair",
+              **({"MMA_SPLITK": 1} if op == "conv_wgrad" else {}), **mma}
+    return space(op, problem).validate(values)
+
+
+def fitted(problem, m, imgs, mma, small=False):
+    """An mma variant held within the problem's products: its tiles no larger than the rows and
+    columns (32 where ``small``), its warps within the tiles, its splits within the reduction."""
+    gemm = products_gemm(problem, imgs, m)
+    out = {"MMA_WM": 2, "MMA_WN": 2, "MMA_BK": 16, **mma}
+    bm, bn = (min(32 if small else mma.get(k, 32), max(32, 1 << (n - 1).bit_length()))
+              for k, n in (("MMA_BM", gemm.GM), ("MMA_BN", gemm.GN)))
+    out.update(MMA_BM=bm, MMA_BN=bn, MMA_WM=min(out["MMA_WM"], bm // 16), MMA_WN=min(out["MMA_WN"], bn // 8))
+    if "MMA_SPLITK" in out:
+        steps = -(-gemm.GK // out["MMA_BK"])
+        out["MMA_SPLITK"] = max(s for s in (1, 2, 4) if s <= min(out["MMA_SPLITK"], steps))
+    return out
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_mma_products_are_one_generated_kernel_per_block_of_images(op, rng):
+    """PRODUCTS "mma": winograd_products (the tc core) replaces the cuBLAS GEMMs, one launch per
+    block of images over (row tiles, column tiles, points x splits), with every transform written
+    once (no TF32 parts, whatever the precision); conv_wgrad's splits add into an M cleared first,
+    without splits its later blocks add to M. The plans compute the convolution in NumPy, a short
+    last block and split reductions included."""
+    problem = odd_problems(op)[0][1]                          # N = 3: blocks of 2 images, then 1
+    v = view(problem)
+    th, tw = tiles(v, 2)
+    for splitk in ((1, 2) if op == "conv_wgrad" else (1,)):
+        config = mma_config(op, problem, **({"MMA_SPLITK": splitk} if op == "conv_wgrad" else {}))
+        plan = OPERATIONS[op].plan(problem, config)
+        products = [s for s in plan.steps if s.kernel == "winograd_products"]
+        assert not plan.library_gemms and len(products) == 2
+        assert [s.scalars for s in products] == [(2 * th * tw, 0), (th * tw, int(op == "conv_wgrad"))]
+        rows, cols = (v.COUT, v.CIN) if op == "conv_wgrad" else (v.COUT, 2 * th * tw)
+        assert products[0].grid == (-(-rows // 32), -(-cols // 32), 16 * splitk)
+        assert products[0].shared_bytes == 4 * 2 * (32 * 20 + (32 * 20 if op == "conv_wgrad" else 16 * 40))
+        assert (plan.steps[0].kernel == "winograd_clear") == (splitk > 1)
+        assert "tf32_part" not in plan.source and "winograd_products" in plan.source
+        assert dict(plan.workspaces) == workspace_elements(v, 2, 2)
+        check_plans(OPERATIONS[op], [("odd", problem)], lambda _p, c=config: [c], Kernels, rng)
+    with pytest.raises(InfeasibleConfigError, match="PRODUCTS=mma splits in registers"):
+        mma_config(op, problem, GEMM_3XTF32=1)
+
+
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
 def test_templates_build_without_spills(arch, tmp_path):
@@ -292,7 +365,17 @@ def test_templates_build_without_spills(arch, tmp_path):
     jobs = [(f"{op} {label} {config}", OPERATIONS[op].plan(problem, config), True)
             for op in OPS for label, problem in problems[op][:2]
             for config in (space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": 2,
-                                                         "WG_THREADS": 128, "GEMM_3XTF32": 1}) for m in (2, 4))]
+                                                         "WG_THREADS": 128, "GEMM_3XTF32": 1, "PRODUCTS": "cublas"}) for m in (2, 4))]
+    # The mma products in both precisions, small and large tiles, both fragment reads, splits.
+    for op in OPS:
+        label, problem = "modern_14", dict(seed_problems(op))["modern_14"]
+        for precision in ("fp32", "tf32"):
+            p = dataclasses.replace(problem, precision=precision)
+            for mma in ({}, {"MMA_BM": 128, "MMA_BN": 64, "MMA_BK": 32, "MMA_WM": 2, "MMA_WN": 2, "MMA_STAGES": 4,
+                             "MMA_FRAG": "quad", **({"MMA_SPLITK": 4} if op == "conv_wgrad" else {})},
+                        {"MMA_BM": 64, "MMA_BN": 128, "MMA_WM": 1, "MMA_WN": 4, "MMA_STAGES": 3}):
+                config = mma_config(op, p, m=4, imgs=8, **mma)
+                jobs.append((f"{op} {label} {precision} {config}", OPERATIONS[op].plan(p, config), True))
     failures += compile_failures(jobs, arch, tmp_path)
     assert not failures, "\n".join(failures[:10])
 
@@ -331,6 +414,41 @@ def test_each_tile_verifies_on_the_seed_shapes(op, m):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("precision", ("fp32", "tf32"))
+def test_mma_products_verify_on_every_shape(op, precision):
+    """PRODUCTS "mma" in both precisions (fp32: the one FP32 bound, with 3xTF32 split in
+    registers), each tile, on the seed 3x3 layers and the odd shapes, blocks of images that divide
+    the batch and ones that do not, tiles of 32 to 128, both fragment reads, split reductions:
+    every element against float64."""
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    limits = current_device(0).limits()
+    loader = KernelLoader()
+    variants = ({}, {"MMA_BM": 64, "MMA_BN": 64, "MMA_BK": 32, "MMA_STAGES": 3, "MMA_FRAG": "quad",
+                     **({"MMA_SPLITK": 4} if op == "conv_wgrad" else {})},
+                {"MMA_BM": 128, "MMA_BN": 64, "MMA_BK": 32, "MMA_WM": 4, "MMA_WN": 1, "MMA_STAGES": 4,
+                 **({"MMA_SPLITK": 2} if op == "conv_wgrad" else {})})
+    checked = 0
+    for name, problem in gpu_problems(op):
+        problem = dataclasses.replace(problem, precision=precision)
+        seed = name in SEEDS     # the seeds take the large tiles, the odd shapes small ones and short blocks
+        allowed = next(p.choices for p in OPERATIONS[op].space(problem, limits).params if p.name == "IMGS")
+        for m in (2, 4):
+            for imgs in sorted(set((16,) if seed else (1, 2)) & set(allowed)):
+                for mma in (variants[1:] if seed else variants[:1] + variants[1:2] * (op == "conv_wgrad")):
+                    config = mma_config(op, problem, m=m, imgs=imgs, **fitted(problem, m, imgs, mma, small=not seed))
+                    check = check_candidate(loader.load(OPERATIONS[op].plan(problem, config)), problem,
+                                            time_it=False)
+                    assert check.verification.passed, f"{name} {config}: {check.verification.message}"
+                    checked += 1
+    assert checked >= 2 * len(gpu_problems(op))     # every problem, both tiles: none is left out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("m", (2, 4))
 def test_3xtf32_products_verify_on_every_shape(op, m):
     """GEMM_3XTF32 on the tensor cores, each tile, on the seed 3x3 layers and the odd shapes, with
@@ -346,6 +464,6 @@ def test_3xtf32_products_verify_on_every_shape(op, m):
         sp = OPERATIONS[op].space(problem, limits)
         allowed = next(p.choices for p in sp.params if p.name == "IMGS")
         for imgs in sorted({1, 2, 16} & set(allowed)):
-            config = sp.validate({"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 128, "GEMM_3XTF32": 1})
+            config = sp.validate({"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 128, "GEMM_3XTF32": 1, "PRODUCTS": "cublas"})
             check = check_candidate(loader.load(OPERATIONS[op].plan(problem, config)), problem, time_it=False)
             assert check.verification.passed, f"{name} F({m}x{m},3x3) {config}: {check.verification.message}"

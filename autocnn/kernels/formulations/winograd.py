@@ -36,6 +36,18 @@ left out, lo·lo, is below FP32's own rounding. Three times the reduction on the
 takes a third less time than FP32 SGEMM on an H100 where the channels are many (modern_14 forward,
 F(4x4): 79.5 against 129.4 us); V's writes triple, so with few channels (64) the FP32 products
 stay faster there.
+
+PRODUCTS "mma" runs the points' products in a generated kernel instead (winograd_products: the tc
+formulation's warp-level mma.sync core, tcgemm.cuh.j2, over a grid of tiles x points x splits):
+the transforms write each value once in FP32 and the core splits it into its TF32 parts in
+registers (fp32: 3xTF32 with each tile's products summed in FP32; tf32: one TF32 product). cuBLAS
+cannot take that split, so its 3xTF32 reads and the transforms write every operand two or three
+times: on an H100 the modern_14 weight gradient's transforms took 37 + 39 us with parts against
+22 + 22 without, and its three TF32 GEMMs 153 us. Its tile (MMA_BM x MMA_BN x MMA_BK over
+MMA_WM x MMA_WN warps), pipeline (MMA_STAGES, cp.async) and fragment reads (MMA_FRAG) are
+parameters; conv_wgrad, whose products are few and long (K x C, the reduction over the images'
+tiles), also splits the reduction over MMA_SPLITK blocks that add into M with atomics (M cleared
+first by winograd_clear).
 """
 from __future__ import annotations
 
@@ -46,7 +58,9 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.operation import Launch, LibraryGemm, MatrixView, cdiv, next_pow2, workspace_rule
+from autocnn.kernels.formulations.tensorcore import MIN_ARCH, arch_number
+from autocnn.kernels.operation import (GRID_YZ_LIMIT, Launch, LibraryGemm, MatrixView, cdiv, grid_rule, next_pow2,
+                                       smem_rule, threads_rule, workspace_rule)
 from autocnn.kernels.space import Config, Constraint, Param
 
 NAME = "winograd"
@@ -54,6 +68,20 @@ TILES = (2, 4)
 IMGS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 THREADS = (64, 128, 256)
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
+# The points' products: cuBLAS batched GEMMs (the code before the parameter, first) or the generated
+# mma.sync kernel winograd_products.
+PRODUCTS = ("cublas", "mma")
+MMA_TILES = (32, 64, 128)
+MMA_STEPS = (16, 32)
+MMA_WARPS = (1, 2, 4)
+MMA_STAGES = (2, 3, 4)
+MMA_FRAGS = ("pair", "quad")
+MMA_SPLITS = (1, 2, 4, 8, 16, 32)
+# Shared-memory padding of the staged rows, fixed where tcgemm.cuh.j2's fragment reads are free of
+# bank conflicts: an operand stored along k as [row][BK + 4] (row length 4, 20 mod 32 floats), one
+# stored along its rows as [k][ROWS + 8] (8 mod 32).
+MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR = 4, 8
+PRODUCTS_TEMPLATES = ("_winograd_products.cuh.j2", "tcgemm.cuh.j2", "_mma_sync.cuh.j2")
 
 _h = Fraction(1, 2)
 # (B^T, G, A^T) of F(m x m, 3x3) for m = 2 and 4 (the points 0, +-1 and 0, +-1, +-2, infinity).
@@ -133,6 +161,132 @@ def config_splits(op: str, config: Config) -> int:
     return splits(op, config.get("GEMM_3XTF32", 0))
 
 
+@dataclass(frozen=True)
+class ProductsGemm:
+    """The GEMM of each point that winograd_products runs (PRODUCTS "mma"), C = A B over a block of
+    images. conv_fwd / conv_bwd_data: M[e] (COUT x tiles) = U[e] (COUT x CIN, stored along k) V[e]
+    (CIN x tiles, stored along its columns). conv_wgrad: M[e] (COUT x CIN) = P[e] V[e]^T, both
+    stored along k, the tiles; the block's tiles are GN or GK. Rows, columns and reduction are the
+    largest block's; a short last block passes its own."""
+
+    GM: int
+    GN: int
+    GK: int
+    b_kmajor: bool
+    vec_a: int        # floats per load of A (4: 16-byte loads along k, every row start aligned)
+    vec_b: int        # of B: along k (conv_wgrad) or along its columns, the tiles
+    split3: bool      # fp32: 3xTF32 in registers
+
+
+def products_gemm(problem: Any, imgs: int, m: int) -> ProductsGemm:
+    v = view(problem)
+    th, tw = tiles(v, m)
+    b = min(imgs, v.N)
+    ld = b * th * tw
+    # Whole float4s along k need row starts at multiples of 4 floats and a reduction of whole
+    # float4s in every block (the short last one too: its reduction is its own tiles).
+    last = (v.N - (v.N - 1) // b * b) * th * tw
+    split3 = problem.precision == "fp32"
+    tiles_vec = 4 if ld % 4 == 0 and last % 4 == 0 else 1
+    if problem.op == "conv_wgrad":
+        return ProductsGemm(v.COUT, v.CIN, ld, True, tiles_vec, tiles_vec, split3)
+    # V (CIN x tiles) is stored along the tiles: its float4s run along them (ROW_VECTORS).
+    return ProductsGemm(v.COUT, ld, v.CIN, False, 4 if v.CIN % 4 == 0 else 1, tiles_vec, split3)
+
+
+def products_smem_bytes(gemm: ProductsGemm, bm: int, bn: int, bk: int, stages: int) -> int:
+    fa = bm * (bk + MMA_PAD_KMAJOR)
+    fb = bn * (bk + MMA_PAD_KMAJOR) if gemm.b_kmajor else bk * (bn + MMA_PAD_ROWMAJOR)
+    return 4 * stages * (fa + fb)
+
+
+def products_active(config: Config) -> bool:
+    return config.get("PRODUCTS", "cublas") == "mma"
+
+
+def products_constraints(p: Any, limits: DeviceLimits) -> list[Constraint]:
+    """Static feasibility of the mma products (tcgemm.cuh.j2's static_asserts, and the device's
+    limits); each rule names MMA_ parameters, so it applies only where PRODUCTS is "mma"."""
+    wgrad = p.op == "conv_wgrad"
+    split3 = p.precision == "fp32"
+    cublas_flag = "GEMM_3XTF32" if split3 else "TF32_GEMM"
+
+    def gemm(m: int, imgs: int) -> ProductsGemm:
+        return products_gemm(p, imgs, m)
+
+    def one_pass(products, flag):
+        # cuBLAS's flag has no meaning for the mma kernel: one value, so no config is tried twice.
+        return None if products != "mma" or not flag else f"PRODUCTS=mma splits in registers: {cublas_flag} must be 0"
+
+    def arch(_):
+        n = arch_number(limits.arch)
+        return None if n >= MIN_ARCH else f"mma products need sm_{MIN_ARCH} or later, not {limits.arch}"
+
+    def warp_tiles(bm, bn, wm, wn):
+        if bm % (16 * wm) or bn % (8 * wn):
+            return f"a {bm}x{bn} block does not split into whole 16x8 mma tiles over {wm}x{wn} warps"
+        # fp32 keeps each tile's partial sums and both parts of its operands: half as many tiles.
+        cap = 16 if split3 else 32
+        n = (bm // (16 * wm)) * (bn // (8 * wn))
+        return None if n <= cap else f"{n} mma tiles per warp exceed {cap} (registers)"
+
+    def even_loads(m, imgs, bm, bn, bk, wm, wn):
+        g, n = gemm(m, imgs), 32 * wm * wn
+        if (bm * bk) % (n * g.vec_a) or (bn * bk) % (n * g.vec_b):
+            return f"a {bm}x{bk} / {bn}x{bk} tile does not split evenly into the loads of {n} threads"
+        return None
+
+    def columns(m, imgs, bn):
+        g = gemm(m, imgs)
+        return None if bn <= max(32, next_pow2(g.GN)) else f"MMA_BN={bn} exceeds the products' {g.GN} columns"
+
+    out = [Constraint(("PRODUCTS", cublas_flag), one_pass),
+           Constraint(("MMA_BM",), arch),
+           Constraint(("MMA_BM",), lambda bm: None if bm <= max(32, next_pow2(view(p).COUT))
+                      else f"MMA_BM={bm} exceeds the products' {view(p).COUT} rows"),
+           Constraint(("TILE", "IMGS", "MMA_BN"), columns),
+           Constraint(("MMA_BM", "MMA_BN", "MMA_WM", "MMA_WN"), warp_tiles),
+           Constraint(("TILE", "IMGS", "MMA_BM", "MMA_BN", "MMA_BK", "MMA_WM", "MMA_WN"), even_loads),
+           threads_rule(limits, ("MMA_WM", "MMA_WN"), lambda wm, wn: 32 * wm * wn),
+           smem_rule(limits, ("TILE", "IMGS", "MMA_BM", "MMA_BN", "MMA_BK", "MMA_STAGES"),
+                     lambda m, imgs, bm, bn, bk, st: products_smem_bytes(gemm(m, imgs), bm, bn, bk, st)),
+           grid_rule(("TILE", "IMGS", "MMA_BN"), lambda m, imgs, bn: cdiv(gemm(m, imgs).GN, bn))]
+    if wgrad:
+        def reduction(m, imgs, bk, splitk):
+            steps = cdiv(gemm(m, imgs).GK, bk)
+            return None if splitk <= steps else f"MMA_SPLITK={splitk} exceeds the {steps} reduction steps"
+        out += [Constraint(("TILE", "IMGS", "MMA_BK", "MMA_SPLITK"), reduction),
+                Constraint(("TILE", "MMA_SPLITK"), lambda m, splitk: None if (m + 2) ** 2 * splitk <= GRID_YZ_LIMIT
+                           else "too many splits")]
+    return out
+
+
+def products_context(problem: Any, config: Config) -> dict[str, Any] | None:
+    """What tcgemm.cuh.j2 reads, for the mma products (None with cuBLAS's)."""
+    if not products_active(config):
+        return None
+    c = config
+    g = products_gemm(problem, c["IMGS"], c["TILE"])
+    return {"BM": c["MMA_BM"], "BN": c["MMA_BN"], "BK": c["MMA_BK"], "WM": c["MMA_WM"], "WN": c["MMA_WN"],
+            "STAGES": c["MMA_STAGES"], "CP_ASYNC": 1, "split3": g.split3, "PAD_A": MMA_PAD_KMAJOR,
+            "PAD_B": MMA_PAD_KMAJOR if g.b_kmajor else MMA_PAD_ROWMAJOR, "TABLE_A": 0, "VEC_A": g.vec_a,
+            "VEC_B": g.vec_b, "FRAG": c["MMA_FRAG"], "TF32_ROUND": "nearest", "UNROLL_K": "",
+            "ROW_VECTORS": int(not g.b_kmajor and g.vec_b > 1), "b_kmajor": g.b_kmajor,
+            "splitk": c.get("MMA_SPLITK", 1), "threads": 32 * c["MMA_WM"] * c["MMA_WN"],
+            "smem": products_smem_bytes(g, c["MMA_BM"], c["MMA_BN"], c["MMA_BK"], c["MMA_STAGES"])}
+
+
+def products_launch(problem: Any, config: Config, args: tuple[str, str, str], cols: int, accumulate: bool) -> Launch:
+    """winograd_products over one block of images (``cols`` of its tiles): C = A B of every point,
+    added to C where ``accumulate`` (conv_wgrad's later blocks) or with the splits' atomics."""
+    ctx = products_context(problem, config)
+    g = products_gemm(problem, config["IMGS"], config["TILE"])
+    points = (config["TILE"] + 2) ** 2
+    gn = g.GN if g.b_kmajor else cols      # conv_wgrad's columns are channels; the others' the tiles
+    grid = (cdiv(g.GM, ctx["BM"]), cdiv(gn, ctx["BN"]), points * ctx["splitk"])
+    return Launch("winograd_products", grid, (ctx["threads"], 1, 1), ctx["smem"], args, (cols, int(accumulate)))
+
+
 def _literal(c: Fraction) -> str:
     c = Fraction(c)
     return f"{c.numerator}.0f" if c.denominator == 1 else f"({c.numerator}.0f / {c.denominator}.0f)"
@@ -171,7 +325,7 @@ class _Winograd(OpFormulation):
 
     def __init__(self, op: str, src: str, dst: str):
         self.op, self.src, self.dst = op, src, dst
-        self.templates = (f"winograd_{op}.cu.j2", "_winograd.cuh.j2")
+        self.templates = (f"winograd_{op}.cu.j2", "_winograd.cuh.j2", *PRODUCTS_TEMPLATES)
 
     def params(self, problem: Any) -> list[Param]:
         out = [Param("TILE", TILES, "output tile m of F(m x m, 3x3)"),
@@ -182,6 +336,19 @@ class _Winograd(OpFormulation):
         else:
             out.append(Param("GEMM_3XTF32", (0, 1), "the products as 3xTF32 on the tensor cores, FP32-accurate "
                              "(fp32 problems only; 0: cuBLAS SGEMM)"))
+        mma = (("PRODUCTS", ("mma",)),)
+        out += [Param("PRODUCTS", PRODUCTS, "the points' products: cuBLAS batched GEMMs, or the generated mma.sync "
+                      "kernel (fp32: 3xTF32 split in registers)"),
+                Param("MMA_BM", MMA_TILES, "mma products: rows (output channels) per block", mma),
+                Param("MMA_BN", MMA_TILES, "mma products: columns per block", mma),
+                Param("MMA_BK", MMA_STEPS, "mma products: reduction step staged in shared memory", mma),
+                Param("MMA_WM", MMA_WARPS, "mma products: warps along the block's rows", mma),
+                Param("MMA_WN", MMA_WARPS, "mma products: warps along the block's columns", mma),
+                Param("MMA_STAGES", MMA_STAGES, "mma products: cp.async pipeline stages", mma),
+                Param("MMA_FRAG", MMA_FRAGS, "mma products: fragment reads of one or two mma k-steps", mma)]
+        if problem.op == "conv_wgrad":
+            out.append(Param("MMA_SPLITK", MMA_SPLITS, "mma products: blocks sharing one tile's reduction "
+                             "(added into M with atomics)", mma))
         return out
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
@@ -194,7 +361,7 @@ class _Winograd(OpFormulation):
         # GEMM_3XTF32 is a parameter of fp32 problems only; a tf32 problem's products keep one block.
         params = ("TILE", "IMGS") if p.precision == "tf32" else ("TILE", "IMGS", "GEMM_3XTF32")
         return [workspace_rule(limits.workspace_bytes, params, lambda m, imgs, x3=0: 4 * sum(
-            workspace_elements(v, m, imgs, splits(p.op, x3)).values()))]
+            workspace_elements(v, m, imgs, splits(p.op, x3)).values())), *products_constraints(p, limits)]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         """Each tile with the largest block within a quarter of the workspace limit, then one image;
@@ -209,12 +376,27 @@ class _Winograd(OpFormulation):
                     if 4 * sum(workspace_elements(v, m, i, parts).values()) <= DEFAULT_WORKSPACE_BYTES]
             return max(fits, default=1)
 
+        extra["PRODUCTS"] = "cublas"
         out = [{"formulation": NAME, "TILE": m, "IMGS": largest_block(m, 1), "WG_THREADS": 128, **extra}
                for m in (4, 2)]
         out.append({"formulation": NAME, "TILE": 2, "IMGS": 1, "WG_THREADS": 128, **extra})
         if not tf32:
             out += [{"formulation": NAME, "TILE": m, "IMGS": largest_block(m, splits(problem.op, 1)), "WG_THREADS": 128,
-                     "GEMM_3XTF32": 1} for m in (4, 2)]
+                     "GEMM_3XTF32": 1, "PRODUCTS": "cublas"} for m in (4, 2)]
+        # The mma products last: tiles of up to 64 x 64 over 2 x 2 warps, a 3-stage pipeline, and
+        # for the weight gradient the reduction split so that about two blocks per SM of an H100 run.
+        for m in (4, 2):
+            imgs = largest_block(m, 1)
+            gemm = products_gemm(problem, imgs, m)
+            bm, bn = (min(64, max(32, next_pow2(n))) for n in (gemm.GM, gemm.GN))
+            cand = {"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 128, **extra, "PRODUCTS": "mma",
+                    "MMA_BM": bm, "MMA_BN": bn, "MMA_BK": 32, "MMA_WM": 2, "MMA_WN": 2, "MMA_STAGES": 3,
+                    "MMA_FRAG": "pair"}
+            if problem.op == "conv_wgrad":
+                blocks = (m + 2) ** 2 * cdiv(gemm.GM, bm) * cdiv(gemm.GN, bn)
+                want = max(1, min(2 * 132 // blocks, cdiv(gemm.GK, 4 * 32)))
+                cand["MMA_SPLITK"] = max(s for s in MMA_SPLITS if s <= want)
+            out.append(cand)
         return out
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
@@ -226,7 +408,7 @@ class _Winograd(OpFormulation):
                 "wg_split": {1: "", 2: "parts", 3: "kconcat"}[split],
                 "wg_block": min(config["IMGS"], v.N), "wg_pad_t": v.PAD_T, "wg_pad_l": v.PAD_L,
                 "wg_filter": sandwich("x", g, "g", 3, "part"), "wg_input": sandwich("x", bt, "d", m + 2, "part"),
-                "wg_output": sandwich("y", at, "mm", m + 2, "part")}
+                "wg_output": sandwich("y", at, "mm", m + 2, "part"), "wg_mma": products_context(problem, config)}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         return (), tuple(workspace_elements(view(problem), config["TILE"], config["IMGS"],
@@ -244,16 +426,21 @@ class _Winograd(OpFormulation):
             nb = min(b, v.N - n0)
             steps.append(Launch("winograd_input", (cdiv(v.CIN * ld, threads), 1, 1), (threads, 1, 1), 0,
                                 (self.src, "wg_v"), (n0, nb)))
-            steps.append(LibraryGemm(m=v.COUT, n=nb * th * tw, k=red, a=MatrixView("wg_u", 0, red, v.COUT * red),
-                                     b=MatrixView("wg_v", 0, ld, red * ld), c=MatrixView("wg_m", 0, ld, v.COUT * ld),
-                                     batch=points, tf32=bool(config.get("TF32_GEMM", 0)) or red > v.CIN))
+            if products_active(config):
+                steps.append(products_launch(problem, config, ("wg_u", "wg_v", "wg_m"), nb * th * tw, False))
+            else:
+                steps.append(LibraryGemm(m=v.COUT, n=nb * th * tw, k=red, a=MatrixView("wg_u", 0, red, v.COUT * red),
+                                         b=MatrixView("wg_v", 0, ld, red * ld),
+                                         c=MatrixView("wg_m", 0, ld, v.COUT * ld),
+                                         batch=points, tf32=bool(config.get("TF32_GEMM", 0)) or red > v.CIN))
             steps.append(Launch("winograd_output", (cdiv(v.COUT * ld, threads), 1, 1), (threads, 1, 1), 0,
                                 ("wg_m", "bias", self.dst), (n0, nb)))
         return tuple(steps)
 
     def code_helpers(self) -> tuple:
         return (WinogradView, serves, view, tiles, block_tiles, workspace_elements, splits, config_splits, _literal,
-                _combination, sandwich, TRANSFORMS)
+                _combination, sandwich, TRANSFORMS, ProductsGemm, products_gemm, products_smem_bytes, products_active,
+                products_context, products_launch, MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR)
 
 
 class _WinogradWgrad(_Winograd):
@@ -263,7 +450,7 @@ class _WinogradWgrad(_Winograd):
 
     def __init__(self) -> None:
         super().__init__("conv_wgrad", "x", "dw")
-        self.templates = ("winograd_conv_wgrad.cu.j2", "_winograd.cuh.j2", "_bias_grad.cuh.j2")
+        self.templates = ("winograd_conv_wgrad.cu.j2", "_winograd.cuh.j2", "_bias_grad.cuh.j2", *PRODUCTS_TEMPLATES)
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         m = config["TILE"]
@@ -284,12 +471,20 @@ class _WinogradWgrad(_Winograd):
         # parts' product, then the remainders' products with them, accumulating.
         pairs = ((0, 0),) if parts == 1 else ((0, 0), (1, 0), (0, 1))
         steps: list = []
+        mma = products_active(config)
+        atomics = mma and config["MMA_SPLITK"] > 1
+        if atomics:     # the splits add into M from the first block of images on
+            steps.append(Launch("winograd_clear", (cdiv(points * v.COUT * v.CIN, threads), 1, 1), (threads, 1, 1), 0,
+                                ("wg_m",)))
         for n0 in range(0, v.N, b):
             nb = min(b, v.N - n0)
             steps.append(Launch("winograd_input", (cdiv(v.CIN * ld, threads), 1, 1), (threads, 1, 1), 0,
                                 (self.src, "wg_v"), (n0, nb)))
             steps.append(Launch("winograd_grad", (cdiv(v.COUT * ld, threads), 1, 1), (threads, 1, 1), 0,
                                 ("dy", "wg_p"), (n0, nb)))
+            if mma:
+                steps.append(products_launch(problem, config, ("wg_p", "wg_v", "wg_m"), nb * th * tw, n0 > 0))
+                continue
             for i, (jp, jv) in enumerate(pairs):
                 steps.append(LibraryGemm(
                     m=v.COUT, n=v.CIN, k=nb * th * tw,
