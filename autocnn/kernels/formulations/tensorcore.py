@@ -124,23 +124,35 @@ def params(gemm: TcGemm) -> list[Param]:
     return out
 
 
+def arch_violation(limits: DeviceLimits) -> str | None:
+    """Why the device cannot run the core's TF32 mma.sync, if it cannot."""
+    n = arch_number(limits.arch)
+    return None if n >= MIN_ARCH else f"tensor-core TF32 needs sm_{MIN_ARCH} or later, not {limits.arch}"
+
+
+def warp_tile_violation(bm: int, bn: int, wm: int, wn: int) -> str | None:
+    if bm % (16 * wm) or bn % (8 * wn):
+        return f"a {bm}x{bn} block does not split into whole 16x8 mma tiles over {wm}x{wn} warps"
+    return None
+
+
+def accumulator_violation(bm: int, bn: int, wm: int, wn: int, split3: bool) -> str | None:
+    tiles = (bm // (16 * wm)) * (bn // (8 * wn))
+    # fp32 keeps a second fragment per tile (the per-tile sum) and split operands: half as many.
+    cap = 16 if split3 else 32
+    return None if tiles <= cap else f"{tiles} mma tiles per warp exceed {cap} (registers)"
+
+
 def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
     op = gemm.op
 
     def arch(_):
-        n = arch_number(limits.arch)
-        return None if n >= MIN_ARCH else f"tensor-core TF32 needs sm_{MIN_ARCH} or later, not {limits.arch}"
+        return arch_violation(limits)
 
-    def warp_tiles(bm, bn, wm, wn):
-        if bm % (16 * wm) or bn % (8 * wn):
-            return f"a {bm}x{bn} block does not split into whole 16x8 mma tiles over {wm}x{wn} warps"
-        return None
+    warp_tiles = warp_tile_violation
 
     def accumulators(bm, bn, wm, wn):
-        tiles = (bm // (16 * wm)) * (bn // (8 * wn))
-        # fp32 keeps a second fragment per tile (the per-tile sum) and split operands: half as many.
-        cap = 16 if gemm.split3 else 32
-        return None if tiles <= cap else f"{tiles} mma tiles per warp exceed {cap} (registers)"
+        return accumulator_violation(bm, bn, wm, wn, gemm.split3)
 
     def even_loads(bm, bn, bk, wm, wn):
         n = 32 * wm * wn

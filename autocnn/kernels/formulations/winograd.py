@@ -58,7 +58,7 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.formulations.tensorcore import MIN_ARCH, arch_number
+from autocnn.kernels.formulations.tensorcore import accumulator_violation, arch_violation, warp_tile_violation
 from autocnn.kernels.operation import (GRID_YZ_LIMIT, Launch, LibraryGemm, MatrixView, cdiv, grid_rule, next_pow2,
                                        smem_rule, threads_rule, workspace_rule)
 from autocnn.kernels.space import Config, Constraint, Param
@@ -219,16 +219,10 @@ def products_constraints(p: Any, limits: DeviceLimits) -> list[Constraint]:
         return None if products != "mma" or not flag else f"PRODUCTS=mma splits in registers: {cublas_flag} must be 0"
 
     def arch(_):
-        n = arch_number(limits.arch)
-        return None if n >= MIN_ARCH else f"mma products need sm_{MIN_ARCH} or later, not {limits.arch}"
+        return arch_violation(limits)
 
     def warp_tiles(bm, bn, wm, wn):
-        if bm % (16 * wm) or bn % (8 * wn):
-            return f"a {bm}x{bn} block does not split into whole 16x8 mma tiles over {wm}x{wn} warps"
-        # fp32 keeps each tile's partial sums and both parts of its operands: half as many tiles.
-        cap = 16 if split3 else 32
-        n = (bm // (16 * wm)) * (bn // (8 * wn))
-        return None if n <= cap else f"{n} mma tiles per warp exceed {cap} (registers)"
+        return warp_tile_violation(bm, bn, wm, wn) or accumulator_violation(bm, bn, wm, wn, split3)
 
     def even_loads(m, imgs, bm, bn, bk, wm, wn):
         g, n = gemm(m, imgs), 32 * wm * wn
