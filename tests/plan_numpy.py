@@ -54,6 +54,8 @@ def run_plan(plan: Any, inputs: dict[str, np.ndarray], kernels: Any, dtype: Any 
         buffers[name] = np.full(int(np.prod(shape)), np.nan, dtype=dtype)
     for name, n in plan.workspaces:
         buffers[name] = np.full(n, np.nan, dtype=dtype)
+    for name in plan.zero_first:        # cleared before the first launch, as the runtime does
+        buffers[name][...] = 0
     for step in plan.steps:
         if isinstance(step, LibraryGemm):
             numpy_gemm(step, buffers)

@@ -63,6 +63,7 @@ class Kernels:
         self.src, self.dst = ("dy", "dx") if problem.op == "conv_bwd_data" else ("x", "y")
         self.parts, self.dtype = config_splits(problem.op, config), dtype
         self.splitk = config.get("MMA_SPLITK", 1)
+        self.bias_fused = config.get("BIAS_FUSED", 0)
 
     def _parts(self, x):
         """GEMM_3XTF32's (hi, lo): cvt.rna.tf32's in float32; in float64 a split at float32 whose
@@ -139,6 +140,8 @@ class Kernels:
         v, m = self.v, self.m
         th, tw = tiles(v, m)
         dy = b["dy"].reshape(v.N, v.COUT, v.HO, v.WO)[n0:n0 + nb]
+        if self.bias_fused:                     # BIAS_FUSED: this block's share added into db
+            b["db"] += dy.sum(axis=(0, 2, 3))
         dy = np.pad(dy, ((0, 0), (0, 0), (0, th * m - v.HO), (0, tw * m - v.WO)))
         tiles_ = dy.reshape(nb, v.COUT, th, m, tw, m).transpose(0, 1, 2, 4, 3, 5)     # (nb, K, th, tw, m, m)
         # P[i][l] = sum_jq A[i][j] dY[j][q] A[l][q], A = (A^T)^T
@@ -207,7 +210,7 @@ def test_float32_rounding_is_within_the_fp32_bound(op, m, x3, rng):
         inputs = {k: rng.standard_normal(s).astype(np.float32) for k, s in reference.input_shapes(problem).items()}
         expected = reference.run_problem(problem, {k: v.astype(np.float64) for k, v in inputs.items()})
         config = space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": 2, "WG_THREADS": 128,
-                                              "GEMM_3XTF32": x3, "PRODUCTS": "cublas"})
+                                              "GEMM_3XTF32": x3, "PRODUCTS": "cublas", **unfused(op, problem)})
         plan = OPERATIONS[op].plan(problem, config)
         errors = relative_errors(run_plan(plan, inputs, Kernels(problem, config, np.float32), np.float32), expected)
         for out, err in errors.items():
@@ -292,7 +295,7 @@ def test_weight_gradient_plans_accumulate_the_points_gemms_over_blocks_of_images
     (three with GEMM_3XTF32: hi·hi, lo·hi, hi·lo on the parts), then dW's transform and db."""
     problem = odd_problems("conv_wgrad")[4][1]                # N = 3, C = 5, K = 7, bias
     config = space("conv_wgrad", problem).validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64,
-                                                    "GEMM_3XTF32": x3, "PRODUCTS": "cublas"})
+                                                    "GEMM_3XTF32": x3, "PRODUCTS": "cublas", "BIAS_FUSED": 0})
     plan = OPERATIONS["conv_wgrad"].plan(problem, config)
     gemms_per_block = 3 if x3 else 1
     assert [s.kernel for s in plan.steps] == 2 * ["winograd_input", "winograd_grad", *gemms_per_block * [
@@ -306,12 +309,18 @@ def test_weight_gradient_plans_accumulate_the_points_gemms_over_blocks_of_images
         assert [(g.a.offset, g.b.offset) for g in gemms[:3]] == [(0, 0), (16 * 7 * ld, 0), (0, 16 * 5 * ld)]
 
 
+def unfused(op, problem):
+    """The bias gradient as its own kernel (BIAS_FUSED 0), where the parameter exists."""
+    return {"BIAS_FUSED": 0} if op == "conv_wgrad" and problem.bias else {}
+
+
 def mma_config(op, problem, m=2, imgs=2, **mma):
     """A config with PRODUCTS "mma" (32 x 32 tiles over 2 x 2 warps unless ``mma`` says otherwise)."""
     flag = "GEMM_3XTF32" if problem.precision == "fp32" else "TF32_GEMM"
     values = {"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 64, flag: 0, "PRODUCTS": "mma",
               "MMA_BM": 32, "MMA_BN": 32, "MMA_BK": 16, "MMA_WM": 2, "MMA_WN": 2, "MMA_STAGES": 2, "MMA_FRAG": "pair",
-              **({"MMA_SPLITK": 1} if op == "conv_wgrad" else {}), **mma}
+              **({"MMA_SPLITK": 1} if op == "conv_wgrad" else {}),
+              **unfused(op, problem), **mma}
     return space(op, problem).validate(values)
 
 
@@ -356,6 +365,26 @@ def test_mma_products_are_one_generated_kernel_per_block_of_images(op, rng):
         mma_config(op, problem, GEMM_3XTF32=1)
 
 
+def test_fused_bias_gradient_is_summed_by_the_gradient_transform(rng):
+    """BIAS_FUSED: no conv_bias_grad; winograd_grad takes db, which is zeroed before the plan and
+    receives each block of images' share by atomics (a short last block included); the plans
+    compute the gradients in NumPy, with cuBLAS's products and the mma kernel's. Problems without
+    a bias have no such parameter."""
+    problem = odd_problems("conv_wgrad")[4][1]                # N = 3, C = 5, K = 7, bias
+    for products in ("cublas", "mma"):
+        config = (mma_config("conv_wgrad", problem, BIAS_FUSED=1) if products == "mma" else space(
+            "conv_wgrad", problem).validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64,
+                                             "GEMM_3XTF32": 0, "PRODUCTS": "cublas", "BIAS_FUSED": 1}))
+        plan = OPERATIONS["conv_wgrad"].plan(problem, config)
+        kernels = [s.kernel for s in plan.steps]
+        assert "conv_bias_grad" not in kernels and "conv_bias_grad" not in plan.source
+        assert plan.zero_first == ("db",) and "atomicAdd(db + first, sum)" in plan.source
+        assert [s.args for s in plan.steps if s.kernel == "winograd_grad"] == 2 * [("dy", "wg_p", "db")]
+        check_plans(OPERATIONS["conv_wgrad"], [("odd", problem)], lambda _p, c=config: [c], Kernels, rng)
+    plain = odd_problems("conv_wgrad")[0][1]
+    assert not plain.bias and "BIAS_FUSED" not in {p.name for p in space("conv_wgrad", plain).params}
+
+
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
 def test_templates_build_without_spills(arch, tmp_path):
@@ -365,7 +394,8 @@ def test_templates_build_without_spills(arch, tmp_path):
     jobs = [(f"{op} {label} {config}", OPERATIONS[op].plan(problem, config), True)
             for op in OPS for label, problem in problems[op][:2]
             for config in (space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": 2,
-                                                         "WG_THREADS": 128, "GEMM_3XTF32": 1, "PRODUCTS": "cublas"}) for m in (2, 4))]
+                                                         "WG_THREADS": 128, "GEMM_3XTF32": 1, "PRODUCTS": "cublas",
+                                                         **unfused(op, problem)}) for m in (2, 4))]
     # The mma products in both precisions, small and large tiles, both fragment reads, splits.
     for op in OPS:
         label, problem = "modern_14", dict(seed_problems(op))["modern_14"]
@@ -376,6 +406,15 @@ def test_templates_build_without_spills(arch, tmp_path):
                         {"MMA_BM": 64, "MMA_BN": 128, "MMA_WM": 1, "MMA_WN": 4, "MMA_STAGES": 3}):
                 config = mma_config(op, p, m=4, imgs=8, **mma)
                 jobs.append((f"{op} {label} {precision} {config}", OPERATIONS[op].plan(p, config), True))
+    # The bias gradient fused into dY's transform, each tile, with either products.
+    wgrad = [(n, p) for n, p in problems["conv_wgrad"] if p.bias][:1] + [("modern_14", dict(seed_problems(
+        "conv_wgrad"))["modern_14"])]
+    for label, problem in wgrad:
+        for m in (2, 4):
+            for config in (mma_config("conv_wgrad", problem, m=m, BIAS_FUSED=1), space("conv_wgrad", problem).validate(
+                    {"formulation": NAME, "TILE": m, "IMGS": 2, "WG_THREADS": 128, "GEMM_3XTF32": 1,
+                     "PRODUCTS": "cublas", "BIAS_FUSED": 1})):
+                jobs.append((f"conv_wgrad {label} {config}", OPERATIONS["conv_wgrad"].plan(problem, config), True))
     failures += compile_failures(jobs, arch, tmp_path)
     assert not failures, "\n".join(failures[:10])
 
@@ -450,6 +489,40 @@ def test_mma_products_verify_on_every_shape(op, precision):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision", ("fp32", "tf32"))
+def test_fused_bias_gradient_verifies_on_every_shape(precision):
+    """BIAS_FUSED on the GPU: the weight gradients with a bias (the seed 3x3 layers and the odd
+    shapes with one), each tile (tf32: F(2x2)), blocks of 1, 2 and 16 images, with cuBLAS's products and
+    the mma kernel's: dW and db, every element against float64."""
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    limits = current_device(0).limits()
+    loader = KernelLoader()
+    flag = "GEMM_3XTF32" if precision == "fp32" else "TF32_GEMM"
+    checked = 0
+    for name, problem in gpu_problems("conv_wgrad"):
+        if not problem.bias:
+            continue
+        problem = dataclasses.replace(problem, precision=precision)
+        allowed = next(p.choices for p in OPERATIONS["conv_wgrad"].space(problem, limits).params if p.name == "IMGS")
+        for m in ((2, 4) if precision == "fp32" else (2,)):
+            for imgs in sorted(set((16,) if name in SEEDS else (1, 2)) & set(allowed)):
+                mma = fitted(problem, m, imgs, {"MMA_SPLITK": 2}, small=name not in SEEDS)
+                for config in (mma_config("conv_wgrad", problem, m=m, imgs=imgs, BIAS_FUSED=1, **mma),
+                               space("conv_wgrad", problem).validate(
+                                   {"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 128, flag: 0,
+                                    "PRODUCTS": "cublas", "BIAS_FUSED": 1})):
+                    check = check_candidate(loader.load(OPERATIONS["conv_wgrad"].plan(problem, config)), problem,
+                                            time_it=False)
+                    assert check.verification.passed, f"{name} {config}: {check.verification.message}"
+                    checked += 1
+    assert checked >= 2 * len(SEEDS)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("m", (2, 4))
 def test_3xtf32_products_verify_on_every_shape(op, m):
@@ -466,6 +539,7 @@ def test_3xtf32_products_verify_on_every_shape(op, m):
         sp = OPERATIONS[op].space(problem, limits)
         allowed = next(p.choices for p in sp.params if p.name == "IMGS")
         for imgs in sorted({1, 2, 16} & set(allowed)):
-            config = sp.validate({"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 128, "GEMM_3XTF32": 1, "PRODUCTS": "cublas"})
+            config = sp.validate({"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 128, "GEMM_3XTF32": 1,
+                                  "PRODUCTS": "cublas", **unfused(op, problem)})
             check = check_candidate(loader.load(OPERATIONS[op].plan(problem, config)), problem, time_it=False)
             assert check.verification.passed, f"{name} F({m}x{m},3x3) {config}: {check.verification.message}"

@@ -48,6 +48,11 @@ MMA_WM x MMA_WN warps), pipeline (MMA_STAGES, cp.async) and fragment reads (MMA_
 parameters; conv_wgrad, whose products are few and long (K x C, the reduction over the images'
 tiles), also splits the reduction over MMA_SPLITK blocks that add into M with atomics (M cleared
 first by winograd_clear).
+
+BIAS_FUSED (conv_wgrad with a bias): winograd_grad, which reads every element of dY once, also sums
+each tile into db (a warp's lanes of one filter by shuffles, then one atomic; db zeroed before the
+plan) instead of conv_bias_grad's second pass over dY, a block per filter (15-16 us of the H100's
+modern_14 weight gradient). The atomics make db's rounding depend on their order.
 """
 from __future__ import annotations
 
@@ -343,6 +348,9 @@ class _Winograd(OpFormulation):
         if problem.op == "conv_wgrad":
             out.append(Param("MMA_SPLITK", MMA_SPLITS, "mma products: blocks sharing one tile's reduction "
                              "(added into M with atomics)", mma))
+            if problem.bias:
+                out.append(Param("BIAS_FUSED", (0, 1), "the bias gradient summed by dY's transform (warp "
+                                 "sums, atomics into a zeroed db) instead of a kernel of its own"))
         return out
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
@@ -371,12 +379,14 @@ class _Winograd(OpFormulation):
             return max(fits, default=1)
 
         extra["PRODUCTS"] = "cublas"
+        if problem.op == "conv_wgrad" and problem.bias:
+            extra["BIAS_FUSED"] = 0
         out = [{"formulation": NAME, "TILE": m, "IMGS": largest_block(m, 1), "WG_THREADS": 128, **extra}
                for m in (4, 2)]
         out.append({"formulation": NAME, "TILE": 2, "IMGS": 1, "WG_THREADS": 128, **extra})
         if not tf32:
             out += [{"formulation": NAME, "TILE": m, "IMGS": largest_block(m, splits(problem.op, 1)), "WG_THREADS": 128,
-                     "GEMM_3XTF32": 1, "PRODUCTS": "cublas"} for m in (4, 2)]
+                     **extra, "GEMM_3XTF32": 1} for m in (4, 2)]
         # The mma products last: tiles of up to 64 x 64 over 2 x 2 warps, a 3-stage pipeline, and
         # for the weight gradient the reduction split so that about two blocks per SM of an H100 run.
         for m in (4, 2):
@@ -440,7 +450,7 @@ class _Winograd(OpFormulation):
 class _WinogradWgrad(_Winograd):
     """conv_wgrad: per block of images, X's input transform (V) and dY's (P = A dY A^T), then the
     points' GEMMs M[e] (+)= P[e] V[e]^T (K x C, accumulated over the blocks); after the last block
-    dW = G^T M G, and db by its own reduction."""
+    dW = G^T M G, and db by its own reduction (or, BIAS_FUSED, summed by winograd_grad as it reads dY)."""
 
     def __init__(self) -> None:
         super().__init__("conv_wgrad", "x", "dw")
@@ -451,8 +461,14 @@ class _WinogradWgrad(_Winograd):
         _, g, at = TRANSFORMS[m]
         a = tuple(zip(*at))           # A, (m+2) x m
         gt = tuple(zip(*g))           # G^T, 3 x (m+2)
-        return {**super().context(problem, config), "wg_wgrad": True, "wg_bias_grad": bool(problem.bias),
+        fused = bool(config.get("BIAS_FUSED", 0))
+        return {**super().context(problem, config), "wg_wgrad": True, "wg_bias_grad": bool(problem.bias) and not fused,
+                "wg_bias_fused": fused,
                 "wg_grad": sandwich("x", a, "g", m, "part"), "wg_wgrad_out": sandwich("y", gt, "mm", m + 2, "part")}
+
+    def buffers(self, problem: Any, config: Config) -> Buffers:
+        _zero, workspaces = super().buffers(problem, config)
+        return (("db",) if config.get("BIAS_FUSED", 0) else ()), workspaces    # BIAS_FUSED's atomics add into db
 
     def launches(self, problem: Any, config: Config) -> tuple:
         v, m, threads = view(problem), config["TILE"], config["WG_THREADS"]
@@ -467,6 +483,7 @@ class _WinogradWgrad(_Winograd):
         steps: list = []
         mma = products_active(config)
         atomics = mma and config["MMA_SPLITK"] > 1
+        fused = bool(config.get("BIAS_FUSED", 0))
         if atomics:     # the splits add into M from the first block of images on
             steps.append(Launch("winograd_clear", (cdiv(points * v.COUT * v.CIN, threads), 1, 1), (threads, 1, 1), 0,
                                 ("wg_m",)))
@@ -475,7 +492,7 @@ class _WinogradWgrad(_Winograd):
             steps.append(Launch("winograd_input", (cdiv(v.CIN * ld, threads), 1, 1), (threads, 1, 1), 0,
                                 (self.src, "wg_v"), (n0, nb)))
             steps.append(Launch("winograd_grad", (cdiv(v.COUT * ld, threads), 1, 1), (threads, 1, 1), 0,
-                                ("dy", "wg_p"), (n0, nb)))
+                                ("dy", "wg_p", "db") if fused else ("dy", "wg_p"), (n0, nb)))
             if mma:
                 steps.append(products_launch(problem, config, ("wg_p", "wg_v", "wg_m"), nb * th * tw, n0 > 0))
                 continue
@@ -488,7 +505,7 @@ class _WinogradWgrad(_Winograd):
                     accumulate=n0 > 0 or i > 0))
         steps.append(Launch("winograd_wgrad_output", (cdiv(v.COUT * v.CIN, threads), 1, 1), (threads, 1, 1), 0,
                             ("wg_m", "dw")))
-        if problem.bias:
+        if problem.bias and not fused:
             steps.append(Launch("conv_bias_grad", (v.COUT, 1, 1), (threads, 1, 1), 0, ("dy", "db")))
         return tuple(steps)
 
