@@ -18,6 +18,7 @@ from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.winograd import (NAME, TRANSFORMS, WINOGRAD, config_splits, products_gemm, tiles,
                                                     view, workspace_elements)
+from autocnn.kernels.operation import next_pow2
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import seed_problems
 from autocnn.tuning.measure import error_bound
@@ -329,7 +330,7 @@ def fitted(problem, m, imgs, mma, small=False):
     columns (32 where ``small``), its warps within the tiles, its splits within the reduction."""
     gemm = products_gemm(problem, imgs, m)
     out = {"MMA_WM": 2, "MMA_WN": 2, "MMA_BK": 16, **mma}
-    bm, bn = (min(32 if small else mma.get(k, 32), max(32, 1 << (n - 1).bit_length()))
+    bm, bn = (min(32 if small else mma.get(k, 32), max(32, next_pow2(n)))
               for k, n in (("MMA_BM", gemm.GM), ("MMA_BN", gemm.GN)))
     out.update(MMA_BM=bm, MMA_BN=bn, MMA_WM=min(out["MMA_WM"], bm // 16), MMA_WN=min(out["MMA_WN"], bn // 8))
     if "MMA_SPLITK" in out:

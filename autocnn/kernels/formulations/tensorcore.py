@@ -301,7 +301,7 @@ class TcConv(OpFormulation):
                 "TABLE_A": config["TABLE_A"] if "TABLE_A" in config else 0,
                 "NHWC": nhwc, "VEC_A": vec_a, "VEC_B": vec_b,
                 "TF32_ROUND": config["TF32_ROUND"] if "TF32_ROUND" in config else "nearest",
-                "stage_threads": "tc::THREADS", "STAGE_SPLIT": 0}
+                "stage_threads": "tc::THREADS", "STAGE_SPLIT": 0, "ROW_VECTORS": 0}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         gemm, c = gemm_for(problem), config

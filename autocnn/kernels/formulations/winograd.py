@@ -56,6 +56,7 @@ modern_14 weight gradient). The atomics make db's rounding depend on their order
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -216,8 +217,11 @@ def products_constraints(p: Any, limits: DeviceLimits) -> list[Constraint]:
     split3 = p.precision == "fp32"
     cublas_flag = "GEMM_3XTF32" if split3 else "TF32_GEMM"
 
+    @functools.lru_cache(maxsize=None)     # a few (TILE, IMGS) pairs, asked by every rule of every config
     def gemm(m: int, imgs: int) -> ProductsGemm:
         return products_gemm(p, imgs, m)
+
+    rows = view(p).COUT
 
     def one_pass(products, flag):
         # cuBLAS's flag has no meaning for the mma kernel: one value, so no config is tried twice.
@@ -241,8 +245,8 @@ def products_constraints(p: Any, limits: DeviceLimits) -> list[Constraint]:
 
     out = [Constraint(("PRODUCTS", cublas_flag), one_pass),
            Constraint(("MMA_BM",), arch),
-           Constraint(("MMA_BM",), lambda bm: None if bm <= max(32, next_pow2(view(p).COUT))
-                      else f"MMA_BM={bm} exceeds the products' {view(p).COUT} rows"),
+           Constraint(("MMA_BM",), lambda bm: None if bm <= max(32, next_pow2(rows))
+                      else f"MMA_BM={bm} exceeds the products' {rows} rows"),
            Constraint(("TILE", "IMGS", "MMA_BN"), columns),
            Constraint(("MMA_BM", "MMA_BN", "MMA_WM", "MMA_WN"), warp_tiles),
            Constraint(("TILE", "IMGS", "MMA_BM", "MMA_BN", "MMA_BK", "MMA_WM", "MMA_WN"), even_loads),
@@ -270,20 +274,19 @@ def products_context(problem: Any, config: Config) -> dict[str, Any] | None:
             "STAGES": c["MMA_STAGES"], "CP_ASYNC": 1, "split3": g.split3, "PAD_A": MMA_PAD_KMAJOR,
             "PAD_B": MMA_PAD_KMAJOR if g.b_kmajor else MMA_PAD_ROWMAJOR, "TABLE_A": 0, "VEC_A": g.vec_a,
             "VEC_B": g.vec_b, "FRAG": c["MMA_FRAG"], "TF32_ROUND": "nearest", "UNROLL_K": "",
-            "ROW_VECTORS": int(not g.b_kmajor and g.vec_b > 1), "b_kmajor": g.b_kmajor,
+            "ROW_VECTORS": int(not g.b_kmajor and g.vec_b > 1), "gemm": g, "points": (c["TILE"] + 2) ** 2,
             "splitk": c.get("MMA_SPLITK", 1), "threads": 32 * c["MMA_WM"] * c["MMA_WN"],
             "smem": products_smem_bytes(g, c["MMA_BM"], c["MMA_BN"], c["MMA_BK"], c["MMA_STAGES"])}
 
 
-def products_launch(problem: Any, config: Config, args: tuple[str, str, str], cols: int, accumulate: bool) -> Launch:
-    """winograd_products over one block of images (``cols`` of its tiles): C = A B of every point,
-    added to C where ``accumulate`` (conv_wgrad's later blocks) or with the splits' atomics."""
-    ctx = products_context(problem, config)
-    g = products_gemm(problem, config["IMGS"], config["TILE"])
-    points = (config["TILE"] + 2) ** 2
+def products_launch(mma: dict[str, Any], args: tuple[str, str, str], cols: int, accumulate: bool) -> Launch:
+    """winograd_products over one block of images (``cols`` of its tiles), from the plan's
+    products_context: C = A B of every point, added to C where ``accumulate`` (conv_wgrad's later
+    blocks) or with the splits' atomics."""
+    g = mma["gemm"]
     gn = g.GN if g.b_kmajor else cols      # conv_wgrad's columns are channels; the others' the tiles
-    grid = (cdiv(g.GM, ctx["BM"]), cdiv(gn, ctx["BN"]), points * ctx["splitk"])
-    return Launch("winograd_products", grid, (ctx["threads"], 1, 1), ctx["smem"], args, (cols, int(accumulate)))
+    grid = (cdiv(g.GM, mma["BM"]), cdiv(gn, mma["BN"]), mma["points"] * mma["splitk"])
+    return Launch("winograd_products", grid, (mma["threads"], 1, 1), mma["smem"], args, (cols, int(accumulate)))
 
 
 def _literal(c: Fraction) -> str:
@@ -426,12 +429,13 @@ class _Winograd(OpFormulation):
         b = min(config["IMGS"], v.N)
         steps: list = [Launch("winograd_filter", (cdiv(v.COUT * v.CIN, threads), 1, 1), (threads, 1, 1), 0,
                               ("w", "wg_u"))]
+        mma = products_context(problem, config)
         for n0 in range(0, v.N, b):
             nb = min(b, v.N - n0)
             steps.append(Launch("winograd_input", (cdiv(v.CIN * ld, threads), 1, 1), (threads, 1, 1), 0,
                                 (self.src, "wg_v"), (n0, nb)))
-            if products_active(config):
-                steps.append(products_launch(problem, config, ("wg_u", "wg_v", "wg_m"), nb * th * tw, False))
+            if mma is not None:
+                steps.append(products_launch(mma, ("wg_u", "wg_v", "wg_m"), nb * th * tw, False))
             else:
                 steps.append(LibraryGemm(m=v.COUT, n=nb * th * tw, k=red, a=MatrixView("wg_u", 0, red, v.COUT * red),
                                          b=MatrixView("wg_v", 0, ld, red * ld),
@@ -481,10 +485,9 @@ class _WinogradWgrad(_Winograd):
         # parts' product, then the remainders' products with them, accumulating.
         pairs = ((0, 0),) if parts == 1 else ((0, 0), (1, 0), (0, 1))
         steps: list = []
-        mma = products_active(config)
-        atomics = mma and config["MMA_SPLITK"] > 1
+        mma = products_context(problem, config)
         fused = bool(config.get("BIAS_FUSED", 0))
-        if atomics:     # the splits add into M from the first block of images on
+        if mma is not None and mma["splitk"] > 1:     # the splits add into M from the first block of images on
             steps.append(Launch("winograd_clear", (cdiv(points * v.COUT * v.CIN, threads), 1, 1), (threads, 1, 1), 0,
                                 ("wg_m",)))
         for n0 in range(0, v.N, b):
@@ -493,8 +496,8 @@ class _WinogradWgrad(_Winograd):
                                 (self.src, "wg_v"), (n0, nb)))
             steps.append(Launch("winograd_grad", (cdiv(v.COUT * ld, threads), 1, 1), (threads, 1, 1), 0,
                                 ("dy", "wg_p", "db") if fused else ("dy", "wg_p"), (n0, nb)))
-            if mma:
-                steps.append(products_launch(problem, config, ("wg_p", "wg_v", "wg_m"), nb * th * tw, n0 > 0))
+            if mma is not None:
+                steps.append(products_launch(mma, ("wg_p", "wg_v", "wg_m"), nb * th * tw, n0 > 0))
                 continue
             for i, (jp, jv) in enumerate(pairs):
                 steps.append(LibraryGemm(
