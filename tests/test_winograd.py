@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -63,8 +64,10 @@ class Kernels:
         self.bt, self.g, self.at = matrices(self.m, dtype)
         self.src, self.dst = ("dy", "dx") if problem.op == "conv_bwd_data" else ("x", "y")
         self.parts, self.dtype = config_splits(problem.op, config), dtype
-        self.splitk = config.get("MMA_SPLITK", 1)
+        self.splitk = config.get("MMA_SPLITK", config.get("WGMMA_SPLITK", 1))
         self.bias_fused = config.get("BIAS_FUSED", 0)
+        # PRODUCTS "wgmma" (conv_fwd, conv_bwd_data): V stored tiles x CIN, the products' K-major B
+        self.v_transposed = config.get("PRODUCTS") == "wgmma" and problem.op != "conv_wgrad"
 
     def _parts(self, x):
         """GEMM_3XTF32's (hi, lo): cvt.rna.tf32's in float32; in float64 a split at float32 whose
@@ -99,7 +102,13 @@ class Kernels:
         for i in range(th):
             for j in range(tw):
                 d[:, :, i, j] = src[:, :, i * m:i * m + a, j * m:j * m + a]
-        self._store(b["wg_v"], v.CIN, np.einsum("ij,bctsjk,lk->ilcbts", self.bt, d, self.bt), nb)
+        x = np.einsum("ij,bctsjk,lk->ilcbts", self.bt, d, self.bt)
+        if self.v_transposed:                  # V[e][t][ci]
+            ld = self.block * th * tw
+            vt = b["wg_v"][:a * a * ld * v.CIN].reshape(a, a, self.block, th, tw, v.CIN)
+            vt[:, :, :nb] = x.transpose(0, 1, 3, 4, 5, 2)
+            return
+        self._store(b["wg_v"], v.CIN, x, nb)
 
     def _store(self, buf, rows, x, nb):
         """A transform's (a, a, rows, nb, th, tw) result in the plan's layout."""
@@ -120,7 +129,10 @@ class Kernels:
         v, a = self.v, (self.m + 2) ** 2
         th, tw = tiles(v, self.m)
         ld = self.block * th * tw
-        vt = b["wg_v"][:a * v.CIN * ld].reshape(a, v.CIN, ld)[:, :, :cols]
+        if self.v_transposed:
+            vt = b["wg_v"][:a * ld * v.CIN].reshape(a, ld, v.CIN)[:, :cols].transpose(0, 2, 1)
+        else:
+            vt = b["wg_v"][:a * v.CIN * ld].reshape(a, v.CIN, ld)[:, :, :cols]
         if self.p.op == "conv_wgrad":
             pg = b["wg_p"][:a * v.COUT * ld].reshape(a, v.COUT, ld)[:, :, :cols]
             mm = b["wg_m"][:a * v.COUT * v.CIN].reshape(a, v.COUT, v.CIN)
@@ -386,6 +398,169 @@ def test_fused_bias_gradient_is_summed_by_the_gradient_transform(rng):
     assert not plain.bias and "BIAS_FUSED" not in {p.name for p in space("conv_wgrad", plain).params}
 
 
+def wgmma_problems(op: str) -> list[tuple[str, object]]:
+    """Shapes the wgmma products take that divide nothing else evenly: odd image sizes, batch 1
+    and 3, asymmetric padding, channels that are multiples of 4 but not of 8 or 32 (conv_fwd and
+    conv_bwd_data read the products' reduction, the channels, in float4s), and for conv_wgrad
+    (whose reduction is each block's tiles, in float4s) odd channel counts with 4 | tiles per
+    image; a fused epilogue and a bias gradient."""
+    if op == "conv_wgrad":
+        return [("wq_odd", ConvFwdProblem(N=3, C=5, H=16, W=12, K=7, R=3, S=3, padding=1).with_op(op)),
+                ("wq_batch1", ConvFwdProblem(N=1, C=3, H=18, W=14, K=9, R=3, S=3, padding=(2, 1, 0, 2)).with_op(op)),
+                ("wq_bias", ConvFwdProblem(N=2, C=6, H=8, W=8, K=10, R=3, S=3, padding=1).with_op(op, bias=True))]
+    fwd = [("wq_odd", ConvFwdProblem(N=3, C=12, H=13, W=11, K=20, R=3, S=3, padding=(0, 2, 1, 1))),
+           ("wq_batch1", ConvFwdProblem(N=1, C=4, H=7, W=9, K=36, R=3, S=3, padding=(2, 1, 0, 2))),
+           ("wq_relu", ConvFwdProblem(N=3, C=20, H=9, W=5, K=12, R=3, S=3, padding=1, bias=True, activation="relu"))]
+    return fwd if op == "conv_fwd" else [(name, p.with_op(op)) for name, p in fwd if not p.bias]
+
+
+def wgmma_config(op, problem, m=2, imgs=2, **wgmma):
+    """A config with PRODUCTS "wgmma" (one warpgroup, 32 columns, 3 stages unless ``wgmma`` says)."""
+    flag = "GEMM_3XTF32" if problem.precision == "fp32" else "TF32_GEMM"
+    values = {"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 64, flag: 0, "PRODUCTS": "wgmma",
+              "WGMMA_WGS": 1, "WGMMA_BN": 32, "WGMMA_STAGES": 3, "WGMMA_INFLIGHT": 0,
+              **({"WGMMA_SPLITK": 1} if op == "conv_wgrad" else {}), **unfused(op, problem), **wgmma}
+    return space(op, problem).validate(values)
+
+
+def wgmma_feasible(op, problem, splits=(1,), **values):
+    """The wgmma config, or None where the space rules it out (a tile whose blocks of images hold a
+    number of tiles that is not a multiple of 4, say); conv_wgrad takes the first of ``splits`` its
+    reduction allows."""
+    for splitk in (splits if op == "conv_wgrad" else (None,)):
+        try:
+            return wgmma_config(op, problem, **values, **({"WGMMA_SPLITK": splitk} if splitk else {}))
+        except (InfeasibleConfigError, InvalidConfigError):
+            continue
+    return None
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_wgmma_products_plan_and_compute_the_convolution_in_numpy(op, rng):
+    """PRODUCTS "wgmma": winograd_products is the wgmma core over (row tiles, column tiles, points x
+    splits), 128 threads a warpgroup, compiled for sm_90a; conv_fwd and conv_bwd_data have V stored
+    tiles x CIN by an input transform of 32 channels a block (a warp a tile); the plans compute the
+    convolution in NumPy with both tiles, blocks that divide the batch and ones that do not, split
+    reductions, the bias gradient fused."""
+    checked = 0
+    for name, problem in wgmma_problems(op):
+        v = view(problem)
+        for m in (2, 4):
+            for imgs in (1, 2):
+                for splitk in ((1, 2) if op == "conv_wgrad" else (None,)):
+                    extra = {"BIAS_FUSED": 1} if op == "conv_wgrad" and problem.bias else {}
+                    config = wgmma_feasible(op, problem, (splitk,), m=m, imgs=imgs, **extra)
+                    if config is None:
+                        continue
+                    plan = OPERATIONS[op].plan(problem, config)
+                    assert plan.target_suffix == "a" and plan.compile_arch("sm_90") == "sm_90a"
+                    products = [s for s in plan.steps if s.kernel == "winograd_products"]
+                    th, tw = tiles(v, m)
+                    b = min(imgs, v.N)
+                    assert len(products) == -(-v.N // b) and not plan.library_gemms
+                    cols = v.CIN if op == "conv_wgrad" else b * th * tw
+                    assert products[0].grid == (-(-v.COUT // 64), -(-cols // 32), (m + 2) ** 2 * (splitk or 1))
+                    assert products[0].block == (128, 1, 1)
+                    inputs = [s for s in plan.steps if s.kernel == "winograd_input"]
+                    if op != "conv_wgrad":       # 2 warps: a tile row of 2 (or 1) tiles, and 1 (or 2) rows
+                        wide = min(2, next_pow2(tw))
+                        assert inputs[0].grid == (-(-tw // wide), b * -(-th // (2 // wide)), -(-v.CIN // 32))
+                        assert "V[e][t][ci]" in plan.source
+                    assert (plan.steps[0].kernel == "winograd_clear") == (splitk == 2)
+                    check_plans(OPERATIONS[op], [(name, problem)], lambda _p, c=config: [c], Kernels, rng)
+                    checked += 1
+    assert checked >= 2 * len(wgmma_problems(op))
+
+
+def test_wgmma_products_are_ruled_out_where_they_cannot_run():
+    """Not before Hopper; conv_fwd / conv_bwd_data with input channels that are no multiple of 4
+    (the K-major operands' float4s); conv_wgrad blocks of images whose tiles are no multiple of 4;
+    cuBLAS's 3xTF32 flag set; 3xTF32 with more than 128 columns (the partial sums' registers)."""
+    fwd = wgmma_problems("conv_fwd")[0][1]
+    ampere = OPERATIONS["conv_fwd"].space(fwd, DeviceLimits.for_arch("sm_80")).restrict({"formulation": NAME})
+    base = {"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64, "GEMM_3XTF32": 0, "PRODUCTS": "wgmma",
+            "WGMMA_WGS": 1, "WGMMA_BN": 32, "WGMMA_STAGES": 3, "WGMMA_INFLIGHT": 0}
+    with pytest.raises(InfeasibleConfigError, match="runs on sm_90"):
+        ampere.validate(base)
+    odd = odd_problems("conv_fwd")[0][1]                    # C = 5
+    with pytest.raises(InfeasibleConfigError, match="the 5 input channels, in float4s"):
+        wgmma_config("conv_fwd", odd)
+    wgrad = ConvFwdProblem(N=3, C=5, H=13, W=11, K=7, R=3, S=3, padding=1).with_op("conv_wgrad")   # 42 tiles an image
+    with pytest.raises(InfeasibleConfigError, match="each block's tiles"):
+        wgmma_config("conv_wgrad", wgrad, imgs=1)
+    with pytest.raises(InfeasibleConfigError, match="each block's tiles"):
+        wgmma_config("conv_wgrad", wgrad, imgs=2)           # 84, then the last image's 42
+    assert wgmma_config("conv_wgrad", dataclasses.replace(wgrad, N=4), imgs=2)["IMGS"] == 2
+    with pytest.raises(InfeasibleConfigError, match="PRODUCTS=wgmma splits in shared memory"):
+        wgmma_config("conv_fwd", fwd, GEMM_3XTF32=1)
+    with pytest.raises(InfeasibleConfigError, match="at most 128"):
+        wgmma_config("conv_fwd", dict(seed_problems("conv_fwd"))["modern_14"], m=4, imgs=32, WGMMA_BN=256)
+    tf32 = dataclasses.replace(dict(seed_problems("conv_fwd"))["modern_14"], precision="tf32")
+    assert wgmma_config("conv_fwd", tf32, m=4, imgs=32, WGMMA_BN=256)["WGMMA_BN"] == 256
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
+@pytest.mark.parametrize("op", OPS)
+def test_wgmma_plans_transforms_compute_the_convolution_under_emulation(op, tmp_path):
+    """The CUDA transforms of the wgmma products' plans, run by the CPU emulator of
+    tests/cuda_emulator.py (g++, an OS thread per CUDA thread, barriers and atomics emulated):
+    conv_fwd's and conv_bwd_data's input transform that writes V tiles x CIN through a shared-memory
+    window (a warp a tile, a lane a channel), the filter, output and gradient transforms, the split
+    reductions' clearing and the fused bias gradient, with the points' products (wgmma, which the
+    emulator cannot run) done in NumPy on the same buffers: the FP32 bound against float64, every
+    element written, on the odd shapes with both tiles, short blocks of images, and 2 to 8 warps a
+    transform block."""
+    from tests.cuda_emulator import emulated_failure
+
+    seed = random.randrange(2**31)
+    failures, checked = [], 0
+    for name, problem in wgmma_problems(op):
+        for m, imgs, threads in ((2, 2, 64), (4, 1, 128), (2, 1, 256), (4, 2, 64)):
+            extra = {"WG_THREADS": threads, **({"BIAS_FUSED": 1} if op == "conv_wgrad" and problem.bias else {})}
+            config = wgmma_feasible(op, problem, (2, 1) if imgs == 1 else (1,), m=m, imgs=imgs, **extra)
+            if config is None:
+                continue
+            products = Kernels(problem, config, np.float32).winograd_products
+            checked += 1
+            why = emulated_failure(OPERATIONS[op], problem, config, tmp_path, seed + checked,
+                                   host={"winograd_products": products})
+            if why:
+                failures.append(why)
+    assert checked >= 2 * len(wgmma_problems(op))
+    assert not failures, f"seed {seed}: {len(failures)} of {checked} failed:\n" + "\n".join(failures[:6])
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_wgmma_products_build_for_sm90a_without_spills_or_serialized_wgmmas(tmp_path):
+    """The wgmma products of each op in both precisions, one to four warpgroups, 32 to 256 columns,
+    2 to 5 stages, with and without a group of wgmmas in flight, split reductions: nvcc -cubin for
+    sm_90a, no spills and no wgmma serialized by ptxas (C7514)."""
+    from autocnn.kernels.compiler import NvccCompiler
+    from tests.formulation_checks import target_build_failures
+
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    variants = ({"WGMMA_WGS": 2, "WGMMA_BN": 128, "WGMMA_STAGES": 3},
+                {"WGMMA_WGS": 1, "WGMMA_BN": 64, "WGMMA_STAGES": 4, "WGMMA_INFLIGHT": 1},
+                {"WGMMA_WGS": 2, "WGMMA_BN": 64, "WGMMA_STAGES": 4, "WGMMA_INFLIGHT": 1},
+                {"WGMMA_WGS": 4, "WGMMA_BN": 64, "WGMMA_STAGES": 2},
+                {"WGMMA_WGS": 1, "WGMMA_BN": 32, "WGMMA_STAGES": 3, "WGMMA_INFLIGHT": 1})
+    jobs = []
+    for op in OPS:
+        problem = dict(seed_problems(op))["modern_14"]
+        for precision in ("fp32", "tf32"):
+            p = dataclasses.replace(problem, precision=precision)
+            for m in (2, 4):
+                for variant in variants:
+                    extra = {"WGMMA_SPLITK": 4} if op == "conv_wgrad" else {}
+                    config = wgmma_config(op, p, m=m, imgs=8, WG_THREADS=256, **variant, **extra)
+                    jobs.append((f"{op} {precision}", config, OPERATIONS[op].plan(p, config)))
+            wide = wgmma_config(op, p, m=4, imgs=32, WGMMA_BN=256) if precision == "tf32" else None
+            if wide is not None:
+                jobs.append((f"{op} {precision}", wide, OPERATIONS[op].plan(p, wide)))
+    failures = target_build_failures(compiler, jobs)
+    assert len(jobs) == 3 * (2 * 2 * len(variants) + 1) and not failures, "\n".join(failures[:8])
+
+
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
 def test_templates_build_without_spills(arch, tmp_path):
@@ -544,3 +719,44 @@ def test_3xtf32_products_verify_on_every_shape(op, m):
                                   "PRODUCTS": "cublas", **unfused(op, problem)})
             check = check_candidate(loader.load(OPERATIONS[op].plan(problem, config)), problem, time_it=False)
             assert check.verification.passed, f"{name} F({m}x{m},3x3) {config}: {check.verification.message}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("precision", ("fp32", "tf32"))
+def test_wgmma_products_verify_on_every_shape(op, precision):
+    """PRODUCTS "wgmma" in both precisions on the seed 3x3 layers and the odd shapes the products
+    take, blocks of images that divide the batch and ones that do not, one to four warpgroups, 32
+    to 256 columns, a group of wgmmas in flight or not, split reductions: every element against
+    float64. fp32 (3xTF32 split in shared memory) passes the one FP32 bound with both tiles; tf32
+    is held to F(2x2,3x3) as with the mma products (F(4x4)'s constants with one TF32 product per
+    term went past the tf32 bound; the tuner's verification decides there)."""
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    limits = current_device(0).limits()
+    loader = KernelLoader()
+    seed_variants = ({"WGMMA_WGS": 2, "WGMMA_BN": 128, "WGMMA_STAGES": 3, "WG_THREADS": 256},
+                     {"WGMMA_WGS": 1, "WGMMA_BN": 64, "WGMMA_STAGES": 4, "WGMMA_INFLIGHT": 1, "WG_THREADS": 128})
+    odd_variants = ({}, {"WGMMA_BN": 64, "WGMMA_INFLIGHT": 1, "WGMMA_STAGES": 4})
+    checked = 0
+    problems = [(n, p) for n, p in seed_problems(op) if n in SEEDS] + wgmma_problems(op)
+    for name, problem in problems:
+        problem = dataclasses.replace(problem, precision=precision)
+        seed = name in SEEDS
+        for m in ((2, 4) if precision == "fp32" else (2,)):
+            for imgs in ((16,) if seed else (1, 2)):
+                for variant in (seed_variants if seed else odd_variants):
+                    extra = dict(variant)
+                    if op == "conv_wgrad" and problem.bias:
+                        extra["BIAS_FUSED"] = 1
+                    config = wgmma_feasible(op, problem, (4, 2, 1) if seed else (2, 1), m=m, imgs=imgs, **extra)
+                    if config is None:
+                        continue
+                    check = check_candidate(loader.load(OPERATIONS[op].plan(problem, config)), problem,
+                                            time_it=False)
+                    assert check.verification.passed, f"{name} {config}: {check.verification.message}"
+                    checked += 1
+    assert checked >= 2 * len(problems)

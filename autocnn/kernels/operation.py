@@ -466,7 +466,7 @@ class Operation:
         return KernelPlan(
             op=self.name, problem=problem, config=config, source=source, fingerprint=fingerprint,
             launches=launches, inputs=self.inputs, outputs=self.outputs,
-            zero_first=zero, workspaces=workspaces, target_suffix=formulation.target_suffix,
+            zero_first=zero, workspaces=workspaces, target_suffix=formulation.compile_suffix(config),
         )
 
 

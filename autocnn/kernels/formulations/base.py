@@ -102,6 +102,11 @@ class OpFormulation:
     def code_helpers(self) -> tuple:
         return ()
 
+    def compile_suffix(self, config: Config) -> str:
+        """The target suffix a config is compiled for: the formulation's, unless some of its
+        configs need the architecture-specific target and others not (winograd's wgmma products)."""
+        return self.target_suffix
+
 
 @dataclass(frozen=True)
 class Formulation:

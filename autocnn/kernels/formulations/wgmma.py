@@ -52,6 +52,7 @@ FORMULATION_WGMMA = "wgmma"
 ARCH = 90           # wgmma exists on sm_90a only (Blackwell has other tensor-core instructions)
 BK = 32             # floats of the reduction per stage: one 128-byte swizzle row
 ALIGN_SLACK = 1024  # the swizzle needs 1024-byte aligned stages; the kernel aligns its dynamic smem
+NAMESPACE = "wg"    # wgmma_core.cuh.j2's namespace in these kernels (winograd's products name their own)
 
 
 def smem_bytes(wgs: int, wbn: int, stages: int, split: bool = False) -> int:
@@ -272,7 +273,7 @@ class WgmmaConvFwd(_SplitOutputGemm):
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         # The operand gathers read the staged NHWC copies; the staging kernels take the block size.
         return {"NHWC": 1, "stage_threads": "wg::THREADS", "BK": BK, "ALIGN_SLACK": ALIGN_SLACK,
-                "SPLIT": split(problem), "STAGE_SPLIT": split(problem)}
+                "SPLIT": split(problem), "STAGE_SPLIT": split(problem), "wgmma_namespace": NAMESPACE}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
@@ -314,7 +315,8 @@ class WgmmaConvBwdData(_SplitOutputGemm):
         return bwd_data_stage_workspaces(problem)
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
-        return {"NHWC": 1, "BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem)}
+        return {"NHWC": 1, "BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem),
+                "wgmma_namespace": NAMESPACE}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
@@ -540,7 +542,8 @@ class WgmmaConvWgrad(_WgmmaGemm):
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         g = PaddedGrid.of(problem)
-        return {"BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem), "HP": g.HP, "WP": g.WP, "LC": g.LC,
+        return {"BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem), "wgmma_namespace": NAMESPACE,
+                "HP": g.HP, "WP": g.WP, "LC": g.LC,
                 "XCOPIES": g.XCOPIES, "DY_IMAGES": dy_images(problem), "TPI": g.TPI, "OH": g.OH, "OW": g.OW,
                 "PHASES": g.PHASES, "LJ": unrolled_length(problem)}
 

@@ -49,6 +49,21 @@ parameters; conv_wgrad, whose products are few and long (K x C, the reduction ov
 tiles), also splits the reduction over MMA_SPLITK blocks that add into M with atomics (M cleared
 first by winograd_clear).
 
+PRODUCTS "wgmma" (Hopper, sm_90a) runs them on the wgmma formulation's block GEMM
+(wgmma_mainloop.cuh.j2, with its core in a namespace of its own), which reads both operands from
+swizzled shared memory for a warpgroup instead of every warp loading fragments (on an H100,
+modern_14's 3xTF32 products ran at 136 TFLOP/s of TF32 work in the mma kernel, its weight
+gradient's 106 us, and at 190 in cuBLAS's GEMM over 3·CIN, its forward's 76 us). wgmma takes 32-bit operands K-major only: conv_wgrad's P and V already run along the tiles, its
+reduction (every block's tiles a multiple of 4: whole 16-byte chunks); conv_fwd and conv_bwd_data
+multiply U[e] (COUT x CIN) by V[e] stored tiles x CIN, which their input transform writes through a
+shared-memory window of 32 channels of a block's tiles, a warp a tile and a lane a channel, so that
+each point's stores are 32 consecutive channels (CIN a multiple of 4). fp32 is 3xTF32 with each
+operand copied once, in FP32: each thread splits the chunks it copied into their TF32 parts in
+shared memory as soon as its copies land (split_in_smem), so no operand is written twice to
+global memory as the wgmma formulation's staged parts are. Its parameters are the wgmma
+formulation's, prefixed WGMMA_: warpgroups, columns, stages, a group in flight, and conv_wgrad's
+reduction splits.
+
 BIAS_FUSED (conv_wgrad with a bias): winograd_grad, which reads every element of dY once, also sums
 each tile into db (a warp's lanes of one filter by shuffles, then one atomic; db zeroed before the
 plan) instead of conv_bias_grad's second pass over dY, a block per filter (15-16 us of the H100's
@@ -64,7 +79,9 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.formulations.tensorcore import accumulator_violation, arch_violation, warp_tile_violation
+from autocnn.kernels.formulations.tensorcore import (accumulator_violation, arch_number, arch_violation,
+                                                     warp_tile_violation)
+from autocnn.kernels.formulations import wgmma as hopper
 from autocnn.kernels.operation import (GRID_YZ_LIMIT, Launch, LibraryGemm, MatrixView, cdiv, grid_rule, next_pow2,
                                        smem_rule, threads_rule, workspace_rule)
 from autocnn.kernels.space import Config, Constraint, Param
@@ -74,9 +91,9 @@ TILES = (2, 4)
 IMGS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 THREADS = (64, 128, 256)
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
-# The points' products: cuBLAS batched GEMMs (the code before the parameter, first) or the generated
-# mma.sync kernel winograd_products.
-PRODUCTS = ("cublas", "mma")
+# The points' products: cuBLAS batched GEMMs (the code before the parameter, first), the generated
+# mma.sync kernel winograd_products, or the generated wgmma kernel of that name (Hopper).
+PRODUCTS = ("cublas", "mma", "wgmma")
 MMA_TILES = (32, 64, 128)
 MMA_STEPS = (16, 32)
 MMA_WARPS = (1, 2, 4)
@@ -87,7 +104,16 @@ MMA_SPLITS = (1, 2, 4, 8, 16, 32)
 # bank conflicts: an operand stored along k as [row][BK + 4] (row length 4, 20 mod 32 floats), one
 # stored along its rows as [k][ROWS + 8] (8 mod 32).
 MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR = 4, 8
-PRODUCTS_TEMPLATES = ("_winograd_products.cuh.j2", "tcgemm.cuh.j2", "_mma_sync.cuh.j2")
+# PRODUCTS "wgmma": warpgroups along the rows (64 each), the wgmma's N (columns per block), stages,
+# a group of wgmmas left in flight across the next tile's barrier, and (conv_wgrad) reduction splits.
+WGMMA_WGS = (1, 2, 4)
+WGMMA_BNS = (128, 64, 256, 32)
+WGMMA_STAGES = (3, 4, 2, 5)
+WGMMA_INFLIGHT = (0, 1)
+WGMMA_SPLITS = (1, 2, 4, 8, 16, 32)
+PRODUCTS_TEMPLATES = ("_winograd_points.cuh.j2", "_winograd_products.cuh.j2", "tcgemm.cuh.j2", "_mma_sync.cuh.j2",
+                      "_winograd_wgmma_products.cuh.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2",
+                      "wgmma_mainloop.cuh.j2")
 
 _h = Fraction(1, 2)
 # (B^T, G, A^T) of F(m x m, 3x3) for m = 2 and 4 (the points 0, +-1 and 0, +-1, +-2, infinity).
@@ -224,8 +250,11 @@ def products_constraints(p: Any, limits: DeviceLimits) -> list[Constraint]:
     rows = view(p).COUT
 
     def one_pass(products, flag):
-        # cuBLAS's flag has no meaning for the mma kernel: one value, so no config is tried twice.
-        return None if products != "mma" or not flag else f"PRODUCTS=mma splits in registers: {cublas_flag} must be 0"
+        # cuBLAS's flag has no meaning for the generated kernels: one value, so no config is tried twice.
+        if products == "cublas" or not flag:
+            return None
+        where = "in registers" if products == "mma" else "in shared memory"
+        return f"PRODUCTS={products} splits {where}: {cublas_flag} must be 0"
 
     def arch(_):
         return arch_violation(limits)
@@ -254,12 +283,81 @@ def products_constraints(p: Any, limits: DeviceLimits) -> list[Constraint]:
            smem_rule(limits, ("TILE", "IMGS", "MMA_BM", "MMA_BN", "MMA_BK", "MMA_STAGES"),
                      lambda m, imgs, bm, bn, bk, st: products_smem_bytes(gemm(m, imgs), bm, bn, bk, st)),
            grid_rule(("TILE", "IMGS", "MMA_BN"), lambda m, imgs, bn: cdiv(gemm(m, imgs).GN, bn))]
+    out += wgmma_products_constraints(p, limits, gemm)
     if wgrad:
         def reduction(m, imgs, bk, splitk):
             steps = cdiv(gemm(m, imgs).GK, bk)
             return None if splitk <= steps else f"MMA_SPLITK={splitk} exceeds the {steps} reduction steps"
         out += [Constraint(("TILE", "IMGS", "MMA_BK", "MMA_SPLITK"), reduction),
                 Constraint(("TILE", "MMA_SPLITK"), lambda m, splitk: None if (m + 2) ** 2 * splitk <= GRID_YZ_LIMIT
+                           else "too many splits")]
+    return out
+
+
+def wgmma_products_constraints(p: Any, limits: DeviceLimits, gemm: Any) -> list[Constraint]:
+    """Static feasibility of the wgmma products (the wgmma formulation's rules for its block GEMM,
+    and the K-major operands' 16-byte chunks); each rule names WGMMA_ parameters, so it applies only
+    where PRODUCTS is "wgmma"."""
+    wgrad = p.op == "conv_wgrad"
+    split3 = p.precision == "fp32"
+    rows = view(p).COUT
+
+    def arch(_):
+        n = arch_number(limits.arch)
+        return None if n == hopper.ARCH else f"PRODUCTS=wgmma runs on sm_{hopper.ARCH} (Hopper) only, not {limits.arch}"
+
+    def chunks(m, imgs, _wgs):
+        # Both operands move in 16-byte chunks along the reduction, each chunk whole: the channels
+        # (conv_fwd, conv_bwd_data) or every block's tiles (conv_wgrad) a multiple of 4.
+        g = gemm(m, imgs)
+        if not wgrad:
+            cin = view(p).CIN
+            return None if cin % 4 == 0 else (
+                f"PRODUCTS=wgmma reads the products' reduction, the {cin} input channels, in float4s: "
+                "a multiple of 4 is needed")
+        return None if g.vec_a == 4 else (
+            f"PRODUCTS=wgmma reads the products' reduction, each block's tiles ({g.GK} with {imgs} images a block, "
+            "and the last block's), in float4s: multiples of 4 are needed")
+
+    def columns(m, imgs, wbn):
+        gn = gemm(m, imgs).GN
+        return None if wbn <= max(32, next_pow2(gn)) else f"WGMMA_BN={wbn} exceeds the products' {gn} columns"
+
+    def even_copies(wgs, wbn):
+        return None if (wbn * hopper.BK // 4) % (128 * wgs) == 0 else (
+            f"{wbn} columns of {hopper.BK} floats do not split evenly over {128 * wgs} threads")
+
+    def registers(wgs, wbn):
+        # fp32 keeps each tile's partial sums beside the totals: WBN accumulator registers a thread;
+        # 512 threads (WGS=4) get at most 128 registers each, half of them for accumulators.
+        acc = wbn // 2 * (2 if split3 else 1)
+        if split3 and wbn > 128:
+            return f"WGMMA_BN={wbn} with 3xTF32 holds {acc} accumulator registers per thread (at most 128)"
+        return None if wgs < 4 or acc <= 64 else (
+            f"WGMMA_WGS=4 (512 threads) with WGMMA_BN={wbn} holds {acc} accumulator registers per thread (at most 64)")
+
+    def pipelined(stages, inflight):
+        return None if not inflight or stages >= 3 else (
+            f"WGMMA_INFLIGHT=1 needs at least 3 stages (copies ahead, wgmmas in flight), not {stages}")
+
+    out = [Constraint(("WGMMA_WGS",), arch),
+           Constraint(("TILE", "IMGS", "WGMMA_WGS"), chunks),
+           Constraint(("WGMMA_WGS",), lambda wgs: None if wgs == 1 or 64 * wgs <= max(64, next_pow2(rows))
+                      else f"WGMMA_WGS={wgs} exceeds the products' {rows} rows"),
+           Constraint(("TILE", "IMGS", "WGMMA_BN"), columns),
+           Constraint(("WGMMA_WGS", "WGMMA_BN"), even_copies),
+           Constraint(("WGMMA_WGS", "WGMMA_BN"), registers),
+           Constraint(("WGMMA_STAGES", "WGMMA_INFLIGHT"), pipelined),
+           threads_rule(limits, ("WGMMA_WGS",), lambda wgs: 128 * wgs),
+           smem_rule(limits, ("WGMMA_WGS", "WGMMA_BN", "WGMMA_STAGES"),
+                     lambda wgs, wbn, st: hopper.smem_bytes(wgs, wbn, st, split3)),
+           grid_rule(("TILE", "IMGS", "WGMMA_BN"), lambda m, imgs, wbn: cdiv(gemm(m, imgs).GN, wbn))]
+    if wgrad:
+        def reduction(m, imgs, splitk):
+            tiles = cdiv(gemm(m, imgs).GK, hopper.BK)
+            return None if splitk <= tiles else f"WGMMA_SPLITK={splitk} exceeds the {tiles} reduction tiles"
+        out += [Constraint(("TILE", "IMGS", "WGMMA_SPLITK"), reduction),
+                Constraint(("TILE", "WGMMA_SPLITK"), lambda m, splitk: None if (m + 2) ** 2 * splitk <= GRID_YZ_LIMIT
                            else "too many splits")]
     return out
 
@@ -277,6 +375,33 @@ def products_context(problem: Any, config: Config) -> dict[str, Any] | None:
             "ROW_VECTORS": int(not g.b_kmajor and g.vec_b > 1), "gemm": g, "points": (c["TILE"] + 2) ** 2,
             "splitk": c.get("MMA_SPLITK", 1), "threads": 32 * c["MMA_WM"] * c["MMA_WN"],
             "smem": products_smem_bytes(g, c["MMA_BM"], c["MMA_BN"], c["MMA_BK"], c["MMA_STAGES"])}
+
+
+def wgmma_products_context(problem: Any, config: Config) -> dict[str, Any] | None:
+    """What _winograd_wgmma_products.cuh.j2 reads (None unless PRODUCTS is "wgmma"), in the same
+    terms as products_context where products_launch reads it."""
+    c = config
+    if c.get("PRODUCTS", "cublas") != "wgmma":
+        return None
+    g = products_gemm(problem, c["IMGS"], c["TILE"])
+    split3 = problem.precision == "fp32"
+    wgs, wbn = c["WGMMA_WGS"], c["WGMMA_BN"]
+    return {"WGS": wgs, "WBN": wbn, "BK": hopper.BK, "WSTAGES": c["WGMMA_STAGES"], "INFLIGHT": c["WGMMA_INFLIGHT"],
+            "ALIGN_SLACK": hopper.ALIGN_SLACK, "split3": split3, "gemm": g, "points": (c["TILE"] + 2) ** 2,
+            "splitk": c.get("WGMMA_SPLITK", 1), "threads": 128 * wgs, "BM": 64 * wgs, "BN": wbn,
+            "smem": hopper.smem_bytes(wgs, wbn, c["WGMMA_STAGES"], split3)}
+
+
+def transposed_input(problem: Any, config: Config) -> dict[str, int] | None:
+    """PRODUCTS "wgmma" for conv_fwd / conv_bwd_data: V stored tiles x CIN (its products' B operand,
+    K-major), by an input transform whose blocks take 32 channels of tiles_h x tiles_w tiles, a warp
+    a tile: as wide as the tile rows allow (a power of two), the rest of the warps on further rows."""
+    if problem.op == "conv_wgrad" or config.get("PRODUCTS", "cublas") != "wgmma":
+        return None
+    warps = config["WG_THREADS"] // 32
+    _th, tw = tiles(view(problem), config["TILE"])
+    wide = min(warps, next_pow2(tw))
+    return {"tiles_h": warps // wide, "tiles_w": wide}
 
 
 def products_launch(mma: dict[str, Any], args: tuple[str, str, str], cols: int, accumulate: bool) -> Launch:
@@ -348,9 +473,17 @@ class _Winograd(OpFormulation):
                 Param("MMA_WN", MMA_WARPS, "mma products: warps along the block's columns", mma),
                 Param("MMA_STAGES", MMA_STAGES, "mma products: cp.async pipeline stages", mma),
                 Param("MMA_FRAG", MMA_FRAGS, "mma products: fragment reads of one or two mma k-steps", mma)]
+        wgmma = (("PRODUCTS", ("wgmma",)),)
+        out += [Param("WGMMA_WGS", WGMMA_WGS, "wgmma products: warpgroups along the rows (64 rows each)", wgmma),
+                Param("WGMMA_BN", WGMMA_BNS, "wgmma products: columns per block (the wgmma's N)", wgmma),
+                Param("WGMMA_STAGES", WGMMA_STAGES, "wgmma products: shared-memory pipeline stages", wgmma),
+                Param("WGMMA_INFLIGHT", WGMMA_INFLIGHT, "wgmma products: groups of wgmmas left in flight across the "
+                      "next tile's barrier", wgmma)]
         if problem.op == "conv_wgrad":
             out.append(Param("MMA_SPLITK", MMA_SPLITS, "mma products: blocks sharing one tile's reduction "
                              "(added into M with atomics)", mma))
+            out.append(Param("WGMMA_SPLITK", WGMMA_SPLITS, "wgmma products: blocks sharing one tile's reduction "
+                             "(added into M with atomics)", wgmma))
             if problem.bias:
                 out.append(Param("BIAS_FUSED", (0, 1), "the bias gradient summed by dY's transform (warp "
                                  "sums, atomics into a zeroed db) instead of a kernel of its own"))
@@ -404,6 +537,24 @@ class _Winograd(OpFormulation):
                 want = max(1, min(2 * 132 // blocks, cdiv(gemm.GK, 4 * 32)))
                 cand["MMA_SPLITK"] = max(s for s in MMA_SPLITS if s <= want)
             out.append(cand)
+        # The wgmma products (Hopper) after them, where the shape lets their operands move in float4s:
+        # 128 rows where there are that many, 128 columns (fewer where there are), 3 stages; the
+        # weight gradient's reduction split as for mma.
+        for m in (4, 2):
+            imgs = largest_block(m, 1)
+            gemm = products_gemm(problem, imgs, m)
+            whole_chunks = gemm.vec_a == 4 if problem.op == "conv_wgrad" else v.CIN % 4 == 0
+            if not whole_chunks:
+                continue
+            wgs = 2 if gemm.GM > 64 else 1
+            wbn = 128 if gemm.GN > 64 else min(64, max(32, next_pow2(gemm.GN)))
+            cand = {"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 256, **extra, "PRODUCTS": "wgmma",
+                    "WGMMA_WGS": wgs, "WGMMA_BN": wbn, "WGMMA_STAGES": 3, "WGMMA_INFLIGHT": 0}
+            if problem.op == "conv_wgrad":
+                blocks = (m + 2) ** 2 * cdiv(gemm.GM, 64 * wgs) * cdiv(gemm.GN, wbn)
+                want = max(1, min(2 * 132 // blocks, cdiv(gemm.GK, 4 * hopper.BK)))
+                cand["WGMMA_SPLITK"] = max(s for s in WGMMA_SPLITS if s <= want)
+            out.append(cand)
         return out
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
@@ -415,7 +566,13 @@ class _Winograd(OpFormulation):
                 "wg_split": {1: "", 2: "parts", 3: "kconcat"}[split],
                 "wg_block": min(config["IMGS"], v.N), "wg_pad_t": v.PAD_T, "wg_pad_l": v.PAD_L,
                 "wg_filter": sandwich("x", g, "g", 3, "part"), "wg_input": sandwich("x", bt, "d", m + 2, "part"),
-                "wg_output": sandwich("y", at, "mm", m + 2, "part"), "wg_mma": products_context(problem, config)}
+                "wg_output": sandwich("y", at, "mm", m + 2, "part"), "wg_mma": products_context(problem, config),
+                "wg_wgmma": wgmma_products_context(problem, config), "wg_vt": transposed_input(problem, config)}
+
+    def compile_suffix(self, config: Config) -> str:
+        # wgmma runs on the architecture-specific target (sm_90a) only; the other products keep the
+        # portable one.
+        return "a" if config.get("PRODUCTS") == "wgmma" else ""
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         return (), tuple(workspace_elements(view(problem), config["TILE"], config["IMGS"],
@@ -429,11 +586,15 @@ class _Winograd(OpFormulation):
         b = min(config["IMGS"], v.N)
         steps: list = [Launch("winograd_filter", (cdiv(v.COUT * v.CIN, threads), 1, 1), (threads, 1, 1), 0,
                               ("w", "wg_u"))]
-        mma = products_context(problem, config)
+        mma = products_context(problem, config) or wgmma_products_context(problem, config)
+        vt = transposed_input(problem, config)
         for n0 in range(0, v.N, b):
             nb = min(b, v.N - n0)
-            steps.append(Launch("winograd_input", (cdiv(v.CIN * ld, threads), 1, 1), (threads, 1, 1), 0,
-                                (self.src, "wg_v"), (n0, nb)))
+            if vt is not None:    # V stored tiles x CIN: 32 channels of tiles_h x tiles_w tiles a block
+                grid = (cdiv(tw, vt["tiles_w"]), nb * cdiv(th, vt["tiles_h"]), cdiv(v.CIN, 32))
+            else:
+                grid = (cdiv(v.CIN * ld, threads), 1, 1)
+            steps.append(Launch("winograd_input", grid, (threads, 1, 1), 0, (self.src, "wg_v"), (n0, nb)))
             if mma is not None:
                 steps.append(products_launch(mma, ("wg_u", "wg_v", "wg_m"), nb * th * tw, False))
             else:
@@ -448,7 +609,8 @@ class _Winograd(OpFormulation):
     def code_helpers(self) -> tuple:
         return (WinogradView, serves, view, tiles, block_tiles, workspace_elements, splits, config_splits, _literal,
                 _combination, sandwich, TRANSFORMS, ProductsGemm, products_gemm, products_smem_bytes, products_active,
-                products_context, products_launch, MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR)
+                products_context, products_launch, MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR, wgmma_products_context,
+                transposed_input, hopper.smem_bytes, hopper.BK, hopper.ALIGN_SLACK)
 
 
 class _WinogradWgrad(_Winograd):
@@ -485,7 +647,7 @@ class _WinogradWgrad(_Winograd):
         # parts' product, then the remainders' products with them, accumulating.
         pairs = ((0, 0),) if parts == 1 else ((0, 0), (1, 0), (0, 1))
         steps: list = []
-        mma = products_context(problem, config)
+        mma = products_context(problem, config) or wgmma_products_context(problem, config)
         fused = bool(config.get("BIAS_FUSED", 0))
         if mma is not None and mma["splitk"] > 1:     # the splits add into M from the first block of images on
             steps.append(Launch("winograd_clear", (cdiv(points * v.COUT * v.CIN, threads), 1, 1), (threads, 1, 1), 0,
