@@ -352,6 +352,11 @@ def wgmma_products_constraints(p: Any, limits: DeviceLimits, gemm: Any) -> list[
            smem_rule(limits, ("WGMMA_WGS", "WGMMA_BN", "WGMMA_STAGES"),
                      lambda wgs, wbn, st: hopper.smem_bytes(wgs, wbn, st, split3)),
            grid_rule(("TILE", "IMGS", "WGMMA_BN"), lambda m, imgs, wbn: cdiv(gemm(m, imgs).GN, wbn))]
+    if not wgrad:
+        def input_rows(m, imgs, threads, _wgs):
+            # the transposed input transform's blocks along y: the block's images x its tile rows
+            return min(imgs, p.N) * cdiv(tiles(view(p), m)[0], input_window(p, m, threads)["tiles_h"])
+        out.append(grid_rule(("TILE", "IMGS", "WG_THREADS", "WGMMA_WGS"), input_rows))
     if wgrad:
         def reduction(m, imgs, splitk):
             tiles = cdiv(gemm(m, imgs).GK, hopper.BK)
@@ -398,8 +403,13 @@ def transposed_input(problem: Any, config: Config) -> dict[str, int] | None:
     a tile: as wide as the tile rows allow (a power of two), the rest of the warps on further rows."""
     if problem.op == "conv_wgrad" or config.get("PRODUCTS", "cublas") != "wgmma":
         return None
-    warps = config["WG_THREADS"] // 32
-    _th, tw = tiles(view(problem), config["TILE"])
+    return input_window(problem, config["TILE"], config["WG_THREADS"])
+
+
+def input_window(problem: Any, m: int, threads: int) -> dict[str, int]:
+    """The tiles of one block of the transposed input transform: a warp each."""
+    warps = threads // 32
+    _th, tw = tiles(view(problem), m)
     wide = min(warps, next_pow2(tw))
     return {"tiles_h": warps // wide, "tiles_w": wide}
 
@@ -610,7 +620,7 @@ class _Winograd(OpFormulation):
         return (WinogradView, serves, view, tiles, block_tiles, workspace_elements, splits, config_splits, _literal,
                 _combination, sandwich, TRANSFORMS, ProductsGemm, products_gemm, products_smem_bytes, products_active,
                 products_context, products_launch, MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR, wgmma_products_context,
-                transposed_input, hopper.smem_bytes, hopper.BK, hopper.ALIGN_SLACK)
+                transposed_input, input_window, hopper.smem_bytes, hopper.BK, hopper.ALIGN_SLACK)
 
 
 class _WinogradWgrad(_Winograd):
