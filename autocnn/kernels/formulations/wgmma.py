@@ -67,6 +67,60 @@ def split(problem: Any) -> bool:
     return problem.precision == "fp32"
 
 
+@dataclass(frozen=True)
+class BlockNames:
+    """What the block GEMM's parameters are called where it runs: the wgmma formulation's own
+    names, or another formulation's (winograd's products: WGMMA_*), for the rules' messages."""
+    wgs: str = "WGS"
+    wbn: str = "WBN"
+    stages: str = "WSTAGES"
+    inflight: str = "INFLIGHT"
+
+
+def block_rules(limits: DeviceLimits, split_: bool, names: BlockNames = BlockNames()) -> list[Constraint]:
+    """The rules of the block GEMM itself (wgmma_mainloop.cuh.j2), whoever runs it: Hopper; its
+    accumulator registers (3xTF32 keeps each tile's partial sums beside the totals); a stage for a
+    group of wgmmas in flight; stage copies that split evenly over the threads; threads and shared
+    memory within the device's limits."""
+    n = names
+
+    def arch(_):
+        number = arch_number(limits.arch)
+        return None if number == ARCH else f"wgmma runs on sm_{ARCH} (Hopper) only, not {limits.arch}"
+
+    def partial_sums(wbn):
+        return None if not split_ or wbn <= 128 else (
+            f"{n.wbn}={wbn} with 3xTF32 holds {wbn} accumulator registers per thread (at most 128: fp32 keeps "
+            "each tile's partial sums beside the totals)")
+
+    def registers(wgs, wbn):
+        # 512 threads get at most 128 registers each: the totals (and fp32's partial sums) fit in
+        # half of them
+        acc = wbn // 2 * (2 if split_ else 1)
+        return None if wgs < 4 or acc <= 64 else (
+            f"{n.wgs}=4 (512 threads, 128 registers each) with {n.wbn}={wbn} holds {acc} accumulator registers "
+            "per thread (at most 64)")
+
+    def pipelined(stages, inflight):
+        # a group in flight holds one stage beyond the copies ahead, which need one at least
+        return None if not inflight or stages >= 3 else (
+            f"{n.inflight}=1 needs at least 3 stages (one for the copies ahead, one for the wgmmas in flight), "
+            f"not {stages}")
+
+    def even_copies(wgs, wbn):
+        # every thread copies the same number of 16-byte chunks of a stage's B rows
+        return None if (wbn * BK // 4) % (128 * wgs) == 0 else (
+            f"{wbn} columns of {BK} floats do not split evenly over {128 * wgs} threads")
+
+    return [Constraint((n.wgs,), arch),   # of the device, not of a parameter: any one carries it
+            Constraint((n.wgs, n.wbn), registers),
+            Constraint((n.stages, n.inflight), pipelined),
+            Constraint((n.wbn,), partial_sums),
+            Constraint((n.wgs, n.wbn), even_copies),
+            threads_rule(limits, (n.wgs,), lambda wgs: 128 * wgs),
+            smem_rule(limits, (n.wgs, n.wbn, n.stages), lambda wgs, wbn, st: smem_bytes(wgs, wbn, st, split_))]
+
+
 def bwd_data_stage_launches(problem: Any, threads: tuple[int, int, int]) -> tuple[Launch, Launch]:
     """conv_bwd_data's staging kernels (wgmma_conv_bwd_data.cu.j2: dY to NHWC, W to CRSK), run before
     the GEMM with its block size."""
@@ -127,10 +181,6 @@ class _WgmmaGemm(OpFormulation):
         gn, columns = self.gemm_columns(p)
         vector = self.vector_channels(p)
 
-        def arch(_):
-            n = arch_number(limits.arch)
-            return None if n == ARCH else f"wgmma runs on sm_{ARCH} (Hopper) only, not {limits.arch}"
-
         def channels(_):
             if vector is None or vector[0] % 4 == 0:
                 return None
@@ -146,46 +196,15 @@ class _WgmmaGemm(OpFormulation):
             return None if need <= limits.workspace_bytes else (
                 f"the NHWC staging workspace ({need} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes")
 
-        def even_copies(wgs, wbn):
-            # every thread copies the same number of 16-byte chunks of a stage's B rows
-            return None if (wbn * BK // 4) % (128 * wgs) == 0 else (
-                f"{wbn} columns of {BK} floats do not split evenly over {128 * wgs} threads")
-
-        def partial_sums(wbn):
-            # fp32 keeps each tile's partial sums beside the accumulators: twice WBN / 2 registers
-            return None if not split(p) or wbn <= 128 else (
-                f"WBN={wbn} with 3xTF32 holds {wbn} accumulator registers per thread (at most 128: fp32 keeps "
-                "each tile's partial sums beside the totals)")
-
-        def pipelined(stages, inflight):
-            # a group in flight holds one stage beyond the copies ahead, which need one at least
-            return None if not inflight or stages >= 3 else (
-                f"INFLIGHT=1 needs at least 3 stages (one for the copies ahead, one for the wgmmas in flight), "
-                f"not {stages}")
-
-        def registers(wgs, wbn):
-            # 512 threads get at most 128 registers each: the totals (and fp32's partial sums) fit
-            # in half of them
-            acc = wbn // 2 * (2 if split(p) else 1)
-            return None if wgs < 4 or acc <= 64 else (
-                f"WGS=4 (512 threads, 128 registers each) with WBN={wbn} holds {acc} accumulator registers "
-                "per thread (at most 64)")
-
         return [
-            Constraint(("WGS",), arch),   # of the device, not of a parameter: any one carries it
-            Constraint(("WGS", "WBN"), registers),
-            Constraint(("WSTAGES", "INFLIGHT"), pipelined),
-            Constraint(("WBN",), partial_sums),
+            *block_rules(limits, split(p)),
             Constraint(("WGS",), channels),
             Constraint(("WBN", *self.workspace_params), workspace),
             Constraint(("WBN", *self.workspace_params), addressable),
-            threads_rule(limits, ("WGS",), lambda wgs: 128 * wgs),
             at_most("WBN", max(64, next_pow2(gn)), f"only {gn} {columns}"),
             Constraint(("WGS",), lambda wgs: None if wgs == 1 or 64 * wgs <= max(64, next_pow2(gm))
                        else f"only {gm} GEMM rows"),
-            Constraint(("WGS", "WBN"), even_copies),
             grid_rule(("WBN",), lambda wbn: cdiv(gn, wbn)),
-            smem_rule(limits, ("WGS", "WBN", "WSTAGES"), lambda wgs, wbn, st: smem_bytes(wgs, wbn, st, split(p))),
         ]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:

@@ -79,8 +79,7 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.formulations.tensorcore import (accumulator_violation, arch_number, arch_violation,
-                                                     warp_tile_violation)
+from autocnn.kernels.formulations.tensorcore import accumulator_violation, arch_violation, warp_tile_violation
 from autocnn.kernels.formulations import wgmma as hopper
 from autocnn.kernels.operation import (GRID_YZ_LIMIT, Launch, LibraryGemm, MatrixView, cdiv, grid_rule, next_pow2,
                                        smem_rule, threads_rule, workspace_rule)
@@ -111,6 +110,7 @@ WGMMA_BNS = (128, 64, 256, 32)
 WGMMA_STAGES = (3, 4, 2, 5)
 WGMMA_INFLIGHT = (0, 1)
 WGMMA_SPLITS = (1, 2, 4, 8, 16, 32)
+WGMMA_NAMES = hopper.BlockNames("WGMMA_WGS", "WGMMA_BN", "WGMMA_STAGES", "WGMMA_INFLIGHT")
 PRODUCTS_TEMPLATES = ("_winograd_points.cuh.j2", "_winograd_products.cuh.j2", "tcgemm.cuh.j2", "_mma_sync.cuh.j2",
                       "_winograd_wgmma_products.cuh.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2",
                       "wgmma_mainloop.cuh.j2")
@@ -295,16 +295,12 @@ def products_constraints(p: Any, limits: DeviceLimits) -> list[Constraint]:
 
 
 def wgmma_products_constraints(p: Any, limits: DeviceLimits, gemm: Any) -> list[Constraint]:
-    """Static feasibility of the wgmma products (the wgmma formulation's rules for its block GEMM,
-    and the K-major operands' 16-byte chunks); each rule names WGMMA_ parameters, so it applies only
+    """Static feasibility of the wgmma products (the block GEMM's own rules, hopper.block_rules, and
+    the K-major operands' 16-byte chunks); each rule names WGMMA_ parameters, so it applies only
     where PRODUCTS is "wgmma"."""
     wgrad = p.op == "conv_wgrad"
     split3 = p.precision == "fp32"
     rows = view(p).COUT
-
-    def arch(_):
-        n = arch_number(limits.arch)
-        return None if n == hopper.ARCH else f"PRODUCTS=wgmma runs on sm_{hopper.ARCH} (Hopper) only, not {limits.arch}"
 
     def chunks(m, imgs, _wgs):
         # Both operands move in 16-byte chunks along the reduction, each chunk whole: the channels
@@ -323,44 +319,21 @@ def wgmma_products_constraints(p: Any, limits: DeviceLimits, gemm: Any) -> list[
         gn = gemm(m, imgs).GN
         return None if wbn <= max(32, next_pow2(gn)) else f"WGMMA_BN={wbn} exceeds the products' {gn} columns"
 
-    def even_copies(wgs, wbn):
-        return None if (wbn * hopper.BK // 4) % (128 * wgs) == 0 else (
-            f"{wbn} columns of {hopper.BK} floats do not split evenly over {128 * wgs} threads")
-
-    def registers(wgs, wbn):
-        # fp32 keeps each tile's partial sums beside the totals: WBN accumulator registers a thread;
-        # 512 threads (WGS=4) get at most 128 registers each, half of them for accumulators.
-        acc = wbn // 2 * (2 if split3 else 1)
-        if split3 and wbn > 128:
-            return f"WGMMA_BN={wbn} with 3xTF32 holds {acc} accumulator registers per thread (at most 128)"
-        return None if wgs < 4 or acc <= 64 else (
-            f"WGMMA_WGS=4 (512 threads) with WGMMA_BN={wbn} holds {acc} accumulator registers per thread (at most 64)")
-
-    def pipelined(stages, inflight):
-        return None if not inflight or stages >= 3 else (
-            f"WGMMA_INFLIGHT=1 needs at least 3 stages (copies ahead, wgmmas in flight), not {stages}")
-
-    out = [Constraint(("WGMMA_WGS",), arch),
+    out = [*hopper.block_rules(limits, split3, WGMMA_NAMES),
            Constraint(("TILE", "IMGS", "WGMMA_WGS"), chunks),
            Constraint(("WGMMA_WGS",), lambda wgs: None if wgs == 1 or 64 * wgs <= max(64, next_pow2(rows))
                       else f"WGMMA_WGS={wgs} exceeds the products' {rows} rows"),
            Constraint(("TILE", "IMGS", "WGMMA_BN"), columns),
-           Constraint(("WGMMA_WGS", "WGMMA_BN"), even_copies),
-           Constraint(("WGMMA_WGS", "WGMMA_BN"), registers),
-           Constraint(("WGMMA_STAGES", "WGMMA_INFLIGHT"), pipelined),
-           threads_rule(limits, ("WGMMA_WGS",), lambda wgs: 128 * wgs),
-           smem_rule(limits, ("WGMMA_WGS", "WGMMA_BN", "WGMMA_STAGES"),
-                     lambda wgs, wbn, st: hopper.smem_bytes(wgs, wbn, st, split3)),
            grid_rule(("TILE", "IMGS", "WGMMA_BN"), lambda m, imgs, wbn: cdiv(gemm(m, imgs).GN, wbn))]
     if not wgrad:
         def input_rows(m, imgs, threads, _wgs):
             # the transposed input transform's blocks along y: the block's images x its tile rows
             return min(imgs, p.N) * cdiv(tiles(view(p), m)[0], input_window(p, m, threads)["tiles_h"])
         out.append(grid_rule(("TILE", "IMGS", "WG_THREADS", "WGMMA_WGS"), input_rows))
-    if wgrad:
+    else:
         def reduction(m, imgs, splitk):
-            tiles = cdiv(gemm(m, imgs).GK, hopper.BK)
-            return None if splitk <= tiles else f"WGMMA_SPLITK={splitk} exceeds the {tiles} reduction tiles"
+            steps = cdiv(gemm(m, imgs).GK, hopper.BK)
+            return None if splitk <= steps else f"WGMMA_SPLITK={splitk} exceeds the {steps} reduction tiles"
         out += [Constraint(("TILE", "IMGS", "WGMMA_SPLITK"), reduction),
                 Constraint(("TILE", "WGMMA_SPLITK"), lambda m, splitk: None if (m + 2) ** 2 * splitk <= GRID_YZ_LIMIT
                            else "too many splits")]
