@@ -387,6 +387,20 @@ def input_window(problem: Any, m: int, threads: int) -> dict[str, int]:
     return {"tiles_h": warps // wide, "tiles_w": wide}
 
 
+def generated_products(problem: Any, config: Config) -> dict[str, Any] | None:
+    """The generated products kernel's context (mma's or wgmma's; None with cuBLAS's), in the terms
+    products_launch reads."""
+    return products_context(problem, config) or wgmma_products_context(problem, config)
+
+
+def default_split(m: int, gemm: ProductsGemm, bm: int, bn: int, choices: tuple[int, ...]) -> int:
+    """The default candidates' reduction split of conv_wgrad's products: enough blocks for about two
+    per SM of an H100 (132), each split at least four steps of 32 of the reduction."""
+    blocks = (m + 2) ** 2 * cdiv(gemm.GM, bm) * cdiv(gemm.GN, bn)
+    want = max(1, min(2 * 132 // blocks, cdiv(gemm.GK, 4 * 32)))
+    return max(s for s in choices if s <= want)
+
+
 def products_launch(mma: dict[str, Any], args: tuple[str, str, str], cols: int, accumulate: bool) -> Launch:
     """winograd_products over one block of images (``cols`` of its tiles), from the plan's
     products_context: C = A B of every point, added to C where ``accumulate`` (conv_wgrad's later
@@ -516,9 +530,7 @@ class _Winograd(OpFormulation):
                     "MMA_BM": bm, "MMA_BN": bn, "MMA_BK": 32, "MMA_WM": 2, "MMA_WN": 2, "MMA_STAGES": 3,
                     "MMA_FRAG": "pair"}
             if problem.op == "conv_wgrad":
-                blocks = (m + 2) ** 2 * cdiv(gemm.GM, bm) * cdiv(gemm.GN, bn)
-                want = max(1, min(2 * 132 // blocks, cdiv(gemm.GK, 4 * 32)))
-                cand["MMA_SPLITK"] = max(s for s in MMA_SPLITS if s <= want)
+                cand["MMA_SPLITK"] = default_split(m, gemm, bm, bn, MMA_SPLITS)
             out.append(cand)
         # The wgmma products (Hopper) after them, where the shape lets their operands move in float4s:
         # 128 rows where there are that many, 128 columns (fewer where there are), 3 stages; the
@@ -534,9 +546,7 @@ class _Winograd(OpFormulation):
             cand = {"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 256, **extra, "PRODUCTS": "wgmma",
                     "WGMMA_WGS": wgs, "WGMMA_BN": wbn, "WGMMA_STAGES": 3, "WGMMA_INFLIGHT": 0}
             if problem.op == "conv_wgrad":
-                blocks = (m + 2) ** 2 * cdiv(gemm.GM, 64 * wgs) * cdiv(gemm.GN, wbn)
-                want = max(1, min(2 * 132 // blocks, cdiv(gemm.GK, 4 * hopper.BK)))
-                cand["WGMMA_SPLITK"] = max(s for s in WGMMA_SPLITS if s <= want)
+                cand["WGMMA_SPLITK"] = default_split(m, gemm, 64 * wgs, wbn, WGMMA_SPLITS)
             out.append(cand)
         return out
 
@@ -569,7 +579,7 @@ class _Winograd(OpFormulation):
         b = min(config["IMGS"], v.N)
         steps: list = [Launch("winograd_filter", (cdiv(v.COUT * v.CIN, threads), 1, 1), (threads, 1, 1), 0,
                               ("w", "wg_u"))]
-        mma = products_context(problem, config) or wgmma_products_context(problem, config)
+        mma = generated_products(problem, config)
         vt = transposed_input(problem, config)
         for n0 in range(0, v.N, b):
             nb = min(b, v.N - n0)
@@ -593,7 +603,7 @@ class _Winograd(OpFormulation):
         return (WinogradView, serves, view, tiles, block_tiles, workspace_elements, splits, config_splits, _literal,
                 _combination, sandwich, TRANSFORMS, ProductsGemm, products_gemm, products_smem_bytes, products_active,
                 products_context, products_launch, MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR, wgmma_products_context,
-                transposed_input, input_window, hopper.smem_bytes, hopper.BK, hopper.ALIGN_SLACK)
+                transposed_input, input_window, generated_products, hopper.smem_bytes, hopper.BK, hopper.ALIGN_SLACK)
 
 
 class _WinogradWgrad(_Winograd):
@@ -630,7 +640,7 @@ class _WinogradWgrad(_Winograd):
         # parts' product, then the remainders' products with them, accumulating.
         pairs = ((0, 0),) if parts == 1 else ((0, 0), (1, 0), (0, 1))
         steps: list = []
-        mma = products_context(problem, config) or wgmma_products_context(problem, config)
+        mma = generated_products(problem, config)
         fused = bool(config.get("BIAS_FUSED", 0))
         if mma is not None and mma["splitk"] > 1:     # the splits add into M from the first block of images on
             steps.append(Launch("winograd_clear", (cdiv(points * v.COUT * v.CIN, threads), 1, 1), (threads, 1, 1), 0,
