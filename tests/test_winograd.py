@@ -757,7 +757,7 @@ def test_wgmma_products_verify_on_every_shape(op, precision):
                     config = wgmma_feasible(op, problem, (4, 2, 1) if seed else (2, 1), m=m, imgs=imgs, **extra)
                     if config is not None:
                         cases.append((name, problem, config, OPERATIONS[op].plan(problem, config)))
-    assert len(cases) >= 2 * len(problems)
+    assert len(cases) >= (2 if precision == "fp32" else 1) * len(problems)
     # Some hundred sm_90a builds: where nvcc is there they are built side by side (what the tuner
     # measures); the first case of each problem also goes through NVRTC, what the library loads.
     cubins = [None] * len(cases)
