@@ -264,13 +264,13 @@ def test_workspace_is_computed_and_never_above_the_limit():
     big = dict(seed_problems("conv_fwd"))["modern_56"]    # 64 images of 56x56x64: V and M of all exceed 256 MiB
     with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
         space("conv_fwd", big).validate({"formulation": NAME, "TILE": 2, "IMGS": 64, "WG_THREADS": 128,
-                                             "GEMM_3XTF32": 0, "PRODUCTS": "cublas"})
+                                             "GEMM_3XTF32": 0, "PRODUCTS": "cublas", "WG_OUTPUT": "tiles"})
 
 
 def test_plans_are_a_filter_transform_then_per_block_transforms_around_one_batched_gemm():
     problem = odd_problems("conv_bwd_data")[0][1]            # N = 3
     config = space("conv_bwd_data", problem).validate({"formulation": NAME, "TILE": 4, "IMGS": 2, "WG_THREADS": 64,
-                                                        "GEMM_3XTF32": 0, "PRODUCTS": "cublas"})
+                                                        "GEMM_3XTF32": 0, "PRODUCTS": "cublas", "WG_OUTPUT": "tiles"})
     plan = OPERATIONS["conv_bwd_data"].plan(problem, config)
     assert [s.kernel for s in plan.steps] == ["winograd_filter"] + 2 * [
         "winograd_input", "cublasSgemmStridedBatched", "winograd_output"]
@@ -285,7 +285,8 @@ def test_3xtf32_products_are_one_tf32_gemm_over_three_blocks_of_the_reduction():
     images runs on TF32 tensor-op math over all three blocks; tf32 problems keep TF32_GEMM."""
     problem = odd_problems("conv_fwd")[0][1]                 # N = 3, C = 5, K = 7
     sp = space("conv_fwd", problem)
-    config = sp.validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64, "GEMM_3XTF32": 1, "PRODUCTS": "cublas"})
+    config = sp.validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64, "GEMM_3XTF32": 1, "PRODUCTS": "cublas",
+                          "WG_OUTPUT": "tiles"})
     plan = OPERATIONS["conv_fwd"].plan(problem, config)
     v, (th, tw) = view(problem), tiles(view(problem), 2)
     gemms = plan.library_gemms
@@ -299,7 +300,7 @@ def test_3xtf32_products_are_one_tf32_gemm_over_three_blocks_of_the_reduction():
     tf32 = dataclasses.replace(problem, precision="tf32")
     with pytest.raises(InvalidConfigError, match="GEMM_3XTF32"):
         space("conv_fwd", tf32).validate({"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64,
-                                          "TF32_GEMM": 0, "GEMM_3XTF32": 1, "PRODUCTS": "cublas"})
+                                          "TF32_GEMM": 0, "GEMM_3XTF32": 1, "PRODUCTS": "cublas", "WG_OUTPUT": "tiles"})
 
 
 @pytest.mark.parametrize("x3", (0, 1))
@@ -323,8 +324,11 @@ def test_weight_gradient_plans_accumulate_the_points_gemms_over_blocks_of_images
 
 
 def unfused(op, problem):
-    """The bias gradient as its own kernel (BIAS_FUSED 0), where the parameter exists."""
-    return {"BIAS_FUSED": 0} if op == "conv_wgrad" and problem.bias else {}
+    """The plan as before its optional kernels' parameters, where they exist: the bias gradient as
+    its own kernel (BIAS_FUSED 0), each thread storing its own output tile (WG_OUTPUT "tiles")."""
+    if op == "conv_wgrad":
+        return {"BIAS_FUSED": 0} if problem.bias else {}
+    return {"WG_OUTPUT": "tiles"}
 
 
 def mma_config(op, problem, m=2, imgs=2, **mma):
@@ -479,7 +483,7 @@ def test_wgmma_products_are_ruled_out_where_they_cannot_run():
     fwd = wgmma_problems("conv_fwd")[0][1]
     ampere = OPERATIONS["conv_fwd"].space(fwd, DeviceLimits.for_arch("sm_80")).restrict({"formulation": NAME})
     base = {"formulation": NAME, "TILE": 2, "IMGS": 2, "WG_THREADS": 64, "GEMM_3XTF32": 0, "PRODUCTS": "wgmma",
-            "WGMMA_WGS": 1, "WGMMA_BN": 32, "WGMMA_STAGES": 3, "WGMMA_INFLIGHT": 0}
+            "WGMMA_WGS": 1, "WGMMA_BN": 32, "WGMMA_STAGES": 3, "WGMMA_INFLIGHT": 0, "WG_OUTPUT": "tiles"}
     with pytest.raises(InfeasibleConfigError, match="runs on sm_90"):
         ampere.validate(base)
     odd = odd_problems("conv_fwd")[0][1]                    # C = 5
@@ -597,6 +601,107 @@ def test_templates_build_without_spills(arch, tmp_path):
 
 def gpu_problems(op: str) -> list[tuple[str, object]]:
     return [(n, p) for n, p in seed_problems(op) if n in SEEDS] + odd_problems(op)
+
+
+def rows_problems(op: str) -> list[tuple[str, object]]:
+    """Shapes for WG_OUTPUT "rows" in each of its block shapes: several whole planes a block (small
+    images), bands of tile rows of one plane (a plane's tiles more than the block's threads, the last
+    band short), and a row of tiles wider than the block (its threads loop); odd sizes, asymmetric
+    padding, a fused epilogue, a short last block of images."""
+    fwd = [("wr_planes", ConvFwdProblem(N=5, C=8, H=9, W=7, K=12, R=3, S=3, padding=(1, 0, 2, 1))),
+           ("wr_bands", ConvFwdProblem(N=3, C=8, H=23, W=19, K=12, R=3, S=3, padding=1, bias=True,
+                                       activation="relu")),
+           ("wr_wide", ConvFwdProblem(N=2, C=4, H=5, W=141, K=8, R=3, S=3, padding=(0, 1, 1, 0)))]
+    return fwd if op == "conv_fwd" else [(name, p.with_op(op)) for name, p in fwd if not p.bias]
+
+
+def test_staged_output_blocks_take_planes_bands_or_rows_and_fit_static_shared_memory():
+    """output_rows: whole planes while a plane's tiles fit the threads (no more than the block of
+    images), else bands of tile rows, at least one; its staging past 48 KB of static shared memory
+    is ruled out by name, and the launch covers every plane and band."""
+    from autocnn.kernels.formulations.winograd import output_rows
+
+    fwd = dict(rows_problems("conv_fwd"))
+    assert output_rows(fwd["wr_planes"], 4, 4, 128) == {"planes": 4, "band": 3, "bands": 1, "smem": 4 * 4 * 12 * 6}
+    assert output_rows(fwd["wr_planes"], 4, 64, 256)["planes"] == 5          # capped at the batch
+    bands = output_rows(fwd["wr_bands"], 2, 2, 64)                             # 12 x 10 tiles: 6 rows of 10
+    assert (bands["planes"], bands["band"], bands["bands"]) == (1, 6, 2)
+    wide = output_rows(fwd["wr_wide"], 2, 2, 64)                               # 2 rows of 70 tiles
+    assert (wide["planes"], wide["band"], wide["bands"]) == (1, 1, 2)
+    big = ConvFwdProblem(N=1, C=4, H=8, W=8000, K=4, R=3, S=3, padding=1)
+    with pytest.raises(InfeasibleConfigError, match="WG_OUTPUT=rows stages 4 output rows of 8000"):
+        space("conv_fwd", big).validate({"formulation": NAME, "TILE": 4, "IMGS": 1, "WG_THREADS": 64,
+                                         "GEMM_3XTF32": 0, "WG_OUTPUT": "rows", "PRODUCTS": "cublas"})
+    for op in ("conv_fwd", "conv_bwd_data"):
+        for name, problem in rows_problems(op):
+            v = view(problem)
+            for m, imgs, threads in ((2, 2, 64), (4, 4, 256)):
+                imgs = min(imgs, next_pow2(problem.N))
+                config = space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": imgs,
+                                                      "WG_THREADS": threads, "GEMM_3XTF32": 0, "WG_OUTPUT": "rows",
+                                                      "PRODUCTS": "cublas"})
+                rows = output_rows(problem, m, imgs, threads)
+                outs = [s for s in OPERATIONS[op].plan(problem, config).steps if s.kernel == "winograd_output"]
+                blocks = [v.COUT * -(-min(imgs, v.N - n0) // rows["planes"]) * rows["bands"]
+                          for n0 in range(0, v.N, min(imgs, v.N))]
+                assert [s.grid for s in outs] == [(b, 1, 1) for b in blocks], name
+    assert "WG_OUTPUT" not in {p.name for p in space("conv_wgrad", fwd["wr_planes"].with_op("conv_wgrad")).params}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
+@pytest.mark.parametrize("op", ("conv_fwd", "conv_bwd_data"))
+def test_staged_output_rows_compute_the_convolution_under_emulation(op, tmp_path):
+    """WG_OUTPUT "rows" run by the CPU emulator (the products, which it cannot run, in NumPy): whole
+    planes, bands and rows wider than the block, both tiles, 2 to 8 warps, short blocks of images:
+    the FP32 bound against float64, every element written."""
+    from tests.cuda_emulator import emulated_failure
+
+    seed = random.randrange(2**31)
+    failures, checked = [], 0
+    for name, problem in rows_problems(op):
+        for m, imgs, threads in ((2, 2, 64), (4, 2, 128), (2, 4, 256), (4, 1, 64)):
+            config = wgmma_feasible(op, problem, m=m, imgs=imgs, WG_THREADS=threads, WG_OUTPUT="rows")
+            if config is None:
+                continue
+            checked += 1
+            why = emulated_failure(OPERATIONS[op], problem, config, tmp_path, seed + checked,
+                                   host={"winograd_products": Kernels(problem, config, np.float32).winograd_products})
+            if why:
+                failures.append(why)
+    assert checked >= 3 * len(rows_problems(op))
+    assert not failures, f"seed {seed}: {len(failures)} of {checked} failed:\n" + "\n".join(failures[:6])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ("conv_fwd", "conv_bwd_data"))
+def test_staged_output_rows_verify_on_every_shape(op):
+    """WG_OUTPUT "rows" on the GPU with cuBLAS's products (FP32 and 3xTF32) and the wgmma ones: the
+    seed 3x3 layers and the shapes of each block shape, both tiles, every element against float64."""
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    limits = current_device(0).limits()
+    loader = KernelLoader()
+    failures, checked = [], 0
+    problems = [(n, p) for n, p in seed_problems(op) if n in SEEDS] + rows_problems(op)
+    for name, problem in problems:
+        for m, imgs, threads, x3 in ((4, 16, 256, 1), (2, 2, 64, 0), (4, 4, 128, 0)):
+            imgs = min(imgs, next_pow2(problem.N))
+            config = space(op, problem).validate({"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": threads,
+                                                  "GEMM_3XTF32": x3, "WG_OUTPUT": "rows", "PRODUCTS": "cublas"})
+            configs = [config]
+            wg = wgmma_feasible(op, problem, m=m, imgs=imgs, WG_THREADS=threads, WG_OUTPUT="rows")
+            if wg is not None and limits.arch == "sm_90":
+                configs.append(wg)
+            for c in configs:
+                check = check_candidate(loader.load(OPERATIONS[op].plan(problem, c)), problem, time_it=False)
+                checked += 1
+                if not check.verification.passed:
+                    failures.append(f"{name} {c}: {check.verification.message}")
+    assert checked >= 3 * len(problems)
+    assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:8])
 
 
 @pytest.mark.gpu

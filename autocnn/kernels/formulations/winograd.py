@@ -81,7 +81,7 @@ from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulatio
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.tensorcore import accumulator_violation, arch_violation, warp_tile_violation
 from autocnn.kernels.formulations import wgmma as hopper
-from autocnn.kernels.operation import (GRID_YZ_LIMIT, Launch, LibraryGemm, MatrixView, cdiv, grid_rule, next_pow2,
+from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, LibraryGemm, MatrixView, cdiv, grid_rule, next_pow2,
                                        smem_rule, threads_rule, workspace_rule)
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -93,6 +93,10 @@ DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
 # The points' products: cuBLAS batched GEMMs (the code before the parameter, first), the generated
 # mma.sync kernel winograd_products, or the generated wgmma kernel of that name (Hopper).
 PRODUCTS = ("cublas", "mma", "wgmma")
+# The output transform (conv_fwd, conv_bwd_data): each thread stores its own tile (the code before
+# the parameter, first), or the block stages its tiles in shared memory and stores whole rows.
+WG_OUTPUTS = ("tiles", "rows")
+STATIC_SMEM_BYTES = 48 * 1024       # a kernel's static __shared__ arrays, on every architecture
 MMA_TILES = (32, 64, 128)
 MMA_STEPS = (16, 32)
 MMA_WARPS = (1, 2, 4)
@@ -387,6 +391,28 @@ def input_window(problem: Any, m: int, threads: int) -> dict[str, int]:
     return {"tiles_h": warps // wide, "tiles_w": wide}
 
 
+def output_rows(problem: Any, m: int, imgs: int, threads: int) -> dict[str, int]:
+    """The blocks of the output transform with WG_OUTPUT "rows": ``planes`` whole planes (images) of
+    one output channel where a plane's tiles fit the block (at most the block of images), else
+    ``band`` rows of tiles of one plane, as many as the threads take one tile each (at least one
+    row, the threads then looping over its tiles); ``bands`` a plane, and the shared memory that
+    holds the block's outputs."""
+    v = view(problem)
+    th, tw = tiles(v, m)
+    if th * tw <= threads:
+        planes, band = max(1, min(threads // (th * tw), imgs, v.N)), th
+    else:
+        planes, band = 1, max(1, min(th, threads // tw))
+    return {"planes": planes, "band": band, "bands": cdiv(th, band), "smem": 4 * planes * band * m * v.WO}
+
+
+def output_context(problem: Any, config: Config) -> dict[str, int] | None:
+    """output_rows of the config, or None where each thread stores its own tile."""
+    if problem.op == "conv_wgrad" or config.get("WG_OUTPUT", "tiles") != "rows":
+        return None
+    return output_rows(problem, config["TILE"], config["IMGS"], config["WG_THREADS"])
+
+
 def generated_products(problem: Any, config: Config) -> dict[str, Any] | None:
     """The generated products kernel's context (mma's or wgmma's; None with cuBLAS's), in the terms
     products_launch reads."""
@@ -460,6 +486,9 @@ class _Winograd(OpFormulation):
         else:
             out.append(Param("GEMM_3XTF32", (0, 1), "the products as 3xTF32 on the tensor cores, FP32-accurate "
                              "(fp32 problems only; 0: cuBLAS SGEMM)"))
+        if problem.op != "conv_wgrad":
+            out.append(Param("WG_OUTPUT", WG_OUTPUTS, "output transform: each thread stores its tile, or the block "
+                             "stages its tiles in shared memory and stores whole rows"))
         mma = (("PRODUCTS", ("mma",)),)
         out += [Param("PRODUCTS", PRODUCTS, "the points' products: cuBLAS batched GEMMs, or the generated mma.sync "
                       "kernel (fp32: 3xTF32 split in registers)"),
@@ -495,8 +524,21 @@ class _Winograd(OpFormulation):
         v = view(p)
         # GEMM_3XTF32 is a parameter of fp32 problems only; a tf32 problem's products keep one block.
         params = ("TILE", "IMGS") if p.precision == "tf32" else ("TILE", "IMGS", "GEMM_3XTF32")
-        return [workspace_rule(limits.workspace_bytes, params, lambda m, imgs, x3=0: 4 * sum(
+        out = [workspace_rule(limits.workspace_bytes, params, lambda m, imgs, x3=0: 4 * sum(
             workspace_elements(v, m, imgs, splits(p.op, x3)).values())), *products_constraints(p, limits)]
+        if p.op != "conv_wgrad":
+            def staged_rows(kind, m, imgs, threads):
+                if kind != "rows":
+                    return None
+                rows = output_rows(p, m, imgs, threads)
+                if rows["smem"] > STATIC_SMEM_BYTES:
+                    return (f"WG_OUTPUT=rows stages {rows['band'] * m} output rows of {v.WO} in "
+                            f"{rows['smem']} bytes of shared memory, more than a block's static "
+                            f"{STATIC_SMEM_BYTES}")
+                blocks = v.COUT * cdiv(min(imgs, v.N), rows["planes"]) * rows["bands"]
+                return None if blocks <= GRID_X_LIMIT else f"WG_OUTPUT=rows: {blocks} blocks exceed {GRID_X_LIMIT}"
+            out.append(Constraint(("WG_OUTPUT", "TILE", "IMGS", "WG_THREADS"), staged_rows))
+        return out
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         """Each tile with the largest block within a quarter of the workspace limit, then one image;
@@ -514,6 +556,8 @@ class _Winograd(OpFormulation):
         extra["PRODUCTS"] = "cublas"
         if problem.op == "conv_wgrad" and problem.bias:
             extra["BIAS_FUSED"] = 0
+        if problem.op != "conv_wgrad":
+            extra["WG_OUTPUT"] = "tiles"
         out = [{"formulation": NAME, "TILE": m, "IMGS": largest_block(m, 1), "WG_THREADS": 128, **extra}
                for m in (4, 2)]
         out.append({"formulation": NAME, "TILE": 2, "IMGS": 1, "WG_THREADS": 128, **extra})
@@ -560,7 +604,8 @@ class _Winograd(OpFormulation):
                 "wg_block": min(config["IMGS"], v.N), "wg_pad_t": v.PAD_T, "wg_pad_l": v.PAD_L,
                 "wg_filter": sandwich("x", g, "g", 3, "part"), "wg_input": sandwich("x", bt, "d", m + 2, "part"),
                 "wg_output": sandwich("y", at, "mm", m + 2, "part"), "wg_mma": products_context(problem, config),
-                "wg_wgmma": wgmma_products_context(problem, config), "wg_vt": transposed_input(problem, config)}
+                "wg_wgmma": wgmma_products_context(problem, config), "wg_vt": transposed_input(problem, config),
+                "wg_out_rows": output_context(problem, config)}
 
     def compile_suffix(self, config: Config) -> str:
         # wgmma runs on the architecture-specific target (sm_90a) only; the other products keep the
@@ -595,7 +640,10 @@ class _Winograd(OpFormulation):
                                          b=MatrixView("wg_v", 0, ld, red * ld),
                                          c=MatrixView("wg_m", 0, ld, v.COUT * ld),
                                          batch=points, tf32=bool(config.get("TF32_GEMM", 0)) or red > v.CIN))
-            steps.append(Launch("winograd_output", (cdiv(v.COUT * ld, threads), 1, 1), (threads, 1, 1), 0,
+            out_rows = output_context(problem, config)
+            blocks = (v.COUT * cdiv(nb, out_rows["planes"]) * out_rows["bands"] if out_rows is not None
+                      else cdiv(v.COUT * ld, threads))
+            steps.append(Launch("winograd_output", (blocks, 1, 1), (threads, 1, 1), 0,
                                 ("wg_m", "bias", self.dst), (n0, nb)))
         return tuple(steps)
 
@@ -603,7 +651,7 @@ class _Winograd(OpFormulation):
         return (WinogradView, serves, view, tiles, block_tiles, workspace_elements, splits, config_splits, _literal,
                 _combination, sandwich, TRANSFORMS, ProductsGemm, products_gemm, products_smem_bytes, products_active,
                 products_context, products_launch, MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR, wgmma_products_context,
-                transposed_input, input_window, generated_products, hopper.smem_bytes, hopper.BK, hopper.ALIGN_SLACK)
+                transposed_input, input_window, output_rows, output_context, generated_products, hopper.smem_bytes, hopper.BK, hopper.ALIGN_SLACK)
 
 
 class _WinogradWgrad(_Winograd):
