@@ -241,14 +241,15 @@ def test_bad_filters_and_ranks_are_refused(rng):
 # -- the CUDA template, on the CPU -------------------------------------------------------------------
 
 def test_variants_fit_the_block_and_shared_memory_limits():
-    from autocnn.separable.svd_cuda import STATIC_SHARED_LIMIT, candidate_variants, shared_bytes
+    from autocnn.kernels.operation import STATIC_SMEM_LIMIT
+    from autocnn.separable.svd_cuda import candidate_variants, shared_bytes
 
     for R, S, rank in [(3, 3, 1), (5, 5, 5), (11, 11, 11), (2, 7, 2)]:
         variants = candidate_variants(R, S, rank)
         assert variants
         for v in variants:
             assert 32 <= v.threads <= 256 and 32 % v.threads_per_filter == 0
-            assert shared_bytes(R, S, rank, v.filters_per_block) <= STATIC_SHARED_LIMIT
+            assert shared_bytes(R, S, rank, v.filters_per_block) <= STATIC_SMEM_LIMIT
         assert len({v.kernel for v in variants}) == len(variants)
 
 

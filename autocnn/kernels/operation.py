@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 GRID_YZ_LIMIT = 65535
 GRID_X_LIMIT = 2**31 - 1
+# A kernel's static __shared__ arrays, on every architecture (more is dynamic, opted into per kernel).
+STATIC_SMEM_LIMIT = 48 * 1024
 
 
 def cdiv(a: int, b: int) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from autocnn.kernels.operation import STATIC_SMEM_LIMIT
 from autocnn.separable.svd import SvdReport, SvdSettings, check_rank, report_from
 from autocnn.separable.svd_check import FactorCheck, check_factors
 from autocnn.separable.templates import load_module, render
@@ -32,7 +33,6 @@ from autocnn.separable.templates import load_module, render
 TEMPLATE = "power_svd.cu.j2"
 GROUP_SIZES = (1, 2, 4, 8, 16, 32)
 BLOCK_SIZES = (32, 64, 128, 256)
-STATIC_SHARED_LIMIT = 48 * 1024
 TUNING_BUDGET_S = 0.02
 
 
@@ -65,7 +65,7 @@ def candidate_variants(R: int, S: int, rank: int) -> list[SvdVariant]:
             continue
         for threads in BLOCK_SIZES:
             fpb = threads // tpf
-            if fpb >= 1 and shared_bytes(R, S, rank, fpb) <= STATIC_SHARED_LIMIT:
+            if fpb >= 1 and shared_bytes(R, S, rank, fpb) <= STATIC_SMEM_LIMIT:
                 out.append(SvdVariant(tpf, fpb))
     return out
 

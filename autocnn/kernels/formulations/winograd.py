@@ -87,8 +87,8 @@ from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulatio
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.tensorcore import accumulator_violation, arch_violation, warp_tile_violation
 from autocnn.kernels.formulations import wgmma as hopper
-from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, LibraryGemm, MatrixView, cdiv, grid_rule, next_pow2,
-                                       smem_rule, threads_rule, workspace_rule)
+from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, STATIC_SMEM_LIMIT, Launch, LibraryGemm, MatrixView,
+                                       cdiv, grid_rule, next_pow2, smem_rule, threads_rule, workspace_rule)
 from autocnn.kernels.space import Config, Constraint, Param
 
 NAME = "winograd"
@@ -102,7 +102,6 @@ PRODUCTS = ("cublas", "mma", "wgmma")
 # The output transform (conv_fwd, conv_bwd_data): each thread stores its own tile (the code before
 # the parameter, first), or the block stages its tiles in shared memory and stores whole rows.
 WG_OUTPUTS = ("tiles", "rows")
-STATIC_SMEM_BYTES = 48 * 1024       # a kernel's static __shared__ arrays, on every architecture
 MMA_TILES = (32, 64, 128)
 MMA_STEPS = (16, 32)
 MMA_WARPS = (1, 2, 4)
@@ -412,6 +411,12 @@ def output_rows(problem: Any, m: int, imgs: int, threads: int) -> dict[str, int]
     return {"planes": planes, "band": band, "bands": cdiv(th, band), "smem": 4 * planes * band * m * v.WO}
 
 
+def output_blocks(problem: Any, rows: dict[str, int], nb: int) -> int:
+    """The output transform's blocks (WG_OUTPUT "rows") for a launch over nb images: per output
+    channel, a group of rows["planes"] images by each band."""
+    return view(problem).COUT * cdiv(nb, rows["planes"]) * rows["bands"]
+
+
 def output_context(problem: Any, config: Config) -> dict[str, int] | None:
     """output_rows of the config, or None where each thread stores its own tile."""
     if problem.op == "conv_wgrad" or config.get("WG_OUTPUT", "tiles") != "rows":
@@ -537,11 +542,11 @@ class _Winograd(OpFormulation):
                 if kind != "rows":
                     return None
                 rows = output_rows(p, m, imgs, threads)
-                if rows["smem"] > STATIC_SMEM_BYTES:
+                if rows["smem"] > STATIC_SMEM_LIMIT:
                     return (f"WG_OUTPUT=rows stages {rows['band'] * m} output rows of {v.WO} in "
                             f"{rows['smem']} bytes of shared memory, more than a block's static "
-                            f"{STATIC_SMEM_BYTES}")
-                blocks = v.COUT * cdiv(min(imgs, v.N), rows["planes"]) * rows["bands"]
+                            f"{STATIC_SMEM_LIMIT}")
+                blocks = output_blocks(p, rows, min(imgs, v.N))
                 return None if blocks <= GRID_X_LIMIT else f"WG_OUTPUT=rows: {blocks} blocks exceed {GRID_X_LIMIT}"
             out.append(Constraint(("WG_OUTPUT", "TILE", "IMGS", "WG_THREADS"), staged_rows))
         return out
@@ -602,7 +607,7 @@ class _Winograd(OpFormulation):
             # shared memory allows.
             for cand in out:
                 rows = output_rows(problem, cand["TILE"], cand["IMGS"], cand["WG_THREADS"])
-                cand["WG_OUTPUT"] = "rows" if rows["smem"] <= STATIC_SMEM_BYTES else "tiles"
+                cand["WG_OUTPUT"] = "rows" if rows["smem"] <= STATIC_SMEM_LIMIT else "tiles"
         return out
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
@@ -637,6 +642,7 @@ class _Winograd(OpFormulation):
                               ("w", "wg_u"))]
         mma = generated_products(problem, config)
         vt = transposed_input(problem, config)
+        out_rows = output_context(problem, config)
         for n0 in range(0, v.N, b):
             nb = min(b, v.N - n0)
             if vt is not None:    # V stored tiles x CIN: 32 channels of tiles_h x tiles_w tiles a block
@@ -651,9 +657,7 @@ class _Winograd(OpFormulation):
                                          b=MatrixView("wg_v", 0, ld, red * ld),
                                          c=MatrixView("wg_m", 0, ld, v.COUT * ld),
                                          batch=points, tf32=bool(config.get("TF32_GEMM", 0)) or red > v.CIN))
-            out_rows = output_context(problem, config)
-            blocks = (v.COUT * cdiv(nb, out_rows["planes"]) * out_rows["bands"] if out_rows is not None
-                      else cdiv(v.COUT * ld, threads))
+            blocks = output_blocks(problem, out_rows, nb) if out_rows is not None else cdiv(v.COUT * ld, threads)
             steps.append(Launch("winograd_output", (blocks, 1, 1), (threads, 1, 1), 0,
                                 ("wg_m", "bias", self.dst), (n0, nb)))
         return tuple(steps)
@@ -662,7 +666,8 @@ class _Winograd(OpFormulation):
         return (WinogradView, serves, view, tiles, block_tiles, workspace_elements, splits, config_splits, _literal,
                 _combination, sandwich, TRANSFORMS, ProductsGemm, products_gemm, products_smem_bytes, products_active,
                 products_context, products_launch, MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR, wgmma_products_context,
-                transposed_input, input_window, output_rows, output_context, generated_products, hopper.smem_bytes, hopper.BK, hopper.ALIGN_SLACK)
+                transposed_input, input_window, output_rows, output_blocks, output_context, generated_products,
+                hopper.smem_bytes, hopper.BK, hopper.ALIGN_SLACK)
 
 
 class _WinogradWgrad(_Winograd):
