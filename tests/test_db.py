@@ -262,7 +262,10 @@ def test_one_bad_record_does_not_hide_the_good_ones(db):
     raw_file(db.path_for(H200), [bad, good, stale])
     with pytest.warns(InvalidRecordWarning) as caught:
         assert db.lookup(H200, KRIZ).source == "exact"
-    assert sorted(str(w.message).split(": record ")[1][0] for w in caught) == ["0", "2"]
+    # Only autocnn's warnings count: the full suite can let another (a ResourceWarning from a
+    # garbage-collected file of an earlier test) land inside this block, as CI once saw.
+    ours = [str(w.message) for w in caught if issubclass(w.category, InvalidRecordWarning)]
+    assert sorted(m.split(": record ")[1][0] for m in ours) == ["0", "2"]
     assert [r.key.problem["H"] for r in db.records()] == [KRIZ.H]
     # A writer replaces the entry with its key (the bad one) and keeps entries of other keys it
     # cannot use: a stale record is harmless, and a newer autocnn may read what this one cannot.
