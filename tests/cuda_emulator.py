@@ -7,6 +7,14 @@ and runs the steps in the plan's order on NumPy buffers. Outputs and workspaces 
 where the plan zeroes them), so an element a kernel never wrote fails verification. It checks the
 kernels' indexing, tiling, barriers and schedules without a GPU; it says nothing of speed, of the
 GPU's rounding or resource limits, or of real concurrency (the GPU tests' part).
+
+The inline PTX of the mma.sync formulations runs too (translate_ptx): the warp-collective
+``mma.sync.m16n8k8`` on TF32 operands (each lane's fragments gathered through the warp's barrier,
+the operands cut to their top 19 bits as the tensor cores read them), ``cvt.rna.tf32.f32``,
+``cp.async`` (a copy done at once, zero-filled past its source size; commit and wait do nothing)
+and the vector shared-memory loads and stores, with shared addresses as 32-bit offsets the way the
+kernels compute them. The Hopper statements (wgmma, TMA, the async proxy's fences) do not: a
+kernel that reaches one fails its launch, and run_emulated can run such a step in NumPy instead.
 """
 from __future__ import annotations
 
@@ -20,12 +28,15 @@ from typing import Callable, Collection, Mapping
 import numpy as np
 
 from autocnn.kernels import reference
-from autocnn.kernels.operation import Launch
+from autocnn.kernels.operation import Launch, LibraryFft, LibraryGemm
 from autocnn.tuning.measure import verify_outputs
+from tests.plan_numpy import numpy_fft, numpy_gemm
 
 PRELUDE = r"""
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <atomic>
 #include <barrier>
 #include <cstring>
@@ -36,6 +47,8 @@ PRELUDE = r"""
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
 thread_local dim3 threadIdx, blockIdx;
 static dim3 blockDim, gridDim;
 #define __global__
@@ -59,7 +72,36 @@ inline void emu_ptx() { emu_ptx_reached = true; }
 extern "C" int emu_take_ptx_reached() { const bool r = emu_ptx_reached; emu_ptx_reached = false; return r; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
+// A shared address is a 32-bit offset, as the kernels keep it ("r" operands): here the offset from
+// emu_smem, which also reaches the blocks' static arrays (function-local statics of this library).
+inline size_t __cvta_generic_to_shared(const void* p) {
+    const long long d = static_cast<const char*>(p) - reinterpret_cast<const char*>(emu_smem);
+    if (d != static_cast<int>(d)) { fprintf(stderr, "emulator: a shared object beyond 32-bit offsets\n"); abort(); }
+    return static_cast<unsigned>(static_cast<int>(d));
+}
+inline char* emu_shared(unsigned a) { return reinterpret_cast<char*>(emu_smem) + static_cast<int>(a); }
+// cvt.rna.tf32.f32: round to the nearest TF32 value, ties away from zero; Inf and NaN pass (the
+// NaN canonical, as the instruction gives it).
+inline unsigned emu_cvt_rna_tf32(float x) {
+    const unsigned u = __float_as_uint(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) return (u & 0x007fffffu) ? 0x7fffffffu : u;
+    return (u + 0x1000u) & 0xffffe000u;
+}
+// cp.async: src_bytes of bytes copied at once, the rest zero-filled.
+inline void emu_cp_async(unsigned dst, const void* src, int bytes, int src_bytes) {
+    char* d = emu_shared(dst);
+    if (src_bytes > 0) std::memcpy(d, src, src_bytes < bytes ? src_bytes : bytes);
+    if (src_bytes < bytes) std::memset(d + (src_bytes > 0 ? src_bytes : 0), 0, bytes - (src_bytes > 0 ? src_bytes : 0));
+}
+template <class T> inline void emu_ld_shared_v4(unsigned a, T& x, T& y, T& z, T& w) {
+    T v[4];
+    std::memcpy(v, emu_shared(a), sizeof v);
+    x = v[0], y = v[1], z = v[2], w = v[3];
+}
+template <class T> inline void emu_st_shared_v4(unsigned a, T x, T y, T z, T w) {
+    const T v[4] = {x, y, z, w};
+    std::memcpy(emu_shared(a), v, sizeof v);
+}
 inline float __shfl_xor_sync(unsigned, float v, int d) {
     auto& warp = *emu_warp_barriers[threadIdx.x / 32];
     emu_exchange[threadIdx.x] = v;
@@ -81,6 +123,35 @@ template <class T> inline T __shfl_sync(unsigned, T v, int src) {   // lane src'
     T out;
     std::memcpy(&out, &bits, sizeof(T));
     return out;
+}
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, D = A B + C for the warp: each lane posts its
+// fragments, every lane computes its own four elements of D from all of them, then the warp waits
+// again so that no lane's next mma overwrites fragments still being read. The fragment layouts are
+// PTX's (group g = lane / 4, q = lane % 4): A's a0..a3 at (g, q), (g + 8, q), (g, q + 4),
+// (g + 8, q + 4); B's b0, b1 at (k = q, n = g), (q + 4, g); C's and D's c0..c3 at (g, 2q), (g, 2q + 1),
+// (g + 8, 2q), (g + 8, 2q + 1). The products of TF32 values are exact in double; the sum is rounded
+// once to FP32 (the tensor cores' own rounding of the sum differs in its last bits).
+static unsigned emu_mma_a[1024][4], emu_mma_b[1024][2];
+inline float emu_tf32_operand(unsigned r) { return __uint_as_float(r & 0xffffe000u); }
+inline void emu_mma_m16n8k8_tf32(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
+                                 unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3) {
+    auto& warp = *emu_warp_barriers[threadIdx.x / 32];
+    const unsigned t = threadIdx.x, base = t / 32 * 32, g = t % 32 / 4, q = t % 4;
+    emu_mma_a[t][0] = a0, emu_mma_a[t][1] = a1, emu_mma_a[t][2] = a2, emu_mma_a[t][3] = a3;
+    emu_mma_b[t][0] = b0, emu_mma_b[t][1] = b1;
+    warp.arrive_and_wait();
+    const float c[4] = {c0, c1, c2, c3};
+    float d[4];
+    for (int i = 0; i < 4; ++i) {
+        const unsigned r = g + 8 * (i >> 1), n = 2 * q + (i & 1);
+        double sum = c[i];
+        for (unsigned k = 0; k < 8; ++k)
+            sum += (double)emu_tf32_operand(emu_mma_a[base + r % 8 * 4 + k % 4][(r >= 8) + 2 * (k >= 4)])
+                 * (double)emu_tf32_operand(emu_mma_b[base + n * 4 + k % 4][k >= 4]);
+        d[i] = (float)sum;
+    }
+    warp.arrive_and_wait();
+    d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
 }
 static void emu_run(unsigned grid, unsigned block, const std::function<void()>& kernel) {
     blockDim.x = block;   // gridDim: the launch's trampoline sets it (a 3D grid walks as grid = x*y*z blocks)
@@ -106,31 +177,113 @@ static void emu_run(unsigned grid, unsigned block, const std::function<void()>& 
 HOST_MIN = "#include <algorithm>\nusing std::max;\nusing std::min;\n"   # CUDA's integer min() and max() on the host
 
 
-def without_ptx(source: str) -> str:
-    """``source`` with every inline PTX statement (``asm(...)``, ``asm volatile(...)``) replaced by
-    a call of emu_ptx(), which marks the launch that reaches it as failed: the host's compiler
-    cannot take the PTX (nor more than 30 asm operands), and no emulated kernel may run any."""
+def _asm_extent(source: str, start: int) -> int:
+    """The index just past the parenthesis that closes the asm statement whose "(" ends at start."""
+    depth, i, quoted = 1, start, False
+    while depth:
+        ch = source[i]
+        if quoted:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        i += 1
+    return i
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """text split at each sep outside strings, parentheses, brackets and braces."""
+    parts, depth, quoted, cur, i = [], 0, False, [], 0
+    while i < len(text):
+        ch = text[i]
+        if quoted:
+            cur.append(ch)
+            if ch == "\\":
+                cur.append(text[i + 1])
+                i += 1
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+            cur.append(ch)
+        elif ch in "([{":
+            depth += 1
+            cur.append(ch)
+        elif ch in ")]}":
+            depth -= 1
+            cur.append(ch)
+        elif depth == 0 and text.startswith(sep, i):
+            parts.append("".join(cur))
+            cur = []
+            i += len(sep) - 1
+        else:
+            cur.append(ch)
+        i += 1
+    parts.append("".join(cur))
+    return parts
+
+
+def _asm_parts(inner: str) -> tuple[str, list[str]]:
+    """(the PTX text, the operand expressions in %-number order) of an asm statement's inside."""
+    sections = _split_top(inner, ":")
+    text = "".join(bytes(lit, "utf-8").decode("unicode_escape")
+                   for lit in re.findall(r'"((?:[^"\\]|\\.)*)"', sections[0]))
+    operands = []
+    for section in sections[1:3]:
+        for operand in _split_top(section, ","):
+            match = re.fullmatch(r'\s*"[^"]*"\s*\((.*)\)\s*', operand, re.S)
+            if match:
+                operands.append(f"({match.group(1)})")
+    return text, operands
+
+
+def _ptx_call(text: str, operands: list[str]) -> str:
+    """The C++ that does what one PTX statement does (the prelude's emu_* functions), or emu_ptx()
+    for one the emulator cannot run."""
+    statement = text.strip().rstrip(";").strip()
+    opcode, _, rest = statement.partition(" ")
+
+    def value(token: str) -> str:
+        token = token.strip()
+        return operands[int(token[1:])] if token.startswith("%") else token
+
+    args = [a.strip() for a in _split_top(rest, ",")] if rest.strip() else []
+    group = lambda a: [value(t) for t in a.strip("{}[] ").split(",")]            # noqa: E731
+    if opcode == "cvt.rna.tf32.f32":
+        return f"({value(args[0])} = emu_cvt_rna_tf32({value(args[1])}))"
+    if opcode == "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32":
+        d, a, b, c = (group(x) for x in args)
+        # C is read into the call's parameters before D is written, as mma reads before it writes.
+        return f"emu_mma_m16n8k8_tf32({', '.join(d + a + b + c)})"
+    if opcode in ("cp.async.ca.shared.global", "cp.async.cg.shared.global"):
+        dst, src, size = group(args[0])[0], group(args[1])[0], value(args[2])
+        return f"emu_cp_async({dst}, {src}, {size}, {value(args[3]) if len(args) > 3 else size})"
+    if opcode in ("cp.async.commit_group", "cp.async.wait_group", "cp.async.wait_all"):
+        return "(void)0"       # every copy is done when it is issued
+    if opcode == "ld.shared.v4.f32":
+        return f"emu_ld_shared_v4({group(args[1])[0]}, {', '.join(group(args[0]))})"
+    if opcode in ("st.shared.v4.b32", "st.shared.v4.f32"):
+        return f"emu_st_shared_v4({group(args[0])[0]}, {', '.join(group(args[1]))})"
+    return "emu_ptx()"
+
+
+def translate_ptx(source: str) -> str:
+    """``source`` with each inline PTX statement (``asm(...)``, ``asm volatile(...)``) replaced by
+    the C++ that does its work (_ptx_call), or by a call of emu_ptx(), which marks the launch that
+    reaches it as failed, for one the emulator cannot run (the host's compiler cannot take PTX)."""
     out, pos = [], 0
     for match in re.finditer(r"\basm\b(\s+volatile)?\s*\(", source):
         if match.start() < pos:
             continue
-        depth, i, quoted = 1, match.end(), False
-        while depth:
-            ch = source[i]
-            if quoted:
-                if ch == "\\":
-                    i += 1
-                elif ch == '"':
-                    quoted = False
-            elif ch == '"':
-                quoted = True
-            elif ch == "(":
-                depth += 1
-            elif ch == ")":
-                depth -= 1
-            i += 1
-        out += [source[pos:match.start()], "emu_ptx()"]
-        pos = i
+        end = _asm_extent(source, match.end())
+        out += [source[pos:match.start()], _ptx_call(*_asm_parts(source[match.end():end - 1]))]
+        pos = end
     return "".join(out) + source[pos:]
 
 
@@ -141,16 +294,17 @@ def emulated_source(plan, host: Collection[str] = ()) -> str:
     no trampoline: run_emulated runs those steps on the host."""
     # Dynamic shared memory is the emulator's buffer; a static __shared__ array is one object that
     # all threads of the (one running) block see, as a function-local static is.
-    body = plan.source.replace("extern __shared__ float4 smem4[];", "float4* smem4 = emu_smem;")
+    body = re.sub(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?(\w+)\s+(\w+)\[\];",
+                  r"\1* \2 = reinterpret_cast<\1*>(emu_smem);", plan.source)
     body = body.replace("__shared__", "static")
-    body = without_ptx(body)
+    body = translate_ptx(body)
     for name in host:
         body, count = re.subn(rf'extern "C"(\s+__global__\s+void\s+__launch_bounds__\([^)]*\)\s+{name}\()',
                               r"inline\1", body)
         assert count == 1, f"no kernel {name} in the plan's source"
     trampolines = []
     for i, step in enumerate(plan.steps):
-        if step.kernel in host:
+        if step.kernel in host or isinstance(step, (LibraryGemm, LibraryFft)):
             continue
         assert isinstance(step, Launch), f"the emulator runs generated kernels only, not {step.kernel}"
         assert step.block[1] == step.block[2] == 1, "the emulator runs 1D blocks"
@@ -187,7 +341,10 @@ def run_emulated(plan, inputs: dict[str, np.ndarray], cache: Path,
                  host: Mapping[str, Callable[..., None]] | None = None) -> dict[str, np.ndarray]:
     """Run every step of the plan on NaN-poisoned outputs and workspaces; returns the outputs.
     ``host`` maps kernels the emulator cannot run to functions that do their part on the buffers
-    (``f(buffers, *scalars)``, NumPy on the same float32 arrays), in the plan's order."""
+    (``f(buffers, *scalars)``, NumPy on the same float32 arrays), in the plan's order. The library
+    steps (cuBLAS's GEMMs, cuFFT's transforms) run in NumPy on the float32 buffers they name
+    (tests/plan_numpy.py): the generated kernels around them are what is emulated."""
+
     host = host or {}
     lib = build(plan, cache, tuple(host))
     outputs = {name: np.full(shape, np.nan, dtype=np.float32)
@@ -198,9 +355,16 @@ def run_emulated(plan, inputs: dict[str, np.ndarray], cache: Path,
         if name in buffers:
             buffers[name][...] = 0.0
     placeholder = np.zeros(1, dtype=np.float32)
+    flat = {name: a.reshape(-1) for name, a in buffers.items()}   # views: the library steps' offsets are flat
     for i, step in enumerate(plan.steps):
         if step.kernel in host:
             host[step.kernel](buffers, *step.scalars)
+            continue
+        if isinstance(step, LibraryGemm):
+            numpy_gemm(step, flat)
+            continue
+        if isinstance(step, LibraryFft):
+            numpy_fft(step, flat)
             continue
         arrays = [buffers.get(a, placeholder) for a in step.args]
         assert all(a.flags.c_contiguous and a.dtype == np.float32 for a in arrays)

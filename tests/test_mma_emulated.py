@@ -1,0 +1,176 @@
+"""The tensor-core kernels (mma.sync m16n8k8 on TF32) run by the CPU emulator of
+tests/cuda_emulator.py, so that their indexing, fragments, pipelines and 3xTF32 splits are checked
+on every CI run, not only on a GPU host: the tc formulation of all three convolutions, winograd's
+PRODUCTS "mma" and fft's MAC "mma", in both precisions, on shapes that divide nothing evenly,
+every element against float64 at the bound of the problem's precision. The emulator's own
+translation of the PTX (the rounding of cvt.rna.tf32.f32, the operands the mma reads, the fragment
+layouts) is checked first, against NumPy.
+
+The emulator says nothing of speed, and its sums round differently from the tensor cores' in the
+last bits: the GPU tests (-m gpu) remain the word on the hardware."""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import random
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from autocnn.device import DeviceLimits
+from autocnn.kernels import OPERATIONS, reference
+from autocnn.kernels.codegen import environment
+from autocnn.kernels.suite import odd_problems
+from autocnn.tuning.measure import verify_outputs
+from tests.cuda_emulator import PRELUDE, emulated_failure, run_emulated, translate_ptx
+from tests.test_fft import small_problems as fft_problems
+from tests.test_precision import to_tf32
+from tests.test_winograd import wgmma_problems as winograd_problems
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
+
+OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
+PRECISIONS = ("fp32", "tf32")
+LIMITS = DeviceLimits.for_arch("sm_90")
+
+
+def _library(tmp_path, body: str) -> ctypes.CDLL:
+    """The emulator's prelude and ``body`` (its PTX translated) as a shared library."""
+    src, lib = tmp_path / "unit.cpp", tmp_path / "unit.so"
+    src.write_text(PRELUDE + translate_ptx(body))
+    done = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return ctypes.CDLL(str(lib))
+
+
+def test_the_emulated_cvt_rounds_to_tf32_as_the_instruction_does(tmp_path):
+    """cvt.rna.tf32.f32 as the templates write it: round to nearest, ties away from zero, on random
+    values of every magnitude, exact ties of both signs, and the infinities."""
+    lib = _library(tmp_path, """
+extern "C" void round_all(const float* x, unsigned* out, int n) {
+    for (int i = 0; i < n; ++i) {
+        unsigned r;
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x[i]));
+        out[i] = r;
+    }
+}
+""")
+    gen = np.random.default_rng()
+    x = (gen.standard_normal(20000) * np.exp2(gen.integers(-60, 60, 20000))).astype(np.float32)
+    x = np.concatenate([x, (x.view(np.uint32) & 0xFFFFE000 | 0x1000).view(np.float32),    # exact ties
+                        np.float32([np.inf, -np.inf, 0.0, -0.0, 3.4e38, -3.4e38])])
+    out = np.empty(x.size, dtype=np.uint32)
+    lib.round_all(x.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(x.size))
+    finite = np.isfinite(x)
+    assert np.array_equal(out[finite], to_tf32(x[finite]).view(np.uint32))
+    assert np.array_equal(out[~finite], x[~finite].view(np.uint32))
+    assert np.all(out & 0x1FFF == 0)
+
+
+def test_the_emulated_mma_is_the_product_of_the_operands_top_19_bits(tmp_path):
+    """One warp runs the templates' own mma (the macro of _mma_sync.cuh.j2) on a 16 x 8 A and an
+    8 x 8 B loaded in PTX's fragment layouts: D = A B + C with each operand cut to its top 19 bits
+    (what the tensor cores read of a register), not the FP32 product."""
+    mma = environment().from_string('{% from "_mma_sync.cuh.j2" import mma_m16n8k8 %}{{ mma_m16n8k8() }}').render()
+    lib = _library(tmp_path, mma + """
+extern "C" void one_tile(const float* a, const float* b, const float* c, float* d) {
+    emu_run(1u, 32u, [&] {
+        const unsigned lane = threadIdx.x, g = lane / 4, q = lane % 4;
+        const unsigned fa[4] = {__float_as_uint(a[g * 8 + q]), __float_as_uint(a[(g + 8) * 8 + q]),
+                                __float_as_uint(a[g * 8 + q + 4]), __float_as_uint(a[(g + 8) * 8 + q + 4])};
+        const unsigned fb[2] = {__float_as_uint(b[q * 8 + g]), __float_as_uint(b[(q + 4) * 8 + g])};
+        float acc[4] = {c[g * 8 + 2 * q], c[g * 8 + 2 * q + 1], c[(g + 8) * 8 + 2 * q], c[(g + 8) * 8 + 2 * q + 1]};
+        mma(acc, fa, fb);
+        d[g * 8 + 2 * q] = acc[0], d[g * 8 + 2 * q + 1] = acc[1];
+        d[(g + 8) * 8 + 2 * q] = acc[2], d[(g + 8) * 8 + 2 * q + 1] = acc[3];
+    });
+}
+""")
+    gen = np.random.default_rng()
+    a, b, c = (gen.standard_normal(shape).astype(np.float32) for shape in ((16, 8), (8, 8), (16, 8)))
+    d = np.full((16, 8), np.nan, dtype=np.float32)
+    lib.one_tile(*(m.ctypes.data_as(ctypes.c_void_p) for m in (a, b, c, d)))
+    top = lambda m: (m.view(np.uint32) & 0xFFFFE000).view(np.float32).astype(np.float64)   # noqa: E731
+    expected = top(a) @ top(b) + c
+    assert np.allclose(d, expected, rtol=1e-6, atol=1e-6)
+    full = a.astype(np.float64) @ b.astype(np.float64) + c
+    assert np.abs(d - full).max() > 1e-5        # the low 13 bits of each operand were dropped
+
+
+def test_an_emulated_tf32_kernel_meets_the_tf32_bound_and_not_the_fp32_one(tmp_path):
+    """The emulated tensor cores keep TF32's precision: the tc forward's tf32 kernel (one product a
+    term) passes the tf32 bound and fails the FP32 one on a 64-channel reduction, where the fp32
+    kernel (3xTF32) passes the FP32 bound on the same inputs."""
+    fp32 = dataclasses.replace(odd_problems("conv_fwd")[2][1], C=64)
+    tf32 = dataclasses.replace(fp32, precision="tf32")
+    gen = np.random.default_rng()
+    inputs = {n: gen.standard_normal(s, dtype=np.float32) for n, s in reference.input_shapes(fp32).items()}
+    outputs = {}
+    for problem in (fp32, tf32):
+        config = OPERATIONS["conv_fwd"].default_config(problem, LIMITS, formulation="tc")
+        outputs[problem.precision] = run_emulated(OPERATIONS["conv_fwd"].plan(problem, config), inputs, tmp_path)
+    assert verify_outputs(tf32, inputs, outputs["tf32"]).passed
+    assert not verify_outputs(fp32, inputs, outputs["tf32"]).passed
+    assert verify_outputs(fp32, inputs, outputs["fp32"]).passed
+
+
+def _verify_all(cases, tmp_path) -> None:
+    """Run each (name, problem, config) under the emulator on fresh random inputs; every failure
+    reported with its seed."""
+    seed = random.randrange(2**31)
+    failures = []
+    for i, (name, problem, config) in enumerate(cases):
+        why = emulated_failure(OPERATIONS[problem.op], problem, config, tmp_path, seed + i)
+        if why:
+            failures.append(f"{name}: {why}")
+    assert cases
+    assert not failures, f"seed {seed}: {len(failures)} of {len(cases)} failed:\n" + "\n".join(failures[:6])
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("op", OPS)
+def test_tc_kernels_verify_under_emulation(op, precision, tmp_path):
+    """The tc formulation: the default of every odd shape (C not a multiple of 8, odd K, strides,
+    asymmetric padding, batch 1) and two sampled configs of randomly chosen ones (stages, cp.async,
+    fragment reads, NHWC staging, vector loads, TF32 rounding as the space offers them)."""
+    rng = random.Random()
+    problems = [(n, dataclasses.replace(p, precision=precision)) for n, p in odd_problems(op)]
+    defaults = {name: OPERATIONS[op].default_config(problem, LIMITS, formulation="tc") for name, problem in problems}
+    cases = [(name, problem, defaults[name]) for name, problem in problems]
+    for name, problem in rng.sample(problems, 2):
+        space = OPERATIONS[op].space(problem, LIMITS).restrict({"formulation": "tc"})
+        cases += [(name, problem, c) for c in space.sample(rng, 1, exclude=[defaults[name]])]
+    _verify_all(cases, tmp_path)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("op", OPS)
+def test_winograd_mma_products_verify_under_emulation(op, precision, tmp_path):
+    """winograd with PRODUCTS "mma" (the tc core over tiles x points x splits): a sampled config
+    on each of the shapes the generated products take (odd sizes and channels, batch 1, a fused
+    epilogue, a bias gradient). tf32 is held to F(2x2,3x3), as its GPU test is: F(4x4)'s transform
+    constants with one TF32 product a term go past the tf32 bound (measured on an H100, and here)."""
+    rng = random.Random()
+    fixed = {"formulation": "winograd", "PRODUCTS": "mma", **({"TILE": 2} if precision == "tf32" else {})}
+    cases = []
+    for name, problem in winograd_problems(op):
+        problem = dataclasses.replace(problem, precision=precision)
+        space = OPERATIONS[op].space(problem, LIMITS).restrict(fixed)
+        cases += [(name, problem, c) for c in space.sample(rng, 1)]
+    _verify_all(cases, tmp_path)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("op", OPS)
+def test_fft_mma_multiply_accumulate_verifies_under_emulation(op, precision, tmp_path):
+    """fft with MAC "mma" (a warp a frequency, four real mmas a complex product): a sampled config
+    on a 7x5 filter with asymmetric padding, its transforms whichever the sample takes (cuFFT's
+    in NumPy, the generated direct ones emulated)."""
+    rng = random.Random()
+    name, problem = next((n, p) for n, p in fft_problems(op) if n == "f_7x5")
+    problem = dataclasses.replace(problem, precision=precision)
+    space = OPERATIONS[op].space(problem, LIMITS).restrict({"formulation": "fft", "MAC": "mma"})
+    _verify_all([(name, problem, c) for c in space.sample(rng, 1)], tmp_path)
