@@ -4,7 +4,8 @@ A plan's CUDA source is compiled as C++ (g++) with one OS thread per CUDA thread
 one after another, __syncthreads a barrier, shared memory one buffer, warp shuffles and atomics
 emulated; each launch gets an extern "C" trampoline that walks its grid (3D grids block after block)
 and runs the steps in the plan's order on NumPy buffers. Outputs and workspaces start as NaN (zeroed
-where the plan zeroes them), so an element a kernel never wrote fails verification. It checks the
+where the plan zeroes them), so an element a kernel never wrote fails verification; threads that do
+not all reach a barrier end the launch as deadlocked instead of hanging. It checks the
 kernels' indexing, tiling, barriers and schedules without a GPU; it says nothing of speed, of the
 GPU's rounding or resource limits, or of real concurrency (the GPU tests' part).
 
@@ -38,7 +39,9 @@ PRELUDE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <atomic>
-#include <barrier>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -58,8 +61,38 @@ static dim3 blockDim, gridDim;
 #define __restrict__
 #define __launch_bounds__(...)
 alignas(16) float4 emu_smem[1 << 16];          // 1 MiB of "shared memory", one block at a time
-static std::barrier<>* emu_block_barrier;
-static std::vector<std::unique_ptr<std::barrier<>>> emu_warp_barriers;
+// A barrier whose waits give up: threads that never all arrive (a lane that returned before a
+// __syncthreads or a warp-collective the others reach) would hang the test run; instead a wait of
+// more than EMU_WAIT_S marks the launch deadlocked, and every waiting thread leaves its kernel by
+// an exception, so that the launch ends and reports it.
+struct EmuDeadlock {};
+static std::atomic<bool> emu_deadlocked{false};
+constexpr int EMU_WAIT_S = 120;
+struct EmuBarrier {
+    explicit EmuBarrier(unsigned n) : count(n) {}
+    void arrive_and_wait() {
+        std::unique_lock<std::mutex> lock(mutex);
+        const unsigned long long mine = phase;
+        if (++waiting == count) {
+            waiting = 0;
+            ++phase;
+            cv.notify_all();
+            return;
+        }
+        while (phase == mine && !emu_deadlocked)
+            if (cv.wait_for(lock, std::chrono::seconds(EMU_WAIT_S)) == std::cv_status::timeout && phase == mine)
+                emu_deadlocked = true;
+        if (phase == mine) throw EmuDeadlock{};
+    }
+    std::mutex mutex;
+    std::condition_variable cv;
+    const unsigned count;
+    unsigned waiting = 0;
+    unsigned long long phase = 0;
+};
+extern "C" int emu_take_deadlocked() { return emu_deadlocked.exchange(false); }
+static EmuBarrier* emu_block_barrier;
+static std::vector<std::unique_ptr<EmuBarrier>> emu_warp_barriers;
 static float emu_exchange[1024];
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
 template <class T> inline T __ldg(const T* p) { return *p; }
@@ -155,19 +188,22 @@ inline void emu_mma_m16n8k8_tf32(float& d0, float& d1, float& d2, float& d3, uns
 }
 static void emu_run(unsigned grid, unsigned block, const std::function<void()>& kernel) {
     blockDim.x = block;   // gridDim: the launch's trampoline sets it (a 3D grid walks as grid = x*y*z blocks)
-    std::barrier<> bar(block);
+    EmuBarrier bar(block);
     emu_block_barrier = &bar;
     emu_warp_barriers.clear();
     for (unsigned w = 0; w < (block + 31) / 32; ++w)
-        emu_warp_barriers.emplace_back(new std::barrier<>(block - 32 * w < 32 ? block - 32 * w : 32));
+        emu_warp_barriers.emplace_back(new EmuBarrier(block - 32 * w < 32 ? block - 32 * w : 32));
     std::vector<std::thread> threads;
     for (unsigned t = 0; t < block; ++t)
         threads.emplace_back([&, t] {
             threadIdx.x = t;
-            for (unsigned b = 0; b < grid; ++b) {
-                blockIdx.x = b;
-                kernel();
-                bar.arrive_and_wait();   // the next block reuses the shared memory
+            try {
+                for (unsigned b = 0; b < grid; ++b) {
+                    blockIdx.x = b;
+                    kernel();
+                    bar.arrive_and_wait();   // the next block reuses the shared memory
+                }
+            } catch (const EmuDeadlock&) {   // the launch is reported deadlocked (emu_take_deadlocked)
             }
         });
     for (auto& th : threads) th.join();
@@ -372,6 +408,9 @@ def run_emulated(plan, inputs: dict[str, np.ndarray], cache: Path,
         scalars = (ctypes.c_int * max(1, len(step.scalars)))(*step.scalars)
         getattr(lib, f"emu_launch_{i}")(ptrs, scalars)
         assert not lib.emu_take_ptx_reached(), f"{step.kernel} reached inline PTX, which the emulator cannot run"
+        assert not lib.emu_take_deadlocked(), (
+            f"{step.kernel} deadlocked: the threads of a block or a warp did not all reach a barrier "
+            f"(__syncthreads, a shuffle or an mma) within the emulator's wait")
     return outputs
 
 

@@ -36,10 +36,10 @@ PRECISIONS = ("fp32", "tf32")
 LIMITS = DeviceLimits.for_arch("sm_90")
 
 
-def _library(tmp_path, body: str) -> ctypes.CDLL:
+def _library(tmp_path, body: str, prelude: str = PRELUDE) -> ctypes.CDLL:
     """The emulator's prelude and ``body`` (its PTX translated) as a shared library."""
     src, lib = tmp_path / "unit.cpp", tmp_path / "unit.so"
-    src.write_text(PRELUDE + translate_ptx(body))
+    src.write_text(prelude + translate_ptx(body))
     done = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -98,6 +98,29 @@ extern "C" void one_tile(const float* a, const float* b, const float* c, float* 
     assert np.allclose(d, expected, rtol=1e-6, atol=1e-6)
     full = a.astype(np.float64) @ b.astype(np.float64) + c
     assert np.abs(d - full).max() > 1e-5        # the low 13 bits of each operand were dropped
+
+
+def test_a_launch_whose_threads_miss_a_barrier_ends_and_says_so(tmp_path):
+    """A lane that returns before a __syncthreads the others reach would hang the emulator (and
+    CI) forever; its barrier's wait gives up instead, every thread leaves, and the launch reports
+    the deadlock. A launch whose threads all arrive reports none."""
+    assert "constexpr int EMU_WAIT_S = 120;" in PRELUDE
+    lib = _library(tmp_path, """
+extern "C" void run(float* out, int leaver) {
+    emu_run(3u, 64u, [&] {
+        if ((int)threadIdx.x == leaver) return;
+        __syncthreads();
+        out[blockIdx.x * 64 + threadIdx.x] = 1.0f;
+        __syncthreads();
+    });
+}
+""", PRELUDE.replace("constexpr int EMU_WAIT_S = 120;", "constexpr int EMU_WAIT_S = 1;"))
+    out = np.zeros(192, dtype=np.float32)
+    lib.run(out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(-1))
+    assert lib.emu_take_deadlocked() == 0 and np.all(out == 1.0)
+    lib.run(out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(5))
+    assert lib.emu_take_deadlocked() == 1
+    assert lib.emu_take_deadlocked() == 0          # taken: the next launch starts clear
 
 
 def test_an_emulated_tf32_kernel_meets_the_tf32_bound_and_not_the_fp32_one(tmp_path):
