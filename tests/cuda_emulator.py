@@ -29,9 +29,9 @@ from typing import Callable, Collection, Mapping
 import numpy as np
 
 from autocnn.kernels import reference
-from autocnn.kernels.operation import Launch, LibraryFft, LibraryGemm
+from autocnn.kernels.operation import Launch
 from autocnn.tuning.measure import verify_outputs
-from tests.plan_numpy import numpy_fft, numpy_gemm
+from tests.plan_numpy import LIBRARY_STEPS, run_library_step
 
 PRELUDE = r"""
 #include <math.h>
@@ -122,9 +122,9 @@ inline unsigned emu_cvt_rna_tf32(float x) {
 }
 // cp.async: src_bytes of bytes copied at once, the rest zero-filled.
 inline void emu_cp_async(unsigned dst, const void* src, int bytes, int src_bytes) {
-    char* d = emu_shared(dst);
-    if (src_bytes > 0) std::memcpy(d, src, src_bytes < bytes ? src_bytes : bytes);
-    if (src_bytes < bytes) std::memset(d + (src_bytes > 0 ? src_bytes : 0), 0, bytes - (src_bytes > 0 ? src_bytes : 0));
+    const int n = src_bytes < 0 ? 0 : src_bytes < bytes ? src_bytes : bytes;
+    std::memcpy(emu_shared(dst), src, n);
+    std::memset(emu_shared(dst) + n, 0, bytes - n);
 }
 template <class T> inline void emu_ld_shared_v4(unsigned a, T& x, T& y, T& z, T& w) {
     T v[4];
@@ -213,56 +213,32 @@ static void emu_run(unsigned grid, unsigned block, const std::function<void()>& 
 HOST_MIN = "#include <algorithm>\nusing std::max;\nusing std::min;\n"   # CUDA's integer min() and max() on the host
 
 
+def _unquoted(text: str, start: int = 0):
+    """(index, character, depth) of each character of text from start that lies outside its string
+    literals; depth counts the (, [ and { open before it (a closing one counts as outside)."""
+    depth, quoted, escaped = 0, False, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quoted:
+            quoted, escaped = (escaped or ch != '"'), (not escaped and ch == "\\")
+            continue
+        if ch == '"':
+            quoted = True
+            continue
+        depth -= ch in ")]}"
+        yield i, ch, depth
+        depth += ch in "([{"
+
+
 def _asm_extent(source: str, start: int) -> int:
     """The index just past the parenthesis that closes the asm statement whose "(" ends at start."""
-    depth, i, quoted = 1, start, False
-    while depth:
-        ch = source[i]
-        if quoted:
-            if ch == "\\":
-                i += 1
-            elif ch == '"':
-                quoted = False
-        elif ch == '"':
-            quoted = True
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        i += 1
-    return i
+    return next(i for i, ch, depth in _unquoted(source, start) if depth < 0) + 1
 
 
 def _split_top(text: str, sep: str) -> list[str]:
-    """text split at each sep outside strings, parentheses, brackets and braces."""
-    parts, depth, quoted, cur, i = [], 0, False, [], 0
-    while i < len(text):
-        ch = text[i]
-        if quoted:
-            cur.append(ch)
-            if ch == "\\":
-                cur.append(text[i + 1])
-                i += 1
-            elif ch == '"':
-                quoted = False
-        elif ch == '"':
-            quoted = True
-            cur.append(ch)
-        elif ch in "([{":
-            depth += 1
-            cur.append(ch)
-        elif ch in ")]}":
-            depth -= 1
-            cur.append(ch)
-        elif depth == 0 and text.startswith(sep, i):
-            parts.append("".join(cur))
-            cur = []
-            i += len(sep) - 1
-        else:
-            cur.append(ch)
-        i += 1
-    parts.append("".join(cur))
-    return parts
+    """text split at each (one-character) sep outside strings, parentheses, brackets and braces."""
+    cuts = [i for i, ch, depth in _unquoted(text) if depth == 0 and ch == sep]
+    return [text[a + 1:b] for a, b in zip([-1] + cuts, cuts + [len(text)])]
 
 
 def _asm_parts(inner: str) -> tuple[str, list[str]]:
@@ -340,7 +316,7 @@ def emulated_source(plan, host: Collection[str] = ()) -> str:
         assert count == 1, f"no kernel {name} in the plan's source"
     trampolines = []
     for i, step in enumerate(plan.steps):
-        if step.kernel in host or isinstance(step, (LibraryGemm, LibraryFft)):
+        if step.kernel in host or isinstance(step, LIBRARY_STEPS):
             continue
         assert isinstance(step, Launch), f"the emulator runs generated kernels only, not {step.kernel}"
         assert step.block[1] == step.block[2] == 1, "the emulator runs 1D blocks"
@@ -359,9 +335,9 @@ def emulated_source(plan, host: Collection[str] = ()) -> str:
     return PRELUDE + HOST_MIN + body + "\n" + "".join(trampolines)
 
 
-def build(plan, cache: Path, host: Collection[str] = ()) -> ctypes.CDLL:
-    """The plan compiled for the emulator (cached in ``cache`` by the source's hash)."""
-    source = emulated_source(plan, host)
+def compile_library(source: str, cache: Path, what: object = "") -> ctypes.CDLL:
+    """C++ for the emulator (the prelude included by the caller) as a loaded shared library,
+    cached in ``cache`` by the source's hash; ``what`` names it if g++ fails."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     lib = cache / f"{digest}.so"
     if not lib.exists():
@@ -369,8 +345,13 @@ def build(plan, cache: Path, host: Collection[str] = ()) -> ctypes.CDLL:
         src.write_text(source)
         done = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(src),
                                "-o", str(lib)], capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"g++ failed on {plan.config}:\n{done.stderr[-4000:]}"
+        assert done.returncode == 0, f"g++ failed on {what}:\n{done.stderr[-4000:]}"
     return ctypes.CDLL(str(lib))
+
+
+def build(plan, cache: Path, host: Collection[str] = ()) -> ctypes.CDLL:
+    """The plan compiled for the emulator (cached in ``cache`` by the source's hash)."""
+    return compile_library(emulated_source(plan, host), cache, plan.config)
 
 
 def run_emulated(plan, inputs: dict[str, np.ndarray], cache: Path,
@@ -380,7 +361,6 @@ def run_emulated(plan, inputs: dict[str, np.ndarray], cache: Path,
     (``f(buffers, *scalars)``, NumPy on the same float32 arrays), in the plan's order. The library
     steps (cuBLAS's GEMMs, cuFFT's transforms) run in NumPy on the float32 buffers they name
     (tests/plan_numpy.py): the generated kernels around them are what is emulated."""
-
     host = host or {}
     lib = build(plan, cache, tuple(host))
     outputs = {name: np.full(shape, np.nan, dtype=np.float32)
@@ -396,11 +376,8 @@ def run_emulated(plan, inputs: dict[str, np.ndarray], cache: Path,
         if step.kernel in host:
             host[step.kernel](buffers, *step.scalars)
             continue
-        if isinstance(step, LibraryGemm):
-            numpy_gemm(step, flat)
-            continue
-        if isinstance(step, LibraryFft):
-            numpy_fft(step, flat)
+        if isinstance(step, LIBRARY_STEPS):
+            run_library_step(step, flat)
             continue
         arrays = [buffers.get(a, placeholder) for a in step.args]
         assert all(a.flags.c_contiguous and a.dtype == np.float32 for a in arrays)

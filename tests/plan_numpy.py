@@ -44,6 +44,17 @@ def numpy_fft(step: LibraryFft, buffers: dict[str, np.ndarray]) -> None:
         source[...] = np.nan   # cuFFT's C2R may overwrite its input: a plan must not read it again
 
 
+LIBRARY_STEPS = (LibraryGemm, LibraryFft)
+
+
+def run_library_step(step: LibraryGemm | LibraryFft, buffers: dict[str, np.ndarray]) -> None:
+    """A cuBLAS GEMM or cuFFT transform of a plan, in NumPy on the flat buffers it names."""
+    if isinstance(step, LibraryGemm):
+        numpy_gemm(step, buffers)
+    else:
+        numpy_fft(step, buffers)
+
+
 def run_plan(plan: Any, inputs: dict[str, np.ndarray], kernels: Any, dtype: Any = np.float64) -> dict[str, np.ndarray]:
     """Run a plan's steps in order on buffers of ``dtype`` (float32 to see a formulation's
     rounding): outputs and workspaces start as NaN (so an unwritten element shows); a generated
@@ -57,10 +68,8 @@ def run_plan(plan: Any, inputs: dict[str, np.ndarray], kernels: Any, dtype: Any 
     for name in plan.zero_first:        # cleared before the first launch, as the runtime does
         buffers[name][...] = 0
     for step in plan.steps:
-        if isinstance(step, LibraryGemm):
-            numpy_gemm(step, buffers)
-        elif isinstance(step, LibraryFft):
-            numpy_fft(step, buffers)
+        if isinstance(step, LIBRARY_STEPS):
+            run_library_step(step, buffers)
         else:
             getattr(kernels, step.kernel)(buffers, *step.scalars)
     return {name: buffers[name].reshape(shape) for name, shape in shapes.items()}

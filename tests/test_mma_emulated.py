@@ -14,7 +14,6 @@ import ctypes
 import dataclasses
 import random
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from autocnn.kernels import OPERATIONS, reference
 from autocnn.kernels.codegen import environment
 from autocnn.kernels.suite import odd_problems
 from autocnn.tuning.measure import verify_outputs
-from tests.cuda_emulator import PRELUDE, emulated_failure, run_emulated, translate_ptx
+from tests.cuda_emulator import PRELUDE, compile_library, emulated_failure, run_emulated, translate_ptx
 from tests.test_fft import small_problems as fft_problems
 from tests.test_precision import to_tf32
 from tests.test_winograd import wgmma_problems as winograd_problems
@@ -38,12 +37,7 @@ LIMITS = DeviceLimits.for_arch("sm_90")
 
 def _library(tmp_path, body: str, prelude: str = PRELUDE) -> ctypes.CDLL:
     """The emulator's prelude and ``body`` (its PTX translated) as a shared library."""
-    src, lib = tmp_path / "unit.cpp", tmp_path / "unit.so"
-    src.write_text(prelude + translate_ptx(body))
-    done = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return ctypes.CDLL(str(lib))
+    return compile_library(prelude + translate_ptx(body), tmp_path, "the unit test's source")
 
 
 def test_the_emulated_cvt_rounds_to_tf32_as_the_instruction_does(tmp_path):

@@ -285,22 +285,15 @@ inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
 
 def emulated_svd(R, S, rank, threads_per_filter, tmp_path):
     """A function (w, v0, settings) -> (u, v, iterations, status) running the kernel on the emulator."""
-    import subprocess
-
     from autocnn.separable.svd_cuda import SvdVariant, render_source
-    from tests.cuda_emulator import PRELUDE
+    from tests.cuda_emulator import PRELUDE, compile_library
 
     variant = SvdVariant(threads_per_filter, 1)
     source = (PRELUDE + EMULATOR_EXTRA + render_source(R, S, rank, [variant]).replace("__shared__", "static")
               + 'extern "C" void emu_svd(float* w, float* u, float* v, int* its, int* status, int filters, '
               f"float tolerance, int cap) {{ emu_run((unsigned)filters, {threads_per_filter}u, [&] {{ "
               f"{variant.kernel}(w, u, v, its, status, filters, tolerance, cap); }}); }}\n")
-    cpp, lib = tmp_path / f"{variant.kernel}.cpp", tmp_path / f"{variant.kernel}.so"
-    cpp.write_text(source)
-    done = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(cpp), "-o", str(lib)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    emu = ctypes.CDLL(str(lib))
+    emu = compile_library(source, tmp_path, variant.kernel)
 
     def run(w, v0=None, settings=SvdSettings()):
         B = w.shape[0]
