@@ -14,6 +14,7 @@ from autocnn.kernels.formulations.gather import GATHER
 from autocnn.kernels.formulations.halo import HALO
 from autocnn.kernels.formulations.igemm import IGEMM
 from autocnn.kernels.formulations.rows import ROWS
+from autocnn.kernels.formulations.tc_rows import TC_ROWS
 from autocnn.kernels.formulations.tensorcore import TENSOR_CORE
 from autocnn.kernels.formulations.unrolled import UNROLLED
 from autocnn.kernels.formulations.wgmma import WGMMA
@@ -26,6 +27,7 @@ from autocnn.kernels.formulations.winograd import WINOGRAD
 # circular (Scherer et al. 2010) comes after the others: today's defaults do not change.
 # circular_bwd serves conv_bwd_fused only (kernels/conv_bwd_fused.py), the one-pass backward.
 # wgmma (Hopper only, tf32 conv_fwd) comes last for the same reason as circular, and halo (Hopper only)
-# after it.
+# after it. tc_rows (conv_wgrad on tensor cores over staged rows) came after them all: no default or
+# stored choice index of the operations moved.
 REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, FFT, WINDOW_GATHER,
-                                     CIRCULAR, CIRCULAR_BWD, WGMMA, HALO)
+                                     CIRCULAR, CIRCULAR_BWD, WGMMA, HALO, TC_ROWS)
