@@ -19,7 +19,9 @@ product per term, operands rounded to nearest.
 
 Parameters: KB filters and CB channels per block (the block's GEMM is KB x CB*R*S), warps WM x WN,
 ROWS output rows per slab, BLOCKS (the grid along the slabs), PAD_X (floats of padding per staged
-input row: bank conflicts of the shifted B reads), KUNROLL (k-steps unrolled together). The kernel is tc_rows_conv_wgrad.cu.j2.
+input row: bank conflicts of the shifted B reads), KUNROLL (k-steps unrolled together), ROUNDING
+(operands rounded to TF32 by cvt.rna, or truncated by the tensor cores: fewer instructions, more
+error; both must pass their precision's bound). The kernel is tc_rows_conv_wgrad.cu.j2.
 """
 from __future__ import annotations
 
@@ -85,6 +87,8 @@ class TcRowsConvWgrad(OpFormulation):
             Param("BLOCKS", (32, 64, 128, 256, 512, 1024, 2048), "blocks along the slabs (each loops over slabs)"),
             Param("PAD_X", (0, 1, 2, 4), "floats of padding per staged input row (bank conflicts)"),
             Param("KUNROLL", (1, 2, 4), "mma k-steps unrolled together (fragment reads overlap products)"),
+            # "nearest" first: the code every config had before the parameter (SearchSpace.complete).
+            Param("ROUNDING", ("nearest", "truncate"), "operands to TF32 by cvt.rna, or truncated by the tensor cores"),
         ]
 
     def constraints(self, p: ConvWgradProblem, limits: DeviceLimits) -> list[Constraint]:
@@ -140,8 +144,8 @@ class TcRowsConvWgrad(OpFormulation):
             rows = min(rows, next_pow2(p.P))
             blocks = max(32, min(256, next_pow2(self.slabs(p, rows)) // 2))
             out.append({"formulation": NAME, "KB": kb, "CB": min(cb, p.C), "WM": 2 if kb == 32 else 1,
-                        "WN": wn, "ROWS": rows, "BLOCKS": blocks, "PAD_X": 0, "KUNROLL": 1})
-        out.append({"formulation": NAME, "KB": 16, "CB": 1, "WM": 1, "WN": 1, "ROWS": 1, "BLOCKS": 32, "PAD_X": 0, "KUNROLL": 1})
+                        "WN": wn, "ROWS": rows, "BLOCKS": blocks, "PAD_X": 0, "KUNROLL": 1, "ROUNDING": "nearest"})
+        out.append({"formulation": NAME, "KB": 16, "CB": 1, "WM": 1, "WN": 1, "ROWS": 1, "BLOCKS": 32, "PAD_X": 0, "KUNROLL": 1, "ROUNDING": "nearest"})
         return out
 
     def context(self, problem: ConvWgradProblem, config: Config) -> dict[str, Any]:
