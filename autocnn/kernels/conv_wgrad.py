@@ -2,7 +2,8 @@
 
 Its formulations (formulations/): the implicit GEMM (M = K, N = C*R*S) whose reduction is split
 over SPLITK blocks, its partial sums combined by "atomic" or "two_pass" (the config's formulation
-names which), and "rows", direct over staged output rows for few filter weights.
+names which), "rows", direct over staged output rows for few filter weights, and "tc_rows", the same
+staging with the products on tensor cores (after the others in the registry; see tc_rows.py).
 """
 from __future__ import annotations
 
