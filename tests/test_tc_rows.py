@@ -47,7 +47,7 @@ def test_the_space_needs_tensor_cores_and_keeps_within_registers_and_shared_memo
     with pytest.raises(InfeasibleConfigError, match="sm_80 or later"):
         OPERATION.default_config(problem, DeviceLimits("sm_75"), formulation=NAME)
     c2 = dict(seed_problems("conv_wgrad"))["convnet18_c2"]
-    wide = {"formulation": NAME, "KB": 32, "CB": 32, "WM": 2, "WN": 8, "ROWS": 8, "BLOCKS": 128, "PAD_X": 0, "KUNROLL": 1}
+    wide = {"formulation": NAME, "KB": 32, "CB": 32, "WM": 2, "WN": 8, "ROWS": 8, "BLOCKS": 128, "PAD_X": 0, "KUNROLL": 1, "ROUNDING": "nearest"}
     with pytest.raises(InfeasibleConfigError, match="registers a thread"):
         space(c2).validate(wide)
     # tf32 keeps no partial sums and one part of each operand: the same block fits.
@@ -61,6 +61,24 @@ def test_the_space_needs_tensor_cores_and_keeps_within_registers_and_shared_memo
     q8, bandh, ldx, ldy = slab_geometry(c2, config["ROWS"], config["PAD_X"])
     assert (q8, bandh) == (16, config["ROWS"] + 4) and ldy % 8 == 4
     assert launch.grid[1:] == (-(-c2.C // config["CB"]), -(-c2.K // config["KB"]))
+
+
+def test_registering_tc_rows_leaves_other_formulations_and_defaults_as_they_were():
+    """Fingerprints (what shipped records are keyed by) and heuristic defaults of the weight gradient
+    are the same with and without tc_rows registered (it comes last)."""
+    from autocnn.kernels.conv_wgrad import ConvWgrad
+    from autocnn.kernels.formulations import REGISTRY
+
+    assert REGISTRY[-1] is TC_ROWS
+    before = tuple(f for f in REGISTRY if f is not TC_ROWS)
+    old, new = ConvWgrad(before), ConvWgrad(REGISTRY)
+    for f in old.formulations:
+        assert old.fingerprint(f.names[0]) == new.fingerprint(f.names[0]), f.formulation
+    for precision in PRECISIONS:
+        for name, problem in seed_problems("conv_wgrad") + odd_problems("conv_wgrad"):
+            problem = dataclasses.replace(problem, precision=precision)
+            assert old.default_config(problem, LIMITS) == new.default_config(problem, LIMITS), name
+    assert NAME in new.formulation_names and NAME not in old.formulation_names
 
 
 def test_defaults_fit_every_seed_and_odd_shape_and_precision():
