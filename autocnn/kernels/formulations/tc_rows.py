@@ -37,7 +37,7 @@ from autocnn.kernels.space import Config, Constraint, Param
 NAME = "tc_rows"
 STAGE_BUFFERS = 2      # the slab being multiplied and the next one, in flight
 DY_PAD = 4             # dY rows' pitch is 4 past a multiple of 8: conflict-free A fragment reads
-MAX_THREADS = 512
+MAX_THREADS = 512      # a block; past it each thread has under 128 registers for its tiles
 MAX_REGISTERS = 255    # a thread's
 REGISTERS_PER_BLOCK = 65536   # sm_80 to sm_90
 
