@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.operation import Launch
+from autocnn.kernels.operation import Launch, next_pow2
 from autocnn.kernels.space import Config, Constraint, Param
 
 FULL_UNROLL = 0   # an unroll value of 0 renders as a plain "#pragma unroll" (unroll completely)
@@ -59,6 +59,12 @@ def choices_upto(choices: tuple[int, ...], bound: int) -> tuple[int, ...]:
     """The choices not above ``bound`` (the smallest always stays)."""
     kept = tuple(c for c in choices if c <= bound)
     return kept or choices[:1]
+
+
+def choices_with_own(choices: tuple[int, ...], n: int, bound: int = 16) -> tuple[int, ...]:
+    """The (ascending) choices up to n's next power of two, plus n itself when it is at most
+    ``bound``: 5 filters should not pay for a tile of 8."""
+    return tuple(sorted(set(choices_upto(choices, next_pow2(n))) | ({n} if n <= bound else set())))
 
 
 def pragma_unroll(value: int) -> str:

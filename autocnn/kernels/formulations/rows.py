@@ -10,18 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation
+from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_with_own
 from autocnn.kernels.operation import GRID_YZ_LIMIT, Launch, cdiv, next_pow2, smem_rule
 from autocnn.kernels.problem import ConvWgradProblem
 from autocnn.kernels.space import Config, Constraint, Param
 
 NAME = "rows"
-
-
-def _with_own(choices: tuple[int, ...], n: int, bound: int = 16) -> tuple[int, ...]:
-    """Powers of two up to n's, plus n itself when it is small (5 filters should not pay for 8)."""
-    kept = {c for c in choices if c <= max(choices[0], next_pow2(n))}
-    return tuple(sorted(kept | ({n} if n <= bound else set())))
 
 
 def rows_threads(p: ConvWgradProblem, KT: int, KPT: int, CT: int, SPT: int, QSPLIT: int) -> int:
@@ -46,10 +40,10 @@ class RowsConvWgrad(OpFormulation):
 
     def params(self, p: ConvWgradProblem) -> list[Param]:
         return [
-            Param("KT", _with_own((1, 2, 4, 8, 16, 32), p.K), "filters per block"),
+            Param("KT", choices_with_own((1, 2, 4, 8, 16, 32), p.K), "filters per block"),
             Param("KPT", (1, 2, 4, 8), "filters per thread (dY values reused across taps)"),
-            Param("CT", _with_own((1, 2, 4, 8), p.C, bound=8), "input channels per block"),
-            Param("SPT", _with_own((1, 2, 4, 8), p.S), "filter taps along a row per thread (inputs reused across filters)"),
+            Param("CT", choices_with_own((1, 2, 4, 8), p.C, bound=8), "input channels per block"),
+            Param("SPT", choices_with_own((1, 2, 4, 8), p.S), "filter taps along a row per thread (inputs reused across filters)"),
             Param("QSPLIT", tuple(v for v in (1, 2, 4, 8, 16, 32) if v <= max(1, next_pow2(p.Q))),
                   "thread groups splitting an output row's columns"),
             Param("ROWS", (1, 2, 4, 8), "output rows staged per step"),

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
+from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, choices_with_own
 from autocnn.kernels.formulations.tensorcore import accumulator_violation, arch_violation
 from autocnn.kernels.operation import GRID_YZ_LIMIT, Launch, cdiv, next_pow2, smem_rule, threads_rule
 from autocnn.kernels.problem import ConvWgradProblem
@@ -80,7 +80,7 @@ class TcRowsConvWgrad(OpFormulation):
     def params(self, p: ConvWgradProblem) -> list[Param]:
         return [
             Param("KB", choices_upto((16, 32, 64), max(16, next_pow2(p.K))), "filters per block (GEMM rows)"),
-            Param("CB", self.channel_choices(p), "input channels per block"),
+            Param("CB", choices_with_own((1, 2, 4, 8, 16, 32), p.C, bound=32), "input channels per block"),
             Param("WM", (1, 2, 4), "warps along the filters"),
             Param("WN", (1, 2, 4, 8), "warps along the (channel, tap) columns"),
             Param("ROWS", choices_upto((1, 2, 4, 8, 16, 32), next_pow2(p.P)), "output rows of one image per slab"),
@@ -127,26 +127,22 @@ class TcRowsConvWgrad(OpFormulation):
         ]
 
     @staticmethod
-    def channel_choices(p: ConvWgradProblem) -> tuple[int, ...]:
-        """Powers of two up to C's, and C itself up to 32 (5 channels should not pay for 8 columns)."""
-        return tuple(sorted(set(choices_upto((1, 2, 4, 8, 16, 32), next_pow2(p.C))) | ({p.C} if p.C <= 32 else set())))
-
-    @staticmethod
     def slabs(p: ConvWgradProblem, rows: int) -> int:
         return p.N * cdiv(p.P, rows)
 
     def default_candidates(self, p: ConvWgradProblem) -> list[dict[str, Any]]:
         # A block of 32 filters by as many channels as keep each warp's 8-column tiles within the
         # fp32 accumulator cap, slabs of whole small images; then smaller ones that fit any layer.
-        out = []
+        def candidate(kb, cb, wn, rows, blocks):
+            return {"formulation": NAME, "KB": kb, "CB": cb, "WM": 2 if kb == 32 else 1, "WN": wn, "ROWS": rows,
+                    "BLOCKS": blocks, "PAD_X": 0, "KUNROLL": 1, "ROUNDING": "nearest"}
+
         kb = 32 if p.K > 16 else 16
+        out = []
         for cb, rows, wn in ((16, 16, 4), (8, 8, 4), (4, 4, 2), (1, 1, 1)):
             rows = min(rows, next_pow2(p.P))
-            blocks = max(32, min(256, next_pow2(self.slabs(p, rows)) // 2))
-            out.append({"formulation": NAME, "KB": kb, "CB": min(cb, p.C), "WM": 2 if kb == 32 else 1,
-                        "WN": wn, "ROWS": rows, "BLOCKS": blocks, "PAD_X": 0, "KUNROLL": 1, "ROUNDING": "nearest"})
-        out.append({"formulation": NAME, "KB": 16, "CB": 1, "WM": 1, "WN": 1, "ROWS": 1, "BLOCKS": 32, "PAD_X": 0, "KUNROLL": 1, "ROUNDING": "nearest"})
-        return out
+            out.append(candidate(kb, min(cb, p.C), wn, rows, max(32, min(256, next_pow2(self.slabs(p, rows)) // 2))))
+        return [*out, candidate(16, 1, 1, 1, 32)]
 
     def context(self, problem: ConvWgradProblem, config: Config) -> dict[str, Any]:
         q8, bandh, ldx, ldy = slab_geometry(problem, config["ROWS"], config["PAD_X"])
