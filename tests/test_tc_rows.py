@@ -47,7 +47,7 @@ def test_the_space_needs_tensor_cores_and_keeps_within_registers_and_shared_memo
     with pytest.raises(InfeasibleConfigError, match="sm_80 or later"):
         OPERATION.default_config(problem, DeviceLimits("sm_75"), formulation=NAME)
     c2 = dict(seed_problems("conv_wgrad"))["convnet18_c2"]
-    wide = {"formulation": NAME, "KB": 32, "CB": 32, "WM": 2, "WN": 8, "ROWS": 8, "BLOCKS": 128, "PAD_X": 0, "KUNROLL": 1, "ROUNDING": "nearest"}
+    wide = {"formulation": NAME, "KB": 32, "CB": 32, "WM": 2, "WN": 8, "ROWS": 8, "BLOCKS": 128, "PAD_X": 0, "KUNROLL": 1, "ROUNDING": "nearest", "SPLIT_X": "registers"}
     with pytest.raises(InfeasibleConfigError, match="registers a thread"):
         space(c2).validate(wide)
     # tf32 keeps no partial sums and one part of each operand: the same block fits.

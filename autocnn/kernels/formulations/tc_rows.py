@@ -53,9 +53,11 @@ def slab_geometry(p: ConvWgradProblem, ROWS: int, PAD_X: int) -> tuple[int, int,
     return q8, bandh, ldx, ldy
 
 
-def smem_bytes(p: ConvWgradProblem, KB: int, CB: int, ROWS: int, PAD_X: int) -> int:
+def smem_bytes(p: ConvWgradProblem, KB: int, CB: int, ROWS: int, PAD_X: int, SPLIT_X: str = "registers") -> int:
+    """The double-buffered slabs, and for fp32 with SPLIT_X "smem" one band of remainders."""
     _, bandh, ldx, ldy = slab_geometry(p, ROWS, PAD_X)
-    return 4 * STAGE_BUFFERS * (KB * ldy + CB * bandh * ldx)
+    small = CB * bandh * ldx if SPLIT_X == "smem" and p.precision == "fp32" else 0
+    return 4 * (STAGE_BUFFERS * (KB * ldy + CB * bandh * ldx) + small)
 
 
 def registers_needed(split3: bool, MT: int, NT: int, KUNROLL: int) -> int:
@@ -89,6 +91,8 @@ class TcRowsConvWgrad(OpFormulation):
             Param("KUNROLL", (1, 2, 4), "mma k-steps unrolled together (fragment reads overlap products)"),
             # "nearest" first: the code every config had before the parameter (SearchSpace.complete).
             Param("ROUNDING", ("nearest", "truncate"), "operands to TF32 by cvt.rna, or truncated by the tensor cores"),
+            # "registers" first: the code every config had before the parameter.
+            Param("SPLIT_X", ("registers", "smem"), "the input band split to TF32 parts at each read, or once per slab in shared memory"),
         ]
 
     def constraints(self, p: ConvWgradProblem, limits: DeviceLimits) -> list[Constraint]:
@@ -123,7 +127,7 @@ class TcRowsConvWgrad(OpFormulation):
             Constraint(("KB",), lambda kb: None if cdiv(p.K, kb) <= GRID_YZ_LIMIT else "too many filter tiles"),
             Constraint(("BLOCKS", "ROWS"), lambda b, rows: None if b <= max(32, next_pow2(self.slabs(p, rows)))
                        else f"BLOCKS={b} exceeds the {self.slabs(p, rows)} slabs"),
-            smem_rule(limits, ("KB", "CB", "ROWS", "PAD_X"), lambda *v: smem_bytes(p, *v)),
+            smem_rule(limits, ("KB", "CB", "ROWS", "PAD_X", "SPLIT_X"), lambda *v: smem_bytes(p, *v)),
         ]
 
     @staticmethod
@@ -135,7 +139,8 @@ class TcRowsConvWgrad(OpFormulation):
         # fp32 accumulator cap, slabs of whole small images; then smaller ones that fit any layer.
         def candidate(kb, cb, wn, rows, blocks):
             return {"formulation": NAME, "KB": kb, "CB": cb, "WM": 2 if kb == 32 else 1, "WN": wn, "ROWS": rows,
-                    "BLOCKS": blocks, "PAD_X": 0, "KUNROLL": 1, "ROUNDING": "nearest"}
+                    "BLOCKS": blocks, "PAD_X": 0, "KUNROLL": 1, "ROUNDING": "nearest",
+                    "SPLIT_X": "registers"}
 
         kb = 32 if p.K > 16 else 16
         out = []
@@ -152,7 +157,7 @@ class TcRowsConvWgrad(OpFormulation):
     def launches(self, p: ConvWgradProblem, c: Config) -> tuple[Launch, ...]:
         grid = (min(self.slabs(p, c["ROWS"]), c["BLOCKS"]), cdiv(p.C, c["CB"]), cdiv(p.K, c["KB"]))
         return (Launch("conv_wgrad", grid, (32 * c["WM"] * c["WN"], 1, 1),
-                       smem_bytes(p, c["KB"], c["CB"], c["ROWS"], c["PAD_X"]), ("x", "dy", "dw", "db")),)
+                       smem_bytes(p, c["KB"], c["CB"], c["ROWS"], c["PAD_X"], c["SPLIT_X"]), ("x", "dy", "dw", "db")),)
 
     def buffers(self, p: ConvWgradProblem, c: Config) -> Buffers:
         # Every block adds its sums into dW and db.
