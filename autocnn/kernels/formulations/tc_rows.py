@@ -21,7 +21,10 @@ Parameters: KB filters and CB channels per block (the block's GEMM is KB x CB*R*
 ROWS output rows per slab, BLOCKS (the grid along the slabs), PAD_X (floats of padding per staged
 input row: bank conflicts of the shifted B reads), KUNROLL (k-steps unrolled together), ROUNDING
 (operands rounded to TF32 by cvt.rna, or truncated by the tensor cores: fewer instructions, more
-error; both must pass their precision's bound). The kernel is tc_rows_conv_wgrad.cu.j2.
+error; both must pass their precision's bound), SPLIT_X (each read of the band converted and, in fp32,
+split at every one of the R*S taps that read it, or the band converted and split once a slab in
+shared memory, the remainders in a buffer of their own beside it). The kernel is
+tc_rows_conv_wgrad.cu.j2.
 """
 from __future__ import annotations
 
