@@ -8,7 +8,7 @@ parameters optionally held (`--fix formulation=tc`). Records go to the tuning da
 
 Usage (GPU host):
   python3 scripts/tune_rows.py --rows modern_56,modern_14,sweep_3x3 --ops conv_fwd,conv_wgrad \\
-      --precisions fp32,tf32 --trials 24 --budget 480 --fix formulation=tc
+      --precisions fp32,tf32 --budget 480 --fix formulation=tc
 """
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autocnn.kernels.suite import CONV_OPS  # noqa: E402  (after the path above)
 
+DEFAULT_TRIALS = 24
+UNCAPPED_TRIALS = 1_000_000   # with --budget and no --trials: the budget (or an exhausted space) ends a study
+
 
 def parse_args(argv: list[str] | None):
     from autocnn.kernels.suite import seed_problems
@@ -30,7 +33,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--rows", required=True, help="seed rows, comma-separated (e.g. modern_56,sweep_3x3)")
     parser.add_argument("--ops", default=",".join(CONV_OPS))
     parser.add_argument("--precisions", default="fp32,tf32")
-    parser.add_argument("--trials", type=int, default=24)
+    parser.add_argument("--trials", type=int, default=None,
+                        help="measured trials per problem (default 24; with --budget, as many as each problem's "
+                        "share of the budget allows)")
     parser.add_argument("--budget", type=float, default=None, help="wall-clock seconds for all problems")
     parser.add_argument("--fix", default="", help="parameters held at one value, e.g. formulation=tc")
     parser.add_argument("--vary", default="", help="parameters along which the earlier winners are also tried at "
@@ -60,6 +65,10 @@ def parse_args(argv: list[str] | None):
             args.vary = _parse_vary(args.vary, problems)
         except ValueError as exc:
             parser.error(str(exc))
+    if args.trials is None:
+        # A trial of a small layer takes well under a second: a fixed count, not the budget, would end
+        # the search (24 trials a row left most of tc_rows' space untried while 90 s of budget went unused).
+        args.trials = DEFAULT_TRIALS if args.budget is None else UNCAPPED_TRIALS
     if args.trials < 1:
         parser.error("--trials must be at least 1")
     if args.budget is not None and args.budget <= 0:
