@@ -15,6 +15,14 @@ from autocnn.kernels.operation import KernelPlan, LibraryFft, LibraryGemm
 # Shared memory a block may use without opting in to more (CUDA's static limit).
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
 
+# CUresult codes of a launch the driver refused before running it (more registers, threads or shared
+# memory than the device gives a block): the context stays usable and the config alone is at fault.
+# Every other code of a failed launch is a device error. Told by CuPy's CUDADriverError.status, not
+# by its message.
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701
+REFUSED_LAUNCH_STATUSES = frozenset({CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES})
+
 
 class LoadedPlan:
     """A KernelPlan whose kernels are loaded; calling it runs every launch in order."""
@@ -89,11 +97,9 @@ class LoadedPlan:
             self.functions[launch.kernel](launch.grid, launch.block, args,
                                           shared_mem=launch.shared_bytes, stream=stream)
         except cp.cuda.driver.CUDADriverError as exc:
-            text = str(exc)
-            if "OUT_OF_RESOURCES" in text or "INVALID_VALUE" in text:
-                # A refused launch leaves the context usable; anything else is a device error.
-                raise LaunchError(f"{launch.kernel} launch refused: {text}") from exc
-            raise DeviceError(f"{launch.kernel}: {text}") from exc
+            if getattr(exc, "status", None) in REFUSED_LAUNCH_STATUSES:
+                raise LaunchError(f"{launch.kernel} launch refused: {exc}") from exc
+            raise DeviceError(f"{launch.kernel}: {exc}") from exc
 
 
 class KernelLoader:
