@@ -45,3 +45,28 @@ def test_other_launch_failures_are_device_errors(status):
     with pytest.raises(DeviceError) as info:
         loaded_plan_raising(status).run_step(LAUNCH, {"x": np.zeros(4, dtype=np.float32)})
     assert info.value.failure_class is FailureClass.DEVICE_ERROR
+
+
+@pytest.mark.gpu
+def test_a_block_too_large_is_refused_and_the_context_still_runs():
+    """On the GPU: the same launch with 2048 threads a block (more than any device allows) is refused by
+    the driver as a LaunchError, and the plan then still runs and verifies in the same context."""
+    import dataclasses
+
+    pytest.importorskip("cupy")
+    from autocnn.device import current_device
+    from autocnn.kernels import get_operation
+    from autocnn.kernels.problem import parse_shape
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate, plan_buffers
+
+    operation = get_operation("conv_fwd")
+    problem = parse_shape("conv_fwd", "N=3,C=5,H=13,W=11,K=7,R=3,S=3,stride=1,pad=1")
+    config = operation.default_config(problem, current_device(0).limits(), formulation="direct")
+    loaded = KernelLoader().load(operation.plan(problem, config))
+    launch = next(step for step in loaded.plan.steps if isinstance(step, Launch))
+    _, _, buffers = plan_buffers(loaded, problem)
+    with pytest.raises(LaunchError):
+        loaded.run_step(dataclasses.replace(launch, block=(2048, 1, 1)), buffers)
+    check = check_candidate(loaded, problem, time_it=False)
+    assert check.verification.passed, check.verification.message
