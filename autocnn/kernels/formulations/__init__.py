@@ -20,6 +20,7 @@ from autocnn.kernels.formulations.unrolled import UNROLLED
 from autocnn.kernels.formulations.wgmma import WGMMA
 from autocnn.kernels.formulations.window_gather import WINDOW_GATHER
 from autocnn.kernels.formulations.winograd import WINOGRAD
+from autocnn.kernels.formulations.winograd_fused import WINOGRAD_FUSED
 
 # fft (formulations/fft.py) passed its GPU verification in all three ops on an H100 (2026-11-23:
 # tests/test_fft.py, the seed shapes with 5x5 to 11x11 filters and the odd ones, 140 configs), and
@@ -28,6 +29,7 @@ from autocnn.kernels.formulations.winograd import WINOGRAD
 # circular_bwd serves conv_bwd_fused only (kernels/conv_bwd_fused.py), the one-pass backward.
 # wgmma (Hopper only, tf32 conv_fwd) comes last for the same reason as circular, and halo (Hopper only)
 # after it. tc_rows (conv_wgrad on tensor cores over staged rows) came after them all: no default or
-# stored choice index of the operations moved.
+# stored choice index of the operations moved. winograd_fused (conv_fwd and conv_bwd_data, 3x3
+# stride 1) after tc_rows for the same reason.
 REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, FFT, WINDOW_GATHER,
-                                     CIRCULAR, CIRCULAR_BWD, WGMMA, HALO, TC_ROWS)
+                                     CIRCULAR, CIRCULAR_BWD, WGMMA, HALO, TC_ROWS, WINOGRAD_FUSED)

@@ -1,0 +1,196 @@
+"""winograd_fused: Winograd F(m x m, 3x3) in one kernel, the points' products on tensor cores, for
+3x3 stride-1 conv_fwd and conv_bwd_data.
+
+The winograd formulation writes the transformed input V and the products M to global memory between
+its steps; with 64 channels its GEMMs are too short for that traffic to pay (modern_56 forward:
+V alone is 2.25 times the input per TF32 part, written and read again). Here a block takes KB output
+channels of TB output tiles and loops over the input channels 8 at a time (one mma k-step). For each
+chunk it transforms the chunk's input tiles (B^T d B) into shared memory, split into TF32 parts in
+fp32, and multiplies them, point by point, by the chunk's transformed filters on mma.sync m16n8k8.
+The filters are staged by cp.async, double-buffered; a small first kernel transforms and splits them
+(U = G g G^T). The next chunk's input tiles are loaded into registers while this chunk's products
+run. After the last chunk the block's products go through shared memory to the output transform
+(A^T M A), with bias and activation fused. Nothing but the filters' transform touches global memory
+between the input and the output.
+
+Warp w takes points w, w + WARPS, ... of all the block's tiles and channels: each A fragment (16
+output channels x 8 input channels of one point) serves TB/8 mma tiles. fp32 is 3xTF32: hi.hi +
+lo.hi + hi.lo of each k-step summed in fresh registers and added to the totals in FP32 (the tensor
+cores' own accumulation does not round to nearest); tf32 is one mma per product, operands rounded to
+nearest.
+
+conv_bwd_data at stride 1 is the forward correlation of dY with the filters flipped and transposed,
+padded by R-1-pad (winograd.view).
+
+Parameters: TILE (m: F(2x2,3x3), 16 points, or F(4x4,3x3), 36), TB (output tiles a block), MT (16-row
+mma tiles of output channels a warp: KB = 16 MT), WARPS (the points shared among them).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from autocnn.device import DeviceLimits
+from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
+from autocnn.kernels.formulations.tensorcore import arch_violation
+from autocnn.kernels.formulations.winograd import TRANSFORMS, WinogradView, sandwich, serves, tiles, view
+from autocnn.kernels.operation import GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, cdiv, next_pow2, smem_rule, threads_rule
+from autocnn.kernels.space import Config, Constraint, Param
+
+NAME = "winograd_fused"
+CHUNK = 8              # input channels a step: one mma k-step
+PAD_A = 4              # a staged filter row (8 channels) is 12 floats: conflict-free A fragment reads
+PAD_B = 8              # a staged point's row of tiles is TB + 8 floats: conflict-free B fragment reads
+PAD_M = 4              # the products' rows in the output stage
+FILTER_THREADS = 256
+MAX_REGISTERS = 255
+REGISTERS_PER_BLOCK = 65536   # sm_80 to sm_90
+
+
+def points(m: int) -> int:
+    return (m + 2) ** 2
+
+
+def parts(problem: Any) -> int:
+    """TF32 parts of each operand: 2 (hi, lo) for fp32's 3xTF32, 1 for tf32."""
+    return 2 if problem.precision == "fp32" else 1
+
+
+def padded(v: WinogradView, mt: int) -> tuple[int, int]:
+    """(COUTP, CINP): the filters' transform padded with zeros to whole blocks of output channels
+    and whole chunks of input channels, so that no staging of it needs a bounds check."""
+    return cdiv(v.COUT, 16 * mt) * 16 * mt, cdiv(v.CIN, CHUNK) * CHUNK
+
+
+def u_elements(problem: Any, m: int, mt: int) -> int:
+    coutp, cinp = padded(view(problem), mt)
+    return parts(problem) * points(m) * coutp * cinp
+
+
+def all_tiles(v: WinogradView, m: int) -> int:
+    th, tw = tiles(v, m)
+    return v.N * th * tw
+
+
+def smem_floats(problem: Any, m: int, tb: int, mt: int) -> tuple[int, int, int]:
+    """(U stage, V stage, output stage) in floats: two stages of the filters' chunk, one of the
+    input's, and the products for the output transform, which reuses the stages' memory."""
+    e, k = points(m), parts(problem)
+    u = 2 * k * e * 16 * mt * (CHUNK + PAD_A)
+    v = k * e * CHUNK * (tb + PAD_B)
+    out = e * 16 * mt * (tb + PAD_M)
+    return u, v, out
+
+
+def smem_bytes(problem: Any, m: int, tb: int, mt: int) -> int:
+    u, v, out = smem_floats(problem, m, tb, mt)
+    return 4 * max(u + v, out)
+
+
+def patches_per_thread(tb: int, warps: int) -> int:
+    return cdiv(CHUNK * tb, 32 * warps)
+
+
+def registers_needed(problem: Any, m: int, tb: int, mt: int, warps: int) -> int:
+    """A thread's registers, roughly as ptxas allots them (sm_90, nvcc 13, fitted to modern_56's
+    configs): the accumulators of its points, twice the next chunk's input tiles (held while the
+    products run, and transformed), the fragments (both parts in fp32) and about 40 for addresses
+    and state. Of modern_56's forward configs that fit in shared memory (42, both precisions, both
+    tiles, nvcc 13 for sm_90) none it admits spilled; it errs low by up to 44 where ptxas still
+    fitted (fp32 F(2x2), 64 tiles, 8 warps: 244 used) and high by up to 24 (fp32 F(2x2), 32 tiles,
+    MT 2, 16 warps: 128 used, no spill). The tuner's compile step rejects whatever spills anyway."""
+    acc = cdiv(points(m), warps) * mt * (tb // 8) * 4
+    prefetch = patches_per_thread(tb, warps) * (m + 2) ** 2
+    return acc + 2 * prefetch + (8 * mt + 8) * parts(problem) + 40
+
+
+class _WinogradFused(OpFormulation):
+    formulation = NAME
+    summary = "Winograd F(2x2) / F(4x4) transforms and tensor-core products in one kernel"
+
+    def __init__(self, op: str, src: str, dst: str):
+        self.op, self.src, self.dst = op, src, dst
+        self.templates = (f"winograd_fused_{op}.cu.j2", "_winograd_fused.cuh.j2", "_mma_sync.cuh.j2")
+
+    def params(self, problem: Any) -> list[Param]:
+        v = view(problem)
+        return [Param("WF_TILE", (2, 4), "output tile m of F(m x m, 3x3)"),
+                Param("WF_TB", choices_upto((32, 64, 128), max(32, next_pow2(all_tiles(v, 2)))), "output tiles a block"),
+                Param("WF_MT", choices_upto((1, 2), max(1, next_pow2(cdiv(v.COUT, 16)))),
+                      "16-row mma tiles of output channels a warp (KB = 16 MT a block)"),
+                Param("WF_WARPS", (4, 8, 16), "warps a block, the transform's points shared among them")]
+
+    def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
+        p = problem
+        if not serves(p):
+            why = (f"winograd_fused computes 3x3 stride-1 convolutions, not {p.R}x{p.S} with stride "
+                   f"{p.stride[0]}x{p.stride[1]}")
+            return [Constraint(("WF_TILE",), lambda m: why)]
+        v = view(p)
+
+        def arch(_):
+            return arch_violation(limits)
+
+        def warps_points(m, warps):
+            return None if warps <= points(m) else f"WARPS={warps} exceed the {points(m)} points of F({m}x{m},3x3)"
+
+        def tiles_rule(m, tb):
+            n = all_tiles(v, m)
+            if tb > max(32, next_pow2(n)):
+                return f"TB={tb} exceeds the {n} output tiles"
+            return None if cdiv(n, tb) <= GRID_YZ_LIMIT else f"{cdiv(n, tb)} blocks of tiles exceed {GRID_YZ_LIMIT}"
+
+        def registers(m, tb, mt, warps):
+            need = registers_needed(p, m, tb, mt, warps)
+            have = min(MAX_REGISTERS, REGISTERS_PER_BLOCK // (32 * warps))
+            return None if need <= have else f"about {need} registers a thread, more than the {have} of a {32 * warps}-thread block"
+
+        def channel_blocks(mt):
+            n = cdiv(v.COUT, 16 * mt)
+            return None if n <= GRID_X_LIMIT else f"{n} blocks of output channels exceed {GRID_X_LIMIT}"
+
+        return [Constraint(("WF_TILE",), arch),
+                Constraint(("WF_TILE", "WF_WARPS"), warps_points),
+                Constraint(("WF_TILE", "WF_TB"), tiles_rule),
+                Constraint(("WF_MT",), channel_blocks),
+                Constraint(("WF_TILE", "WF_TB", "WF_MT", "WF_WARPS"), registers),
+                threads_rule(limits, ("WF_WARPS",), lambda warps: 32 * warps),
+                smem_rule(limits, ("WF_TILE", "WF_TB", "WF_MT"), lambda m, tb, mt: smem_bytes(p, m, tb, mt))]
+
+    def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
+        # F(2x2): 64 tiles, 16 output channels, 8 warps of two points each (64 accumulators a
+        # thread); then a smaller block that fits where shared memory is short.
+        return [{"formulation": NAME, "WF_TILE": 2, "WF_TB": 64, "WF_MT": 1, "WF_WARPS": 8},
+                {"formulation": NAME, "WF_TILE": 2, "WF_TB": 32, "WF_MT": 1, "WF_WARPS": 8}]
+
+    def context(self, problem: Any, config: Config) -> dict[str, Any]:
+        m, tb, mt = config["WF_TILE"], config["WF_TB"], config["WF_MT"]
+        bt, g, at = TRANSFORMS[m]
+        v = view(problem)
+        coutp, cinp = padded(v, mt)
+        u, vs, out = smem_floats(problem, m, tb, mt)
+        return {"wf_m": m, "wf_alpha": m + 2, "wf_pad_t": v.PAD_T, "wf_pad_l": v.PAD_L, "wf_coutp": coutp,
+                "wf_cinp": cinp, "wf_split3": problem.precision == "fp32", "wf_ppt": patches_per_thread(tb, config["WF_WARPS"]),
+                "wf_u_floats": u, "wf_v_floats": vs, "wf_pads": (PAD_A, PAD_B, PAD_M), "wf_chunk": CHUNK,
+                "wf_filter_threads": FILTER_THREADS,
+                "wf_filter": sandwich("x", g, "g", 3, "part"), "wf_input": sandwich("x", bt, "d[i]", m + 2, "part"),
+                "wf_output": sandwich("y", at, "mm", m + 2, "part")}
+
+    def buffers(self, problem: Any, config: Config) -> Buffers:
+        return (), (("wf_u", u_elements(problem, config["WF_TILE"], config["WF_MT"])),)
+
+    def launches(self, problem: Any, config: Config) -> tuple:
+        v, m, tb, mt = view(problem), config["WF_TILE"], config["WF_TB"], config["WF_MT"]
+        coutp, cinp = padded(v, mt)
+        return (Launch("winograd_fused_filter", (cdiv(coutp * cinp, FILTER_THREADS), 1, 1), (FILTER_THREADS, 1, 1), 0,
+                       ("w", "wf_u")),
+                # Blocks of one group of tiles, every block of output channels, side by side (x): they
+                # read the same input tiles, from L2 after the first.
+                Launch("winograd_fused", (coutp // (16 * mt), cdiv(all_tiles(v, m), tb), 1), (32 * config["WF_WARPS"], 1, 1),
+                       smem_bytes(problem, m, tb, mt), (self.src, "wf_u", "bias", self.dst)))
+
+    def code_helpers(self) -> tuple:
+        return (points, parts, padded, u_elements, all_tiles, smem_floats, smem_bytes, patches_per_thread,
+                registers_needed, CHUNK, PAD_A, PAD_B, PAD_M, FILTER_THREADS)
+
+
+WINOGRAD_FUSED = Formulation(NAME, (_WinogradFused("conv_fwd", "x", "y"), _WinogradFused("conv_bwd_data", "dy", "dx")))
