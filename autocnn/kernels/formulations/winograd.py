@@ -160,6 +160,15 @@ def serves(p: Any) -> bool:
     return p.R == 3 and p.S == 3 and tuple(p.stride) == (1, 1)
 
 
+def unserved(p: Any, formulation: str) -> str | None:
+    """Why a Winograd formulation cannot compute the problem, if it cannot (every one of its
+    configs is infeasible then, with this reason)."""
+    if serves(p):
+        return None
+    return (f"{formulation} computes 3x3 stride-1 convolutions, not {p.R}x{p.S} with stride "
+            f"{p.stride[0]}x{p.stride[1]}")
+
+
 def view(p: Any) -> WinogradView:
     if p.op in ("conv_fwd", "conv_wgrad"):     # conv_wgrad: the forward correlation it differentiates
         return WinogradView(p.op, p.N, p.C, p.K, p.H, p.W, p.P, p.Q, p.padding[0], p.padding[1], False)
@@ -528,9 +537,8 @@ class _Winograd(OpFormulation):
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
-        if not serves(p):
-            why = (f"winograd computes 3x3 stride-1 convolutions, not {p.R}x{p.S} with stride "
-                   f"{p.stride[0]}x{p.stride[1]}")
+        why = unserved(p, NAME)
+        if why:
             return [Constraint(("TILE",), lambda m: why)]
         v = view(p)
         # GEMM_3XTF32 is a parameter of fp32 problems only; a tf32 problem's products keep one block.

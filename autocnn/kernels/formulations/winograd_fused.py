@@ -32,7 +32,7 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.tensorcore import arch_violation
-from autocnn.kernels.formulations.winograd import TRANSFORMS, WinogradView, sandwich, serves, tiles, view
+from autocnn.kernels.formulations.winograd import TRANSFORMS, WinogradView, sandwich, tiles, unserved, view
 from autocnn.kernels.operation import GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, cdiv, next_pow2, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 
@@ -121,9 +121,8 @@ class _WinogradFused(OpFormulation):
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
-        if not serves(p):
-            why = (f"winograd_fused computes 3x3 stride-1 convolutions, not {p.R}x{p.S} with stride "
-                   f"{p.stride[0]}x{p.stride[1]}")
+        why = unserved(p, NAME)
+        if why:
             return [Constraint(("WF_TILE",), lambda m: why)]
         v = view(p)
 
