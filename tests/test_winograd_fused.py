@@ -170,3 +170,16 @@ def test_kernels_verify_against_float64_on_the_gpu(op, precision):
     # tf32: F(2x2) only (see test_kernels_verify_under_emulation); the default is among them.
     fixed = {"WF_TILE": 2} if precision == "tf32" else None
     assert_verifies_on_gpu(OPERATIONS[op], NAME, _gpu_problems(op, precision), 2, WORKSPACE_LIMIT_BYTES, fixed)
+
+
+def test_the_filters_transform_keeps_within_the_workspace_limit():
+    """Its one workspace, U (both TF32 parts in fp32), counts against --workspace-limit."""
+    import dataclasses as dc
+
+    modern = dict(seed_problems("conv_fwd"))["modern_56"]
+    need = 4 * u_elements(modern, 2, 1)          # 2 parts x 16 points x 64 x 64 floats: 512 KiB
+    tight = dc.replace(LIMITS, workspace_bytes=need - 1)
+    config = {"formulation": NAME, "WF_TILE": 2, "WF_TB": 32, "WF_MT": 1, "WF_WARPS": 8}
+    with pytest.raises(InfeasibleConfigError, match="workspace"):
+        OPERATIONS["conv_fwd"].space(modern, tight).validate(config)
+    OPERATIONS["conv_fwd"].space(modern, dc.replace(LIMITS, workspace_bytes=need)).validate(config)

@@ -33,7 +33,8 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.tensorcore import arch_violation
 from autocnn.kernels.formulations.winograd import TRANSFORMS, WinogradView, sandwich, tiles, unserved, view
-from autocnn.kernels.operation import GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, cdiv, next_pow2, smem_rule, threads_rule
+from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, cdiv, next_pow2, smem_rule, threads_rule,
+                                       workspace_rule)
 from autocnn.kernels.space import Config, Constraint, Param
 
 NAME = "winograd_fused"
@@ -152,6 +153,8 @@ class _WinogradFused(OpFormulation):
                 Constraint(("WF_TILE", "WF_TB"), tiles_rule),
                 Constraint(("WF_MT",), channel_blocks),
                 Constraint(("WF_TILE", "WF_TB", "WF_MT", "WF_WARPS"), registers),
+                # The filters' transform is the one workspace (--workspace-limit).
+                workspace_rule(limits.workspace_bytes, ("WF_TILE", "WF_MT"), lambda m, mt: 4 * u_elements(p, m, mt)),
                 threads_rule(limits, ("WF_WARPS",), lambda warps: 32 * warps),
                 smem_rule(limits, ("WF_TILE", "WF_TB", "WF_MT"), lambda m, tb, mt: smem_bytes(p, m, tb, mt))]
 
