@@ -267,6 +267,8 @@ def _ptx_call(text: str, operands: list[str]) -> str:
 
     args = [a.strip() for a in _split_top(rest, ",")] if rest.strip() else []
     group = lambda a: [value(t) for t in a.strip("{}[] ").split(",")]            # noqa: E731
+    if not statement:
+        return "(void)0"       # asm volatile("" ::: "memory"): a compiler barrier, no instruction
     if opcode == "cvt.rna.tf32.f32":
         return f"({value(args[0])} = emu_cvt_rna_tf32({value(args[1])}))"
     if opcode == "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32":

@@ -56,14 +56,17 @@ def test_the_space_serves_3x3_stride_1_on_tensor_cores_within_registers_and_shar
         operation.default_config(modern, DeviceLimits("sm_75"), formulation=NAME)
     with pytest.raises(InfeasibleConfigError, match="3x3 stride-1"):
         operation.default_config(dict(seed_problems(op))["sweep_7x7"], LIMITS, formulation=NAME)
-    big = {"formulation": NAME, "WF_TILE": 2, "WF_TB": 64, "WF_MT": 2, "WF_WARPS": 8}
+    big = {"formulation": NAME, "WF_TILE": 2, "WF_TB": 64, "WF_MT": 1, "WF_WARPS": 4}
     with pytest.raises(InfeasibleConfigError, match="registers a thread"):
         space(op, modern).validate(big)
-    assert registers_needed(modern, 2, 64, 2, 8) > 255
+    assert registers_needed(modern, 2, 64, 1, 4) > 255
+    # 64 output channels a block: each input tile transformed once.
+    assert operation.default_config(modern, LIMITS, formulation=NAME)["WF_MT"] == 4
     # 16 points a block of 8 warps' filters and tiles, both stages: what the launch asks for.
     config = operation.default_config(modern, LIMITS, formulation=NAME)
     filt, main = operation.plan(modern, config).launches
-    assert main.shared_bytes == smem_bytes(modern, config["WF_TILE"], config["WF_TB"], config["WF_MT"])
+    assert main.shared_bytes == smem_bytes(modern, config["WF_TILE"], config["WF_TB"], config["WF_MT"],
+                                           config["WF_WARPS"])
     coutp, cinp = padded(view(modern), config["WF_MT"])
     assert (coutp, cinp) == (64, 64) and filt.grid[0] * filt.block[0] >= coutp * cinp
     assert main.grid[:2] == (coutp // (16 * config["WF_MT"]), -(-all_tiles(view(modern), 2) // config["WF_TB"]))

@@ -8,10 +8,19 @@ channels of TB output tiles and loops over the input channels 8 at a time (one m
 chunk it transforms the chunk's input tiles (B^T d B) into shared memory, split into TF32 parts in
 fp32, and multiplies them, point by point, by the chunk's transformed filters on mma.sync m16n8k8.
 The filters are staged by cp.async, double-buffered; a small first kernel transforms and splits them
-(U = G g G^T). The next chunk's input tiles are loaded into registers while this chunk's products
-run. After the last chunk the block's products go through shared memory to the output transform
-(A^T M A), with bias and activation fused. Nothing but the filters' transform touches global memory
-between the input and the output.
+(U = G g G^T) and lays them out in mma A-fragment order, so that a stage is one contiguous copy and a
+lane reads its fragment as one float4. The next chunk's raw input tiles are copied by cp.async into
+each thread's own part of a raw stage while this chunk's products run (in registers they would take
+the 16 that MT 4 needs). After the last chunk the block's products go through shared memory to the
+output transform (A^T M A), with bias and activation fused. Nothing but the filters' transform
+touches global memory between the input and the output.
+
+Every block of output channels transforms the same input tiles again: with MT 1 (16 channels a
+block) modern_56 forward ran 144 M instructions on an H100 (ncu), most of them the input transform
+four times over, and took 342 us; with MT 4 (all 64 channels, 128 accumulators a thread: the
+registers are why the raw tiles wait in shared memory) 94 M and 240 us, below the 252 us of its
+best direct kernel. One block of 8 warps an SM (254 registers) leaves it latency-bound: ncu counted
+an instruction issued in 46% of cycles.
 
 Warp w takes points w, w + WARPS, ... of all the block's tiles and channels: each A fragment (16
 output channels x 8 input channels of one point) serves TB/8 mma tiles. fp32 is 3xTF32: hi.hi +
@@ -39,7 +48,6 @@ from autocnn.kernels.space import Config, Constraint, Param
 
 NAME = "winograd_fused"
 CHUNK = 8              # input channels a step: one mma k-step
-PAD_A = 4              # a staged filter row (8 channels) is 12 floats: conflict-free A fragment reads
 PAD_B = 8              # a staged point's row of tiles is TB + 8 floats: conflict-free B fragment reads
 PAD_M = 4              # the products' rows in the output stage
 FILTER_THREADS = 256
@@ -72,19 +80,21 @@ def all_tiles(v: WinogradView, m: int) -> int:
     return v.N * th * tw
 
 
-def smem_floats(problem: Any, m: int, tb: int, mt: int) -> tuple[int, int, int]:
-    """(U stage, V stage, output stage) in floats: two stages of the filters' chunk, one of the
-    input's, and the products for the output transform, which reuses the stages' memory."""
+def smem_floats(problem: Any, m: int, tb: int, mt: int, warps: int) -> tuple[int, int, int, int]:
+    """(U stage, V stage, raw stage, output stage) in floats: two stages of the filters' chunk, one
+    of the transformed input's, the raw input tiles of the next chunk (each thread's own), and the
+    products for the output transform, which reuses the stages' memory."""
     e, k = points(m), parts(problem)
-    u = 2 * k * e * 16 * mt * (CHUNK + PAD_A)
+    u = 2 * k * e * 16 * mt * CHUNK
     v = k * e * CHUNK * (tb + PAD_B)
+    raw = patches_per_thread(tb, warps) * e * 32 * warps
     out = e * 16 * mt * (tb + PAD_M)
-    return u, v, out
+    return u, v, raw, out
 
 
-def smem_bytes(problem: Any, m: int, tb: int, mt: int) -> int:
-    u, v, out = smem_floats(problem, m, tb, mt)
-    return 4 * max(u + v, out)
+def smem_bytes(problem: Any, m: int, tb: int, mt: int, warps: int) -> int:
+    u, v, raw, out = smem_floats(problem, m, tb, mt, warps)
+    return 4 * max(u + v + raw, out)
 
 
 def patches_per_thread(tb: int, warps: int) -> int:
@@ -93,15 +103,16 @@ def patches_per_thread(tb: int, warps: int) -> int:
 
 def registers_needed(problem: Any, m: int, tb: int, mt: int, warps: int) -> int:
     """A thread's registers, roughly as ptxas allots them (sm_90, nvcc 13, fitted to modern_56's
-    configs): the accumulators of its points, twice the next chunk's input tiles (held while the
-    products run, and transformed), the fragments (both parts in fp32) and about 40 for addresses
-    and state. Of modern_56's forward configs that fit in shared memory (42, both precisions, both
-    tiles, nvcc 13 for sm_90) none it admits spilled; it errs low by up to 44 where ptxas still
-    fitted (fp32 F(2x2), 64 tiles, 8 warps: 244 used) and high by up to 24 (fp32 F(2x2), 32 tiles,
-    MT 2, 16 warps: 128 used, no spill). The tuner's compile step rejects whatever spills anyway."""
+    forward configs in both precisions): the accumulators of its points, half its input tiles' values
+    (the transform holds a patch and its result a part at a time), 24 a TF32 part for fragments and
+    24 for addresses and state. Of the 38 configs compiled for the fit, every one it admits built
+    without spills except three that spilled 4 to 12 bytes (fp32 F(2x2) 32 tiles MT 2 4 warps, 64
+    tiles MT 2 8 warps; tf32 128 tiles 8 warps), and every one it rejects spilled. fp32 F(2x2), 32
+    tiles, 64 output channels, 8 warps: 208 by the rule, 254 used, no spill. The tuner's compile step
+    rejects whatever spills anyway."""
     acc = cdiv(points(m), warps) * mt * (tb // 8) * 4
-    prefetch = patches_per_thread(tb, warps) * (m + 2) ** 2
-    return acc + 2 * prefetch + (8 * mt + 8) * parts(problem) + 40
+    transform = patches_per_thread(tb, warps) * points(m) * parts(problem) // 2
+    return acc + transform + 24 * parts(problem) + 24
 
 
 class _WinogradFused(OpFormulation):
@@ -117,7 +128,7 @@ class _WinogradFused(OpFormulation):
         v = view(problem)
         return [Param("WF_TILE", (2, 4), "output tile m of F(m x m, 3x3)"),
                 Param("WF_TB", choices_upto((32, 64, 128), max(32, next_pow2(all_tiles(v, 2)))), "output tiles a block"),
-                Param("WF_MT", choices_upto((1, 2), max(1, next_pow2(cdiv(v.COUT, 16)))),
+                Param("WF_MT", choices_upto((1, 2, 4), max(1, next_pow2(cdiv(v.COUT, 16)))),
                       "16-row mma tiles of output channels a warp (KB = 16 MT a block)"),
                 Param("WF_WARPS", (4, 8, 16), "warps a block, the transform's points shared among them")]
 
@@ -157,25 +168,26 @@ class _WinogradFused(OpFormulation):
                 # The filters' transform is the one workspace (--workspace-limit).
                 workspace_rule(limits.workspace_bytes, ("WF_TILE", "WF_MT"), lambda m, mt: 4 * u_elements(p, m, mt)),
                 threads_rule(limits, ("WF_WARPS",), lambda warps: 32 * warps),
-                smem_rule(limits, ("WF_TILE", "WF_TB", "WF_MT"), lambda m, tb, mt: smem_bytes(p, m, tb, mt))]
+                smem_rule(limits, ("WF_TILE", "WF_TB", "WF_MT", "WF_WARPS"),
+                          lambda m, tb, mt, warps: smem_bytes(p, m, tb, mt, warps))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
-        # F(2x2): 64 tiles, 16 output channels, 8 warps of two points each (64 accumulators a
-        # thread); then a smaller block that fits where shared memory is short.
-        return [{"formulation": NAME, "WF_TILE": 2, "WF_TB": 64, "WF_MT": 1, "WF_WARPS": 8},
-                {"formulation": NAME, "WF_TILE": 2, "WF_TB": 32, "WF_MT": 1, "WF_WARPS": 8}]
+        # F(2x2), 32 tiles, 8 warps of two points each, and as many output channels a block as the
+        # layer has up to 64: each input tile is transformed once a block, and the fewer blocks of
+        # output channels, the fewer times over (MT 4: 128 accumulators a thread).
+        return [{"formulation": NAME, "WF_TILE": 2, "WF_TB": 32, "WF_MT": mt, "WF_WARPS": 8} for mt in (4, 2, 1)]
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         m, tb, mt = config["WF_TILE"], config["WF_TB"], config["WF_MT"]
         bt, g, at = TRANSFORMS[m]
         v = view(problem)
         coutp, cinp = padded(v, mt)
-        u, vs, out = smem_floats(problem, m, tb, mt)
+        u, vs, raw, out = smem_floats(problem, m, tb, mt, config["WF_WARPS"])
         return {"wf_m": m, "wf_alpha": m + 2, "wf_pad_t": v.PAD_T, "wf_pad_l": v.PAD_L, "wf_coutp": coutp,
                 "wf_cinp": cinp, "wf_split3": problem.precision == "fp32", "wf_ppt": patches_per_thread(tb, config["WF_WARPS"]),
-                "wf_u_floats": u, "wf_v_floats": vs, "wf_pads": (PAD_A, PAD_B, PAD_M), "wf_chunk": CHUNK,
+                "wf_u_floats": u, "wf_v_floats": vs, "wf_raw_floats": raw, "wf_pads": (PAD_B, PAD_M), "wf_chunk": CHUNK,
                 "wf_filter_threads": FILTER_THREADS,
-                "wf_filter": sandwich("x", g, "g", 3, "part"), "wf_input": sandwich("x", bt, "d[i]", m + 2, "part"),
+                "wf_filter": sandwich("x", g, "g", 3, "part"), "wf_input": sandwich("x", bt, "dv", m + 2, "part"),
                 "wf_output": sandwich("y", at, "mm", m + 2, "part")}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
@@ -189,11 +201,11 @@ class _WinogradFused(OpFormulation):
                 # Blocks of one group of tiles, every block of output channels, side by side (x): they
                 # read the same input tiles, from L2 after the first.
                 Launch("winograd_fused", (coutp // (16 * mt), cdiv(all_tiles(v, m), tb), 1), (32 * config["WF_WARPS"], 1, 1),
-                       smem_bytes(problem, m, tb, mt), (self.src, "wf_u", "bias", self.dst)))
+                       smem_bytes(problem, m, tb, mt, config["WF_WARPS"]), (self.src, "wf_u", "bias", self.dst)))
 
     def code_helpers(self) -> tuple:
         return (points, parts, padded, u_elements, all_tiles, smem_floats, smem_bytes, patches_per_thread,
-                registers_needed, CHUNK, PAD_A, PAD_B, PAD_M, FILTER_THREADS)
+                registers_needed, CHUNK, PAD_B, PAD_M, FILTER_THREADS)
 
 
 WINOGRAD_FUSED = Formulation(NAME, (_WinogradFused("conv_fwd", "x", "y"), _WinogradFused("conv_bwd_data", "dy", "dx")))
