@@ -1,4 +1,4 @@
-"""winograd_fused: Winograd F(m x m, 3x3) in one kernel, the points' products on tensor cores, for
+"""winograd_fused: Winograd F(2x2, 3x3) in one kernel, the points' products on tensor cores, for
 3x3 stride-1 conv_fwd and conv_bwd_data.
 
 The winograd formulation writes the transformed input V and the products M to global memory between
@@ -16,10 +16,10 @@ output transform (A^T M A), with bias and activation fused. Nothing but the filt
 touches global memory between the input and the output.
 
 Every block of output channels transforms the same input tiles again: with MT 1 (16 channels a
-block) modern_56 forward ran 144 M instructions on an H100 (ncu), most of them the input transform
-four times over, and took 342 us; with MT 4 (all 64 channels, 128 accumulators a thread: the
-registers are why the raw tiles wait in shared memory) 94 M and 240 us, below the 252 us of its
-best direct kernel. One block of 8 warps an SM (254 registers) leaves it latency-bound: ncu counted
+block; F(4x4) then) modern_56 forward ran 144 M instructions on an H100 (ncu), most of them the input
+transform four times over, and took 342 us; F(2x2) with MT 4 (all 64 channels, 128 accumulators a
+thread: the registers are why the raw tiles wait in shared memory) 94 M and 240 us, below the 252 us
+of its best direct kernel. One block of 8 warps an SM (254 registers) leaves it latency-bound: ncu counted
 an instruction issued in 46% of cycles.
 
 Warp w takes points w, w + WARPS, ... of all the block's tiles and channels: each A fragment (16
@@ -31,8 +31,13 @@ nearest.
 conv_bwd_data at stride 1 is the forward correlation of dY with the filters flipped and transposed,
 padded by R-1-pad (winograd.view).
 
-Parameters: TILE (m: F(2x2,3x3), 16 points, or F(4x4,3x3), 36), TB (output tiles a block), MT (16-row
-mma tiles of output channels a warp: KB = 16 MT), WARPS (the points shared among them).
+F(4x4,3x3) (36 points) was served until the input stage was double-buffered: on modern_56 forward
+(H100) its best config took 342 us in fp32 against 240 for F(2x2) with 64 output channels a block,
+its TF32 rounding failed the tf32 bound (0.00317 against 0.00195), and with two input stages no fp32
+config fits in shared memory. The helpers keep m as an argument; the formulation serves m = 2.
+
+Parameters: TB (output tiles a block), MT (16-row mma tiles of output channels a warp: KB = 16 MT a
+block), WARPS (the points shared among them).
 """
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, cdiv
 from autocnn.kernels.space import Config, Constraint, Param
 
 NAME = "winograd_fused"
+M = 2                  # F(2x2,3x3): 16 points (F(4x4) is not served: see the module's docstring)
 CHUNK = 8              # input channels a step: one mma k-step
 PAD_B = 8              # a staged point's row of tiles is TB + 8 floats: conflict-free B fragment reads
 PAD_M = 4              # the products' rows in the output stage
@@ -81,12 +87,13 @@ def all_tiles(v: WinogradView, m: int) -> int:
 
 
 def smem_floats(problem: Any, m: int, tb: int, mt: int, warps: int) -> tuple[int, int, int, int]:
-    """(U stage, V stage, raw stage, output stage) in floats: two stages of the filters' chunk, one
-    of the transformed input's, the raw input tiles of the next chunk (each thread's own), and the
-    products for the output transform, which reuses the stages' memory."""
+    """(U stages, V stages, raw stage, output stage) in floats: two stages of the filters' chunk, two
+    of the transformed input's (one read by the products while the next chunk is transformed into the
+    other), the raw input tiles of the next chunk (each thread's own), and the products for the output
+    transform, which reuses the stages' memory."""
     e, k = points(m), parts(problem)
     u = 2 * k * e * 16 * mt * CHUNK
-    v = k * e * CHUNK * (tb + PAD_B)
+    v = 2 * k * e * CHUNK * (tb + PAD_B)
     raw = patches_per_thread(tb, warps) * e * 32 * warps
     out = e * 16 * mt * (tb + PAD_M)
     return u, v, raw, out
@@ -106,9 +113,9 @@ def registers_needed(problem: Any, m: int, tb: int, mt: int, warps: int) -> int:
     forward configs in both precisions): the accumulators of its points, half its input tiles' values
     (the transform holds a patch and its result a part at a time), 24 a TF32 part for fragments and
     24 for addresses and state. Of the 38 configs compiled for the fit, every one it admits built
-    without spills except three that spilled 4 to 12 bytes (fp32 F(2x2) 32 tiles MT 2 4 warps, 64
-    tiles MT 2 8 warps; tf32 128 tiles 8 warps), and every one it rejects spilled. fp32 F(2x2), 32
-    tiles, 64 output channels, 8 warps: 208 by the rule, 254 used, no spill. The tuner's compile step
+    without spills except three that spilled 4 to 16 bytes (fp32 F(2x2) 32 tiles MT 2 4 warps; tf32
+    64 tiles 4 warps, 128 tiles 8 warps), and every one it rejects spilled. fp32 F(2x2), 32 tiles,
+    64 output channels, 8 warps: 216 by the rule, 255 used, no spill. The tuner's compile step
     rejects whatever spills anyway."""
     acc = cdiv(points(m), warps) * mt * (tb // 8) * 4
     transform = patches_per_thread(tb, warps) * points(m) * parts(problem) // 2
@@ -117,7 +124,7 @@ def registers_needed(problem: Any, m: int, tb: int, mt: int, warps: int) -> int:
 
 class _WinogradFused(OpFormulation):
     formulation = NAME
-    summary = "Winograd F(2x2) / F(4x4) transforms and tensor-core products in one kernel"
+    summary = "Winograd F(2x2) transforms and tensor-core products in one kernel"
 
     def __init__(self, op: str, src: str, dst: str):
         self.op, self.src, self.dst = op, src, dst
@@ -126,8 +133,7 @@ class _WinogradFused(OpFormulation):
 
     def params(self, problem: Any) -> list[Param]:
         v = view(problem)
-        return [Param("WF_TILE", (2, 4), "output tile m of F(m x m, 3x3)"),
-                Param("WF_TB", choices_upto((32, 64, 128), max(32, next_pow2(all_tiles(v, 2)))), "output tiles a block"),
+        return [Param("WF_TB", choices_upto((32, 64, 128), max(32, next_pow2(all_tiles(v, 2)))), "output tiles a block"),
                 Param("WF_MT", choices_upto((1, 2, 4), max(1, next_pow2(cdiv(v.COUT, 16)))),
                       "16-row mma tiles of output channels a warp (KB = 16 MT a block)"),
                 Param("WF_WARPS", (4, 8, 16), "warps a block, the transform's points shared among them")]
@@ -136,23 +142,23 @@ class _WinogradFused(OpFormulation):
         p = problem
         why = unserved(p, NAME)
         if why:
-            return [Constraint(("WF_TILE",), lambda m: why)]
+            return [Constraint(("WF_TB",), lambda _: why)]
         v = view(p)
 
         def arch(_):
             return arch_violation(limits)
 
-        def warps_points(m, warps):
-            return None if warps <= points(m) else f"WARPS={warps} exceed the {points(m)} points of F({m}x{m},3x3)"
+        def warps_points(warps):
+            return None if warps <= points(M) else f"WARPS={warps} exceed the {points(M)} points of F({M}x{M},3x3)"
 
-        def tiles_rule(m, tb):
-            n = all_tiles(v, m)
+        def tiles_rule(tb):
+            n = all_tiles(v, M)
             if tb > max(32, next_pow2(n)):
                 return f"TB={tb} exceeds the {n} output tiles"
             return None if cdiv(n, tb) <= GRID_YZ_LIMIT else f"{cdiv(n, tb)} blocks of tiles exceed {GRID_YZ_LIMIT}"
 
-        def registers(m, tb, mt, warps):
-            need = registers_needed(p, m, tb, mt, warps)
+        def registers(tb, mt, warps):
+            need = registers_needed(p, M, tb, mt, warps)
             have = min(MAX_REGISTERS, REGISTERS_PER_BLOCK // (32 * warps))
             return None if need <= have else f"about {need} registers a thread, more than the {have} of a {32 * warps}-thread block"
 
@@ -160,25 +166,25 @@ class _WinogradFused(OpFormulation):
             n = cdiv(v.COUT, 16 * mt)
             return None if n <= GRID_X_LIMIT else f"{n} blocks of output channels exceed {GRID_X_LIMIT}"
 
-        return [Constraint(("WF_TILE",), arch),
-                Constraint(("WF_TILE", "WF_WARPS"), warps_points),
-                Constraint(("WF_TILE", "WF_TB"), tiles_rule),
+        return [Constraint(("WF_TB",), arch),
+                Constraint(("WF_WARPS",), warps_points),
+                Constraint(("WF_TB",), tiles_rule),
                 Constraint(("WF_MT",), channel_blocks),
-                Constraint(("WF_TILE", "WF_TB", "WF_MT", "WF_WARPS"), registers),
+                Constraint(("WF_TB", "WF_MT", "WF_WARPS"), registers),
                 # The filters' transform is the one workspace (--workspace-limit).
-                workspace_rule(limits.workspace_bytes, ("WF_TILE", "WF_MT"), lambda m, mt: 4 * u_elements(p, m, mt)),
+                workspace_rule(limits.workspace_bytes, ("WF_MT",), lambda mt: 4 * u_elements(p, M, mt)),
                 threads_rule(limits, ("WF_WARPS",), lambda warps: 32 * warps),
-                smem_rule(limits, ("WF_TILE", "WF_TB", "WF_MT", "WF_WARPS"),
-                          lambda m, tb, mt, warps: smem_bytes(p, m, tb, mt, warps))]
+                smem_rule(limits, ("WF_TB", "WF_MT", "WF_WARPS"),
+                          lambda tb, mt, warps: smem_bytes(p, M, tb, mt, warps))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         # F(2x2), 32 tiles, 8 warps of two points each, and as many output channels a block as the
         # layer has up to 64: each input tile is transformed once a block, and the fewer blocks of
         # output channels, the fewer times over (MT 4: 128 accumulators a thread).
-        return [{"formulation": NAME, "WF_TILE": 2, "WF_TB": 32, "WF_MT": mt, "WF_WARPS": 8} for mt in (4, 2, 1)]
+        return [{"formulation": NAME, "WF_TB": 32, "WF_MT": mt, "WF_WARPS": 8} for mt in (4, 2, 1)]
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
-        m, tb, mt = config["WF_TILE"], config["WF_TB"], config["WF_MT"]
+        m, tb, mt = M, config["WF_TB"], config["WF_MT"]
         bt, g, at = TRANSFORMS[m]
         v = view(problem)
         coutp, cinp = padded(v, mt)
@@ -191,10 +197,10 @@ class _WinogradFused(OpFormulation):
                 "wf_output": sandwich("y", at, "mm", m + 2, "part")}
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
-        return (), (("wf_u", u_elements(problem, config["WF_TILE"], config["WF_MT"])),)
+        return (), (("wf_u", u_elements(problem, M, config["WF_MT"])),)
 
     def launches(self, problem: Any, config: Config) -> tuple:
-        v, m, tb, mt = view(problem), config["WF_TILE"], config["WF_TB"], config["WF_MT"]
+        v, m, tb, mt = view(problem), M, config["WF_TB"], config["WF_MT"]
         coutp, cinp = padded(v, mt)
         return (Launch("winograd_fused_filter", (cdiv(coutp * cinp, FILTER_THREADS), 1, 1), (FILTER_THREADS, 1, 1), 0,
                        ("w", "wf_u")),
