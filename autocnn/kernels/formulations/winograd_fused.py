@@ -136,6 +136,7 @@ class _WinogradFused(OpFormulation):
         return [Param("WF_TB", choices_upto((32, 64, 128), max(32, next_pow2(all_tiles(v, 2)))), "output tiles a block"),
                 Param("WF_MT", choices_upto((1, 2, 4), max(1, next_pow2(cdiv(v.COUT, 16)))),
                       "16-row mma tiles of output channels a warp (KB = 16 MT a block)"),
+                # At most 16 warps: F(2x2)'s 16 points, one or more a warp.
                 Param("WF_WARPS", (4, 8, 16), "warps a block, the transform's points shared among them")]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
@@ -147,9 +148,6 @@ class _WinogradFused(OpFormulation):
 
         def arch(_):
             return arch_violation(limits)
-
-        def warps_points(warps):
-            return None if warps <= points(M) else f"WARPS={warps} exceed the {points(M)} points of F({M}x{M},3x3)"
 
         def tiles_rule(tb):
             n = all_tiles(v, M)
@@ -167,7 +165,6 @@ class _WinogradFused(OpFormulation):
             return None if n <= GRID_X_LIMIT else f"{n} blocks of output channels exceed {GRID_X_LIMIT}"
 
         return [Constraint(("WF_TB",), arch),
-                Constraint(("WF_WARPS",), warps_points),
                 Constraint(("WF_TB",), tiles_rule),
                 Constraint(("WF_MT",), channel_blocks),
                 Constraint(("WF_TB", "WF_MT", "WF_WARPS"), registers),
