@@ -311,7 +311,7 @@ def test_stride_phases_compute_the_convolution_in_numpy_on_strided_shapes(op, rn
     assert len(strided) >= 3
 
     def configs(problem):
-        base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items() if k not in ("FB", "BL")}
+        base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items() if k not in ("FB", "BL", "MAC_ORDER")}
         macs = ({"MAC": "thread", "IT": 2, "JT": 1}, {"MAC": "block", "IT": 1, "JT": 2, "FB": 4, "BL": 4},
                 {"MAC": "mma", "IT": 1, "JT": 1, "FB": 4, "BL": 8})
         return [space(op, problem).complete({**base, **mac, "IMGS": min(2, problem.N), "STRIDE_PHASES": ph, "XFORM_A": xa, "XFORM_B": xb})
@@ -589,7 +589,7 @@ def test_stride_phases_build_without_spills(tmp_path):
         for name, problem in problems:
             for precision in ("fp32", "tf32"):
                 problem = dataclasses.replace(problem, precision=precision)
-                base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items() if k not in ("FB", "BL")}
+                base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items() if k not in ("FB", "BL", "MAC_ORDER")}
                 for mac, xform in ((({"MAC": "mma", "IT": 1, "JT": 4, "FB": 4, "BL": 8}), "dft"),
                                    (({"MAC": "block", "IT": 2, "JT": 2, "FB": 4, "BL": 8}), "cufft"),
                                    (({"MAC": "thread", "IT": 2, "JT": 2}), "dft")):

@@ -21,6 +21,7 @@ import pytest
 from autocnn.device import DeviceLimits
 from autocnn.kernels import OPERATIONS, reference
 from autocnn.kernels.codegen import environment
+from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import odd_problems
 from autocnn.tuning.measure import verify_outputs
 from tests.cuda_emulator import PRELUDE, compile_library, emulated_failure, run_emulated, translate_ptx
@@ -191,3 +192,29 @@ def test_fft_mma_multiply_accumulate_verifies_under_emulation(op, precision, tmp
     problem = dataclasses.replace(problem, precision=precision)
     space = OPERATIONS[op].space(problem, LIMITS).restrict({"formulation": "fft", "MAC": "mma"})
     _verify_all([(name, problem, c) for c in space.sample(rng, 1)], tmp_path)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_fft_tiled_multiply_accumulates_cover_every_tile_in_either_block_order(op, tmp_path):
+    """fft's MAC "block" and "mma" with O cut into several tiles both ways (rows: images, or filters in
+    conv_wgrad; columns: filters or channels) and runs of frequencies past the spectrum's end, in
+    both MAC_ORDERs: blocks taking tile and frequency group from their linear index must still
+    cover every output once, and each copy of a stage (its row and term a compile-time step from the
+    thread's first) must land where the products read it. fp32, so the mma's 3xTF32 path runs."""
+    # conv_fwd/bwd_data rows are the block's images (5: three row tiles of MAC "block"'s 2), columns
+    # K or C; conv_wgrad rows are K (17: two m16 tiles of "mma"), columns C.
+    dims = {"conv_fwd": dict(N=5, C=3, K=11), "conv_bwd_data": dict(N=5, C=11, K=3),
+            "conv_wgrad": dict(N=2, C=11, K=17)}[op]
+    problem = PROBLEM_TYPES[op](H=9, W=7, R=5, S=6, stride=1, padding=(2, 2, 3, 2), **dims)
+    space = OPERATIONS[op].space(problem, LIMITS)
+    base = {"formulation": "fft", "FFT_SIZE": "smooth", "IMGS": 8 if problem.N > 2 else 2, "XFORM_A": "cufft",
+            "XFORM_B": "dft"}
+    # The first of each: several tiles each way. The second: tiles of more rows than a stage has
+    # threads a frequency (block BJ 32 > 64/4, mma BI 64 > 256/8), so a thread's copies step rows too.
+    macs = ({"MAC": "block", "FFT_THREADS": 64, "IT": 1, "JT": 1, "FB": 8, "BL": 4},
+            {"MAC": "block", "FFT_THREADS": 64, "IT": 1, "JT": 4, "FB": 4, "BL": 4},
+            {"MAC": "mma", "FFT_THREADS": 128, "IT": 1, "JT": 1, "FB": 4, "BL": 8},
+            {"MAC": "mma", "FFT_THREADS": 256, "IT": 4, "JT": 1, "FB": 8, "BL": 8})
+    cases = [(f"{mac} {order}", problem, space.complete({**base, **mac, "MAC_ORDER": order}))
+             for mac in macs for order in ("frequencies", "tiles")]
+    _verify_all(cases, tmp_path)

@@ -75,6 +75,12 @@ TILE = (1, 2, 4, 8)   # 8 x 8 outputs: 128 accumulators, four products per value
 MAC = ("thread", "block", "mma")
 FREQS = (4, 8)        # frequencies per block of MAC "block" and "mma": 32- or 64-byte runs per plane
 TERMS = (4, 8, 16)    # terms per shared-memory stage of MAC "block" and "mma"
+# The order in which the tiled multiply-accumulate's blocks run (the launch's geometry is the same):
+# "frequencies", each tile of O across the frequency groups (blockIdx.x the group), the order it was
+# first written in (first, so records tuned before the choice existed keep their code); "tiles", the
+# tiles of O of one frequency group side by side, so that the tiles that share an operand tile read
+# it from DRAM once between them and from L2 after.
+MAC_ORDERS = ("frequencies", "tiles")
 MIN_BLOCK_ARCH = 80   # cp.async, and mma.sync on TF32 operands
 MMA_K = 8             # terms of one mma k-step: "mma" stages whole k-steps
 MMA_MAX_IT = 4        # m16 tiles a warp along O's rows
@@ -411,6 +417,9 @@ class _Fft(OpFormulation):
                       (("MAC", ("block", "mma")),)),
                 Param("BL", TERMS, "terms per shared-memory stage of the tiled multiply-accumulate",
                       (("MAC", ("block", "mma")),)),
+                Param("MAC_ORDER", MAC_ORDERS, "order of the tiled multiply-accumulate's blocks: each tile of O "
+                      "over the frequency groups, or every tile of a frequency group together (operands shared in L2)",
+                      (("MAC", ("block", "mma")),)),
                 Param("XFORM_A", XFORMS, "transform of the first operand: placed + cuFFT R2C, or computed directly "
                       "(whole, or each size split in two factors)"),
                 Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly "
@@ -501,7 +510,8 @@ class _Fft(OpFormulation):
         # The filters' spectra (operand B but in conv_wgrad) computed directly: measured faster than
         # placing + cuFFT on an H100. The last runs on any GPU (no cp.async) and in the least workspace.
         filters = {"XFORM_B": "dft"} if self.op != "conv_wgrad" else {}
-        return [{**base, "IMGS": max(fits, default=1), "IT": 4, "JT": 4, "MAC": "block", "FB": 4, "BL": 8, **filters},
+        return [{**base, "IMGS": max(fits, default=1), "IT": 4, "JT": 4, "MAC": "block", "FB": 4, "BL": 8,
+                 "MAC_ORDER": "frequencies", **filters},
                 {**base, "IMGS": max(fits, default=1), "IT": 2, "JT": 2, "MAC": "thread"},
                 {**base, "IMGS": 1, "IT": 1, "JT": 1, "MAC": "thread"}]
 
@@ -509,7 +519,8 @@ class _Fft(OpFormulation):
         fh, fw = fft_size(fft_conv(problem, is_phased(config)), config["FFT_SIZE"])
         return {"fft_h": fh, "fft_w": fw, "fft_threads": config["FFT_THREADS"], "fft_it": config["IT"],
                 "fft_jt": config["JT"], "bias_grad_threads": config["FFT_THREADS"], "fft_mac": config["MAC"],
-                "fft_fb": config.get("FB", 0), "fft_bl": config.get("BL", 0), "fft_dft_planes": DFT_PLANES,
+                "fft_fb": config.get("FB", 0), "fft_bl": config.get("BL", 0),
+                "fft_mac_tiles": config.get("MAC_ORDER") == "tiles", "fft_dft_planes": DFT_PLANES,
                 "fft_dft_a": config["XFORM_A"] == "dft", "fft_dft_b": config["XFORM_B"] == "dft",
                 "fft_fdft_a": config["XFORM_A"] == "fdft", "fft_fdft_b": config["XFORM_B"] == "fdft",
                 "fft_h1": split_factor(fh), "fft_w1": split_factor(fw),
