@@ -12,16 +12,20 @@ was tuned with (autocnn.store.records.validate_record). This script, run on a da
 - writes every record that is current by its plan digest only again with the current fingerprint
   and its completed config (after a template edit that left its code unchanged), so that loading
   need not plan it;
-- leaves stale and invalid records as they are, and names them.
+- leaves stale and invalid records as they are, and names them; with ``--drop-replaced``, removes
+  each stale record whose shape has a current record for the same GPU in the same file (after a
+  template edit changed a tuned config's code, `autocnn tune --stale` on the GPU tuned the shape
+  again and scripts/ship_records.py added the new record beside the old one).
 
 Files are written one record a line (autocnn.store.files._document_text), so diffs show only the
 records that changed. ``--check`` writes nothing and exits 1 when anything would change.
 
-    python scripts/stamp_plan_digests.py [--check] [DIR]
+    python scripts/stamp_plan_digests.py [--check] [--drop-replaced] [DIR]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import stat
 import sys
@@ -32,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autocnn.kernels import get_operation  # noqa: E402
 from autocnn.store.files import _document_text, describe_raw, file_document, read_raw  # noqa: E402
-from autocnn.store.records import RecordError, TuningRecord, validate_record  # noqa: E402
+from autocnn.store.records import RecordError, StaleRecordError, TuningRecord, validate_record  # noqa: E402
 
 
 def stamp(raws: list[Any]) -> tuple[list[Any], dict[str, int], list[str]]:
@@ -68,15 +72,46 @@ def stamp(raws: list[Any]) -> tuple[list[Any], dict[str, int], list[str]]:
     return out, counts, notes
 
 
+def _shape_key(record: TuningRecord) -> str:
+    """GPU and problem: what a stale record and its replacement have in common."""
+    return json.dumps([record.key.gpu, record.key.problem], sort_keys=True)
+
+
+def drop_replaced(raws: list[Any]) -> tuple[list[Any], list[str]]:
+    """The entries without the stale records whose GPU and problem a current record of the list
+    also has; the dropped ones named."""
+    current, stale = set(), {}
+    for i, raw in enumerate(raws):
+        try:
+            record = TuningRecord.from_dict(raw)
+        except RecordError:
+            continue
+        try:
+            validate_record(record)
+            current.add(_shape_key(record))
+        except StaleRecordError:
+            stale[i] = _shape_key(record)
+        except RecordError:
+            continue
+    dropped = {i for i, key in stale.items() if key in current}
+    return ([raw for i, raw in enumerate(raws) if i not in dropped],
+            [f"record {i}{describe_raw(raws[i])} dropped: stale, and tuned again since" for i in sorted(dropped)])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("directory", nargs="?", type=Path, default=Path(__file__).resolve().parent.parent / "tuning_db")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when anything would change")
+    ap.add_argument("--drop-replaced", action="store_true",
+                    help="remove stale records whose GPU and shape have a current record in the same file")
     args = ap.parse_args(argv)
     changed = False
     for path in sorted(args.directory.glob("*.json")):
         raws = read_raw(path)
         out, counts, notes = stamp(raws)
+        if args.drop_replaced:
+            out, dropped = drop_replaced(out)
+            notes += dropped
         for note in notes:
             print(f"{path}: {note}")
         print(f"{path.name}: {counts['stamped']} records given a plan digest, {counts['rekeyed']} re-keyed, "

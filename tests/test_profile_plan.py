@@ -35,7 +35,8 @@ def test_every_step_of_a_verified_plan_is_timed(tmp_path, capsys):
     from autocnn.kernels.problem import parse_shape
 
     config = {"formulation": "fft", "FFT_SIZE": "smooth", "IMGS": 2, "FFT_THREADS": 64, "IT": 2, "JT": 2,
-              "MAC": "block", "FB": 4, "BL": 4, "MAC_ORDER": "tiles", "XFORM_A": "dft", "XFORM_B": "cufft"}
+              "MAC": "block", "FB": 4, "BL": 4, "MAC_ORDER": "tiles", "XFORM_A": "dft", "XFORM_B": "cufft",
+              "XFORM_O": "cufft"}
     out = tmp_path / "profile.json"
     assert profile_plan.main(["--op", "conv_bwd_data", "--shape", SHAPE, "--config", json.dumps(config),
                               "--budget", "0.05", "--out", str(out)]) == 0
