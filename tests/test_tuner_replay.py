@@ -122,6 +122,11 @@ def test_failures_are_classified_and_never_stored(db, tmp_path):
     outcome = tuner.tune(rf.op, rf.problem)
     assert {FailureClass.WRONG_RESULT.value, FailureClass.TIMEOUT.value, FailureClass.DEVICE_ERROR.value,
             FailureClass.COMPILE_ERROR.value} <= set(outcome.failures)
+    line = outcome.summary()   # the one-line report names each class with its count
+    failed = sum(outcome.failures.values())
+    assert f", {failed} failed (" in line
+    for failure in planted:
+        assert f"{failure.value} {outcome.failures[failure.value]}" in line
     bad_keys = {r.config.key() for r in planted.values()}
     assert outcome.best.config.key() not in bad_keys
     stored = db.lookup(rf.device, rf.problem)

@@ -94,6 +94,9 @@ class TuneOutcome:
                 result += f" ({self.speedup:.2f}x the default's {self.default.time_us:.1f} us)"
         failed = sum(self.failures.values())
         where = f" on {self.device}" if self.device else ""
+        # Which classes failed, so that a wrong result is never hidden among compile or launch errors.
+        classes = ", ".join(f"{name} {n}" for name, n in sorted(self.failures.items()))
         return (f"{self.op} {shape}: {result}; {self.measured} trials measured{where}"
-                + (f", {failed} failed" if failed else "") + f", {self.seconds:.1f} s; stopped after {self.stopped_because}"
+                + (f", {failed} failed ({classes})" if failed else "")
+                + f", {self.seconds:.1f} s; stopped after {self.stopped_because}"
                 + ("" if self.record is not None or self.best is None else "; not stored"))
