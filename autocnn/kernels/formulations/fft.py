@@ -513,8 +513,9 @@ class _Fft(OpFormulation):
         # The filters' spectra (operand B but in conv_wgrad) computed directly: measured faster than
         # placing + cuFFT on an H100. The last runs on any GPU (no cp.async) and in the least workspace.
         filters = {"XFORM_B": "dft"} if self.op != "conv_wgrad" else {}
+        # MAC_ORDER "tiles": every fft record tuned on both GPUs took it (README, the fft section).
         return [{**base, "IMGS": max(fits, default=1), "IT": 4, "JT": 4, "MAC": "block", "FB": 4, "BL": 8,
-                 "MAC_ORDER": "frequencies", **filters},
+                 "MAC_ORDER": "tiles", **filters},
                 {**base, "IMGS": max(fits, default=1), "IT": 2, "JT": 2, "MAC": "thread"},
                 {**base, "IMGS": 1, "IT": 1, "JT": 1, "MAC": "thread"}]
 
