@@ -13,6 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import profile_plan  # noqa: E402
 
 SHAPE = "N=3,C=4,H=9,W=12,K=5,R=7,S=5,stride=1,pad=3"
+# The GPU test's plan: an fft config with a directly transformed dY and cuFFT filters.
+CONFIG = {"formulation": "fft", "FFT_SIZE": "smooth", "IMGS": 2, "FFT_THREADS": 64, "IT": 2, "JT": 2,
+          "MAC": "block", "FB": 4, "BL": 4, "MAC_ORDER": "tiles", "XFORM_A": "dft", "XFORM_B": "cufft",
+          "XFORM_O": "cufft"}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -26,6 +30,19 @@ def test_bad_input_is_refused_before_any_device_work(argv, message, capsys, devi
     assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_the_gpu_tests_config_is_a_whole_config_of_the_space_here():
+    """The GPU test's config checked on every CI run: a parameter added to the formulation since would
+    otherwise fail it only on a GPU host (XFORM_O did, unseen, until one ran it)."""
+    from autocnn.device import DeviceLimits
+    from autocnn.kernels import get_operation
+    from autocnn.kernels.problem import parse_shape
+
+    problem = parse_shape("conv_bwd_data", SHAPE)
+    op = get_operation("conv_bwd_data")
+    config = op.space(problem, DeviceLimits.for_arch("sm_90")).validate(CONFIG)
+    assert config.as_dict() == CONFIG
+
+
 @pytest.mark.gpu
 def test_every_step_of_a_verified_plan_is_timed(tmp_path, capsys):
     pytest.importorskip("cupy")
@@ -34,9 +51,7 @@ def test_every_step_of_a_verified_plan_is_timed(tmp_path, capsys):
     from autocnn.kernels.operation import LibraryFft
     from autocnn.kernels.problem import parse_shape
 
-    config = {"formulation": "fft", "FFT_SIZE": "smooth", "IMGS": 2, "FFT_THREADS": 64, "IT": 2, "JT": 2,
-              "MAC": "block", "FB": 4, "BL": 4, "MAC_ORDER": "tiles", "XFORM_A": "dft", "XFORM_B": "cufft",
-              "XFORM_O": "cufft"}
+    config = CONFIG
     out = tmp_path / "profile.json"
     assert profile_plan.main(["--op", "conv_bwd_data", "--shape", SHAPE, "--config", json.dumps(config),
                               "--budget", "0.05", "--out", str(out)]) == 0
