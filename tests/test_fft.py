@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -19,7 +20,8 @@ from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, dft_smem_bytes, dft_tables, fdft_tables,
                                              fft_conv, fft_size, fdft_smem_bytes, idft_tables, is_phased, kept_columns,
                                              placement, mac_block, split_factor, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
-                                             smooth_size, spectrum, sub_filter, takes_phases, workspace_elements)
+                                             smooth_size, spectrum, sub_filter, takes_phases, workspace_elements,
+                                             buffer_name, shares_workspace)
 from autocnn.kernels.operation import LibraryFft, cdiv
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
@@ -60,6 +62,10 @@ class Kernels:
         self.phased = is_phased(config)
         self.fh, self.fw = fft_size(fft_conv(problem, self.phased), config["FFT_SIZE"])
         self.phases = problem.stride[0] * problem.stride[1] if self.phased else 1
+        self.share = shares_workspace(config)
+
+    def buf(self, name):   # the buffer the plan's step names for ``name`` (WS_SHARE)
+        return buffer_name(name, self.share)
 
     def _planes(self, buf, count):
         return buf[:count * self.fh * self.fw].reshape(count, self.fh, self.fw)
@@ -95,8 +101,8 @@ class Kernels:
 
     def fft_place_a(self, b, n0, nb):
         if self.p.op == "conv_bwd_data":
-            return self._place_dy(b, "fft_a", n0, nb)
-        (self._place_x_phases if self.phased else self._place_x)(b, "fft_a", n0, nb)
+            return self._place_dy(b, self.buf("fft_a"), n0, nb)
+        (self._place_x_phases if self.phased else self._place_x)(b, self.buf("fft_a"), n0, nb)
 
     def fft_place_b(self, b, n0, nb):
         p = self.p
@@ -120,10 +126,11 @@ class Kernels:
         # The direct transform: the placed planes' half spectra, as numpy.fft (unnormalised) has them.
         # A directly transformed operand has no placed planes in the plan: room for as many as its spectra.
         count = b[spectra].size // (2 * self.fh * (self.fw // 2 + 1))
+        placed = self.buf(placed)
         scratch = {**b, placed: np.zeros(count * self.fh * self.fw)}
         place(scratch)
         planes = scratch[placed].reshape(-1, self.fh, self.fw)
-        out = b[spectra].view(np.complex128)
+        out = b[spectra][:b[spectra].size // 2 * 2].view(np.complex128)   # a shared buffer may be odd-sized
         out[:planes.size // self.fw * (self.fw // 2 + 1)] = np.fft.rfft2(planes).ravel()
 
     def fft_dft_a(self, b, n0, nb):
@@ -152,32 +159,32 @@ class Kernels:
         # XFORM_O fdft: cuFFT's C2R (unnormalised) and the crop in one; the plan has no real output planes.
         count = b["fft_of"].size // (2 * self.fh * (self.fw // 2 + 1))
         planes = np.fft.irfft2(self._spectra(b["fft_of"], count), s=(self.fh, self.fw)) * (self.fh * self.fw)
-        self.fft_crop({**b, "fft_o": planes.ravel()}, n0, nb)
+        self.fft_crop({**b, self.buf("fft_o"): planes.ravel()}, n0, nb)
 
     def fft_crop(self, b, n0, nb):
         p, scale = self.p, 1.0 / (self.fh * self.fw)
         (pt, pl), (sh, sw) = p.padding[:2], p.stride
         if p.op == "conv_fwd":
-            o = self._planes(b["fft_o"], nb * p.K).reshape(nb, p.K, self.fh, self.fw)
+            o = self._planes(b[self.buf("fft_o")], nb * p.K).reshape(nb, p.K, self.fh, self.fw)
             y = o[:, :, :sh * p.P:sh, :sw * p.Q:sw] * scale
             if p.bias:
                 y = y + b["bias"].reshape(1, -1, 1, 1)
             b["y"].reshape(p.y_shape)[n0:n0 + nb] = reference.activation(y, p.activation)
         elif p.op == "conv_bwd_data" and self.phased:   # padded row h: phase h mod SH, position h div SH
-            o = self._planes(b["fft_o"], nb * self.phases * p.C).reshape(nb, sh, sw, p.C, self.fh, self.fw)
+            o = self._planes(b[self.buf("fft_o")], nb * self.phases * p.C).reshape(nb, sh, sw, p.C, self.fh, self.fw)
             hs, ws = np.arange(p.H) + pt, np.arange(p.W) + pl
             picked = o[:, hs[:, None] % sh, ws[None, :] % sw, :, hs[:, None] // sh, ws[None, :] // sw]   # (H, W, nb, C)
             b["dx"].reshape(p.x_shape)[n0:n0 + nb] = picked.transpose(2, 3, 0, 1) * scale
         elif p.op == "conv_bwd_data":
-            o = self._planes(b["fft_o"], nb * p.C).reshape(nb, p.C, self.fh, self.fw)
+            o = self._planes(b[self.buf("fft_o")], nb * p.C).reshape(nb, p.C, self.fh, self.fw)
             b["dx"].reshape(p.x_shape)[n0:n0 + nb] = o[:, :, pt:pt + p.H, pl:pl + p.W] * scale
         elif self.phased:   # tap r: phase r mod SH, position r div SH
-            o = self._planes(b["fft_o"], p.K * self.phases * p.C).reshape(p.K, sh, sw, p.C, self.fh, self.fw)
+            o = self._planes(b[self.buf("fft_o")], p.K * self.phases * p.C).reshape(p.K, sh, sw, p.C, self.fh, self.fw)
             rs, ss = np.arange(p.R), np.arange(p.S)
             picked = o[:, rs[:, None] % sh, ss[None, :] % sw, :, rs[:, None] // sh, ss[None, :] // sw]   # (R, S, K, C)
             b["dw"].reshape(p.w_shape)[...] = picked.transpose(2, 3, 0, 1) * scale
         else:
-            o = self._planes(b["fft_o"], p.K * p.C).reshape(p.K, p.C, self.fh, self.fw)
+            o = self._planes(b[self.buf("fft_o")], p.K * p.C).reshape(p.K, p.C, self.fh, self.fw)
             b["dw"].reshape(p.w_shape)[...] = o[:, :, :p.R, :p.S] * scale
 
     def conv_bias_grad(self, b):
@@ -353,11 +360,13 @@ def test_workspace_is_computed_and_never_above_the_limit():
             for config in [OPERATIONS[op].default_config(problem, LIMITS, formulation=NAME),
                            *space(op, problem).sample(rng, 6)]:
                 plan = OPERATIONS[op].plan(problem, config)
+                share = shares_workspace(config)
                 expected = workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"], config["IMGS"],
-                                              config["XFORM_A"], config["XFORM_B"], config.get("XFORM_O", "cufft"))
-                assert ("fft_a" in expected) == (config["XFORM_A"] == "cufft") and \
+                                              config["XFORM_A"], config["XFORM_B"], config.get("XFORM_O", "cufft"),
+                                              share)
+                assert ("fft_a" in expected) == (config["XFORM_A"] == "cufft" and not share) and \
                     ("fft_b" in expected) == (config["XFORM_B"] == "cufft") and \
-                    ("fft_o" in expected) == (config.get("XFORM_O") != "fdft")
+                    ("fft_o" in expected) == (config.get("XFORM_O") != "fdft" and not share)
                 assert plan.workspace_bytes == 4 * sum(expected.values()) <= WORKSPACE_LIMIT_BYTES, f"{op} {name}"
     # sweep_11x11's 4,096 filter spectra and 64 images of 64 planes each exceed 256 MiB.
     problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]
@@ -365,6 +374,77 @@ def test_workspace_is_computed_and_never_above_the_limit():
         space("conv_fwd", problem).complete({"formulation": NAME, "FFT_SIZE": "pow2", "IMGS": 128, "FFT_THREADS": 128,
                                              "IT": 2, "JT": 2, "MAC": "thread",
                                              "XFORM_A": "cufft", "XFORM_B": "cufft"})
+
+
+def test_shared_workspace_takes_all_of_scherer10_l2s_images_in_one_block():
+    """WS_SHARE 1: A's placed planes share O's spectra and A's spectra O's planes, so scherer10_l2's
+    backward-data (phases apart, cuFFT both ways) takes its 60 images in one block under 256 MiB
+    (each pair the larger of the two), where unshared it needs 312 MB; a directly transformed A and O
+    leave nothing to share, and the space says so."""
+    problem = dict(seed_problems("conv_bwd_data"))["scherer10_l2"]
+    f = fft_conv(problem, True)
+    alone = workspace_elements(f, "smooth", 64, "cufft", "dft", "cufft")
+    shared = workspace_elements(f, "smooth", 64, "cufft", "dft", "cufft", share=True)
+    assert set(shared) == {"fft_af", "fft_bf", "fft_of"}
+    assert shared["fft_of"] == max(alone["fft_a"], alone["fft_of"]) and \
+        shared["fft_af"] == max(alone["fft_af"], alone["fft_o"]) and shared["fft_bf"] == alone["fft_bf"]
+    assert 4 * sum(shared.values()) <= WORKSPACE_LIMIT_BYTES < 4 * sum(alone.values())
+    sp = space("conv_bwd_data", problem)
+    base = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 64, "FFT_THREADS": 256, "IT": 4, "JT": 4,
+            "MAC": "block", "FB": 4, "BL": 8, "XFORM_A": "cufft", "XFORM_B": "dft", "XFORM_O": "cufft",
+            "STRIDE_PHASES": 1}
+    with pytest.raises(InfeasibleConfigError, match="bytes of workspace exceed the limit"):
+        sp.complete({**base, "WS_SHARE": 0})
+    plan = OPERATIONS["conv_bwd_data"].plan(problem, sp.complete({**base, "WS_SHARE": 1}))
+    assert dict(plan.workspaces) == shared
+    names = [(s.src, s.dst) if isinstance(s, LibraryFft) else (s.kernel, s.args) for s in plan.steps]
+    assert ("fft_of", "fft_af") in names and ("fft_af", "fft_af") not in names   # R2C into af, C2R from of
+    assert ("fft_place_a", ("dy", "fft_of")) in names and ("fft_crop", ("fft_af", "bias", "dx")) in names
+    with pytest.raises(InfeasibleConfigError, match="WS_SHARE=1 shares placed or real planes"):
+        sp.complete({**base, "IMGS": 16, "XFORM_A": "fdft", "XFORM_O": "fdft", "WS_SHARE": 1})
+
+
+@pytest.mark.parametrize("op", ("conv_fwd", "conv_bwd_data"))
+def test_shared_workspace_plans_compute_the_convolution_in_numpy(op, rng):
+    """WS_SHARE 1 on every shape, blocks of images smaller than the batch (each block places into the
+    buffer the last one's C2R read, and computes its spectra where the last one's planes were), with
+    and without the phases and with either way back: against float64. cuFFT's C2R in the NumPy model
+    overwrites its input with NaN, so a step reading a buffer another already reused shows."""
+    def configs(problem):
+        base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items() if k not in ("FB", "BL", "MAC_ORDER")}
+        phases = (0, 1) if takes_phases(problem) else (None,)
+        out = []
+        for ph in phases:
+            for xa, xo in (("cufft", "cufft"), ("cufft", "fdft"), ("dft", "cufft")):
+                extra = {} if ph is None else {"STRIDE_PHASES": ph}
+                out.append(space(op, problem).complete({**base, **extra, "MAC": "thread", "IT": 1, "JT": 2,
+                                                        "IMGS": 1, "XFORM_A": xa,
+                                                        "XFORM_O": xo, "WS_SHARE": 1}))
+        return out
+
+    problems = small_problems(op)
+    assert check_plans(OPERATIONS[op], problems, configs, Kernels, rng, tolerance=1e-11) >= 3 * len(problems)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
+@pytest.mark.parametrize("op, shape", (("conv_fwd", "f_7x5"), ("conv_bwd_data", "f_s2")))
+def test_shared_workspace_verifies_under_emulation(op, shape, tmp_path):
+    """WS_SHARE 1 with the generated kernels run by the CPU emulator (tests/cuda_emulator.py; cuFFT in
+    NumPy, its C2R overwriting its input): blocks of images smaller than the batch, so each block's
+    placing writes where the last block's C2R read and its R2C where the last block's crop read;
+    conv_bwd_data with its stride's phases apart. fp32, every element against float64 at the bound."""
+    from tests.cuda_emulator import emulated_failure
+
+    problem = dict(small_problems(op))[shape]
+    assert problem.N > 2
+    config = space(op, problem).complete({
+        "formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2, "FFT_THREADS": 64, "IT": 1, "JT": 1, "MAC": "block",
+        "FB": 4, "BL": 4, "MAC_ORDER": "tiles", "XFORM_A": "cufft", "XFORM_B": "dft", "XFORM_O": "cufft",
+        "WS_SHARE": 1, **({"STRIDE_PHASES": 1} if takes_phases(problem) else {})})
+    plan = OPERATIONS[op].plan(problem, config)
+    assert {name for name, _ in plan.workspaces} == {"fft_af", "fft_bf", "fft_of"}
+    why = emulated_failure(OPERATIONS[op], problem, config, tmp_path, random.randrange(2**31))
+    assert why is None, why
 
 
 @pytest.mark.parametrize("mac", ({"MAC": "thread", "XFORM_A": "cufft", "XFORM_B": "cufft"},
@@ -537,12 +617,13 @@ def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op, phases):
 
 
 def test_configs_from_before_the_tiled_multiply_accumulate_complete_to_the_thread_one():
-    """A stale fft record (tuned before MAC, XFORM and XFORM_O existed) is a first guess for its
-    retune: completed, it names the multiply-accumulate and the transforms it ran."""
+    """A stale fft record (tuned before MAC, XFORM, XFORM_O and WS_SHARE existed) is a first guess for
+    its retune: completed, it names the multiply-accumulate, the transforms and the buffers it ran."""
     problem = dict(seed_problems("conv_bwd_data"))["sweep_11x11"]
     old = {"formulation": NAME, "IMGS": 64, "FFT_SIZE": "smooth", "FFT_THREADS": 256, "IT": 4, "JT": 4}
     assert space("conv_bwd_data", problem).complete(old).as_dict() == {**old, "MAC": "thread", "XFORM_A": "cufft",
-                                                                        "XFORM_B": "cufft", "XFORM_O": "cufft"}
+                                                                        "XFORM_B": "cufft", "XFORM_O": "cufft",
+                                                                        "WS_SHARE": 0}
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")

@@ -14,7 +14,8 @@ library steps), a generated, tuned complex multiply-accumulate kernel sums the p
 channel in the frequency domain (fft_mac), cuFFT
 transforms back (C2R), and fft_crop scales, crops, samples the stride and applies bias and
 activation. Images go in blocks of IMGS (the workspaces hold one block; conv_wgrad accumulates the
-blocks' spectra). FFT_SIZE picks FH, FW: the smallest sizes with prime factors 2, 3, 5, 7
+blocks' spectra; WS_SHARE lets conv_fwd's and conv_bwd_data's buffers whose lives do not overlap share
+memory, so that a block holds more images). FFT_SIZE picks FH, FW: the smallest sizes with prime factors 2, 3, 5, 7
 ("smooth") or powers of two. Images whose padded size exceeds MAX_FFT are left to the other
 formulations (this one does not tile images into FFT tiles).
 
@@ -97,6 +98,15 @@ XFORMS = ("cufft", "dft", "fdft")
 XFORMS_O = ("cufft", "fdft")
 DFT_PLANES = 4        # planes a block of the direct transform computes (they share its twiddle tables)
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
+# Workspace buffers whose lives in a block of images do not overlap, sharing memory (WS_SHARE 1;
+# conv_fwd and conv_bwd_data): A's placed planes (placed, then read by the R2C) die before O's
+# spectra are written (the products, then read by the C2R), and A's spectra (the R2C, then the
+# products) before O's planes (the C2R, then the crop); the next block's placing comes after the
+# crop. Each pair is one buffer of the larger size, named by its later member. Fewer bytes a block,
+# so more images a block under the workspace limit (scherer10_l2's backward-data: all 60 in 237 MB
+# instead of 32); the kernels are the same. 0, no sharing, is what the plans were first.
+WS_SHARES = (0, 1)
+SHARED_WITH = {"fft_a": "fft_of", "fft_o": "fft_af"}
 
 
 def smooth_size(n: int) -> int:
@@ -371,11 +381,12 @@ def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
 
 
 def workspace_elements(f: FftConv, how: str, imgs: int, xform_a: str = "cufft", xform_b: str = "cufft",
-                       xform_o: str = "cufft") -> dict[str, int]:
+                       xform_o: str = "cufft", share: bool = False) -> dict[str, int]:
     """Real planes and half spectra (two floats a complex number) of A, B and the output; an operand
     transformed directly (XFORM "dft" or "fdft") has no placed planes, nor the output its real planes
     when the factorised inverse (XFORM_O "fdft") stores the kept outputs. The filters' 4,096 placed
-    planes of scherer10_l2's phases alone are 80 MB that would otherwise halve the images a block may take."""
+    planes of scherer10_l2's phases alone are 80 MB that would otherwise halve the images a block may take.
+    With ``share`` (WS_SHARE 1) the pairs of SHARED_WITH are one buffer each."""
     fh, fw = fft_size(f, how)
     b = min(imgs, f.N)
     a_planes = b * f.a_planes
@@ -387,7 +398,22 @@ def workspace_elements(f: FftConv, how: str, imgs: int, xform_a: str = "cufft", 
     unused = {"fft_a"} if xform_a != "cufft" else set()
     unused |= {"fft_b"} if xform_b != "cufft" else set()
     unused |= {"fft_o"} if xform_o != "cufft" else set()
-    return {name: n for name, n in sizes.items() if name not in unused}
+    out = {name: n for name, n in sizes.items() if name not in unused}
+    if share and f.op != "conv_wgrad":   # conv_wgrad keeps O's spectra across blocks: nothing shares
+        for name, into in SHARED_WITH.items():
+            if name in out:
+                out[into] = max(out.pop(name), out[into])
+    return out
+
+
+def buffer_name(name: str, share: bool) -> str:
+    """The workspace a plan step names for the buffer ``name``: its partner's under WS_SHARE 1."""
+    return SHARED_WITH.get(name, name) if share else name
+
+
+def shares_workspace(config: Config | dict) -> bool:
+    """WS_SHARE 1 (a conv_wgrad config has no WS_SHARE)."""
+    return bool(config.get("WS_SHARE", 0))
 
 
 class _Fft(OpFormulation):
@@ -407,7 +433,9 @@ class _Fft(OpFormulation):
         phases = [Param("STRIDE_PHASES", (1, 0), "the stride's phases as stride-1 transforms of smaller planes, "
                         "or dY spread at the stride")] if takes_phases(problem) else []
         inverse = [Param("XFORM_O", XFORMS_O, "transform back: cuFFT C2R of whole planes and a crop, or the "
-                         "kept outputs alone computed directly (each size split in two factors)")] \
+                         "kept outputs alone computed directly (each size split in two factors)"),
+                   Param("WS_SHARE", WS_SHARES, "workspace buffers whose lives do not overlap share memory (A's "
+                         "placed planes with O's spectra, A's spectra with O's planes): more images a block")] \
             if takes_inverse(problem) else []
         return [Param("FFT_SIZE", sizes, "FFT planes: smallest 2^a 3^b 5^c 7^d size, or power of two"),
                 Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (the workspaces hold one)"),
@@ -486,9 +514,19 @@ class _Fft(OpFormulation):
 
         inverse = [smem_rule(limits, ("FFT_SIZE", *o_key, *ph_key), idft_smem)] if o_key else []
 
-        def workspace(how, imgs, xa, xb, *keys):
-            xo, ph = inverse_and_phases(keys)
-            return 4 * sum(workspace_elements(conv(ph), how, imgs, xa, xb, xo).values())
+        s_key = ("WS_SHARE",) if takes_inverse(p) else ()
+
+        def workspace(how, imgs, xa, xb, *keys):   # keys: (*o_key, *s_key, *ph_key)
+            share = bool(keys[len(o_key)]) if s_key else False
+            xo, ph = inverse_and_phases(keys[:len(o_key)] + keys[len(o_key) + len(s_key):])
+            return 4 * sum(workspace_elements(conv(ph), how, imgs, xa, xb, xo, share).values())
+
+        def something_to_share(share, xa, *o):   # a directly transformed A and O leave no pair
+            if share and xa != "cufft" and o and o[0] != "cufft":
+                return "WS_SHARE=1 shares placed or real planes, and XFORM_A and XFORM_O both compute without them"
+            return None
+
+        sharing = [Constraint(("WS_SHARE", "XFORM_A", *o_key), something_to_share)] if s_key else []
 
         return [Constraint(("FFT_SIZE", *ph_key), size), Constraint(("MAC",), block_arch),
                 Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
@@ -497,9 +535,9 @@ class _Fft(OpFormulation):
                 smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"),
                           lambda mac, t, i, j, fb, bl: mac_smem_bytes({"MAC": mac, "FFT_THREADS": t, "IT": i, "JT": j,
                                                                        "FB": fb, "BL": bl})),
-                *inverse,
-                workspace_rule(limits.workspace_bytes, ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *o_key, *ph_key),
-                               workspace)]
+                *inverse, *sharing,
+                workspace_rule(limits.workspace_bytes,
+                               ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *o_key, *s_key, *ph_key), workspace)]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         # Strided ops take their phases apart: the same products over planes SH*SW times smaller.
@@ -507,7 +545,7 @@ class _Fft(OpFormulation):
         f = fft_conv(problem, bool(phases))
         imgs = choices_upto(IMGS, next_pow2(problem.N))
         fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
-        inverse = {"XFORM_O": "cufft"} if takes_inverse(problem) else {}
+        inverse = {"XFORM_O": "cufft", "WS_SHARE": 0} if takes_inverse(problem) else {}
         base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128, "XFORM_A": "cufft", "XFORM_B": "cufft",
                 **phases, **inverse}
         # The filters' spectra (operand B but in conv_wgrad) computed directly: measured faster than
@@ -555,7 +593,7 @@ class _Fft(OpFormulation):
     def buffers(self, problem: Any, config: Config) -> Buffers:
         return (), tuple(workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"],
                                             config["IMGS"], config["XFORM_A"], config["XFORM_B"],
-                                            inverse_of(config)).items())
+                                            inverse_of(config), shares_workspace(config)).items())
 
     def launches(self, problem: Any, config: Config) -> tuple:
         f, c = fft_conv(problem, is_phased(config)), config
@@ -563,6 +601,7 @@ class _Fft(OpFormulation):
         threads, real, spec = c["FFT_THREADS"], fh * fw, spectrum(fh, fw)
         (src, dst), (mac_x, mac_y) = self.ARGS[self.op]
         b = min(c["IMGS"], f.N)
+        share = shares_workspace(c)
 
         def kernel(name, count, args, scalars=(), grid_yz=(1, 1)):
             return Launch(name, (cdiv(count, threads), *grid_yz), (threads, 1, 1), 0, args, scalars)
@@ -593,8 +632,9 @@ class _Fft(OpFormulation):
                 return [Launch(f"fft_dft_{low}", (cdiv(planes, DFT_PLANES), 1, 1), (threads, 1, 1),
                                xform_smem_bytes(c[f"XFORM_{operand}"], sizes[operand], fh, fw), (src, f"fft_{low}f"),
                                (n0, nb))]
-            return [kernel(f"fft_place_{low}", planes * real, (src, f"fft_{low}"), (n0, nb)),
-                    transform("r2c", f"fft_{low}", f"fft_{low}f", planes)]
+            placed = buffer_name(f"fft_{low}", share)
+            return [kernel(f"fft_place_{low}", planes * real, (src, placed), (n0, nb)),
+                    transform("r2c", placed, f"fft_{low}f", planes)]
 
         steps: list = []
         if f.op != "conv_wgrad":   # the filters' spectra, once
@@ -610,9 +650,10 @@ class _Fft(OpFormulation):
                                     (threads, 1, 1), idft_smem_bytes(kept_columns(problem, is_phased(c))[2], fh, fw),
                                     ("fft_of", "bias", dst), (n0, nb)))
             elif f.op != "conv_wgrad":
-                steps += [transform("c2r", "fft_of", "fft_o", nb * f.out_planes),
+                planes_o = buffer_name("fft_o", share)
+                steps += [transform("c2r", "fft_of", planes_o, nb * f.out_planes),
                           kernel("fft_crop", nb * f.out_planes * problem.P * problem.Q if f.op == "conv_fwd"
-                                 else nb * f.C * problem.H * problem.W, ("fft_o", "bias", dst), (n0, nb))]
+                                 else nb * f.C * problem.H * problem.W, (planes_o, "bias", dst), (n0, nb))]
         if f.op == "conv_wgrad":
             steps += [transform("c2r", "fft_of", "fft_o", f.out_planes),
                       kernel("fft_crop", f.K * f.C * problem.R * problem.S, ("fft_o", "bias", dst), (0, 1))]
@@ -624,6 +665,7 @@ class _Fft(OpFormulation):
         return (smooth_size, FftConv, takes_phases, sub_filter, fft_conv, is_phased, fft_size, spectrum, mac_block,
                 mac_smem_bytes, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                 dft_smem_bytes, split_factor, fdft_smem_bytes, xform_smem_bytes, workspace_elements, takes_inverse,
+                buffer_name, shares_workspace, SHARED_WITH,
                 inverse_of, kept_columns, idft_planes, idft_smem_bytes, twiddle, float2_literals, factor_tables,
                 fdft_tables, idft_tables, placement, dft_tables, self.ARGS)
 
