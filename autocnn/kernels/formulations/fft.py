@@ -514,19 +514,19 @@ class _Fft(OpFormulation):
 
         inverse = [smem_rule(limits, ("FFT_SIZE", *o_key, *ph_key), idft_smem)] if o_key else []
 
-        s_key = ("WS_SHARE",) if takes_inverse(p) else ()
+        s_key = ("WS_SHARE",) if o_key else ()   # the ops with XFORM_O have WS_SHARE
 
-        def workspace(how, imgs, xa, xb, *keys):   # keys: (*o_key, *s_key, *ph_key)
-            share = bool(keys[len(o_key)]) if s_key else False
-            xo, ph = inverse_and_phases(keys[:len(o_key)] + keys[len(o_key) + len(s_key):])
+        def workspace(how, imgs, xa, xb, *keys):   # keys: (*s_key, *o_key, *ph_key)
+            share, keys = (bool(keys[0]), keys[1:]) if s_key else (False, keys)
+            xo, ph = inverse_and_phases(keys)
             return 4 * sum(workspace_elements(conv(ph), how, imgs, xa, xb, xo, share).values())
 
-        def something_to_share(share, xa, *o):   # a directly transformed A and O leave no pair
-            if share and xa != "cufft" and o and o[0] != "cufft":
+        def something_to_share(share, xa, xo):   # a directly transformed A and O leave no pair
+            if share and xa != "cufft" and xo != "cufft":
                 return "WS_SHARE=1 shares placed or real planes, and XFORM_A and XFORM_O both compute without them"
             return None
 
-        sharing = [Constraint(("WS_SHARE", "XFORM_A", *o_key), something_to_share)] if s_key else []
+        sharing = [Constraint(("WS_SHARE", "XFORM_A", "XFORM_O"), something_to_share)] if s_key else []
 
         return [Constraint(("FFT_SIZE", *ph_key), size), Constraint(("MAC",), block_arch),
                 Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
@@ -537,7 +537,7 @@ class _Fft(OpFormulation):
                                                                        "FB": fb, "BL": bl})),
                 *inverse, *sharing,
                 workspace_rule(limits.workspace_bytes,
-                               ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *o_key, *s_key, *ph_key), workspace)]
+                               ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *s_key, *o_key, *ph_key), workspace)]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         # Strided ops take their phases apart: the same products over planes SH*SW times smaller.
