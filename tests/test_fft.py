@@ -22,7 +22,7 @@ from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, df
                                              placement, mac_block, split_factor, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                                              smooth_size, spectrum, sub_filter, takes_phases, workspace_elements,
                                              buffer_name, shares_workspace)
-from autocnn.kernels.operation import LibraryFft, cdiv
+from autocnn.kernels.operation import LibraryFft, cdiv, next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
 from tests.formulation_checks import assert_verifies_on_gpu, build_failures, compile_failures, operations_with
@@ -741,3 +741,22 @@ def test_factorised_inverse_verifies_against_float64_on_the_gpu(op):
     problems = [*small_problems(op), *((row, dict(seed_problems(op))[row]) for row in ("sweep_11x11", "scherer10_l2"))]
     problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
     assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 2, WORKSPACE_LIMIT_BYTES, fixed={"XFORM_O": "fdft"})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ("conv_fwd", "conv_bwd_data"))
+def test_shared_workspace_verifies_against_float64_on_the_gpu(op):
+    """WS_SHARE 1 with blocks of two images on the odd large-filter shapes of more than two images
+    (so each block's placing and R2C overwrite what the last block's C2R and crop read), in both
+    precisions, then scherer10_l2's backward-data with all its images in one block, the case WS_SHARE
+    is for: every element within the bound, the workspace within the limit."""
+    pytest.importorskip("cupy")
+    problems = [(n, p) for n, p in small_problems(op) if p.N > 2]
+    assert problems
+    problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 2, WORKSPACE_LIMIT_BYTES,
+                           fixed={"WS_SHARE": 1, "IMGS": 2})
+    if op == "conv_bwd_data":   # scherer10_l2's forward has no fft config of 64 images within the limit
+        scherer = dict(seed_problems(op))["scherer10_l2"]
+        assert_verifies_on_gpu(OPERATIONS[op], NAME, [("scherer10_l2", scherer)], 1, WORKSPACE_LIMIT_BYTES,
+                               fixed={"WS_SHARE": 1, "IMGS": next_pow2(scherer.N)})
