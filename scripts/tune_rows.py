@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Tune chosen rows of the seed suite in chosen precisions on one GPU, under one wall-clock budget.
+"""Tune chosen rows of the seed suite (or the issues' target layers) in chosen precisions on one GPU, under one wall-clock budget.
 
 `autocnn tune --suite seed` tunes every row of one precision; this runs a named subset (the
 compute-bound rows, say) in both precisions, spreading a time budget evenly over the problems, with
-parameters optionally held (`--fix formulation=tc`). Records go to the tuning database as usual
+parameters optionally held (`--fix formulation=tc`). The target layers that `autocnn bench --shapes`
+names beside the seed suite (pointwise_s1, pointwise_s2) are rows here too. Records go to the tuning database as usual
 (AUTOCNN_TUNING_DB chooses where). Prints one line per problem, then a table.
 
 Usage (GPU host):
@@ -26,11 +27,17 @@ DEFAULT_TRIALS = 24
 UNCAPPED_TRIALS = 1_000_000   # with --budget and no --trials: the budget (or an exhausted space) ends a study
 
 
+def named_problems(op: str) -> list[tuple[str, object]]:
+    """The rows of op that --rows may name: the seed suite's, then the target layers'."""
+    from autocnn.kernels.suite import seed_problems, target_problems
+
+    return [*seed_problems(op), *target_problems(op)]
+
+
 def parse_args(argv: list[str] | None):
-    from autocnn.kernels.suite import seed_problems
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", required=True, help="seed rows, comma-separated (e.g. modern_56,sweep_3x3)")
+    parser.add_argument("--rows", required=True, help="seed rows or target layers, comma-separated (e.g. modern_56,sweep_3x3,pointwise_s1)")
     parser.add_argument("--ops", default=",".join(CONV_OPS))
     parser.add_argument("--precisions", default="fp32,tf32")
     parser.add_argument("--trials", type=int, default=None,
@@ -49,10 +56,11 @@ def parse_args(argv: list[str] | None):
     for op in ops:
         if op not in CONV_OPS:
             parser.error(f"--ops: {op!r} is not one of {', '.join(CONV_OPS)}")
-        known = {n for n, _ in seed_problems(op)}
+        known = {n for n, _ in named_problems(op)}
         for row in rows:
             if row not in known:
-                parser.error(f"--rows: {row!r} is not a seed row of {op}; rows are {', '.join(sorted(known))}")
+                parser.error(f"--rows: {row!r} is not a seed row or target layer of {op}; rows are "
+                             f"{', '.join(sorted(known))}")
     for precision in precisions:
         if precision not in ("fp32", "tf32"):
             parser.error(f"--precisions: {precision!r} is not fp32 or tf32")
@@ -60,7 +68,7 @@ def parse_args(argv: list[str] | None):
         from autocnn.cli import _parse_vary
 
         problems = [dataclasses.replace(p, precision=precision) for op in ops for precision in precisions
-                    for name, p in seed_problems(op) if name in rows]
+                    for name, p in named_problems(op) if name in rows]
         try:
             args.vary = _parse_vary(args.vary, problems)
         except ValueError as exc:
@@ -79,13 +87,12 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args, ops, precisions, rows = parse_args(argv)
     from autocnn.cli import _parse_fixed
-    from autocnn.kernels.suite import seed_problems
     from autocnn.store import TuningDatabase
     from autocnn.tuning.sources import GpuSource
     from autocnn.tuning.tuner import TuneSettings, Tuner
 
     problems = [(op, name, dataclasses.replace(p, precision=precision))
-                for precision in precisions for op in ops for name, p in seed_problems(op) if name in rows]
+                for precision in precisions for op in ops for name, p in named_problems(op) if name in rows]
     settings = TuneSettings(trials=args.trials, storage=args.storage, fixed=_parse_fixed(args.fix),
                             vary=tuple(args.vary))
     source = GpuSource(args.device)

@@ -24,10 +24,21 @@ def test_trials_default_depends_on_budget():
 @pytest.mark.parametrize("argv, message", [
     (["--rows", "modern_56", "--trials", "0"], "--trials must be at least 1"),
     (["--rows", "modern_56", "--budget", "0"], "--budget must be positive"),
-    (["--rows", "no_such_row"], "is not a seed row"),
+    (["--rows", "no_such_row"], "is not a seed row or target layer"),
 ])
 def test_bad_arguments_are_named(argv, message, capsys):
     tune_rows = load()
     with pytest.raises(SystemExit):
         tune_rows.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_target_layers_are_rows_beside_the_seed_suite():
+    """pointwise_s1/s2 (issue 13's 1x1 layers, benched with `autocnn bench --shapes`) can be tuned by name,
+    in every convolution op, as 1x1 problems of the target shape."""
+    tune_rows = load()
+    args, ops, precisions, rows = tune_rows.parse_args(["--rows", "pointwise_s2,modern_56", "--vary", "formulation"])
+    assert rows == ["pointwise_s2", "modern_56"]
+    for op in ops:
+        problem = dict(tune_rows.named_problems(op))["pointwise_s2"]
+        assert (problem.R, problem.S, problem.stride, problem.C, problem.K) == (1, 1, (2, 2), 256, 512)
