@@ -617,13 +617,14 @@ def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op, phases):
 
 
 def test_configs_from_before_the_tiled_multiply_accumulate_complete_to_the_thread_one():
-    """A stale fft record (tuned before MAC, XFORM, XFORM_O and WS_SHARE existed) is a first guess for
-    its retune: completed, it names the multiply-accumulate, the transforms and the buffers it ran."""
+    """A stale fft record (tuned before MAC, XFORM, XFORM_O, WS_SHARE and FFT_VEC existed) is a first
+    guess for its retune: completed, it names the multiply-accumulate, the transforms, the buffers and
+    the copies (one element a thread) it ran."""
     problem = dict(seed_problems("conv_bwd_data"))["sweep_11x11"]
     old = {"formulation": NAME, "IMGS": 64, "FFT_SIZE": "smooth", "FFT_THREADS": 256, "IT": 4, "JT": 4}
     assert space("conv_bwd_data", problem).complete(old).as_dict() == {**old, "MAC": "thread", "XFORM_A": "cufft",
                                                                         "XFORM_B": "cufft", "XFORM_O": "cufft",
-                                                                        "WS_SHARE": 0}
+                                                                        "WS_SHARE": 0, "FFT_VEC": 1}
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
@@ -760,3 +761,158 @@ def test_shared_workspace_verifies_against_float64_on_the_gpu(op):
         scherer = dict(seed_problems(op))["scherer10_l2"]
         assert_verifies_on_gpu(OPERATIONS[op], NAME, [("scherer10_l2", scherer)], 1, WORKSPACE_LIMIT_BYTES,
                                fixed={"WS_SHARE": 1, "IMGS": next_pow2(scherer.N)})
+
+
+# -- FFT_VEC: the placing and cropping copies, four consecutive elements a thread --------------------
+
+def copy_problems(op: str) -> list[tuple[str, object]]:
+    """The odd large-filter shapes, and for conv_fwd one whose 177 filter planes of 9 x 9 hold 14,337
+    elements: 3,584 runs of four fill 56 blocks of 64 threads exactly, and the last element needs a
+    run, and a block, of its own."""
+    out = small_problems(op)
+    if op == "conv_fwd":
+        out.append(("f_tail", PROBLEM_TYPES[op](N=2, C=3, H=5, W=5, K=59, R=5, S=5, stride=1, padding=2)))
+    return out
+
+
+# Every shape of copy_problems, with and without its stride's phases where it has them.
+COPY_CASES = [(op, name, ph) for op in CONV_OPS for name, p in copy_problems(op)
+              for ph in ((0, 1) if takes_phases(p) else (None,))]
+COPIES = ("fft_place_a", "fft_place_b", "fft_crop")
+
+
+def with_copies(op, problem, phases, vec, **change):
+    """A config whose plan has every copy (both operands placed, cuFFT both ways) at FFT_VEC=vec, in
+    blocks of two images where the batch has more (so that a block's outputs start at an odd element
+    on the odd shapes)."""
+    config = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": min(2, problem.N), "FFT_THREADS": 64, "IT": 1, "JT": 1,
+              "MAC": "thread", "XFORM_A": "cufft", "XFORM_B": "cufft", "FFT_VEC": vec,
+              **({} if phases is None else {"STRIDE_PHASES": phases}),
+              **({"XFORM_O": "cufft", "WS_SHARE": 0} if op != "conv_wgrad" else {}), **change}
+    return space(op, problem).complete(config)
+
+
+def copied_elements(problem, config, step):
+    """The elements a copy writes: placed planes of A or B (a block's, or the filters' once), or the
+    outputs it crops (a block's, or conv_wgrad's dW once)."""
+    p, f = problem, fft_conv(problem, is_phased(config))
+    fh, fw = fft_size(f, config["FFT_SIZE"])
+    nb = step.scalars[1]
+    if step.kernel == "fft_place_a":
+        return nb * f.a_planes * fh * fw
+    if step.kernel == "fft_place_b":
+        return (nb if p.op == "conv_wgrad" else 1) * f.b_planes * fh * fw
+    return {"conv_fwd": nb * p.K * p.P * p.Q, "conv_bwd_data": nb * p.C * p.H * p.W,
+            "conv_wgrad": p.K * p.C * p.R * p.S}[p.op]
+
+
+def test_vectorised_copies_take_a_thread_per_run_of_four_and_change_nothing_else():
+    """FFT_VEC=4 changes only the grids of the copies (fft_place_a, fft_place_b, fft_crop): a thread
+    for each four consecutive elements of the destination, the last run cut short; every other step
+    of the plan, and each copy's arguments and scalars, are FFT_VEC=1's. 1 is the first choice, and
+    the default candidates keep it."""
+    for op, name, ph in COPY_CASES:
+        problem = dict(copy_problems(op))[name]
+        one, four = (with_copies(op, problem, ph, vec) for vec in (1, 4))
+        steps_one, steps_four = OPERATIONS[op].plan(problem, one).steps, OPERATIONS[op].plan(problem, four).steps
+        assert len(steps_one) == len(steps_four) and {s.kernel for s in steps_four} >= set(COPIES)
+        for a, b in zip(steps_one, steps_four):
+            if b.kernel not in COPIES:
+                assert a == b, f"{op} {name} {ph}"
+                continue
+            elements = copied_elements(problem, four, b)
+            assert a.grid == (cdiv(elements, 64), 1, 1) and b.grid == (cdiv(cdiv(elements, 4), 64), 1, 1)
+            assert dataclasses.replace(a, grid=b.grid) == b, f"{op} {name} {ph}"
+        assert space(op, problem).param("FFT_VEC").choices[0] == 1
+        assert all(c["FFT_VEC"] == 1 for c in OPERATIONS[op].candidates(problem, NAME))
+
+
+def test_vectorised_copies_need_a_copy_to_vectorise():
+    """FFT_VEC=4 where conv_fwd's or conv_bwd_data's plan has no copy (both operands and the way back
+    transformed directly) is refused, saying why; any one copy admits it, and conv_wgrad, which
+    always crops dW, always does."""
+    for op in ("conv_fwd", "conv_bwd_data"):
+        problem = dict(small_problems(op))["f_7x5"]
+        with pytest.raises(InfeasibleConfigError, match="FFT_VEC=4 .* the plan has none: only FFT_VEC=1"):
+            with_copies(op, problem, None, 4, XFORM_A="fdft", XFORM_B="dft", XFORM_O="fdft")
+        assert with_copies(op, problem, None, 1, XFORM_A="fdft", XFORM_B="dft", XFORM_O="fdft")["FFT_VEC"] == 1
+        for xa, xb, xo in (("cufft", "dft", "fdft"), ("fdft", "cufft", "fdft"), ("fdft", "dft", "cufft")):
+            plan = OPERATIONS[op].plan(problem, with_copies(op, problem, None, 4, XFORM_A=xa, XFORM_B=xb, XFORM_O=xo))
+            assert len([s for s in plan.steps if s.kernel in COPIES]) >= 1
+    problem = dict(small_problems("conv_wgrad"))["f_7x5"]
+    plan = OPERATIONS["conv_wgrad"].plan(problem, with_copies("conv_wgrad", problem, None, 4, XFORM_A="fdft",
+                                                              XFORM_B="fdft"))
+    assert [s.kernel for s in plan.steps if s.kernel in COPIES] == ["fft_crop"]
+
+
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_vectorised_copies_compute_the_convolution_in_numpy(op, rng):
+    """FFT_VEC=4 plans (every copy, blocks of two images; with and without the phases; forward and
+    backward-data also with WS_SHARE 1) on every odd shape: against float64."""
+    def configs(problem):
+        phases = (0, 1) if takes_phases(problem) else (None,)
+        shares = ({}, {"WS_SHARE": 1}) if op != "conv_wgrad" else ({},)
+        return [with_copies(op, problem, ph, 4, **share) for ph in phases for share in shares]
+
+    problems = copy_problems(op)
+    assert check_plans(OPERATIONS[op], problems, configs, Kernels, rng, tolerance=1e-11) >= len(problems)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
+@pytest.mark.parametrize("op, shape, phases", COPY_CASES)
+def test_vectorised_copies_verify_under_emulation(op, shape, phases, tmp_path):
+    """The generated FFT_VEC=4 copies run by the CPU emulator (cuFFT in NumPy) on every odd shape of
+    each op, with and without the stride's phases: planes whose size is odd (runs that cross rows and
+    planes, float4 stores at any run of them), a last run cut short, blocks of two images whose outputs
+    start at an odd element (scalar stores there), bias and activation in conv_fwd's crop. fp32,
+    every element against float64 at the bound."""
+    from tests.cuda_emulator import emulated_failure
+
+    problem = dict(copy_problems(op))[shape]
+    config = with_copies(op, problem, phases, 4)
+    why = emulated_failure(OPERATIONS[op], problem, config, tmp_path, random.randrange(2**31))
+    assert why is None, why
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_vectorised_copies_build_without_spills(tmp_path):
+    """FFT_VEC=4 on scherer10_l2 (the row it is for: backward-data with the phases apart), sweep_7x7
+    and the strided odd shape, every op, phases apart and not, both precisions, for sm_90: every
+    kernel there, none spilling."""
+    jobs = []
+    for op in CONV_OPS:
+        problems = [(row, dict(seed_problems(op))[row]) for row in ("scherer10_l2", "sweep_7x7")]
+        problems += [(n, p) for n, p in small_problems(op) if n in ("f_s2", "f_7x5_relu")]
+        for name, problem in problems:
+            for precision in ("fp32", "tf32"):
+                problem = dataclasses.replace(problem, precision=precision)
+                for ph in ((0, 1) if takes_phases(problem) else (None,)):
+                    config = with_copies(op, problem, ph, 4, IMGS=1, FFT_THREADS=256, MAC="block", IT=2, JT=2, FB=4,
+                                         BL=8, MAC_ORDER="tiles")
+                    jobs.append((f"{op} {name} {precision} {config}", OPERATIONS[op].plan(problem, config), True))
+    assert len(jobs) >= 20
+    failures = compile_failures(jobs, "sm_90", tmp_path)
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_vectorised_copies_verify_against_float64_on_the_gpu(op):
+    """FFT_VEC=4 with every copy in the plan (both operands placed; cuFFT and the crop on the way
+    back) in both precisions on the odd large-filter shapes, with and without the stride's phases
+    where a shape has them; then conv_bwd_data's scherer10_l2 as it was measured (phases apart, all
+    60 images in one block with WS_SHARE 1): every element within the bound, the workspace within
+    the limit. On the GPU a misaligned float4 store would fault, which the emulator cannot show."""
+    pytest.importorskip("cupy")
+    copies = {"FFT_VEC": 4, "XFORM_A": "cufft", **({"XFORM_O": "cufft"} if op != "conv_wgrad" else {"XFORM_B": "cufft"})}
+    problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in small_problems(op) for pr in ("fp32", "tf32")]
+    plain = [(n, p) for n, p in problems if not takes_phases(p)]
+    strided = [(n, p) for n, p in problems if takes_phases(p)]
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, plain, 2, WORKSPACE_LIMIT_BYTES, fixed=copies)
+    for phases in ((0, 1) if strided else ()):
+        assert_verifies_on_gpu(OPERATIONS[op], NAME, strided, 2, WORKSPACE_LIMIT_BYTES,
+                               fixed={**copies, "STRIDE_PHASES": phases})
+    if op == "conv_bwd_data":
+        scherer = dict(seed_problems(op))["scherer10_l2"]
+        assert_verifies_on_gpu(OPERATIONS[op], NAME, [("scherer10_l2", scherer)], 1, WORKSPACE_LIMIT_BYTES,
+                               fixed={**copies, "STRIDE_PHASES": 1, "WS_SHARE": 1, "IMGS": next_pow2(scherer.N)})

@@ -46,6 +46,16 @@ stores only the outputs the op keeps (the cropped, stride-sampled rows and colum
 crop's scale, bias and activation. conv_wgrad transforms back once, after every block of images,
 and keeps cuFFT there.
 
+The placing and cropping kernels are copies, judged by bandwidth. Measured on an H200, scherer10_l2's
+backward-data placed dY at 52% of the copy rate and cropped dX at 56% (63 and 58.5 us for about
+138 MB each) with one element a thread: a thread has one 4-byte load in flight, a full SM (2,048
+threads) 8 KB, where about 4 TB/s over a DRAM latency near 0.7 us asks some 20 KB a SM. FFT_VEC=4
+gives a thread four consecutive elements of the destination (flat over its planes, so a run may
+cross a row or a plane): four loads in flight, 32 KB a full SM, and one float4 store where the run's
+address is 16-byte aligned (a placed plane's always; an output's where the block's offset leaves it
+so), four scalar stores where not. 1, one element a thread, is what the kernels were first; FFT_VEC=4
+is not yet timed on a GPU, and the tuner decides between them.
+
 Strides above one in conv_bwd_data and conv_wgrad (STRIDE_PHASES=1): the stride's phases taken apart,
 each a stride-1 convolution of planes a stride's factor smaller instead of dY spread at the stride.
 Row h of the padded input is phase a = h mod SH, position i = h div SH, and the taps of phase a are
@@ -107,6 +117,10 @@ DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
 # instead of 32); the kernels are the same. 0, no sharing, is what the plans were first.
 WS_SHARES = (0, 1)
 SHARED_WITH = {"fft_a": "fft_of", "fft_o": "fft_af"}
+# Consecutive elements a thread of the placing and cropping kernels (fft_place_a, fft_place_b,
+# fft_crop) copies: 1, the kernels as first written (first, so records tuned before the choice
+# existed keep their code); 4, four loads in flight a thread and float4 stores (the module's note).
+VECS = (1, 4)
 
 
 def smooth_size(n: int) -> int:
@@ -437,6 +451,8 @@ class _Fft(OpFormulation):
                    Param("WS_SHARE", WS_SHARES, "workspace buffers whose lives do not overlap share memory (A's "
                          "placed planes with O's spectra, A's spectra with O's planes): more images a block")] \
             if takes_inverse(problem) else []
+        vec = [Param("FFT_VEC", VECS, "consecutive elements a thread of the placing and cropping kernels "
+                     "(4: four loads in flight and a float4 store where aligned)")]
         return [Param("FFT_SIZE", sizes, "FFT planes: smallest 2^a 3^b 5^c 7^d size, or power of two"),
                 Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (the workspaces hold one)"),
                 Param("FFT_THREADS", THREADS, "threads per block of the generated kernels"),
@@ -455,7 +471,7 @@ class _Fft(OpFormulation):
                       "(whole, or each size split in two factors)"),
                 Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly "
                       "(whole, or each size split in two factors)"),
-                *phases, *inverse]
+                *phases, *inverse, *vec]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
@@ -528,6 +544,14 @@ class _Fft(OpFormulation):
 
         sharing = [Constraint(("WS_SHARE", "XFORM_A", "XFORM_O"), something_to_share)] if s_key else []
 
+        def something_to_copy(vec, xa, xb, xo):   # conv_fwd and conv_bwd_data: conv_wgrad always crops
+            if vec > 1 and xa != "cufft" and xb != "cufft" and xo != "cufft":
+                return (f"FFT_VEC={vec} sets the elements a thread of the placing and cropping kernels, and with "
+                        f"XFORM_A, XFORM_B and XFORM_O all direct the plan has none: only FFT_VEC=1")
+            return None
+
+        copies = [Constraint(("FFT_VEC", "XFORM_A", "XFORM_B", "XFORM_O"), something_to_copy)] if o_key else []
+
         return [Constraint(("FFT_SIZE", *ph_key), size), Constraint(("MAC",), block_arch),
                 Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
                 smem_rule(limits, ("FFT_SIZE", "XFORM_A", *ph_key), dft_smem("A")),
@@ -535,7 +559,7 @@ class _Fft(OpFormulation):
                 smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"),
                           lambda mac, t, i, j, fb, bl: mac_smem_bytes({"MAC": mac, "FFT_THREADS": t, "IT": i, "JT": j,
                                                                        "FB": fb, "BL": bl})),
-                *inverse, *sharing,
+                *inverse, *sharing, *copies,
                 workspace_rule(limits.workspace_bytes,
                                ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *s_key, *o_key, *ph_key), workspace)]
 
@@ -547,7 +571,7 @@ class _Fft(OpFormulation):
         fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
         inverse = {"XFORM_O": "cufft", "WS_SHARE": 0} if takes_inverse(problem) else {}
         base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128, "XFORM_A": "cufft", "XFORM_B": "cufft",
-                **phases, **inverse}
+                **phases, **inverse, "FFT_VEC": 1}
         # The filters' spectra (operand B but in conv_wgrad) computed directly: measured faster than
         # placing + cuFFT on an H100. The last runs on any GPU (no cp.async) and in the least workspace.
         filters = {"XFORM_B": "dft"} if self.op != "conv_wgrad" else {}
@@ -567,7 +591,8 @@ class _Fft(OpFormulation):
                 "fft_fdft_a": config["XFORM_A"] == "fdft", "fft_fdft_b": config["XFORM_B"] == "fdft",
                 "fft_h1": split_factor(fh), "fft_w1": split_factor(fw),
                 "fft_split3": problem.precision == "fp32", "fft_phased": is_phased(config),
-                "fft_fdft_o": inverse_of(config) == "fdft", **self._tables(problem, config, fh, fw)}
+                "fft_fdft_o": inverse_of(config) == "fdft", "fft_vec": config["FFT_VEC"],
+                **self._tables(problem, config, fh, fw)}
 
     @staticmethod
     def _tables(problem: Any, config: Config, fh: int, fw: int) -> dict[str, Any]:
@@ -606,6 +631,9 @@ class _Fft(OpFormulation):
         def kernel(name, count, args, scalars=(), grid_yz=(1, 1)):
             return Launch(name, (cdiv(count, threads), *grid_yz), (threads, 1, 1), 0, args, scalars)
 
+        def copy(name, elements, args, scalars):   # placing and cropping: FFT_VEC elements a thread
+            return kernel(name, cdiv(elements, c["FFT_VEC"]), args, scalars)
+
         def mac(n0, nb):
             # O[i][j]: conv_fwd i = image, j = filter; conv_bwd_data i = image, j = channel;
             # conv_wgrad i = filter, j = channel (the images are the sum, accumulated after the first block).
@@ -633,7 +661,7 @@ class _Fft(OpFormulation):
                                xform_smem_bytes(c[f"XFORM_{operand}"], sizes[operand], fh, fw), (src, f"fft_{low}f"),
                                (n0, nb))]
             placed = buffer_name(f"fft_{low}", share)
-            return [kernel(f"fft_place_{low}", planes * real, (src, placed), (n0, nb)),
+            return [copy(f"fft_place_{low}", planes * real, (src, placed), (n0, nb)),
                     transform("r2c", placed, f"fft_{low}f", planes)]
 
         steps: list = []
@@ -652,11 +680,11 @@ class _Fft(OpFormulation):
             elif f.op != "conv_wgrad":
                 planes_o = buffer_name("fft_o", share)
                 steps += [transform("c2r", "fft_of", planes_o, nb * f.out_planes),
-                          kernel("fft_crop", nb * f.out_planes * problem.P * problem.Q if f.op == "conv_fwd"
-                                 else nb * f.C * problem.H * problem.W, (planes_o, "bias", dst), (n0, nb))]
+                          copy("fft_crop", nb * f.out_planes * problem.P * problem.Q if f.op == "conv_fwd"
+                               else nb * f.C * problem.H * problem.W, (planes_o, "bias", dst), (n0, nb))]
         if f.op == "conv_wgrad":
             steps += [transform("c2r", "fft_of", "fft_o", f.out_planes),
-                      kernel("fft_crop", f.K * f.C * problem.R * problem.S, ("fft_o", "bias", dst), (0, 1))]
+                      copy("fft_crop", f.K * f.C * problem.R * problem.S, ("fft_o", "bias", dst), (0, 1))]
             if problem.bias:
                 steps.append(Launch("conv_bias_grad", (f.K, 1, 1), (threads, 1, 1), 0, ("dy", "db")))
         return tuple(steps)
