@@ -454,3 +454,31 @@ def test_a_held_search_never_replaces_a_quick_record_with_a_slower_one(db, tmp_p
     rf, fastest, _, outcome = _held_search_over_a_planted_record(db, tmp_path, quick=True)
     assert not outcome.record.quick
     assert db.tuned(rf.device, rf.problem).record.config == fastest.config.as_dict()
+
+
+def test_vary_starts_from_this_shapes_current_record(db, tmp_path):
+    """A current record of the very shape (its code unchanged by a new parameter's first choice) is
+    where --vary starts: each of its other SPLITK values is measured before the search proper. Before,
+    only stale records and other shapes' were varied, and a run just after a parameter was added
+    (FFT_VEC, its first choice keeping every record's code) never measured the record's variants."""
+    from autocnn.kernels import get_operation
+    from autocnn.store import RecordKey, TuningRecord, now_utc
+    from autocnn.tuning.tuner import _variants
+
+    rf = ReplayFile.load(WGRAD_FILE)
+    operation = get_operation(rf.op)
+    slowest = max((r for r in rf.results.values() if r.ok), key=lambda r: r.time_us)   # far from where a search starts
+    db.put_many([TuningRecord(key=RecordKey.for_(rf.device, rf.problem, operation.config_fingerprint(slowest.config)),
+                              config=slowest.config.as_dict(), time_us=slowest.time_us, spread=0.0,
+                              default_time_us=None, cudnn_time_us=None, trials=1, tuned_at=now_utc(),
+                              autocnn_version="0", sampler="planted")])
+    assert db.tuned(rf.device, rf.problem).source == "exact"
+    source = ReplaySource([rf])
+    tuner = Tuner(source, db, TuneSettings(storage=storage(tmp_path), fixed=rf.space_filter, vary=("SPLITK",),
+                                           sampler="random", seed=3), progress=False)
+    variants = _variants(tuner.space_for(rf.op, rf.problem), [slowest.config], ("SPLITK",))
+    assert len(variants) >= 2
+    outcome = tuner.tune(rf.op, rf.problem, trials=len(variants) + 6)
+    searched = set(source.measured_keys[: outcome.measured])
+    assert slowest.config.key() in searched
+    assert {v.key() for v in variants} <= searched

@@ -166,7 +166,8 @@ class Tuner:
             queued = queued_keys(study, space)
             first: list[Config] = []
             if s.warm_start:
-                earlier = [*self._stale_winners(problem, space), *self._neighbour_winners(op, problem, space)]
+                earlier = [*self._current_winner(problem, space), *self._stale_winners(problem, space),
+                           *self._neighbour_winners(op, problem, space)]
                 first += [default, *earlier, *_variants(space, earlier, s.vary)]
             if s.sampler in ("tpe", "cmaes", "gp") and sum(1 for r in known.values() if r.ok) < STARTUP_TRIALS:
                 # Model-based samplers begin with independent random draws, which on a small layer
@@ -352,6 +353,21 @@ class Tuner:
             return None
         quick = found.record is not None and found.record.quick
         return found.config if found.source == "same_arch" or quick else None
+
+    def _current_winner(self, problem: Any, space: SearchSpace) -> list[Config]:
+        # The config this shape's current record runs (this GPU's, or another of its architecture),
+        # where the space searched holds it: the start that --vary varies after a new parameter's
+        # first choice kept the record's code (the record stays current; only stale winners came
+        # before, so `--vary FFT_VEC` right after FFT_VEC was added measured no variant of the record).
+        if self.db is None or not hasattr(self.db, "tuned"):
+            return []
+        found = self.db.tuned(self.source.device, problem)
+        if found is None:
+            return []
+        try:
+            return [space.validate(found.config.as_dict())]
+        except (InvalidConfigError, InfeasibleConfigError):
+            return []   # another formulation's, or outside what --fix holds
 
     def _stale_winners(self, problem: Any, space: SearchSpace) -> list[Config]:
         # The winners of this very shape under older templates: often unchanged code, so a retune
