@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Tune chosen rows of the seed suite (or the issues' target layers) in chosen precisions on one GPU, under one wall-clock budget.
+"""Tune chosen rows of the seed suite in chosen precisions on one GPU, under one wall-clock budget.
 
 `autocnn tune --suite seed` tunes every row of one precision; this runs a named subset (the
 compute-bound rows, say) in both precisions, spreading a time budget evenly over the problems, with
 parameters optionally held (`--fix formulation=tc`). The target layers that `autocnn bench --shapes`
-names beside the seed suite (pointwise_s1, pointwise_s2) are rows here too. Records go to the tuning database as usual
-(AUTOCNN_TUNING_DB chooses where). Prints one line per problem, then a table.
+names beside the seed suite (pointwise_s1, pointwise_s2) are rows here too. Records go to the
+tuning database as usual (AUTOCNN_TUNING_DB chooses where). Prints one line per problem, then a table.
 
 Usage (GPU host):
   python3 scripts/tune_rows.py --rows modern_56,modern_14,sweep_3x3 --ops conv_fwd,conv_wgrad \\
@@ -27,17 +27,12 @@ DEFAULT_TRIALS = 24
 UNCAPPED_TRIALS = 1_000_000   # with --budget and no --trials: the budget (or an exhausted space) ends a study
 
 
-def named_problems(op: str) -> list[tuple[str, object]]:
-    """The rows of op that --rows may name: the seed suite's, then the target layers'."""
-    from autocnn.kernels.suite import seed_problems, target_problems
-
-    return [*seed_problems(op), *target_problems(op)]
-
-
 def parse_args(argv: list[str] | None):
+    from autocnn.kernels.suite import named_problems
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", required=True, help="seed rows or target layers, comma-separated (e.g. modern_56,sweep_3x3,pointwise_s1)")
+    parser.add_argument("--rows", required=True,
+                        help="seed rows or target layers, comma-separated (e.g. modern_56,sweep_3x3,pointwise_s1)")
     parser.add_argument("--ops", default=",".join(CONV_OPS))
     parser.add_argument("--precisions", default="fp32,tf32")
     parser.add_argument("--trials", type=int, default=None,
@@ -87,6 +82,7 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args, ops, precisions, rows = parse_args(argv)
     from autocnn.cli import _parse_fixed
+    from autocnn.kernels.suite import named_problems
     from autocnn.store import TuningDatabase
     from autocnn.tuning.sources import GpuSource
     from autocnn.tuning.tuner import TuneSettings, Tuner

@@ -36,9 +36,11 @@ def test_bad_arguments_are_named(argv, message, capsys):
 def test_target_layers_are_rows_beside_the_seed_suite():
     """pointwise_s1/s2 (issue 13's 1x1 layers, benched with `autocnn bench --shapes`) can be tuned by name,
     in every convolution op, as 1x1 problems of the target shape."""
+    from autocnn.kernels.suite import named_problems
+
     tune_rows = load()
     args, ops, precisions, rows = tune_rows.parse_args(["--rows", "pointwise_s2,modern_56", "--vary", "formulation"])
     assert rows == ["pointwise_s2", "modern_56"]
     for op in ops:
-        problem = dict(tune_rows.named_problems(op))["pointwise_s2"]
+        problem = dict(named_problems(op))["pointwise_s2"]
         assert (problem.R, problem.S, problem.stride, problem.C, problem.K) == (1, 1, (2, 2), 256, 512)

@@ -149,6 +149,11 @@ def target_problems(op: str) -> list[tuple[str, Any]]:
     return [(s.name, s.problem(op)) for s in TARGET_SHAPES] if op in CONV_OPS else []
 
 
+def named_problems(op: str) -> list[tuple[str, Any]]:
+    """Every problem of op that a command may name: the seed suite's rows, then the target layers'."""
+    return [*seed_problems(op), *target_problems(op)]
+
+
 def seed_shape(name: str) -> SeedShape:
     for s in SEED_SHAPES:
         if s.name == name:

@@ -31,7 +31,7 @@ from typing import Any
 
 from autocnn.device import set_workspace_limit
 from autocnn.kernels import OPERATIONS, operation_for
-from autocnn.kernels.suite import CONV_OPS, POOL_OPS, TARGET_SHAPES, seed_problems, seed_shapes, target_problems
+from autocnn.kernels.suite import CONV_OPS, POOL_OPS, TARGET_SHAPES, named_problems, seed_shapes
 from autocnn.tuning.bench_table import (CONV_PRECISIONS, GpuRates, fastest_draws, progress_line, row_from_results,
                                          tables)
 
@@ -88,7 +88,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     problems = []
     for op in ops:
         # The target shapes only when named: the default run is the seed suite.
-        for name, problem in [*seed_problems(op), *target_problems(op)]:
+        for name, problem in named_problems(op):
             if name not in (wanted or seed_names):
                 continue
             if op in CONV_OPS:

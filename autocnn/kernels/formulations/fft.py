@@ -53,8 +53,9 @@ threads) 8 KB, where about 4 TB/s over a DRAM latency near 0.7 us asks some 20 K
 gives a thread four consecutive elements of the destination (flat over its planes, so a run may
 cross a row or a plane): four loads in flight, 32 KB a full SM, and one float4 store where the run's
 address is 16-byte aligned (a placed plane's always; an output's where the block's offset leaves it
-so), four scalar stores where not. 1, one element a thread, is what the kernels were first; FFT_VEC=4
-is not yet timed on a GPU, and the tuner decides between them.
+so), four scalar stores where not. 1, one element a thread, is what the kernels were first. On the
+H200, scherer10_l2's backward-data (60 images in one block): placing 62.1 -> 37.3 us, cropping
+57.4 -> 35.0, the plan 563.2 -> 516.5; the tuner decides per shape.
 
 Strides above one in conv_bwd_data and conv_wgrad (STRIDE_PHASES=1): the stride's phases taken apart,
 each a stride-1 convolution of planes a stride's factor smaller instead of dY spread at the stride.
