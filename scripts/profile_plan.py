@@ -13,15 +13,25 @@ against float64 first: a config that computes the wrong thing is reported, not t
 
 ``--config record`` (the default) profiles what autocnn runs for the problem on this GPU: the
 lookup's answer. Each --config is a JSON object of parameters, checked against the space.
+
+``--ncu KERNEL`` also runs the script again under Nsight Compute for each config, profiling the
+first launch of that kernel of the plan, and prints what bounds it (autocnn.tuning.nsight): its
+throughput at each level of the memory system, the busiest pipe, the warps ready to issue, the
+occupancy and what capped it. ncu locks the clocks (the profiled time is not the timed one).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+if TYPE_CHECKING:
+    from autocnn.tuning.nsight import NsightSummary
 
 
 def step_name(step) -> str:
@@ -54,6 +64,17 @@ def profile(operation, problem, config, flusher, budget_s: float) -> dict:
     return row
 
 
+def profile_under_ncu(ncu: str, args: argparse.Namespace, config) -> NsightSummary:
+    """This script again, for this config alone, under ncu (its first launch of args.ncu); the summary
+    of ncu's report."""
+    from autocnn.tuning.nsight import ncu_command, summarize
+
+    program = [sys.executable, str(Path(__file__).resolve()), "--op", args.op, "--shape", args.shape,
+               "--config", json.dumps(config.as_dict()), "--budget", "0.02", "--device", str(args.device)]
+    done = subprocess.run(ncu_command(ncu, args.ncu, program), capture_output=True, text=True)
+    return summarize(done.stdout + done.stderr, args.ncu)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--op", required=True)
@@ -63,10 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=0.3, help="seconds of timed runs per plan")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--ncu", metavar="KERNEL", help="also profile this kernel of each plan under Nsight Compute")
+    ap.add_argument("--ncu-path", help="the ncu executable (default: ncu on PATH, then CUDA's bin)")
     args = ap.parse_args(argv)
 
     from autocnn.kernels.problem import parse_shape
     from autocnn.kernels import get_operation
+    from autocnn.tuning.nsight import NcuMissingError, find_ncu
 
     try:
         problem = parse_shape(args.op, args.shape)
@@ -74,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         operation.check_problem(problem)
         texts = args.config or ["record"]
         configs_json = [None if t == "record" else json.loads(t) for t in texts]
-    except (ValueError, KeyError) as exc:
+        ncu = find_ncu(args.ncu_path) if args.ncu else None
+    except (ValueError, KeyError, NcuMissingError) as exc:
         ap.error(str(exc))
 
     from autocnn.gpu import require_cupy
@@ -97,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
                 configs.append(looked.config)
             else:
                 configs.append(space.validate(given))
+        if ncu:
+            for config in configs:
+                kernels = operation.plan(problem, config).kernel_names
+                if args.ncu not in kernels:
+                    raise AutocnnError(f"--ncu {args.ncu}: the plan of {config} has no such kernel; its kernels are "
+                                       f"{', '.join(kernels)}")
     except AutocnnError as exc:
         print(f"profile_plan: {exc}", file=sys.stderr)
         return 1
@@ -114,6 +145,16 @@ def main(argv: list[str] | None = None) -> int:
         for s in row["steps"]:
             print(f"  {s['us']:9.1f} us {100 * s['us'] / total:5.1f}%  {s['step']}")
         print(f"  {total:9.1f} us sum of steps; the plan under the timing protocol: {row['plan_us']:.1f} us")
+        if ncu:
+            try:
+                summary = profile_under_ncu(ncu, args, config)
+            except AutocnnError as exc:
+                print(f"  ncu: {exc}")
+                row["ncu_error"] = str(exc)
+                continue
+            row["ncu"] = summary.to_dict()
+            for line in summary.lines():
+                print(f"  {line}")
     if args.out:
         args.out.write_text(json.dumps({"device": device.name, "op": args.op, "problem": problem.to_dict(),
                                         "rows": rows}, indent=1))
