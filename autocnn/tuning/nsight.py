@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autocnn.errors import AutocnnError
+from autocnn.errors import DeviceError
 
 SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "SchedulerStats",
             "WarpStateStats", "Occupancy")
@@ -29,8 +29,9 @@ _BUSIEST = re.compile(r"(?P<pipe>[A-Za-z][\w/]*(?: [\w/]+)*) is the highest-util
 _TIME_UNITS = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
 
 
-class NcuMissingError(AutocnnError):
-    """Nsight Compute is not installed where it was looked for."""
+class NcuMissingError(DeviceError):
+    """Nsight Compute is not installed where it was looked for (a tool of the GPU host's, so its
+    absence is the device's failure class)."""
 
 
 def find_ncu(given: str | None = None) -> str:
@@ -123,7 +124,7 @@ def summarize(text: str, kernel: str) -> NsightSummary:
     sections = parse_sections(text)
     if "GPU Speed Of Light Throughput" not in sections:
         tail = "\n".join(text.strip().splitlines()[-5:])
-        raise AutocnnError(f"ncu profiled no launch of {kernel}; its output ended with:\n{tail}")
+        raise DeviceError(f"ncu profiled no launch of {kernel}; its output ended with:\n{tail}")
 
     def get(section, metric):
         row = sections.get(section, {}).get(metric)
