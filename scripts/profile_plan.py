@@ -33,6 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 if TYPE_CHECKING:
     from autocnn.tuning.nsight import NsightSummary
 
+# One config under ncu: a few dozen replays of one launch, seconds for the seed layers; a hung
+# profiler is reported, not waited on forever.
+NCU_TIMEOUT_S = 600
+
 
 def step_name(step) -> str:
     from autocnn.kernels.operation import LibraryFft, LibraryGemm
@@ -67,11 +71,16 @@ def profile(operation, problem, config, flusher, budget_s: float) -> dict:
 def profile_under_ncu(ncu: str, args: argparse.Namespace, config) -> NsightSummary:
     """This script again, for this config alone, under ncu (its first launch of args.ncu); the summary
     of ncu's report."""
+    from autocnn.errors import DeviceError
     from autocnn.tuning.nsight import ncu_command, summarize
 
     program = [sys.executable, str(Path(__file__).resolve()), "--op", args.op, "--shape", args.shape,
                "--config", json.dumps(config.as_dict()), "--budget", "0.02", "--device", str(args.device)]
-    done = subprocess.run(ncu_command(ncu, args.ncu, program), capture_output=True, text=True)
+    try:
+        done = subprocess.run(ncu_command(ncu, args.ncu, program), capture_output=True, text=True,
+                              timeout=NCU_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise DeviceError(f"ncu did not finish within {NCU_TIMEOUT_S} s") from None
     return summarize(done.stdout + done.stderr, args.ncu)
 
 
