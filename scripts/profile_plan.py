@@ -48,11 +48,11 @@ def step_name(step) -> str:
     return f"{step.kernel} {step.grid}x{step.block[0]}" + (f" smem {step.shared_bytes}" if step.shared_bytes else "")
 
 
-def profile(operation, problem, config, flusher, budget_s: float) -> dict:
+def profile(plan, problem, flusher, budget_s: float) -> dict:
     from autocnn.kernels.runtime import KernelLoader
     from autocnn.tuning.measure import check_candidate, plan_buffers, time_callable
 
-    plan = operation.plan(problem, config)
+    config = plan.config
     loaded = KernelLoader().load(plan)
     check = check_candidate(loaded, problem, flusher=flusher, budget_s=budget_s)
     row = {"config": config.as_dict(), "verified": check.verification.passed,
@@ -131,20 +131,19 @@ def main(argv: list[str] | None = None) -> int:
                 configs.append(looked.config)
             else:
                 configs.append(space.validate(given))
-        if ncu:
-            for config in configs:
-                kernels = operation.plan(problem, config).kernel_names
-                if args.ncu not in kernels:
-                    raise AutocnnError(f"--ncu {args.ncu}: the plan of {config} has no such kernel; its kernels are "
-                                       f"{', '.join(kernels)}")
+        plans = [operation.plan(problem, config) for config in configs]
+        for plan in plans if ncu else ():
+            if args.ncu not in plan.kernel_names:
+                raise AutocnnError(f"--ncu {args.ncu}: the plan of {plan.config} has no such kernel; its kernels are "
+                                   f"{', '.join(plan.kernel_names)}")
     except AutocnnError as exc:
         print(f"profile_plan: {exc}", file=sys.stderr)
         return 1
     flusher = L2Flusher(device.l2_bytes)
     print(f"# {device.name}: {args.op} {problem.shape_string()}")
     rows = []
-    for config in configs:
-        row = profile(operation, problem, config, flusher, args.budget)
+    for config, plan in zip(configs, plans):
+        row = profile(plan, problem, flusher, args.budget)
         rows.append(row)
         print(f"\n{config}")
         if not row["verified"]:

@@ -21,15 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autocnn.kernels.suite import CONV_OPS  # noqa: E402  (after the path above)
+from autocnn.kernels.suite import CONV_OPS, named_problems  # noqa: E402  (after the path above)
 
 DEFAULT_TRIALS = 24
 UNCAPPED_TRIALS = 1_000_000   # with --budget and no --trials: the budget (or an exhausted space) ends a study
 
 
 def parse_args(argv: list[str] | None):
-    from autocnn.kernels.suite import named_problems
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", required=True,
                         help="seed rows or target layers, comma-separated (e.g. modern_56,sweep_3x3,pointwise_s1)")
@@ -82,7 +80,6 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args, ops, precisions, rows = parse_args(argv)
     from autocnn.cli import _parse_fixed
-    from autocnn.kernels.suite import named_problems
     from autocnn.store import TuningDatabase
     from autocnn.tuning.sources import GpuSource
     from autocnn.tuning.tuner import TuneSettings, Tuner

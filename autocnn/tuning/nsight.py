@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autocnn.errors import DeviceError
@@ -115,7 +115,7 @@ class NsightSummary:
         ]
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return asdict(self)
 
 
 def summarize(text: str, kernel: str) -> NsightSummary:
@@ -132,7 +132,8 @@ def summarize(text: str, kernel: str) -> NsightSummary:
 
     sol = "GPU Speed Of Light Throughput"
     duration = sections[sol].get("Duration")
-    duration_us = None if duration is None else duration[1] * _TIME_UNITS.get(duration[0], float("nan"))
+    scale = None if duration is None else _TIME_UNITS.get(duration[0])   # a unit not known: no figure
+    duration_us = None if scale is None else duration[1] * scale
     busiest = _BUSIEST.search(text)
     occupancy = sections.get("Occupancy", {})
     limits = {name.removeprefix("Block Limit ").lower(): value for name, (_, value) in occupancy.items()
