@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from autocnn.device import DeviceInfo, DeviceLimits
-from autocnn.errors import CompileError, InfeasibleConfigError
+from autocnn.errors import CompileError, InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import OPERATIONS
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.formulations.wgmma import FORMULATION_WGMMA
@@ -95,7 +95,7 @@ ALL_WIDTHS = (64, 128, 256, 32, 16)
 
 
 def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0, image_tiles=(0, 1), x_unrolled=0,
-                  dy_in_place=0):
+                  dy_in_place=0, stage_launches=2):
     """Every feasible config of the widths given (and of those SPLITK values, by default 1 for conv_fwd
     and conv_bwd_data; for wgrad with its IMAGE_TILES choices, X unrolled or not), with each tile's
     wgmmas waited for (inflight 0: stages 2-4) or one group in flight (1: stages 3, 4, 6)."""
@@ -107,6 +107,10 @@ def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=
                                                              image_tiles if wgrad else (None,)):
         config = {"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages, "INFLIGHT": inflight,
                   "SPLITK": splitk}
+        if not wgrad:
+            config["STAGE_LAUNCHES"] = stage_launches
+            if problem.precision == "fp32":
+                config["A_REGS"] = 0   # A's small parts staged (A_REGS=1: _a_regs_configs)
         if wgrad:
             config["IMAGE_TILES"] = tiles
             config["X_UNROLLED"] = x_unrolled
@@ -141,21 +145,21 @@ def test_wgmma_is_offered_on_hopper_for_tf32_with_whole_float4_runs():
         _space(problem, DeviceLimits.for_arch("sm_80")).validate(config)
     # fp32 is 3xTF32: both staged copies hold each operand's small parts after its big parts.
     fp32 = dataclasses.replace(problem, precision="fp32")
-    split_plan = FWD.plan(fp32, FWD.space(fp32, HOPPER).validate(config))
+    split_plan = FWD.plan(fp32, FWD.space(fp32, HOPPER).complete(config))
     assert dict(split_plan.workspaces) == {"xt": 2 * problem.N * problem.C * problem.H * problem.W,
                                            "wt": 2 * problem.K * problem.C * problem.R * problem.S}
     assert "3xTF32, the small cross terms first" in split_plan.source
     assert "3xTF32" not in FWD.plan(problem, FWD.space(problem, HOPPER).validate(config)).source
     # Each tile's partial sums sit beside the totals: 256 columns would need 256 registers for them.
     with pytest.raises(InfeasibleConfigError, match="partial sums"):
-        FWD.space(fp32, HOPPER).validate({**config, "WBN": 256})
+        FWD.space(fp32, HOPPER).complete({**config, "WBN": 256})
     # A group of wgmmas in flight holds a stage beyond the copies ahead; fp32 pipelines pairs of
     # tiles, each with its own partial sums that the tile's first wgmma overwrites.
     with pytest.raises(InfeasibleConfigError, match="WGS=4"):   # 512 threads, 128 registers each
         FWD.space(problem, HOPPER).validate({**config, "WGS": 4, "WBN": 256})
     with pytest.raises(InfeasibleConfigError, match="at least 3 stages"):
         FWD.space(problem, HOPPER).validate({**config, "WSTAGES": 2, "INFLIGHT": 1})
-    pipelined = FWD.plan(fp32, FWD.space(fp32, HOPPER).validate({**config, "WBN": 128, "INFLIGHT": 1}))
+    pipelined = FWD.plan(fp32, FWD.space(fp32, HOPPER).complete({**config, "WBN": 128, "INFLIGHT": 1}))
     assert "part0[ACC], part1[ACC]" in pipelined.source and "mma_fresh(" in pipelined.source
     assert "wgmma.wait_group.sync.aligned 1" in FWD.plan(problem, FWD.space(problem, HOPPER).validate(
         {**config, "INFLIGHT": 1})).source
@@ -187,11 +191,12 @@ def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
     # 16 input channels (scherer10_l2): the default block is as wide as the GEMM
     scherer = _bwd_problems()[1][1]
     assert BWD.default_config(scherer, HOPPER, formulation=FORMULATION_WGMMA).as_dict()["WBN"] == 16
-    config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 64, "WSTAGES": 3, "INFLIGHT": 0, "SPLITK": 1}
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 64, "WSTAGES": 3, "INFLIGHT": 0, "SPLITK": 1,
+              "STAGE_LAUNCHES": 2}
     with pytest.raises(InfeasibleConfigError, match="multiple of 4"):
         BWD.space(dataclasses.replace(problem, K=6), HOPPER).validate(config)
     fp32 = dataclasses.replace(problem, precision="fp32")
-    assert dict(BWD.plan(fp32, BWD.space(fp32, HOPPER).validate(config)).workspaces) == {
+    assert dict(BWD.plan(fp32, BWD.space(fp32, HOPPER).complete(config)).workspaces) == {
         "dyt": 2 * problem.N * problem.K * problem.P * problem.Q, "wt": 2 * problem.K * problem.C * problem.R * problem.S}
     with pytest.raises(InfeasibleConfigError, match="sm_90"):
         _space(problem, DeviceLimits.for_arch("sm_80"), BWD).validate(config)
@@ -209,7 +214,7 @@ def _split_configs(problem, op):
 def test_a_split_reduction_adds_into_the_zeroed_output_of_layers_without_activation():
     from autocnn.kernels.conv_bwd_data import stride_phases
 
-    config = {"formulation": FORMULATION_WGMMA, "WGS": 2, "WBN": 128, "WSTAGES": 3, "INFLIGHT": 0}
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 2, "WBN": 128, "WSTAGES": 3, "INFLIGHT": 0, "STAGE_LAUNCHES": 2}
     narrow = {**config, "WGS": 1, "WBN": 16}   # 13 input channels
     for op, (name, problem), output, base in ((FWD, _problems()[0], "y", config), (BWD, ODD_BWD[0], "dx", narrow)):
         whole = op.plan(problem, op.space(problem, HOPPER).validate({**base, "SPLITK": 1}))
@@ -228,6 +233,98 @@ def test_a_split_reduction_adds_into_the_zeroed_output_of_layers_without_activat
     with pytest.raises(InfeasibleConfigError, match="only 1 tiles"):
         FWD.space(tiny, HOPPER).validate({**config, "WGS": 1, "WBN": 16, "SPLITK": 2})
     assert FWD.default_config(_problems()[0][1], HOPPER, formulation=FORMULATION_WGMMA)["SPLITK"] == 1
+
+
+def _a_regs_configs(problem, op, widths=ALL_WIDTHS, splits=(1,)):
+    """A_REGS=1 (fp32: A staged in FP32, its remainders split in registers) in the widths, depths 2-4
+    and splits given, the staging in one launch and in two by turns; the wait-per-tile loop only (the
+    constraints refuse a group in flight)."""
+    space = _space(problem, op=op)
+    out = []
+    for (wgs, wbn, stages, splitk), launches in zip(itertools.product((1, 2, 4), widths, (2, 3, 4), splits),
+                                                    itertools.cycle((1, 2))):
+        try:
+            out.append(space.validate({"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages,
+                                       "INFLIGHT": 0, "SPLITK": splitk, "A_REGS": 1, "STAGE_LAUNCHES": launches}))
+        except InfeasibleConfigError:
+            pass
+    return out
+
+
+def test_a_regs_stages_operand_a_once_and_only_for_fp32():
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 2, "WBN": 64, "WSTAGES": 2, "INFLIGHT": 0, "SPLITK": 1,
+              "STAGE_LAUNCHES": 2}
+    for op, (name, problem), (a_name, b_name) in ((FWD, _problems()[0], ("xt", "wt")), (BWD, _bwd_problems()[0],
+                                                                                         ("dyt", "wt"))):
+        fp32 = dataclasses.replace(problem, precision="fp32")
+        space = op.space(fp32, HOPPER)
+        staged = op.plan(fp32, space.validate({**config, "A_REGS": 0}))
+        in_regs = op.plan(fp32, space.validate({**config, "A_REGS": 1}))
+        # A's small parts are neither staged nor in shared memory; B's still are
+        assert dict(in_regs.workspaces)[a_name] * 2 == dict(staged.workspaces)[a_name]
+        assert dict(in_regs.workspaces)[b_name] == dict(staged.workspaces)[b_name]
+        assert staged.launches[-1].shared_bytes - in_regs.launches[-1].shared_bytes == 4 * 2 * 128 * 32
+        assert "load_small_a" in in_regs.source and "load_small_a" not in staged.source
+        assert "A_SMALL" not in in_regs.source and "A_SMALL" in staged.source
+        # the first choice is the code of configs written before the parameter; tf32 has no split to place
+        assert space.complete(config)["A_REGS"] == 0
+        assert op.default_config(fp32, HOPPER, formulation=FORMULATION_WGMMA)["A_REGS"] == 0
+        assert "A_REGS" not in op.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA).as_dict()
+        with pytest.raises(InvalidConfigError, match="A_REGS"):
+            op.space(problem, HOPPER).validate({**config, "A_REGS": 1})
+        with pytest.raises(InfeasibleConfigError, match="INFLIGHT=0"):
+            space.validate({**config, "A_REGS": 1, "INFLIGHT": 1, "WSTAGES": 3})
+        with pytest.raises(InfeasibleConfigError, match="128 registers"):
+            space.validate({**config, "A_REGS": 1, "WBN": 128})
+        assert len(_a_regs_configs(fp32, op)) >= 18   # 16 to 64 columns, 2-4 stages, 1-4 warpgroups
+
+
+def test_one_launch_stages_both_operands_with_the_blocks_of_two():
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 16, "WSTAGES": 3, "INFLIGHT": 0, "SPLITK": 1}
+    for op, (name, problem), kernel in ((FWD, ODD[0], "conv_fwd_stage"), (BWD, ODD_BWD[0], "conv_bwd_data_stage")):
+        for precision in ("tf32", "fp32"):
+            p = dataclasses.replace(problem, precision=precision)
+            space = op.space(p, HOPPER)
+            two = op.plan(p, space.complete({**config, "STAGE_LAUNCHES": 2}))
+            one = op.plan(p, space.complete({**config, "STAGE_LAUNCHES": 1}))
+            assert [l.kernel for l in one.launches] == [kernel, op.name]
+            assert len(two.launches) == 3 and kernel + "(" not in two.source
+            # W's gather blocks first, then A's 32 x 32 tiles: as many blocks as the two launches had
+            assert one.launches[0].grid == (sum(l.grid[0] * l.grid[1] * l.grid[2] for l in two.launches[:2]), 1, 1)
+            assert f"W_BLOCKS = {two.launches[1].grid[0]}," in one.source
+            assert one.workspaces == two.workspaces and one.launches[-1] == two.launches[-1]
+    assert FWD.default_config(ODD[0][1], HOPPER, formulation=FORMULATION_WGMMA)["STAGE_LAUNCHES"] == 2
+
+
+@needs_nvcc
+def test_every_a_regs_config_builds_for_sm90a_without_spills(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    jobs = [(name, config, op.plan(problem, config))
+            for op, problems in ((FWD, _fp32(_problems())), (BWD, _fp32(_bwd_problems())))
+            for name, problem in problems for config in _a_regs_configs(problem, op, splits=(1, 2))]
+    failures = target_build_failures(compiler, jobs)
+    assert len(jobs) > 150 and not failures, "\n".join(failures[:8])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [FWD, BWD], ids=["conv_fwd", "conv_bwd_data"])
+def test_wgmma_staging_in_one_launch_verifies_against_float64(op):
+    """STAGE_LAUNCHES 1 (one kernel stages both operands) on the odd shapes in tf32 and on the fp32 ones
+    (each operand's small parts staged too; with A_REGS: test_wgmma_a_regs_meets_the_fp32_bound), 64
+    and 16 columns, every depth of the wait-per-tile loop, whole and split reductions."""
+    both = _problems() if op is FWD else _bwd_problems()
+    problems = [(n, p) for n, p in both if n.startswith("odd")] + _fp32(both)
+    _verify_every_config(op, problems, lambda p: _every_config(p, op, (64, 16), (1, 2), stage_launches=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [FWD, BWD], ids=["conv_fwd", "conv_bwd_data"])
+def test_wgmma_a_regs_meets_the_fp32_bound(op):
+    """A_REGS (3xTF32 with A's TF32 parts truncated by the tensor cores and its remainders split in
+    registers) against float64 under the FP32 bound: the fp32 seed shape and the odd shapes, every
+    width and depth, whole and split reductions."""
+    problems = _fp32(_problems() if op is FWD else _bwd_problems())
+    _verify_every_config(op, problems, lambda p: _a_regs_configs(p, op, splits=(1, 2)))
 
 
 def _padded_default(problem):

@@ -35,6 +35,19 @@ idle through every wait for copies and every barrier; with 1 the group of tile k
 after tile k + 1's is issued (wgmma.wait_group 1), which costs a stage (the copies run STAGES - 2
 tiles ahead). fp32 pipelines pairs of tiles with a set of partial sums each (ptxas serializes
 every wgmma when registers of a completed group are read while another is in flight).
+
+conv_fwd and conv_bwd_data also take STAGE_LAUNCHES: 2, the input's transpose then W's gather, each
+its own kernel; 1, one kernel whose first blocks gather W while the others transpose the input, so
+that W's small, latency-bound gather no longer runs alone between the transpose and the GEMM
+(modern_56's backward-data on an H200: 229.3 -> 225.4 us a plan). And, for fp32, A_REGS: 1 stages
+operand A (X, or dY) once, in FP32; the tensor cores read it from shared memory as its TF32 part
+(truncated: they ignore the low 13 bits), and each thread reads its wgmma A fragments into
+registers, forms the TF32 parts of their remainders x - trunc(x) there and multiplies them by B's
+big parts with A from registers. A's small parts are then neither written by the staging nor
+copied into shared memory (modern_56's staging 46.6 -> 34.0 us on an H200), but the main loop
+pays for the fragment reads and conversions on its path from barrier to wgmma (178.6 -> 190.9 us),
+and on the H200 no row tuned took it. It waits for each tile's wgmmas (INFLIGHT 0: a group in
+flight would hold a second tile's fragments) and holds at most 64 columns (128 registers a thread).
 """
 from __future__ import annotations
 
@@ -55,10 +68,11 @@ ALIGN_SLACK = 1024  # the swizzle needs 1024-byte aligned stages; the kernel ali
 NAMESPACE = "wg"    # wgmma_core.cuh.j2's namespace in these kernels (winograd's products name their own)
 
 
-def smem_bytes(wgs: int, wbn: int, stages: int, split: bool = False) -> int:
+def smem_bytes(wgs: int, wbn: int, stages: int, split: bool = False, a_regs: int = 0) -> int:
     """Shared memory of a block: the stages of both operands (twice: with split, their small parts
-    too), and the slack that aligns them to 1024 bytes."""
-    return 4 * stages * (64 * wgs + wbn) * BK * (2 if split else 1) + ALIGN_SLACK
+    too, except A's where A is split in registers), and the slack that aligns them to 1024 bytes."""
+    a_parts = 2 if split and not a_regs else 1
+    return 4 * stages * (64 * wgs * a_parts + wbn * (2 if split else 1)) * BK + ALIGN_SLACK
 
 
 def split(problem: Any) -> bool:
@@ -77,11 +91,13 @@ class BlockNames:
     inflight: str = "INFLIGHT"
 
 
-def block_rules(limits: DeviceLimits, split_: bool, names: BlockNames = BlockNames()) -> list[Constraint]:
+def block_rules(limits: DeviceLimits, split_: bool, names: BlockNames = BlockNames(),
+                a_regs: str = "") -> list[Constraint]:
     """The rules of the block GEMM itself (wgmma_mainloop.cuh.j2), whoever runs it: Hopper; its
     accumulator registers (3xTF32 keeps each tile's partial sums beside the totals); a stage for a
     group of wgmmas in flight; stage copies that split evenly over the threads; threads and shared
-    memory within the device's limits."""
+    memory within the device's limits. a_regs names the parameter that splits A in registers
+    (A_REGS), where the kernel has one."""
     n = names
 
     def arch(_):
@@ -118,23 +134,45 @@ def block_rules(limits: DeviceLimits, split_: bool, names: BlockNames = BlockNam
             Constraint((n.wbn,), partial_sums),
             Constraint((n.wgs, n.wbn), even_copies),
             threads_rule(limits, (n.wgs,), lambda wgs: 128 * wgs),
-            smem_rule(limits, (n.wgs, n.wbn, n.stages), lambda wgs, wbn, st: smem_bytes(wgs, wbn, st, split_))]
+            smem_rule(limits, (n.wgs, n.wbn, n.stages, *((a_regs,) if a_regs else ())),
+                      lambda wgs, wbn, st, a=0: smem_bytes(wgs, wbn, st, split_, a))]
 
 
-def bwd_data_stage_launches(problem: Any, threads: tuple[int, int, int]) -> tuple[Launch, Launch]:
-    """conv_bwd_data's staging kernels (wgmma_conv_bwd_data.cu.j2: dY to NHWC, W to CRSK), run before
-    the GEMM with its block size."""
+def stage_w_blocks(problem: Any, threads: tuple[int, int, int]) -> int:
+    """The blocks that gather W into its staged copy (grid-strided beyond 1,024 of them): as many as
+    W's own staging launch has, in either op."""
     p = problem
+    return min(1024, cdiv(p.K * p.C * p.R * p.S, threads[0]))
+
+
+def fwd_stage_launch(problem: Any, threads: tuple[int, int, int]) -> Launch:
+    """conv_fwd's staging in one kernel (STAGE_LAUNCHES 1; nhwc_stage_conv_fwd.cuh.j2): W's gather in
+    the first blocks, then X's 32 x 32 tiles."""
+    p = problem
+    tiles = cdiv(p.H * p.W, 32) * cdiv(p.C, 32) * p.N
+    return Launch("conv_fwd_stage", (stage_w_blocks(p, threads) + tiles, 1, 1), threads, 0, ("x", "w", "xt", "wt"))
+
+
+def bwd_data_stage_launches(problem: Any, threads: tuple[int, int, int], launches: int = 2) -> tuple[Launch, ...]:
+    """conv_bwd_data's staging kernels (wgmma_conv_bwd_data.cu.j2: dY to NHWC, W to CRSK), run before
+    the GEMM with its block size; in 1 launch (STAGE_LAUNCHES) one kernel does both (W's blocks
+    first, then dY's 32 x 32 tiles), so that W's small gather runs beside dY's transpose instead of
+    after it."""
+    p = problem
+    w_blocks = stage_w_blocks(p, threads)
+    if launches == 1:
+        tiles = cdiv(p.P * p.Q, 32) * cdiv(p.K, 32) * p.N
+        return (Launch("conv_bwd_data_stage", (w_blocks + tiles, 1, 1), threads, 0, ("dy", "w", "dyt", "wt")),)
     stage_dy = Launch("conv_bwd_data_stage_dy", (cdiv(p.P * p.Q, 32), cdiv(p.K, 32), p.N), threads, 0, ("dy", "dyt"))
-    stage_w = Launch("conv_bwd_data_stage_w", (min(1024, cdiv(p.K * p.C * p.R * p.S, threads[0])), 1, 1), threads, 0,
-                     ("w", "wt"))
+    stage_w = Launch("conv_bwd_data_stage_w", (w_blocks, 1, 1), threads, 0, ("w", "wt"))
     return stage_dy, stage_w
 
 
-def bwd_data_stage_workspaces(problem: Any) -> tuple[tuple[str, int], ...]:
-    """The staged copies' workspaces (float32 elements): dYt as NHWC, Wt as CRSK."""
+def bwd_data_stage_workspaces(problem: Any, a_regs: int = 0) -> tuple[tuple[str, int], ...]:
+    """The staged copies' workspaces (float32 elements): dYt as NHWC (its small parts too with 3xTF32,
+    unless A_REGS splits it in registers), Wt as CRSK."""
     p, parts = problem, 2 if split(problem) else 1
-    return (("dyt", parts * p.N * p.K * p.P * p.Q), ("wt", parts * p.K * p.C * p.R * p.S))
+    return (("dyt", (1 if a_regs else parts) * p.N * p.K * p.P * p.Q), ("wt", parts * p.K * p.C * p.R * p.S))
 
 
 class _WgmmaGemm(OpFormulation):
@@ -156,6 +194,15 @@ class _WgmmaGemm(OpFormulation):
 
     # The parameters a GEMM's staged workspaces depend on, passed to workspaces() in this order.
     workspace_params: tuple[str, ...] = ()
+
+    def workspace_params_of(self, problem: Any) -> tuple[str, ...]:
+        """The parameters the problem's staged workspaces depend on (workspace_params)."""
+        return self.workspace_params
+
+    def a_regs_param(self, problem: Any) -> str:
+        """The parameter that forms A's remainders in registers (A_REGS), where the problem's kernel has
+        one."""
+        return ""
 
     def workspaces(self, problem: Any, *values: Any) -> tuple[tuple[str, int], ...]:
         raise NotImplementedError
@@ -197,10 +244,10 @@ class _WgmmaGemm(OpFormulation):
                 f"the NHWC staging workspace ({need} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes")
 
         return [
-            *block_rules(limits, split(p)),
+            *block_rules(limits, split(p), a_regs=self.a_regs_param(p)),
             Constraint(("WGS",), channels),
-            Constraint(("WBN", *self.workspace_params), workspace),
-            Constraint(("WBN", *self.workspace_params), addressable),
+            Constraint(("WBN", *self.workspace_params_of(p)), workspace),
+            Constraint(("WBN", *self.workspace_params_of(p)), addressable),
             at_most("WBN", max(64, next_pow2(gn)), f"only {gn} {columns}"),
             Constraint(("WGS",), lambda wgs: None if wgs == 1 or 64 * wgs <= max(64, next_pow2(gm))
                        else f"only {gm} GEMM rows"),
@@ -217,7 +264,7 @@ class _WgmmaGemm(OpFormulation):
         return out
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
-        return (), self.workspaces(problem, *(config[name] for name in self.workspace_params))
+        return (), self.workspaces(problem, *(config[name] for name in self.workspace_params_of(problem)))
 
 
 # conv_fwd's and conv_bwd_data's splits of the reduction; 1 first: the code of configs written before
@@ -229,17 +276,38 @@ class _SplitOutputGemm(_WgmmaGemm):
     """conv_fwd's and conv_bwd_data's GEMMs, whose reduction may be split over SPLITK blocks per output
     tile that add into the zeroed output by atomics: a layer with few output pixels leaves SMs idle
     otherwise (ResNet-18's 7x7 layers at batch 64: 3,136 rows, 100 blocks of 128 x 128 for an H100's
-    132 SMs)."""
+    132 SMs).
+
+    Both take STAGE_LAUNCHES (the staging in two kernels or one) and, in fp32, A_REGS: operand A (X,
+    or dY) staged once, in FP32, the tensor cores reading its truncated TF32 part and each thread
+    forming the TF32 parts of its fragments' remainders in registers (wgmma with A from registers),
+    so that A's small parts are neither written by the staging kernel nor copied into shared memory
+    (for modern_56's backward-data: 51 of the staging's 154 MB, and half the main loop's A copies);
+    B stays split in global memory. The module's docstring has their figures."""
 
     output = ""   # the buffer the split blocks add into
+
+    def workspace_params_of(self, problem: Any) -> tuple[str, ...]:
+        return ("A_REGS",) if split(problem) else ()
+
+    def a_regs_param(self, problem: Any) -> str:
+        return "A_REGS" if split(problem) else ""
 
     def reduction_tiles(self, problem: Any) -> int:   # BK tiles of the longest reduction of one launch
         raise NotImplementedError
 
     def params(self, problem: Any) -> list[Param]:
+        # A_REGS only where there is a split to place (fp32); 0 first: A's small parts staged, the code
+        # of configs written before the parameter
+        a_regs = [Param("A_REGS", (0, 1), "operand A staged in FP32, its remainders' TF32 parts formed in "
+                        "registers")] if split(problem) else []
         return [*super().params(problem),
                 Param("SPLITK", OUTPUT_SPLITS, "blocks splitting each output tile's reduction (partial sums meet by "
-                      "atomics in the zeroed output)")]
+                      "atomics in the zeroed output)"),
+                *a_regs,
+                # 2 first: the staging kernels of configs written before the parameter
+                Param("STAGE_LAUNCHES", (2, 1), "launches staging the operands: A's transpose then W's gather, or "
+                      "both in one kernel")]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p, tiles = problem, self.reduction_tiles(problem)
@@ -253,10 +321,25 @@ class _SplitOutputGemm(_WgmmaGemm):
                 f"SPLITK={splitk} adds partial sums into the output, so the fused activation ({activation}) cannot "
                 "be applied: split only layers without one")
 
-        return [*super().constraints(p, limits), Constraint(("SPLITK",), enough_tiles), Constraint(("SPLITK",), linear)]
+        def registers_split(a_regs, inflight, wbn):
+            if not a_regs:
+                return None
+            if inflight:
+                return ("A_REGS=1 needs INFLIGHT=0: a group of wgmmas in flight would hold a second tile's A "
+                        "fragments in registers")
+            # the kernel is held to 128 registers a thread (two blocks of 2 warpgroups an SM): the totals
+            # and partial sums (WBN) and A's 16 remainders fit beside the addresses up to 64 columns
+            # (126 registers, no spill)
+            return None if wbn <= 64 else (
+                f"A_REGS=1 with WBN={wbn} holds {wbn + 16} totals, partial sums and A fragments a thread "
+                "(the kernel is held to 128 registers: at most 64 columns)")
+
+        return [*super().constraints(p, limits), Constraint(("SPLITK",), enough_tiles), Constraint(("SPLITK",), linear),
+                *([Constraint(("A_REGS", "INFLIGHT", "WBN"), registers_split)] if split(p) else [])]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
-        return [{**cand, "SPLITK": 1} for cand in super().default_candidates(problem)]
+        a_regs = {"A_REGS": 0} if split(problem) else {}
+        return [{**cand, "SPLITK": 1, **a_regs, "STAGE_LAUNCHES": 2} for cand in super().default_candidates(problem)]
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         zero, workspaces = super().buffers(problem, config)
@@ -285,25 +368,30 @@ class WgmmaConvFwd(_SplitOutputGemm):
     def vector_channels(self, problem: Any) -> tuple[int, str]:
         return problem.C, "C"
 
-    def workspaces(self, problem: Any, *values: Any) -> tuple[tuple[str, int], ...]:
+    def workspaces(self, problem: Any, a_regs: int = 0, *_: Any) -> tuple[tuple[str, int], ...]:
         parts = 2 if split(problem) else 1
-        return tuple((name, parts * n) for name, n in nhwc_stage_workspaces(problem))
+        (x, nx), (w, nw) = nhwc_stage_workspaces(problem)
+        return (x, (1 if a_regs else parts) * nx), (w, parts * nw)
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         # The operand gathers read the staged NHWC copies; the staging kernels take the block size.
         return {"NHWC": 1, "stage_threads": "wg::THREADS", "BK": BK, "ALIGN_SLACK": ALIGN_SLACK,
-                "SPLIT": split(problem), "STAGE_SPLIT": split(problem), "wgmma_namespace": NAMESPACE}
+                "SPLIT": split(problem), "STAGE_SPLIT": split(problem), "wgmma_namespace": NAMESPACE,
+                "A_REGS": config.get("A_REGS", 0), "STAGE_LAUNCHES": config.get("STAGE_LAUNCHES", 2),
+                "stage_w_blocks": stage_w_blocks(problem, (128 * config["WGS"], 1, 1))}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
         threads = (128 * c["WGS"], 1, 1)
         grid = (cdiv(p.N * p.P * p.Q, 64 * c["WGS"]), cdiv(p.K, c["WBN"]), c["SPLITK"])
-        main = Launch("conv_fwd", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p)), self.ARGS)
-        return (*nhwc_stage_launches(p, threads), main)
+        main = Launch("conv_fwd", grid, threads,
+                      smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p), c.get("A_REGS", 0)), self.ARGS)
+        one = c.get("STAGE_LAUNCHES", 2) == 1
+        return (*((fwd_stage_launch(p, threads),) if one else nhwc_stage_launches(p, threads)), main)
 
     def code_helpers(self) -> tuple:
-        return (smem_bytes, split, nhwc_stage_launches, nhwc_stage_workspaces, BK, ALIGN_SLACK, ARCH, self.ARGS,
-                OUTPUT_SPLITS)
+        return (smem_bytes, split, nhwc_stage_launches, stage_w_blocks, fwd_stage_launch, nhwc_stage_workspaces, BK,
+                ALIGN_SLACK, ARCH, self.ARGS, OUTPUT_SPLITS)
 
 
 class WgmmaConvBwdData(_SplitOutputGemm):
@@ -330,24 +418,26 @@ class WgmmaConvBwdData(_SplitOutputGemm):
     def vector_channels(self, problem: Any) -> tuple[int, str]:
         return problem.K, "K (dY's channels)"
 
-    def workspaces(self, problem: Any, *values: Any) -> tuple[tuple[str, int], ...]:
-        return bwd_data_stage_workspaces(problem)
+    def workspaces(self, problem: Any, a_regs: int = 0, *_: Any) -> tuple[tuple[str, int], ...]:
+        return bwd_data_stage_workspaces(problem, a_regs)
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         return {"NHWC": 1, "BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem),
-                "wgmma_namespace": NAMESPACE}
+                "wgmma_namespace": NAMESPACE, "A_REGS": config.get("A_REGS", 0),
+                "stage_w_blocks": stage_w_blocks(problem, (128 * config["WGS"], 1, 1)),
+                "STAGE_LAUNCHES": config.get("STAGE_LAUNCHES", 2)}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
         threads = (128 * c["WGS"], 1, 1)
         grid = (cdiv(self.gemm_rows(p), 64 * c["WGS"]), cdiv(p.C, c["WBN"]), len(stride_phases(p)) * c["SPLITK"])
-        main = Launch("conv_bwd_data", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p)),
-                      self.ARGS)
-        return (*bwd_data_stage_launches(p, threads), main)
+        main = Launch("conv_bwd_data", grid, threads,
+                      smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p), c.get("A_REGS", 0)), self.ARGS)
+        return (*bwd_data_stage_launches(p, threads, c.get("STAGE_LAUNCHES", 2)), main)
 
     def code_helpers(self) -> tuple:
-        return (smem_bytes, split, bwd_data_stage_launches, bwd_data_stage_workspaces, stride_phases, BK, ALIGN_SLACK,
-                ARCH, self.ARGS, OUTPUT_SPLITS)
+        return (smem_bytes, split, bwd_data_stage_launches, stage_w_blocks, bwd_data_stage_workspaces, stride_phases,
+                BK, ALIGN_SLACK, ARCH, self.ARGS, OUTPUT_SPLITS)
 
 
 @dataclass(frozen=True)
