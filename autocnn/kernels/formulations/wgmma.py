@@ -192,17 +192,10 @@ class _WgmmaGemm(OpFormulation):
     def vector_channels(self, problem: Any) -> tuple[int, str] | None:   # the channels of the float4 runs
         raise NotImplementedError
 
-    # The parameters a GEMM's staged workspaces depend on, passed to workspaces() in this order.
-    workspace_params: tuple[str, ...] = ()
-
-    def workspace_params_of(self, problem: Any) -> tuple[str, ...]:
-        """The parameters the problem's staged workspaces depend on (workspace_params)."""
-        return self.workspace_params
-
-    def a_regs_param(self, problem: Any) -> str:
-        """The parameter that forms A's remainders in registers (A_REGS), where the problem's kernel has
-        one."""
-        return ""
+    def workspace_params(self, problem: Any) -> tuple[str, ...]:
+        """The parameters the problem's staged workspaces depend on, passed to workspaces() in this
+        order."""
+        return ()
 
     def workspaces(self, problem: Any, *values: Any) -> tuple[tuple[str, int], ...]:
         raise NotImplementedError
@@ -244,10 +237,10 @@ class _WgmmaGemm(OpFormulation):
                 f"the NHWC staging workspace ({need} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes")
 
         return [
-            *block_rules(limits, split(p), a_regs=self.a_regs_param(p)),
+            *block_rules(limits, split(p), a_regs="A_REGS" if "A_REGS" in {q.name for q in self.params(p)} else ""),
             Constraint(("WGS",), channels),
-            Constraint(("WBN", *self.workspace_params_of(p)), workspace),
-            Constraint(("WBN", *self.workspace_params_of(p)), addressable),
+            Constraint(("WBN", *self.workspace_params(p)), workspace),
+            Constraint(("WBN", *self.workspace_params(p)), addressable),
             at_most("WBN", max(64, next_pow2(gn)), f"only {gn} {columns}"),
             Constraint(("WGS",), lambda wgs: None if wgs == 1 or 64 * wgs <= max(64, next_pow2(gm))
                        else f"only {gm} GEMM rows"),
@@ -264,7 +257,7 @@ class _WgmmaGemm(OpFormulation):
         return out
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
-        return (), self.workspaces(problem, *(config[name] for name in self.workspace_params_of(problem)))
+        return (), self.workspaces(problem, *(config[name] for name in self.workspace_params(problem)))
 
 
 # conv_fwd's and conv_bwd_data's splits of the reduction; 1 first: the code of configs written before
@@ -287,11 +280,8 @@ class _SplitOutputGemm(_WgmmaGemm):
 
     output = ""   # the buffer the split blocks add into
 
-    def workspace_params_of(self, problem: Any) -> tuple[str, ...]:
+    def workspace_params(self, problem: Any) -> tuple[str, ...]:
         return ("A_REGS",) if split(problem) else ()
-
-    def a_regs_param(self, problem: Any) -> str:
-        return "A_REGS" if split(problem) else ""
 
     def reduction_tiles(self, problem: Any) -> int:   # BK tiles of the longest reduction of one launch
         raise NotImplementedError
@@ -377,7 +367,7 @@ class WgmmaConvFwd(_SplitOutputGemm):
         # The operand gathers read the staged NHWC copies; the staging kernels take the block size.
         return {"NHWC": 1, "stage_threads": "wg::THREADS", "BK": BK, "ALIGN_SLACK": ALIGN_SLACK,
                 "SPLIT": split(problem), "STAGE_SPLIT": split(problem), "wgmma_namespace": NAMESPACE,
-                "A_REGS": config.get("A_REGS", 0), "STAGE_LAUNCHES": config.get("STAGE_LAUNCHES", 2),
+                "A_REGS": config.get("A_REGS", 0),
                 "stage_w_blocks": stage_w_blocks(problem, (128 * config["WGS"], 1, 1))}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
@@ -386,8 +376,8 @@ class WgmmaConvFwd(_SplitOutputGemm):
         grid = (cdiv(p.N * p.P * p.Q, 64 * c["WGS"]), cdiv(p.K, c["WBN"]), c["SPLITK"])
         main = Launch("conv_fwd", grid, threads,
                       smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p), c.get("A_REGS", 0)), self.ARGS)
-        one = c.get("STAGE_LAUNCHES", 2) == 1
-        return (*((fwd_stage_launch(p, threads),) if one else nhwc_stage_launches(p, threads)), main)
+        staging = (fwd_stage_launch(p, threads),) if c["STAGE_LAUNCHES"] == 1 else nhwc_stage_launches(p, threads)
+        return (*staging, main)
 
     def code_helpers(self) -> tuple:
         return (smem_bytes, split, nhwc_stage_launches, stage_w_blocks, fwd_stage_launch, nhwc_stage_workspaces, BK,
@@ -424,8 +414,7 @@ class WgmmaConvBwdData(_SplitOutputGemm):
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         return {"NHWC": 1, "BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem),
                 "wgmma_namespace": NAMESPACE, "A_REGS": config.get("A_REGS", 0),
-                "stage_w_blocks": stage_w_blocks(problem, (128 * config["WGS"], 1, 1)),
-                "STAGE_LAUNCHES": config.get("STAGE_LAUNCHES", 2)}
+                "stage_w_blocks": stage_w_blocks(problem, (128 * config["WGS"], 1, 1))}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
@@ -433,7 +422,7 @@ class WgmmaConvBwdData(_SplitOutputGemm):
         grid = (cdiv(self.gemm_rows(p), 64 * c["WGS"]), cdiv(p.C, c["WBN"]), len(stride_phases(p)) * c["SPLITK"])
         main = Launch("conv_bwd_data", grid, threads,
                       smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p), c.get("A_REGS", 0)), self.ARGS)
-        return (*bwd_data_stage_launches(p, threads, c.get("STAGE_LAUNCHES", 2)), main)
+        return (*bwd_data_stage_launches(p, threads, c["STAGE_LAUNCHES"]), main)
 
     def code_helpers(self) -> tuple:
         return (smem_bytes, split, bwd_data_stage_launches, stage_w_blocks, bwd_data_stage_workspaces, stride_phases,
@@ -575,7 +564,8 @@ class WgmmaConvWgrad(_WgmmaGemm):
     def vector_channels(self, problem: Any) -> tuple[int, str] | None:
         return None   # both operands are contiguous along the grid, whatever the channels
 
-    workspace_params = ("X_UNROLLED", "DY_IN_PLACE")
+    def workspace_params(self, problem: Any) -> tuple[str, ...]:
+        return "X_UNROLLED", "DY_IN_PLACE"
 
     def workspaces(self, problem: Any, x_unrolled: int = 0, dy_in_place: int = 0) -> tuple[tuple[str, int], ...]:
         return wgrad_stage_workspaces(problem, x_unrolled, dy_in_place)
