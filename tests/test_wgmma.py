@@ -95,7 +95,7 @@ ALL_WIDTHS = (64, 128, 256, 32, 16)
 
 
 def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0, image_tiles=(0, 1), x_unrolled=0,
-                  dy_in_place=0, stage_launches=2):
+                  dy_in_place=0, stage_launches=2, sk_blocks=0, stage_planes=0):
     """Every feasible config of the widths given (and of those SPLITK values, by default 1 for conv_fwd
     and conv_bwd_data; for wgrad with its IMAGE_TILES choices, X unrolled or not), with each tile's
     wgmmas waited for (inflight 0: stages 2-4) or one group in flight (1: stages 3, 4, 6)."""
@@ -109,6 +109,8 @@ def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=
                   "SPLITK": splitk}
         if not wgrad:
             config["STAGE_LAUNCHES"] = stage_launches
+            config["SK_BLOCKS"] = sk_blocks
+            config["STAGE_PLANES"] = stage_planes
             if problem.precision == "fp32":
                 config["A_REGS"] = 0   # A's small parts staged (A_REGS=1: _a_regs_configs)
         if wgrad:
@@ -192,7 +194,7 @@ def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
     scherer = _bwd_problems()[1][1]
     assert BWD.default_config(scherer, HOPPER, formulation=FORMULATION_WGMMA).as_dict()["WBN"] == 16
     config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 64, "WSTAGES": 3, "INFLIGHT": 0, "SPLITK": 1,
-              "STAGE_LAUNCHES": 2}
+              "STAGE_LAUNCHES": 2, "SK_BLOCKS": 0, "STAGE_PLANES": 0}
     with pytest.raises(InfeasibleConfigError, match="multiple of 4"):
         BWD.space(dataclasses.replace(problem, K=6), HOPPER).validate(config)
     fp32 = dataclasses.replace(problem, precision="fp32")
@@ -214,7 +216,8 @@ def _split_configs(problem, op):
 def test_a_split_reduction_adds_into_the_zeroed_output_of_layers_without_activation():
     from autocnn.kernels.conv_bwd_data import stride_phases
 
-    config = {"formulation": FORMULATION_WGMMA, "WGS": 2, "WBN": 128, "WSTAGES": 3, "INFLIGHT": 0, "STAGE_LAUNCHES": 2}
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 2, "WBN": 128, "WSTAGES": 3, "INFLIGHT": 0, "STAGE_LAUNCHES": 2,
+              "SK_BLOCKS": 0, "STAGE_PLANES": 0}
     narrow = {**config, "WGS": 1, "WBN": 16}   # 13 input channels
     for op, (name, problem), output, base in ((FWD, _problems()[0], "y", config), (BWD, ODD_BWD[0], "dx", narrow)):
         whole = op.plan(problem, op.space(problem, HOPPER).validate({**base, "SPLITK": 1}))
@@ -245,7 +248,8 @@ def _a_regs_configs(problem, op, widths=ALL_WIDTHS, splits=(1,)):
                                                     itertools.cycle((1, 2))):
         try:
             out.append(space.validate({"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages,
-                                       "INFLIGHT": 0, "SPLITK": splitk, "A_REGS": 1, "STAGE_LAUNCHES": launches}))
+                                       "INFLIGHT": 0, "SPLITK": splitk, "A_REGS": 1, "STAGE_LAUNCHES": launches,
+                                       "SK_BLOCKS": 0, "STAGE_PLANES": 0}))
         except InfeasibleConfigError:
             pass
     return out
@@ -253,7 +257,7 @@ def _a_regs_configs(problem, op, widths=ALL_WIDTHS, splits=(1,)):
 
 def test_a_regs_stages_operand_a_once_and_only_for_fp32():
     config = {"formulation": FORMULATION_WGMMA, "WGS": 2, "WBN": 64, "WSTAGES": 2, "INFLIGHT": 0, "SPLITK": 1,
-              "STAGE_LAUNCHES": 2}
+              "STAGE_LAUNCHES": 2, "SK_BLOCKS": 0, "STAGE_PLANES": 0}
     for op, (name, problem), (a_name, b_name) in ((FWD, _problems()[0], ("xt", "wt")), (BWD, _bwd_problems()[0],
                                                                                          ("dyt", "wt"))):
         fp32 = dataclasses.replace(problem, precision="fp32")
@@ -287,6 +291,7 @@ def test_one_launch_stages_both_operands_with_the_blocks_of_two():
             space = op.space(p, HOPPER)
             two = op.plan(p, space.complete({**config, "STAGE_LAUNCHES": 2}))
             one = op.plan(p, space.complete({**config, "STAGE_LAUNCHES": 1}))
+            assert two.config["STAGE_PLANES"] == one.config["STAGE_PLANES"] == 0
             assert [l.kernel for l in one.launches] == [kernel, op.name]
             assert len(two.launches) == 3 and kernel + "(" not in two.source
             # W's gather blocks first, then A's 32 x 32 tiles: as many blocks as the two launches had
@@ -294,6 +299,138 @@ def test_one_launch_stages_both_operands_with_the_blocks_of_two():
             assert f"W_BLOCKS = {two.launches[1].grid[0]}," in one.source
             assert one.workspaces == two.workspaces and one.launches[-1] == two.launches[-1]
     assert FWD.default_config(ODD[0][1], HOPPER, formulation=FORMULATION_WGMMA)["STAGE_LAUNCHES"] == 2
+
+
+# Stream-K needs at least as many (output tile, reduction tile) pairs as blocks: larger odd shapes, one
+# GEMM each (stride 1), asymmetric padding, 70 GEMM columns, a 180-term reduction (5.6 tiles), bias.
+ODD_SK = {FWD: ("odd_sk_fwd", ConvFwdProblem(N=7, C=20, H=23, W=19, K=70, R=3, S=3, padding=(1, 2, 0, 1), bias=True,
+                                             precision="tf32")),
+          BWD: ("odd_sk_bwd", ConvBwdDataProblem(N=7, C=70, H=23, W=19, K=20, R=3, S=3, padding=(1, 2, 0, 1),
+                                                 precision="tf32"))}
+
+
+def _stream_k_configs(problem, op, widths=(64, 16), blocks=(132, 264)):
+    """SK_BLOCKS (stream-K) configs: either loop, the widths given, 1-2 blocks an SM of a 132-SM GPU."""
+    return [c for sk in blocks for c in (_every_config(problem, op, widths, sk_blocks=sk) +
+                                         _every_config(problem, op, widths, inflight=1, sk_blocks=sk))]
+
+
+def test_stream_k_shares_every_tile_out_over_a_fixed_grid_into_the_zeroed_output():
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 2, "WBN": 128, "WSTAGES": 3, "INFLIGHT": 0, "SPLITK": 1,
+              "STAGE_LAUNCHES": 2, "STAGE_PLANES": 0}
+    for op, (name, problem), output in ((FWD, _problems()[0], "y"), (BWD, _bwd_problems()[0], "dx")):
+        space = op.space(problem, HOPPER)
+        whole = op.plan(problem, space.validate({**config, "SK_BLOCKS": 0}))
+        stream = op.plan(problem, space.validate({**config, "SK_BLOCKS": 264}))
+        assert output not in whole.zero_first and output in stream.zero_first
+        assert stream.launches[-1].grid == (264, 1, 1) and whole.launches[-1].grid[0] > 1
+        assert "gridDim.x" in stream.source and "StreamEp" not in whole.source and "WORK" not in whole.source
+        assert stream.launches[:-1] == whole.launches[:-1] and stream.workspaces == whole.workspaces
+        # 0 first: the code of configs written before the parameter, and the defaults'
+        assert space.complete(config)["SK_BLOCKS"] == 0
+        assert op.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA)["SK_BLOCKS"] == 0
+        # only this GPU's multiples of its SMs, up to 3 an SM
+        with pytest.raises(InfeasibleConfigError, match="132 SMs"):
+            space.validate({**config, "SK_BLOCKS": 114})
+        assert op.space(problem, dataclasses.replace(HOPPER, sm_count=114)).validate({**config, "SK_BLOCKS": 342})
+        with pytest.raises(InfeasibleConfigError, match="SPLITK=1"):
+            space.validate({**config, "SK_BLOCKS": 132, "SPLITK": 2})
+    relu = dataclasses.replace(_problems()[0][1], activation="relu")
+    with pytest.raises(InfeasibleConfigError, match="activation"):
+        FWD.space(relu, HOPPER).validate({**config, "SK_BLOCKS": 132})
+    # conv_bwd_data with a stride runs a GEMM a phase: stream-K schedules one
+    strided = ODD_BWD[0][1]
+    with pytest.raises(InfeasibleConfigError, match="stride phases"):
+        BWD.space(strided, HOPPER).validate({**config, "WGS": 1, "WBN": 16, "SK_BLOCKS": 132})
+    # no more blocks than (output tile, reduction tile) pairs: a 1x1 over 12 channels on 25 pixels has 1
+    tiny = ConvFwdProblem(N=1, C=12, H=5, W=5, K=8, R=1, S=1, precision="tf32")
+    with pytest.raises(InfeasibleConfigError, match="exceeds the 1"):
+        FWD.space(tiny, HOPPER).validate({**config, "WGS": 1, "WBN": 16, "SK_BLOCKS": 132})
+
+
+def test_the_stream_k_runs_cover_every_pair_once():
+    """The kernels' share-out (WORK * b / G up to WORK * (b + 1) / G, cut at tile ends), in Python: every
+    (tile, reduction tile) pair belongs to one run of one block, and each tile's first is in a run that
+    starts there (the one adding the bias)."""
+    for tiles_m, tiles_n, ktiles, blocks in ((98, 1, 72, 132), (7, 3, 5, 264), (1, 1, 1, 1), (13, 2, 18, 396)):
+        work = tiles_m * tiles_n * ktiles
+        seen = []
+        for b in range(blocks):
+            w, end = work * b // blocks, work * (b + 1) // blocks
+            while w < end:
+                tile, first = divmod(w, ktiles)
+                mine = min(ktiles - first, end - w)
+                seen += [(tile, first + i) for i in range(mine)]
+                w += mine
+        assert sorted(seen) == [(t, k) for t in range(tiles_m * tiles_n) for k in range(ktiles)]
+
+
+@needs_nvcc
+def test_every_stream_k_config_builds_for_sm90a_without_spills(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    problems = {op: (odd, *_fp32([odd]), (_problems() if op is FWD else _bwd_problems())[0])
+                for op, odd in ODD_SK.items()}
+    jobs = [(name, config, op.plan(problem, config)) for op, shapes in problems.items() for name, problem in shapes
+            for config in _stream_k_configs(problem, op, (64, 128), (132,))]
+    failures = target_build_failures(compiler, jobs)
+    assert len(jobs) > 60 and not failures, "\n".join(failures[:8])
+
+
+def _plane_configs(problem, op, widths=(64, 16)):
+    """STAGE_PLANES=1 (the staging in one launch, through shared memory by whole planes) with either
+    main loop, whole and split reductions, the widths given; in fp32 also with A_REGS (A staged
+    unsplit) where it applies."""
+    out = _every_config(problem, op, widths, (1, 2), stage_launches=1, stage_planes=1) + \
+        _every_config(problem, op, widths, (1,), inflight=1, stage_launches=1, stage_planes=1)
+    if problem.precision == "fp32":
+        space = _space(problem, op=op)
+        out += [space.validate({**c.as_dict(), "A_REGS": 1}) for c in out if c["INFLIGHT"] == 0 and c["WBN"] <= 64]
+    return out
+
+
+def test_the_staging_by_planes_moves_a_plane_or_a_weight_slice_a_block():
+    from autocnn.kernels.formulations.wgmma import PLANE_SMEM_LIMIT, plane_stage_smem
+
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 16, "WSTAGES": 3, "INFLIGHT": 0, "SPLITK": 1,
+              "SK_BLOCKS": 0, "STAGE_LAUNCHES": 1}
+    for op, (name, problem), kernel in ((FWD, ODD[0], "conv_fwd_stage"), (BWD, ODD_BWD[0], "conv_bwd_data_stage")):
+        for precision in ("tf32", "fp32"):
+            p = dataclasses.replace(problem, precision=precision)
+            space = op.space(p, HOPPER)
+            tiles = op.plan(p, space.complete({**config, "STAGE_PLANES": 0}))
+            planes = op.plan(p, space.complete({**config, "STAGE_PLANES": 1}))
+            stage = planes.launches[0]
+            assert [l.kernel for l in planes.launches] == [kernel, op.name] and "extern __shared__ float4 stage_smem4" in \
+                planes.source and "stage_smem4" not in tiles.source
+            # a block per filter (conv_fwd) or input channel (conv_bwd_data), then one per image and 32 channels
+            if op is FWD:
+                assert stage.grid == (p.K + p.N * -(-p.C // 32), 1, 1)
+                assert stage.shared_bytes == plane_stage_smem(p.H * p.W, p.C, p.R * p.S, "KRSC")
+            else:
+                assert stage.grid == (p.C + p.N * -(-p.K // 32), 1, 1)
+                assert stage.shared_bytes == plane_stage_smem(p.P * p.Q, p.K, p.R * p.S, "CRSK")
+            assert planes.workspaces == tiles.workspaces and planes.launches[-1] == tiles.launches[-1]
+            assert ("store_split4" in planes.source) == (precision == "fp32")
+            with pytest.raises(InfeasibleConfigError, match="STAGE_LAUNCHES=1"):
+                space.complete({**config, "STAGE_LAUNCHES": 2, "STAGE_PLANES": 1})
+    # rows padded to 1 mod 32 floats: 14 x 14 planes take 225 a row, 32 channels of them 28,800 bytes
+    assert plane_stage_smem(196, 256, 9, "KRSC") == 4 * 32 * 225
+    assert plane_stage_smem(4, 64, 121, "CRSK") == 4 * 121 * 65   # W's slice the larger: 121 taps x 65
+    # a 64 x 64 plane of 32 channels does not fit two blocks an SM
+    big = dataclasses.replace(_problems()[0][1], H=64, W=64)
+    assert plane_stage_smem(64 * 64, big.C, 9, "KRSC") > PLANE_SMEM_LIMIT
+    with pytest.raises(InfeasibleConfigError, match="STAGE_PLANES=1 needs"):
+        FWD.space(big, HOPPER).complete({**config, "WGS": 2, "WBN": 64, "STAGE_PLANES": 1})
+
+
+@needs_nvcc
+def test_every_plane_staging_config_builds_for_sm90a_without_spills(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    jobs = [(name, config, op.plan(problem, config))
+            for op, problems in ((FWD, (_problems()[0], *ODD)), (BWD, (_bwd_problems()[0], *ODD_BWD)))
+            for name, problem in (*problems, *_fp32(problems)) for config in _plane_configs(problem, op, (64,))]
+    failures = target_build_failures(compiler, jobs)
+    assert len(jobs) > 60 and not failures, "\n".join(failures[:8])
 
 
 @needs_nvcc
@@ -315,6 +452,28 @@ def test_wgmma_staging_in_one_launch_verifies_against_float64(op):
     both = _problems() if op is FWD else _bwd_problems()
     problems = [(n, p) for n, p in both if n.startswith("odd")] + _fp32(both)
     _verify_every_config(op, problems, lambda p: _every_config(p, op, (64, 16), (1, 2), stage_launches=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [FWD, BWD], ids=["conv_fwd", "conv_bwd_data"])
+def test_wgmma_stream_k_verifies_against_float64(op):
+    """SK_BLOCKS (stream-K: 132 or 264 blocks sharing every tile's reduction out, partial sums by
+    atomics) on modern_14 and an odd shape in tf32, and in fp32 at the FP32 bound; 64 and 16 columns,
+    either loop."""
+    problems = [(_problems() if op is FWD else _bwd_problems())[0], ODD_SK[op]]
+    _verify_every_config(op, problems + _fp32(problems), lambda p: _stream_k_configs(p, op))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [FWD, BWD], ids=["conv_fwd", "conv_bwd_data"])
+def test_wgmma_staging_by_planes_verifies_against_float64(op):
+    """STAGE_PLANES=1 (the staging through shared memory by whole planes and weight slices) on
+    modern_14 and every odd shape (planes whose size is not a multiple of 4, so 16-byte chunks span
+    two channels; 13 input channels; stride phases) in tf32 and in fp32 at the FP32 bound; 64 and 16
+    columns, either loop, whole and split reductions."""
+    both = _problems() if op is FWD else _bwd_problems()
+    problems = [(n, p) for n, p in both if n.startswith(("modern", "odd"))]
+    _verify_every_config(op, problems + _fp32(problems), lambda p: _plane_configs(p, op))
 
 
 @pytest.mark.gpu

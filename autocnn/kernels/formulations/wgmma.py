@@ -145,20 +145,47 @@ def stage_w_blocks(problem: Any, threads: tuple[int, int, int]) -> int:
     return min(1024, cdiv(p.K * p.C * p.R * p.S, threads[0]))
 
 
-def fwd_stage_launch(problem: Any, threads: tuple[int, int, int]) -> Launch:
+def fwd_stage_launch(problem: Any, threads: tuple[int, int, int], planes: int = 0) -> Launch:
     """conv_fwd's staging in one kernel (STAGE_LAUNCHES 1; nhwc_stage_conv_fwd.cuh.j2): W's gather in
-    the first blocks, then X's 32 x 32 tiles."""
+    the first blocks, then X's 32 x 32 tiles; or (STAGE_PLANES) a block per filter, then a block per
+    image and 32 channels, each through dynamic shared memory."""
     p = problem
+    if planes:
+        blocks = p.K + p.N * cdiv(p.C, PLANE_CHANNELS)
+        return Launch("conv_fwd_stage", (blocks, 1, 1), threads, plane_stage_smem(p.H * p.W, p.C, p.R * p.S, "KRSC"),
+                      ("x", "w", "xt", "wt"))
     tiles = cdiv(p.H * p.W, 32) * cdiv(p.C, 32) * p.N
     return Launch("conv_fwd_stage", (stage_w_blocks(p, threads) + tiles, 1, 1), threads, 0, ("x", "w", "xt", "wt"))
 
 
-def bwd_data_stage_launches(problem: Any, threads: tuple[int, int, int], launches: int = 2) -> tuple[Launch, ...]:
+# STAGE_PLANES: a block stages one image's plane of up to 32 channels; shared memory for it (and for
+# one filter's or one input channel's weights) at most this much, so that two blocks fit an SM.
+PLANE_CHANNELS = 32
+PLANE_SMEM_LIMIT = 112 * 1024
+
+
+def plane_stage_smem(plane: int, channels: int, taps: int, w_layout: str) -> int:
+    """Bytes of dynamic shared memory of the planes staging kernel: the larger of a plane of 32
+    channels (rows padded to 1 mod 32 floats) and W's slice (conv_fwd, KRSC: one filter's C x R*S,
+    rows of R*S padded to odd; conv_bwd_data, CRSK: one input channel's R*S x K, rows of K padded
+    to odd; ``channels`` is C or K accordingly)."""
+    row = plane + (33 - plane % 32) % 32
+    w_floats = channels * (taps | 1) if w_layout == "KRSC" else taps * (channels | 1)
+    return 4 * max(PLANE_CHANNELS * row, w_floats)
+
+
+def bwd_data_stage_launches(problem: Any, threads: tuple[int, int, int], launches: int = 2,
+                            planes: int = 0) -> tuple[Launch, ...]:
     """conv_bwd_data's staging kernels (wgmma_conv_bwd_data.cu.j2: dY to NHWC, W to CRSK), run before
     the GEMM with its block size; in 1 launch (STAGE_LAUNCHES) one kernel does both (W's blocks
     first, then dY's 32 x 32 tiles), so that W's small gather runs beside dY's transpose instead of
-    after it."""
+    after it; with STAGE_PLANES a block per input channel's weights, then a block per image and 32
+    of dY's channels, each through dynamic shared memory."""
     p = problem
+    if planes:
+        blocks = p.C + p.N * cdiv(p.K, PLANE_CHANNELS)
+        return (Launch("conv_bwd_data_stage", (blocks, 1, 1), threads,
+                       plane_stage_smem(p.P * p.Q, p.K, p.R * p.S, "CRSK"), ("dy", "w", "dyt", "wt")),)
     w_blocks = stage_w_blocks(p, threads)
     if launches == 1:
         tiles = cdiv(p.P * p.Q, 32) * cdiv(p.K, 32) * p.N
@@ -264,6 +291,11 @@ class _WgmmaGemm(OpFormulation):
 # the parameter.
 OUTPUT_SPLITS = (1, 2, 4)
 
+# The stream-K schedule's block counts (SK_BLOCKS): 1, 2 and 3 blocks an SM on GPUs of 132 SMs (H100
+# SXM, H200) and of 114 (H100 PCIe); the constraints keep the device's own multiples. 0 first: a
+# block per output tile (and SPLITK share), the code of configs written before the parameter.
+STREAM_K_BLOCKS = (0, 114, 132, 228, 264, 342, 396)
+
 
 class _SplitOutputGemm(_WgmmaGemm):
     """conv_fwd's and conv_bwd_data's GEMMs, whose reduction may be split over SPLITK blocks per output
@@ -276,7 +308,13 @@ class _SplitOutputGemm(_WgmmaGemm):
     forming the TF32 parts of its fragments' remainders in registers (wgmma with A from registers),
     so that A's small parts are neither written by the staging kernel nor copied into shared memory
     (for modern_56's backward-data: 51 of the staging's 154 MB, and half the main loop's A copies);
-    B stays split in global memory. The module's docstring has their figures."""
+    B stays split in global memory. The module's docstring has their figures.
+
+    SK_BLOCKS > 0 schedules the GEMM stream-K: that many blocks (a multiple of the GPU's SMs) each
+    take an equal, contiguous run of the (output tile, reduction tile) pairs, tile by tile, and add
+    every tile's partial sums into the zeroed output by atomics. A grid of one block per tile leaves
+    SMs idle in its last wave: modern_14's tf32 forward (128 x 256 tiles, one block an SM) has 98
+    tiles for 132 SMs."""
 
     output = ""   # the buffer the split blocks add into
 
@@ -297,7 +335,12 @@ class _SplitOutputGemm(_WgmmaGemm):
                 *a_regs,
                 # 2 first: the staging kernels of configs written before the parameter
                 Param("STAGE_LAUNCHES", (2, 1), "launches staging the operands: A's transpose then W's gather, or "
-                      "both in one kernel")]
+                      "both in one kernel"),
+                # 0 first: the staging kernels of configs written before the parameter
+                Param("STAGE_PLANES", (0, 1), "the staging in one launch moves whole planes of 32 channels and "
+                      "whole weight slices through shared memory, 16-byte loads and stores (0: 32 x 32 tiles)"),
+                Param("SK_BLOCKS", STREAM_K_BLOCKS, "blocks of a stream-K schedule sharing out every output tile's "
+                      "reduction tiles evenly (partial sums meet by atomics in the zeroed output; 0: a block a tile)")]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p, tiles = problem, self.reduction_tiles(problem)
@@ -324,16 +367,58 @@ class _SplitOutputGemm(_WgmmaGemm):
                 f"A_REGS=1 with WBN={wbn} holds {wbn + 16} totals, partial sums and A fragments a thread "
                 "(the kernel is held to 128 registers: at most 64 columns)")
 
+        def stream_k(blocks, splitk, wgs, wbn):
+            if not blocks:
+                return None
+            sms = limits.sm_count
+            if blocks % sms or blocks > 3 * sms:
+                return (f"SK_BLOCKS={blocks} is not 1, 2 or 3 blocks for each of this GPU's {sms} SMs "
+                        f"(allowed: 0, {sms}, {2 * sms}, {3 * sms})")
+            if splitk != 1:
+                return f"SK_BLOCKS={blocks} shares the reduction out itself: it needs SPLITK=1, not {splitk}"
+            if activation != "none":
+                return (f"SK_BLOCKS={blocks} adds partial sums into the output, so the fused activation "
+                        f"({activation}) cannot be applied: only layers without one")
+            if self.stride_phase_count(p) > 1:
+                return (f"SK_BLOCKS={blocks} schedules one GEMM: this layer has {self.stride_phase_count(p)} "
+                        "stride phases")
+            work = cdiv(self.gemm_rows(p), 64 * wgs) * cdiv(self.gemm_columns(p)[0], wbn) * tiles
+            return None if blocks <= work else (
+                f"SK_BLOCKS={blocks} exceeds the {work} (output tile, reduction tile) pairs to share out")
+
+        def planes(on, launches):
+            if not on:
+                return None
+            if launches != 1:
+                return f"STAGE_PLANES=1 is a way of the staging in one launch: it needs STAGE_LAUNCHES=1, not {launches}"
+            need = self.plane_stage_smem(p)
+            return None if need <= PLANE_SMEM_LIMIT else (
+                f"STAGE_PLANES=1 needs {need} bytes of shared memory a block for a plane of {PLANE_CHANNELS} "
+                f"channels or a slice of W (at most {PLANE_SMEM_LIMIT}: two blocks an SM)")
+
         return [*super().constraints(p, limits), Constraint(("SPLITK",), enough_tiles), Constraint(("SPLITK",), linear),
-                *([Constraint(("A_REGS", "INFLIGHT", "WBN"), registers_split)] if split(p) else [])]
+                *([Constraint(("A_REGS", "INFLIGHT", "WBN"), registers_split)] if split(p) else []),
+                Constraint(("SK_BLOCKS", "SPLITK", "WGS", "WBN"), stream_k),
+                Constraint(("STAGE_PLANES", "STAGE_LAUNCHES"), planes)]
+
+    def plane_stage_smem(self, problem: Any) -> int:   # STAGE_PLANES' shared memory a block
+        raise NotImplementedError
+
+    def stride_phase_count(self, problem: Any) -> int:   # GEMMs of one launch (conv_bwd_data: one a phase)
+        return 1
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         a_regs = {"A_REGS": 0} if split(problem) else {}
-        return [{**cand, "SPLITK": 1, **a_regs, "STAGE_LAUNCHES": 2} for cand in super().default_candidates(problem)]
+        return [{**cand, "SPLITK": 1, **a_regs, "STAGE_LAUNCHES": 2, "STAGE_PLANES": 0, "SK_BLOCKS": 0}
+                for cand in super().default_candidates(problem)]
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         zero, workspaces = super().buffers(problem, config)
-        return zero + ((self.output,) if config["SPLITK"] > 1 else ()), workspaces
+        return zero + ((self.output,) if config["SPLITK"] > 1 or config["SK_BLOCKS"] else ()), workspaces
+
+    def gemm_grid(self, problem: Any, config: Config, tiles: tuple[int, int, int]) -> tuple[int, int, int]:
+        """The GEMM's grid: a block per output tile and share (``tiles``), or SK_BLOCKS blocks."""
+        return (config["SK_BLOCKS"], 1, 1) if config["SK_BLOCKS"] else tiles
 
 
 class WgmmaConvFwd(_SplitOutputGemm):
@@ -348,6 +433,9 @@ class WgmmaConvFwd(_SplitOutputGemm):
 
     def reduction_tiles(self, problem: Any) -> int:
         return cdiv(problem.C * problem.R * problem.S, BK)
+
+    def plane_stage_smem(self, problem: Any) -> int:
+        return plane_stage_smem(problem.H * problem.W, problem.C, problem.R * problem.S, "KRSC")
 
     def gemm_rows(self, problem: Any) -> int:
         return problem.N * problem.P * problem.Q
@@ -373,15 +461,16 @@ class WgmmaConvFwd(_SplitOutputGemm):
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
         threads = (128 * c["WGS"], 1, 1)
-        grid = (cdiv(p.N * p.P * p.Q, 64 * c["WGS"]), cdiv(p.K, c["WBN"]), c["SPLITK"])
+        grid = self.gemm_grid(p, c, (cdiv(p.N * p.P * p.Q, 64 * c["WGS"]), cdiv(p.K, c["WBN"]), c["SPLITK"]))
         main = Launch("conv_fwd", grid, threads,
                       smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p), c.get("A_REGS", 0)), self.ARGS)
-        staging = (fwd_stage_launch(p, threads),) if c["STAGE_LAUNCHES"] == 1 else nhwc_stage_launches(p, threads)
+        staging = (fwd_stage_launch(p, threads, c["STAGE_PLANES"]),) if c["STAGE_LAUNCHES"] == 1 else \
+            nhwc_stage_launches(p, threads)
         return (*staging, main)
 
     def code_helpers(self) -> tuple:
         return (smem_bytes, split, nhwc_stage_launches, stage_w_blocks, fwd_stage_launch, nhwc_stage_workspaces, BK,
-                ALIGN_SLACK, ARCH, self.ARGS, OUTPUT_SPLITS)
+                ALIGN_SLACK, ARCH, self.ARGS, OUTPUT_SPLITS, STREAM_K_BLOCKS, plane_stage_smem, PLANE_CHANNELS)
 
 
 class WgmmaConvBwdData(_SplitOutputGemm):
@@ -405,6 +494,12 @@ class WgmmaConvBwdData(_SplitOutputGemm):
     def gemm_columns(self, problem: Any) -> tuple[int, str]:
         return problem.C, "input channels"
 
+    def stride_phase_count(self, problem: Any) -> int:
+        return len(stride_phases(problem))
+
+    def plane_stage_smem(self, problem: Any) -> int:
+        return plane_stage_smem(problem.P * problem.Q, problem.K, problem.R * problem.S, "CRSK")
+
     def vector_channels(self, problem: Any) -> tuple[int, str]:
         return problem.K, "K (dY's channels)"
 
@@ -419,14 +514,15 @@ class WgmmaConvBwdData(_SplitOutputGemm):
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
         threads = (128 * c["WGS"], 1, 1)
-        grid = (cdiv(self.gemm_rows(p), 64 * c["WGS"]), cdiv(p.C, c["WBN"]), len(stride_phases(p)) * c["SPLITK"])
+        grid = self.gemm_grid(p, c, (cdiv(self.gemm_rows(p), 64 * c["WGS"]), cdiv(p.C, c["WBN"]),
+                                     len(stride_phases(p)) * c["SPLITK"]))
         main = Launch("conv_bwd_data", grid, threads,
                       smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p), c.get("A_REGS", 0)), self.ARGS)
-        return (*bwd_data_stage_launches(p, threads, c["STAGE_LAUNCHES"]), main)
+        return (*bwd_data_stage_launches(p, threads, c["STAGE_LAUNCHES"], c["STAGE_PLANES"]), main)
 
     def code_helpers(self) -> tuple:
         return (smem_bytes, split, bwd_data_stage_launches, stage_w_blocks, bwd_data_stage_workspaces, stride_phases,
-                BK, ALIGN_SLACK, ARCH, self.ARGS, OUTPUT_SPLITS)
+                BK, ALIGN_SLACK, ARCH, self.ARGS, OUTPUT_SPLITS, STREAM_K_BLOCKS, plane_stage_smem, PLANE_CHANNELS)
 
 
 @dataclass(frozen=True)
