@@ -314,7 +314,13 @@ class _SplitOutputGemm(_WgmmaGemm):
     take an equal, contiguous run of the (output tile, reduction tile) pairs, tile by tile, and add
     every tile's partial sums into the zeroed output by atomics. A grid of one block per tile leaves
     SMs idle in its last wave: modern_14's tf32 forward (128 x 256 tiles, one block an SM) has 98
-    tiles for 132 SMs."""
+    tiles for 132 SMs.
+
+    STAGE_PLANES=1 (with STAGE_LAUNCHES=1) stages by whole planes: a block per image and 32 of the
+    input's channels, one contiguous run read in 16-byte chunks through shared memory and written a
+    pixel's channels together, and a block per slice of W. A small image's 32 x 32 tiles read rows
+    that start anywhere in a 128-byte line and last tiles mostly past the plane (modern_14's tf32
+    staging on an H200: 14.2 -> 11.5 us)."""
 
     output = ""   # the buffer the split blocks add into
 
