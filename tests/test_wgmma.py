@@ -405,20 +405,20 @@ def test_the_staging_by_planes_moves_a_plane_or_a_weight_slice_a_block():
             # a block per filter (conv_fwd) or input channel (conv_bwd_data), then one per image and 32 channels
             if op is FWD:
                 assert stage.grid == (p.K + p.N * -(-p.C // 32), 1, 1)
-                assert stage.shared_bytes == plane_stage_smem(p.H * p.W, p.C, p.R * p.S, "KRSC")
+                assert stage.shared_bytes == plane_stage_smem(p.H * p.W, p.C * (p.R * p.S | 1))
             else:
                 assert stage.grid == (p.C + p.N * -(-p.K // 32), 1, 1)
-                assert stage.shared_bytes == plane_stage_smem(p.P * p.Q, p.K, p.R * p.S, "CRSK")
+                assert stage.shared_bytes == plane_stage_smem(p.P * p.Q, p.R * p.S * (p.K | 1))
             assert planes.workspaces == tiles.workspaces and planes.launches[-1] == tiles.launches[-1]
             assert ("store_split4" in planes.source) == (precision == "fp32")
             with pytest.raises(InfeasibleConfigError, match="STAGE_LAUNCHES=1"):
                 space.complete({**config, "STAGE_LAUNCHES": 2, "STAGE_PLANES": 1})
     # rows padded to 1 mod 32 floats: 14 x 14 planes take 225 a row, 32 channels of them 28,800 bytes
-    assert plane_stage_smem(196, 256, 9, "KRSC") == 4 * 32 * 225
-    assert plane_stage_smem(4, 64, 121, "CRSK") == 4 * 121 * 65   # W's slice the larger: 121 taps x 65
+    assert plane_stage_smem(196, 256 * 9) == 4 * 32 * 225
+    assert plane_stage_smem(4, 121 * (64 | 1)) == 4 * 121 * 65   # W's slice the larger: 121 taps x 65
     # a 64 x 64 plane of 32 channels does not fit two blocks an SM
     big = dataclasses.replace(_problems()[0][1], H=64, W=64)
-    assert plane_stage_smem(64 * 64, big.C, 9, "KRSC") > PLANE_SMEM_LIMIT
+    assert plane_stage_smem(64 * 64, big.C * 9) > PLANE_SMEM_LIMIT
     with pytest.raises(InfeasibleConfigError, match="STAGE_PLANES=1 needs"):
         FWD.space(big, HOPPER).complete({**config, "WGS": 2, "WBN": 64, "STAGE_PLANES": 1})
 

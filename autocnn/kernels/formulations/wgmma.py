@@ -145,15 +145,14 @@ def stage_w_blocks(problem: Any, threads: tuple[int, int, int]) -> int:
     return min(1024, cdiv(p.K * p.C * p.R * p.S, threads[0]))
 
 
-def fwd_stage_launch(problem: Any, threads: tuple[int, int, int], planes: int = 0) -> Launch:
+def fwd_stage_launch(problem: Any, threads: tuple[int, int, int], planes_smem: int = 0) -> Launch:
     """conv_fwd's staging in one kernel (STAGE_LAUNCHES 1; nhwc_stage_conv_fwd.cuh.j2): W's gather in
-    the first blocks, then X's 32 x 32 tiles; or (STAGE_PLANES) a block per filter, then a block per
-    image and 32 channels, each through dynamic shared memory."""
+    the first blocks, then X's 32 x 32 tiles; or (STAGE_PLANES, planes_smem bytes of shared memory a
+    block) a block per filter, then a block per image and 32 channels."""
     p = problem
-    if planes:
+    if planes_smem:
         blocks = p.K + p.N * cdiv(p.C, PLANE_CHANNELS)
-        return Launch("conv_fwd_stage", (blocks, 1, 1), threads, plane_stage_smem(p.H * p.W, p.C, p.R * p.S, "KRSC"),
-                      ("x", "w", "xt", "wt"))
+        return Launch("conv_fwd_stage", (blocks, 1, 1), threads, planes_smem, ("x", "w", "xt", "wt"))
     tiles = cdiv(p.H * p.W, 32) * cdiv(p.C, 32) * p.N
     return Launch("conv_fwd_stage", (stage_w_blocks(p, threads) + tiles, 1, 1), threads, 0, ("x", "w", "xt", "wt"))
 
@@ -164,28 +163,24 @@ PLANE_CHANNELS = 32
 PLANE_SMEM_LIMIT = 112 * 1024
 
 
-def plane_stage_smem(plane: int, channels: int, taps: int, w_layout: str) -> int:
+def plane_stage_smem(plane: int, w_slice_floats: int) -> int:
     """Bytes of dynamic shared memory of the planes staging kernel: the larger of a plane of 32
-    channels (rows padded to 1 mod 32 floats) and W's slice (conv_fwd, KRSC: one filter's C x R*S,
-    rows of R*S padded to odd; conv_bwd_data, CRSK: one input channel's R*S x K, rows of K padded
-    to odd; ``channels`` is C or K accordingly)."""
+    channels (rows padded to 1 mod 32 floats) and a block's slice of W as the op lays it out."""
     row = plane + (33 - plane % 32) % 32
-    w_floats = channels * (taps | 1) if w_layout == "KRSC" else taps * (channels | 1)
-    return 4 * max(PLANE_CHANNELS * row, w_floats)
+    return 4 * max(PLANE_CHANNELS * row, w_slice_floats)
 
 
 def bwd_data_stage_launches(problem: Any, threads: tuple[int, int, int], launches: int = 2,
-                            planes: int = 0) -> tuple[Launch, ...]:
+                            planes_smem: int = 0) -> tuple[Launch, ...]:
     """conv_bwd_data's staging kernels (wgmma_conv_bwd_data.cu.j2: dY to NHWC, W to CRSK), run before
     the GEMM with its block size; in 1 launch (STAGE_LAUNCHES) one kernel does both (W's blocks
     first, then dY's 32 x 32 tiles), so that W's small gather runs beside dY's transpose instead of
-    after it; with STAGE_PLANES a block per input channel's weights, then a block per image and 32
-    of dY's channels, each through dynamic shared memory."""
+    after it; with STAGE_PLANES (planes_smem bytes of shared memory a block) a block per input
+    channel's weights, then a block per image and 32 of dY's channels."""
     p = problem
-    if planes:
+    if planes_smem:
         blocks = p.C + p.N * cdiv(p.K, PLANE_CHANNELS)
-        return (Launch("conv_bwd_data_stage", (blocks, 1, 1), threads,
-                       plane_stage_smem(p.P * p.Q, p.K, p.R * p.S, "CRSK"), ("dy", "w", "dyt", "wt")),)
+        return (Launch("conv_bwd_data_stage", (blocks, 1, 1), threads, planes_smem, ("dy", "w", "dyt", "wt")),)
     w_blocks = stage_w_blocks(p, threads)
     if launches == 1:
         tiles = cdiv(p.P * p.Q, 32) * cdiv(p.K, 32) * p.N
@@ -441,7 +436,9 @@ class WgmmaConvFwd(_SplitOutputGemm):
         return cdiv(problem.C * problem.R * problem.S, BK)
 
     def plane_stage_smem(self, problem: Any) -> int:
-        return plane_stage_smem(problem.H * problem.W, problem.C, problem.R * problem.S, "KRSC")
+        """W's slice a block: one filter's C x R*S, rows of R*S padded to odd."""
+        p = problem
+        return plane_stage_smem(p.H * p.W, p.C * (p.R * p.S | 1))
 
     def gemm_rows(self, problem: Any) -> int:
         return problem.N * problem.P * problem.Q
@@ -470,7 +467,8 @@ class WgmmaConvFwd(_SplitOutputGemm):
         grid = self.gemm_grid(p, c, (cdiv(p.N * p.P * p.Q, 64 * c["WGS"]), cdiv(p.K, c["WBN"]), c["SPLITK"]))
         main = Launch("conv_fwd", grid, threads,
                       smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p), c.get("A_REGS", 0)), self.ARGS)
-        staging = (fwd_stage_launch(p, threads, c["STAGE_PLANES"]),) if c["STAGE_LAUNCHES"] == 1 else \
+        planes_smem = self.plane_stage_smem(p) if c["STAGE_PLANES"] else 0
+        staging = (fwd_stage_launch(p, threads, planes_smem),) if c["STAGE_LAUNCHES"] == 1 else \
             nhwc_stage_launches(p, threads)
         return (*staging, main)
 
@@ -504,7 +502,9 @@ class WgmmaConvBwdData(_SplitOutputGemm):
         return len(stride_phases(problem))
 
     def plane_stage_smem(self, problem: Any) -> int:
-        return plane_stage_smem(problem.P * problem.Q, problem.K, problem.R * problem.S, "CRSK")
+        """W's slice a block: one input channel's R*S x K, rows of K padded to odd."""
+        p = problem
+        return plane_stage_smem(p.P * p.Q, p.R * p.S * (p.K | 1))
 
     def vector_channels(self, problem: Any) -> tuple[int, str]:
         return problem.K, "K (dY's channels)"
@@ -524,7 +524,8 @@ class WgmmaConvBwdData(_SplitOutputGemm):
                                      len(stride_phases(p)) * c["SPLITK"]))
         main = Launch("conv_bwd_data", grid, threads,
                       smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p), c.get("A_REGS", 0)), self.ARGS)
-        return (*bwd_data_stage_launches(p, threads, c["STAGE_LAUNCHES"], c["STAGE_PLANES"]), main)
+        planes_smem = self.plane_stage_smem(p) if c["STAGE_PLANES"] else 0
+        return (*bwd_data_stage_launches(p, threads, c["STAGE_LAUNCHES"], planes_smem), main)
 
     def code_helpers(self) -> tuple:
         return (smem_bytes, split, bwd_data_stage_launches, stage_w_blocks, bwd_data_stage_workspaces, stride_phases,
