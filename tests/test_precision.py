@@ -25,14 +25,28 @@ def split_tf32(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return big, small
 
 
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """cvt.rn.bf16.f32: round a float32 to 7 explicit mantissa bits, ties to even (kept as float32)."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return rounded.view(np.float32)
+
+
 def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
-def emulated_gemm(a: np.ndarray, b: np.ndarray, three: bool) -> np.ndarray:
+def emulated_gemm(a: np.ndarray, b: np.ndarray, three: bool, cross: bool = False) -> np.ndarray:
     """Products of TF32 operands are exact in float32 (11 x 11 mantissa bits), as in the tensor
-    cores; the sums here run in float32 with round-to-nearest, tile by tile of 8 terms."""
-    if three:
+    cores, and so are those of BF16 ones (8 x 8); the sums here run in float32 with
+    round-to-nearest, tile by tile of 8 terms. cross (wgmma's CROSS, with three): the two cross
+    products as BF16 values times BF16 remainders, x_a * rest_b + rest_a * x_b."""
+    if three and cross:
+        ab = to_tf32(a)
+        bb = to_tf32(b)
+        terms = [(to_bf16(a), to_bf16((b - bb).astype(np.float32))), (to_bf16((a - ab).astype(np.float32)), to_bf16(b)),
+                 (ab, bb)]
+    elif three:
         ab, as_ = split_tf32(a)
         bb, bs = split_tf32(b)
         terms = [(as_, bb), (ab, bs), (ab, bb)]
@@ -71,6 +85,26 @@ def test_three_tf32_meets_the_fp32_bound_and_one_tf32_only_its_own(k):
     assert one <= error_bound(k, "tf32")
     assert one > error_bound(k, "fp32")             # why tf32 needs a bound of its own
     assert one > 50 * three
+
+
+@pytest.mark.parametrize("k", [9, 576, 2304, 4608])
+def test_cross_products_in_bf16_meet_the_fp32_bound(k):
+    """wgmma's CROSS: big x big in TF32, the cross products as BF16 value x BF16 remainder. A
+    remainder is at most 2**-11 of its value and each BF16 rounding moves a factor by at most 2**-8,
+    so a product is within about 2**-17 of itself. On random data that is 2-7 times 3xTF32's error
+    (6-8e-7 here) and a tenth of the FP32 bound; where nothing cancels (every term positive) it stays
+    within the bound too."""
+    rng = np.random.default_rng(k)
+    a = rng.standard_normal((64, k)).astype(np.float32)
+    b = rng.standard_normal((k, 48)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    cross = rel_error(emulated_gemm(a, b, three=True, cross=True), ref)
+    three = rel_error(emulated_gemm(a, b, three=True), ref)
+    assert cross <= error_bound(k, "fp32") / 4
+    assert three < cross < 20 * three                # less exact than 3xTF32, far from TF32
+    pos_a, pos_b = np.abs(a), np.abs(b)              # no cancellation: errors add up
+    ref = pos_a.astype(np.float64) @ pos_b.astype(np.float64)
+    assert rel_error(emulated_gemm(pos_a, pos_b, three=True, cross=True), ref) <= error_bound(k, "fp32") / 2
 
 
 def test_bounds_grow_with_the_square_root_of_long_reductions():

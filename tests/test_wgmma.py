@@ -95,7 +95,7 @@ ALL_WIDTHS = (64, 128, 256, 32, 16)
 
 
 def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0, image_tiles=(0, 1), x_unrolled=0,
-                  dy_in_place=0, stage_launches=2, sk_blocks=0, stage_planes=0):
+                  dy_in_place=0, stage_launches=2, sk_blocks=0, stage_planes=0, cross=0):
     """Every feasible config of the widths given (and of those SPLITK values, by default 1 for conv_fwd
     and conv_bwd_data; for wgrad with its IMAGE_TILES choices, X unrolled or not), with each tile's
     wgmmas waited for (inflight 0: stages 2-4) or one group in flight (1: stages 3, 4, 6)."""
@@ -113,6 +113,7 @@ def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=
             config["STAGE_PLANES"] = stage_planes
             if problem.precision == "fp32":
                 config["A_REGS"] = 0   # A's small parts staged (A_REGS=1: _a_regs_configs)
+                config["CROSS"] = cross
         if wgrad:
             config["IMAGE_TILES"] = tiles
             config["X_UNROLLED"] = x_unrolled
@@ -249,7 +250,7 @@ def _a_regs_configs(problem, op, widths=ALL_WIDTHS, splits=(1,)):
         try:
             out.append(space.validate({"formulation": FORMULATION_WGMMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages,
                                        "INFLIGHT": 0, "SPLITK": splitk, "A_REGS": 1, "STAGE_LAUNCHES": launches,
-                                       "SK_BLOCKS": 0, "STAGE_PLANES": 0}))
+                                       "SK_BLOCKS": 0, "STAGE_PLANES": 0, "CROSS": 0}))
         except InfeasibleConfigError:
             pass
     return out
@@ -262,8 +263,8 @@ def test_a_regs_stages_operand_a_once_and_only_for_fp32():
                                                                                          ("dyt", "wt"))):
         fp32 = dataclasses.replace(problem, precision="fp32")
         space = op.space(fp32, HOPPER)
-        staged = op.plan(fp32, space.validate({**config, "A_REGS": 0}))
-        in_regs = op.plan(fp32, space.validate({**config, "A_REGS": 1}))
+        staged = op.plan(fp32, space.validate({**config, "A_REGS": 0, "CROSS": 0}))
+        in_regs = op.plan(fp32, space.validate({**config, "A_REGS": 1, "CROSS": 0}))
         # A's small parts are neither staged nor in shared memory; B's still are
         assert dict(in_regs.workspaces)[a_name] * 2 == dict(staged.workspaces)[a_name]
         assert dict(in_regs.workspaces)[b_name] == dict(staged.workspaces)[b_name]
@@ -277,9 +278,9 @@ def test_a_regs_stages_operand_a_once_and_only_for_fp32():
         with pytest.raises(InvalidConfigError, match="A_REGS"):
             op.space(problem, HOPPER).validate({**config, "A_REGS": 1})
         with pytest.raises(InfeasibleConfigError, match="INFLIGHT=0"):
-            space.validate({**config, "A_REGS": 1, "INFLIGHT": 1, "WSTAGES": 3})
+            space.validate({**config, "A_REGS": 1, "CROSS": 0, "INFLIGHT": 1, "WSTAGES": 3})
         with pytest.raises(InfeasibleConfigError, match="128 registers"):
-            space.validate({**config, "A_REGS": 1, "WBN": 128})
+            space.validate({**config, "A_REGS": 1, "CROSS": 0, "WBN": 128})
         assert len(_a_regs_configs(fp32, op)) >= 18   # 16 to 64 columns, 2-4 stages, 1-4 warpgroups
 
 
@@ -484,6 +485,88 @@ def test_wgmma_a_regs_meets_the_fp32_bound(op):
     width and depth, whole and split reductions."""
     problems = _fp32(_problems() if op is FWD else _bwd_problems())
     _verify_every_config(op, problems, lambda p: _a_regs_configs(p, op, splits=(1, 2)))
+
+
+# CROSS (fp32): the staged operands run in whole runs of 8 channels of one tap, so C (conv_fwd) or K
+# (conv_bwd_data) a multiple of 8 and nothing else even: odd batch, P, Q and GEMM columns, stride 2 by 1
+# with asymmetric padding (two stride phases of different sizes), bias and relu, 13 input channels,
+# a 1x1 layer of 70 input channels, and shapes with enough (tile, reduction tile) pairs for stream-K.
+ODD_CROSS = {FWD: (("odd_cross_fwd_a", ConvFwdProblem(N=3, C=24, H=13, W=11, K=19, R=3, S=5, stride=(2, 1),
+                                                      padding=(1, 2, 0, 1), bias=True, activation="relu")),
+                   ("odd_cross_fwd_sk", ConvFwdProblem(N=7, C=24, H=23, W=19, K=70, R=3, S=3, padding=(1, 2, 0, 1),
+                                                       bias=True))),
+                 BWD: (("odd_cross_bwd_a", ConvBwdDataProblem(N=3, C=13, H=13, W=11, K=24, R=3, S=5, stride=(2, 1),
+                                                              padding=(1, 2, 0, 1))),
+                       ("odd_cross_bwd_b", ConvBwdDataProblem(N=2, C=70, H=9, W=7, K=8, R=1, S=1)),
+                       ("odd_cross_bwd_sk", ConvBwdDataProblem(N=7, C=70, H=23, W=19, K=24, R=3, S=3,
+                                                               padding=(1, 2, 0, 1))))}
+
+
+def _cross_problems(op):
+    seed = dict(seed_problems(op.name))
+    return [("modern_56 fp32", dataclasses.replace(seed["modern_56"], N=4, precision="fp32")), *ODD_CROSS[op]]
+
+
+def _cross_configs(problem, op, widths=(64, 16)):
+    """CROSS=1: either loop, whole and split reductions, the staging in two launches and in one (by
+    tiles and by planes where a plane fits), stream-K on 132 blocks; the widths given."""
+    out = _every_config(problem, op, widths, (1, 2), cross=1) + _every_config(problem, op, widths, inflight=1, cross=1)
+    out += _every_config(problem, op, widths, (1,), stage_launches=1, stage_planes=1, cross=1)
+    out += _every_config(problem, op, widths, inflight=1, stage_launches=1, cross=1)
+    out += _every_config(problem, op, widths, sk_blocks=132, cross=1)
+    return out
+
+
+def test_cross_products_run_as_one_bf16_wgmma_over_runs_of_8():
+    config = {"formulation": FORMULATION_WGMMA, "WGS": 2, "WBN": 64, "WSTAGES": 3, "INFLIGHT": 1, "SPLITK": 1,
+              "STAGE_LAUNCHES": 1, "SK_BLOCKS": 0, "STAGE_PLANES": 0, "A_REGS": 0}
+    for op in (FWD, BWD):
+        name, problem = _cross_problems(op)[1]
+        space = op.space(problem, HOPPER)
+        three = op.plan(problem, space.validate({**config, "CROSS": 0}))
+        cross = op.plan(problem, space.validate({**config, "CROSS": 1}))
+        # the same workspaces and shared memory: the BF16 runs take the small parts' place
+        assert cross.workspaces == three.workspaces
+        assert [l.shared_bytes for l in cross.launches] == [l.shared_bytes for l in three.launches]
+        assert "k16.f32.bf16.bf16" in cross.source and "bf16" not in three.source
+        assert "cvt.rn.bf16.f32" in cross.source and cross.source.count(", false);") == 1   # W: remainders first
+        # three TF32 wgmmas a k-step before (small x big among them), one TF32 and one BF16 now
+        small_big = "descriptor(a + SMALL_SMEM + 32 * ks), descriptor(b + 32 * ks)"
+        assert small_big in three.source and small_big not in cross.source
+        assert "mma_cross(part0, descriptor(a + SMALL_SMEM + 32 * ks), descriptor(b + SMALL_SMEM + 32 * ks))" in \
+            cross.source and "mma_cross_fresh(part1" in cross.source
+        # the first choice is the code of configs written before the parameter; tf32 has no cross products
+        assert space.complete({k: v for k, v in config.items()})["CROSS"] == 0
+        assert op.default_config(problem, HOPPER, formulation=FORMULATION_WGMMA)["CROSS"] == 0
+        tf32 = dataclasses.replace(problem, precision="tf32")
+        tf32_config = {k: v for k, v in config.items() if k != "A_REGS"}
+        with pytest.raises(InvalidConfigError, match="CROSS"):
+            op.space(tf32, HOPPER).validate({**tf32_config, "CROSS": 1})
+        assert "CROSS" not in op.space(tf32, HOPPER).validate(tf32_config).as_dict()
+        with pytest.raises(InfeasibleConfigError, match="A_REGS=0"):
+            space.validate({**config, "CROSS": 1, "A_REGS": 1, "INFLIGHT": 0})
+        channels = "C" if op is FWD else "K"
+        with pytest.raises(InfeasibleConfigError, match=f"{channels}.* must be a multiple of 8, not 12"):
+            op.space(dataclasses.replace(problem, **{channels: 12}), HOPPER).validate({**config, "CROSS": 1})
+        assert len(_cross_configs(problem, op)) >= 20
+
+
+@needs_nvcc
+def test_every_cross_config_builds_for_sm90a_without_spills(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    jobs = [(name, config, op.plan(problem, config)) for op in (FWD, BWD) for name, problem in _cross_problems(op)
+            for config in _cross_configs(problem, op, (64, 128))]
+    failures = target_build_failures(compiler, jobs)
+    assert len(jobs) > 100 and not failures, "\n".join(failures[:8])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [FWD, BWD], ids=["conv_fwd", "conv_bwd_data"])
+def test_wgmma_cross_products_meet_the_fp32_bound(op):
+    """CROSS=1 (3xTF32's cross products as one BF16 wgmma) against float64 under the FP32 bound:
+    modern_56's layer on 4 images and the odd shapes, 16 and 64 columns, either loop, whole and split
+    reductions, the staging in one launch or two, by planes, stream-K."""
+    _verify_every_config(op, _cross_problems(op), lambda p: _cross_configs(p, op))
 
 
 def _padded_default(problem):

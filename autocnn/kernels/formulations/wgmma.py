@@ -341,7 +341,10 @@ class _SplitOutputGemm(_WgmmaGemm):
                 Param("STAGE_PLANES", (0, 1), "the staging in one launch moves whole planes of 32 channels and "
                       "whole weight slices through shared memory, 16-byte loads and stores (0: 32 x 32 tiles)"),
                 Param("SK_BLOCKS", STREAM_K_BLOCKS, "blocks of a stream-K schedule sharing out every output tile's "
-                      "reduction tiles evenly (partial sums meet by atomics in the zeroed output; 0: a block a tile)")]
+                      "reduction tiles evenly (partial sums meet by atomics in the zeroed output; 0: a block a tile)"),
+                # 0 first: the two TF32 cross products, the code of configs written before the parameter
+                *([Param("CROSS", (0, 1), "3xTF32's cross products big x small + small x big as one BF16 wgmma of "
+                         "depth 16 a k-step (0: two TF32 wgmmas)")] if split(problem) else [])]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p, tiles = problem, self.reduction_tiles(problem)
@@ -397,8 +400,19 @@ class _SplitOutputGemm(_WgmmaGemm):
                 f"STAGE_PLANES=1 needs {need} bytes of shared memory a block for a plane of {PLANE_CHANNELS} "
                 f"channels or a slice of W (at most {PLANE_SMEM_LIMIT}: two blocks an SM)")
 
+        def cross(on, a_regs):
+            if not on:
+                return None
+            if a_regs:
+                return "CROSS=1 stages A's BF16 runs beside its TF32 parts: it needs A_REGS=0"
+            channels, name = self.vector_channels(p)
+            # a k-step's run of 8 values must be 8 channels of one tap in both staged operands
+            return None if channels % 8 == 0 else (
+                f"CROSS=1 stages runs of 8 channels of one tap: {name} must be a multiple of 8, not {channels}")
+
         return [*super().constraints(p, limits), Constraint(("SPLITK",), enough_tiles), Constraint(("SPLITK",), linear),
-                *([Constraint(("A_REGS", "INFLIGHT", "WBN"), registers_split)] if split(p) else []),
+                *([Constraint(("A_REGS", "INFLIGHT", "WBN"), registers_split),
+                   Constraint(("CROSS", "A_REGS"), cross)] if split(p) else []),
                 Constraint(("SK_BLOCKS", "SPLITK", "WGS", "WBN"), stream_k),
                 Constraint(("STAGE_PLANES", "STAGE_LAUNCHES"), planes)]
 
@@ -409,8 +423,8 @@ class _SplitOutputGemm(_WgmmaGemm):
         return 1
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
-        a_regs = {"A_REGS": 0} if split(problem) else {}
-        return [{**cand, "SPLITK": 1, **a_regs, "STAGE_LAUNCHES": 2, "STAGE_PLANES": 0, "SK_BLOCKS": 0}
+        fp32 = {"A_REGS": 0, "CROSS": 0} if split(problem) else {}
+        return [{**cand, "SPLITK": 1, **fp32, "STAGE_LAUNCHES": 2, "STAGE_PLANES": 0, "SK_BLOCKS": 0}
                 for cand in super().default_candidates(problem)]
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
@@ -458,7 +472,7 @@ class WgmmaConvFwd(_SplitOutputGemm):
         # The operand gathers read the staged NHWC copies; the staging kernels take the block size.
         return {"NHWC": 1, "stage_threads": "wg::THREADS", "BK": BK, "ALIGN_SLACK": ALIGN_SLACK,
                 "SPLIT": split(problem), "STAGE_SPLIT": split(problem), "wgmma_namespace": NAMESPACE,
-                "A_REGS": config.get("A_REGS", 0),
+                "A_REGS": config.get("A_REGS", 0), "CROSS": config.get("CROSS", 0),
                 "stage_w_blocks": stage_w_blocks(problem, (128 * config["WGS"], 1, 1))}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
@@ -514,7 +528,7 @@ class WgmmaConvBwdData(_SplitOutputGemm):
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         return {"NHWC": 1, "BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem),
-                "wgmma_namespace": NAMESPACE, "A_REGS": config.get("A_REGS", 0),
+                "wgmma_namespace": NAMESPACE, "A_REGS": config.get("A_REGS", 0), "CROSS": config.get("CROSS", 0),
                 "stage_w_blocks": stage_w_blocks(problem, (128 * config["WGS"], 1, 1))}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
