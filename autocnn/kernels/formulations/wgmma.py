@@ -48,6 +48,18 @@ copied into shared memory (modern_56's staging 46.6 -> 34.0 us on an H200), but 
 pays for the fragment reads and conversions on its path from barrier to wgmma (178.6 -> 190.9 us),
 and on the H200 no row tuned took it. It waits for each tile's wgmmas (INFLIGHT 0: a group in
 flight would hold a second tile's fragments) and holds at most 64 columns (128 registers a thread).
+
+CROSS (fp32, conv_fwd and conv_bwd_data): 1 runs 3xTF32's two cross products big x small + small x
+big as one BF16 wgmma of depth 16 (m64nNk16, the same FP32 partial sums) instead of two TF32 wgmmas,
+so a k-step takes two tensor-core steps instead of three. The staging writes, in the small parts'
+place and with the same bytes, runs of 8 BF16 values followed by their 8 BF16 remainders
+x - tf32(x) (B: remainders first), so that the wgmma's 16 terms pair x_a with rest_b and rest_a
+with x_b. A 32-byte run must be 8 channels of one tap in both operands: C (conv_fwd) or K
+(conv_bwd_data) a multiple of 8. Each product is within about 2**-17 of itself (the BF16 roundings
+of a factor, 2**-8, of a term of at most 2**-11): 6.9e-7 relative error on the seed layers against
+2.6e-7 for 3xTF32 (H200), inside the FP32 bound with a factor of 14 to spare. modern_56's
+backward-data main loop went from 176.8 to 166.0 us on an H200; not more, because the loop is not
+bound by the tensor cores (54% busy before) but by its copies and waits.
 """
 from __future__ import annotations
 
@@ -315,7 +327,11 @@ class _SplitOutputGemm(_WgmmaGemm):
     input's channels, one contiguous run read in 16-byte chunks through shared memory and written a
     pixel's channels together, and a block per slice of W. A small image's 32 x 32 tiles read rows
     that start anywhere in a 128-byte line and last tiles mostly past the plane (modern_14's tf32
-    staging on an H200: 14.2 -> 11.5 us)."""
+    staging on an H200: 14.2 -> 11.5 us).
+
+    CROSS=1 (fp32) takes the two cross products of 3xTF32 as one BF16 wgmma over runs of BF16 values
+    and remainders staged in the small parts' place (the module's docstring says how and what it
+    costs in accuracy)."""
 
     output = ""   # the buffer the split blocks add into
 
