@@ -11,7 +11,8 @@ GPU's rounding or resource limits, or of real concurrency (the GPU tests' part).
 
 The inline PTX of the mma.sync formulations runs too (translate_ptx): the warp-collective
 ``mma.sync.m16n8k8`` on TF32 operands (each lane's fragments gathered through the warp's barrier,
-the operands cut to their top 19 bits as the tensor cores read them), ``cvt.rna.tf32.f32``,
+the operands cut to their top 19 bits as the tensor cores read them) and ``m16n8k16`` on BF16 ones,
+``cvt.rna.tf32.f32`` and ``cvt.rn.bf16x2.f32``,
 ``cp.async`` (a copy done at once, zero-filled past its source size; commit and wait do nothing)
 and the vector shared-memory loads and stores, with shared addresses as 32-bit offsets the way the
 kernels compute them. The Hopper statements (wgmma, TMA, the async proxy's fences) do not: a
@@ -186,6 +187,42 @@ inline void emu_mma_m16n8k8_tf32(float& d0, float& d1, float& d2, float& d3, uns
     warp.arrive_and_wait();
     d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
 }
+// cvt.rn.bf16x2.f32 d, a, b: a to BF16 in the high half, b in the low, each rounded to nearest even
+// (a NaN becomes the canonical BF16 NaN, as the instruction gives it).
+inline unsigned emu_bf16_rn(float x) {
+    const unsigned u = __float_as_uint(x);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return 0x7fffu;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+inline unsigned emu_cvt_rn_bf16x2(float hi, float lo) { return emu_bf16_rn(hi) << 16 | emu_bf16_rn(lo); }
+inline float emu_bf16_value(unsigned h) { return __uint_as_float((h & 0xffffu) << 16); }
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: as the TF32 one, with two BF16 values a
+// register (the lower k in the low half). A's registers a0..a3 hold (g, 2q..2q+1), (g + 8, 2q..),
+// (g, 2q + 8..), (g + 8, 2q + 8..); B's b0, b1 hold (k = 2q..2q+1, n = g), (2q + 8.., g). The products of
+// BF16 values are exact in double; the sum is rounded once to FP32.
+inline void emu_mma_m16n8k16_bf16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
+                                  unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3) {
+    auto& warp = *emu_warp_barriers[threadIdx.x / 32];
+    const unsigned t = threadIdx.x, base = t / 32 * 32, g = t % 32 / 4, q = t % 4;
+    emu_mma_a[t][0] = a0, emu_mma_a[t][1] = a1, emu_mma_a[t][2] = a2, emu_mma_a[t][3] = a3;
+    emu_mma_b[t][0] = b0, emu_mma_b[t][1] = b1;
+    warp.arrive_and_wait();
+    const float c[4] = {c0, c1, c2, c3};
+    float d[4];
+    for (int i = 0; i < 4; ++i) {
+        const unsigned r = g + 8 * (i >> 1), n = 2 * q + (i & 1);
+        double sum = c[i];
+        for (unsigned k = 0; k < 16; ++k) {
+            const unsigned lane = k % 8 / 2, half = 16 * (k & 1);
+            const unsigned a = emu_mma_a[base + r % 8 * 4 + lane][(r >= 8) + 2 * (k >= 8)] >> half;
+            const unsigned b = emu_mma_b[base + n * 4 + lane][k >= 8] >> half;
+            sum += (double)emu_bf16_value(a) * (double)emu_bf16_value(b);
+        }
+        d[i] = (float)sum;
+    }
+    warp.arrive_and_wait();
+    d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+}
 static void emu_run(unsigned grid, unsigned block, const std::function<void()>& kernel) {
     blockDim.x = block;   // gridDim: the launch's trampoline sets it (a 3D grid walks as grid = x*y*z blocks)
     EmuBarrier bar(block);
@@ -271,6 +308,11 @@ def _ptx_call(text: str, operands: list[str]) -> str:
         return "(void)0"       # asm volatile("" ::: "memory"): a compiler barrier, no instruction
     if opcode == "cvt.rna.tf32.f32":
         return f"({value(args[0])} = emu_cvt_rna_tf32({value(args[1])}))"
+    if opcode == "cvt.rn.bf16x2.f32":
+        return f"({value(args[0])} = emu_cvt_rn_bf16x2({value(args[1])}, {value(args[2])}))"
+    if opcode == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
+        d, a, b, c = (group(x) for x in args)
+        return f"emu_mma_m16n8k16_bf16({', '.join(d + a + b + c)})"
     if opcode == "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32":
         d, a, b, c = (group(x) for x in args)
         # C is read into the call's parameters before D is written, as mma reads before it writes.

@@ -26,7 +26,7 @@ from autocnn.kernels.suite import odd_problems
 from autocnn.tuning.measure import verify_outputs
 from tests.cuda_emulator import PRELUDE, compile_library, emulated_failure, run_emulated, translate_ptx
 from tests.test_fft import small_problems as fft_problems
-from tests.test_precision import to_tf32
+from tests.test_precision import to_bf16, to_tf32
 from tests.test_winograd import wgmma_problems as winograd_problems
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
@@ -93,6 +93,47 @@ extern "C" void one_tile(const float* a, const float* b, const float* c, float* 
     assert np.allclose(d, expected, rtol=1e-6, atol=1e-6)
     full = a.astype(np.float64) @ b.astype(np.float64) + c
     assert np.abs(d - full).max() > 1e-5        # the low 13 bits of each operand were dropped
+
+
+def test_the_cross_mma_sums_both_cross_products_in_bf16(tmp_path):
+    """One warp runs _mma_sync.cuh.j2's mma_cross (CROSS: one m16n8k16 BF16 mma) on the fp32
+    fragments of a 16 x 8 A and an 8 x 8 B: D = C + bf16(x_a) bf16(rest_b) + bf16(rest_a) bf16(x_b)
+    summed over the 8 terms, rest = x - tf32(x) rounded to nearest, each register formed from the
+    lane's own m16n8k8 fragments; with the TF32 big x big mma it is the product within about 2**-17."""
+    mma = environment().from_string('{% from "_mma_sync.cuh.j2" import mma_m16n8k8, mma_cross_m16n8k16 %}'
+                                    '{{ mma_m16n8k8() }}{{ mma_cross_m16n8k16() }}').render()
+    lib = _library(tmp_path, mma + """
+extern "C" void one_tile(const float* a, const float* b, const float* c, float* d, float* full) {
+    emu_run(1u, 32u, [&] {
+        const unsigned lane = threadIdx.x, g = lane / 4, q = lane % 4;
+        float x[4] = {a[g * 8 + q], a[(g + 8) * 8 + q], a[g * 8 + q + 4], a[(g + 8) * 8 + q + 4]};
+        float y[2] = {b[q * 8 + g], b[(q + 4) * 8 + g]};
+        unsigned xb[4], yb[2];
+        float xr[4], yr[2];
+        for (int i = 0; i < 4; ++i) split_cross(x[i], xb[i], xr[i]);
+        for (int i = 0; i < 2; ++i) split_cross(y[i], yb[i], yr[i]);
+        float acc[4] = {c[g * 8 + 2 * q], c[g * 8 + 2 * q + 1], c[(g + 8) * 8 + 2 * q], c[(g + 8) * 8 + 2 * q + 1]};
+        mma_cross(acc, x, xr, y, yr);
+        d[g * 8 + 2 * q] = acc[0], d[g * 8 + 2 * q + 1] = acc[1];
+        d[(g + 8) * 8 + 2 * q] = acc[2], d[(g + 8) * 8 + 2 * q + 1] = acc[3];
+        mma(acc, xb, yb);
+        full[g * 8 + 2 * q] = acc[0], full[g * 8 + 2 * q + 1] = acc[1];
+        full[(g + 8) * 8 + 2 * q] = acc[2], full[(g + 8) * 8 + 2 * q + 1] = acc[3];
+    });
+}
+""")
+    gen = np.random.default_rng()
+    a, b = (gen.standard_normal(shape).astype(np.float32) for shape in ((16, 8), (8, 8)))
+    c = np.zeros((16, 8), dtype=np.float32)
+    d, full = (np.full((16, 8), np.nan, dtype=np.float32) for _ in range(2))
+    lib.one_tile(*(m.ctypes.data_as(ctypes.c_void_p) for m in (a, b, c, d, full)))
+    ra, rb = (m - to_tf32(m) for m in (a, b))
+    f64 = lambda m: to_bf16(m).astype(np.float64)   # noqa: E731
+    cross = f64(a) @ f64(rb) + f64(ra) @ f64(b)
+    assert np.allclose(d, cross, rtol=1e-6, atol=1e-9)
+    assert np.abs(cross).max() > 1e-4               # the cross products are there, not zero
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.abs(full - exact).max() <= 2.0**-16 * (np.abs(a).astype(np.float64) @ np.abs(b)).max()
 
 
 def test_a_launch_whose_threads_miss_a_barrier_ends_and_says_so(tmp_path):
@@ -178,6 +219,29 @@ def test_winograd_mma_products_verify_under_emulation(op, precision, tmp_path):
         problem = dataclasses.replace(problem, precision=precision)
         space = OPERATIONS[op].space(problem, LIMITS).restrict(fixed)
         cases += [(name, problem, c) for c in space.sample(rng, 1)]
+    _verify_all(cases, tmp_path)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_cross_products_verify_under_emulation(op, tmp_path):
+    """CROSS=1 (fp32: 3xTF32's cross products as one BF16 mma) in the tc formulation, the first
+    default with paired fragment reads on every odd shape; winograd's MMA_CROSS=1, a sampled config
+    on each shape its products take; fft's MAC_CROSS=1 (MAC "mma"), a sampled config on a 7x5
+    filter with asymmetric padding. Every element at the FP32 bound."""
+    rng = random.Random()
+    cases = []
+    for name, problem in odd_problems(op):
+        space = OPERATIONS[op].space(problem, LIMITS)
+        default = OPERATIONS[op].default_config(problem, LIMITS, formulation="tc")
+        cases.append((name, problem, space.validate({**default.as_dict(), "FRAG": "pair", "CROSS": 1})))
+    fixed = {"formulation": "winograd", "PRODUCTS": "mma", "MMA_CROSS": 1}
+    for name, problem in winograd_problems(op):
+        problem = dataclasses.replace(problem, precision="fp32")
+        cases += [(name, problem, c) for c in OPERATIONS[op].space(problem, LIMITS).restrict(fixed).sample(rng, 1)]
+    name, problem = next((n, p) for n, p in fft_problems(op) if n == "f_7x5")
+    problem = dataclasses.replace(problem, precision="fp32")
+    fixed = {"formulation": "fft", "MAC": "mma", "MAC_CROSS": 1}
+    cases += [(name, problem, c) for c in OPERATIONS[op].space(problem, LIMITS).restrict(fixed).sample(rng, 1)]
     _verify_all(cases, tmp_path)
 
 

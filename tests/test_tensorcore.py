@@ -56,11 +56,11 @@ def test_the_space_needs_tensor_cores_and_caps_fp32_warp_tiles():
                 "FRAG": "scalar"}
     big = dataclasses.replace(problem, N=64, H=64, W=64, C=64, K=128)
     with pytest.raises(InfeasibleConfigError, match="mma tiles per warp exceed 16"):
-        kernels.space(big, limits).validate(big_warp)
+        kernels.space(big, limits).validate({**big_warp, "CROSS": 0})
     # tf32 keeps no second fragment per tile, so the same warp tile fits.
     kernels.space(dataclasses.replace(big, precision="tf32"), limits).validate({**big_warp, "TF32_ROUND": "nearest"})
     with pytest.raises(InfeasibleConfigError, match="register-staged pipeline has 2 stages"):
-        kernels.space(big, limits).validate({**big_warp, "BN": 64, "STAGES": 3})
+        kernels.space(big, limits).validate({**big_warp, "CROSS": 0, "BN": 64, "STAGES": 3})
 
 
 def test_precision_decides_the_kernel_and_the_fingerprint_is_its_own():

@@ -337,6 +337,7 @@ def mma_config(op, problem, m=2, imgs=2, **mma):
     values = {"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 64, flag: 0, "PRODUCTS": "mma",
               "MMA_BM": 32, "MMA_BN": 32, "MMA_BK": 16, "MMA_WM": 2, "MMA_WN": 2, "MMA_STAGES": 2, "MMA_FRAG": "pair",
               **({"MMA_SPLITK": 1} if op == "conv_wgrad" else {}),
+              **({"MMA_CROSS": 0} if problem.precision == "fp32" else {}),   # CROSS: tests/test_cross_products.py
               **unfused(op, problem), **mma}
     return space(op, problem).validate(values)
 

@@ -472,7 +472,10 @@ class _Fft(OpFormulation):
                       "(whole, or each size split in two factors)"),
                 Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly "
                       "(whole, or each size split in two factors)"),
-                *phases, *inverse, *vec]
+                *phases, *inverse, *vec,
+                # 0 first: the three TF32 mmas a real product, the code of configs written before the parameter
+                *([Param("MAC_CROSS", (0, 1), "MAC mma: 3xTF32's cross products as one BF16 mma a real product "
+                         "(0: two TF32 mmas)", (("MAC", ("mma",)),))] if problem.precision == "fp32" else [])]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
@@ -592,6 +595,7 @@ class _Fft(OpFormulation):
                 "fft_fdft_a": config["XFORM_A"] == "fdft", "fft_fdft_b": config["XFORM_B"] == "fdft",
                 "fft_h1": split_factor(fh), "fft_w1": split_factor(fw),
                 "fft_split3": problem.precision == "fp32", "fft_phased": is_phased(config),
+                "fft_cross": config.get("MAC_CROSS", 0),
                 "fft_fdft_o": inverse_of(config) == "fdft", "fft_vec": config["FFT_VEC"],
                 **self._tables(problem, config, fh, fw)}
 

@@ -116,6 +116,10 @@ def params(gemm: TcGemm) -> list[Param]:
     if not gemm.split3:
         # "nearest" first: the rounding every tf32 config had before the parameter.
         out.append(Param("TF32_ROUND", TF32_ROUNDS, "tf32 operands rounded to nearest (cvt) or truncated by the tensor cores"))
+    else:
+        # 0 first: the three TF32 mmas, the code of configs written before the parameter
+        out.append(Param("CROSS", (0, 1), "3xTF32's cross products big x small + small x big as one BF16 mma "
+                         "(m16n8k16) per k-step (0: two TF32 mmas)"))
     if gemm.op == "conv_wgrad":
         out.append(Param("SPLITK", SPLITS, "blocks sharing one output tile's reduction"))
         out.append(Param("TWO_PASS", (0, 1), "splits combined by a second pass over a workspace (else atomics)"))
@@ -170,6 +174,10 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
     def quad_steps(frag, bk):
         return None if frag != "quad" or bk % 16 == 0 else f"quad fragment reads need BK % 16 == 0, not BK={bk}"
 
+    def cross_fragments(cross, frag):
+        # the scalar reads keep the code written before FRAG (records' digests hold it to that text)
+        return None if not cross or frag != "scalar" else "CROSS=1 takes paired or quad fragment reads, not FRAG=scalar"
+
     def pipeline(stages, cp_async):
         return None if cp_async or stages == 2 else "a register-staged pipeline has 2 stages"
 
@@ -180,6 +188,7 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
         Constraint(("BM", "BN", "BK", "WM", "WN"), even_loads),
         Constraint(("STAGES", "CP_ASYNC"), pipeline),
         Constraint(("FRAG", "BK"), quad_steps),
+        *([Constraint(("CROSS", "FRAG"), cross_fragments)] if gemm.split3 else []),
         threads_rule(limits, ("WM", "WN"), lambda wm, wn: 32 * wm * wn),
         at_most("BM", max(32, next_pow2(gemm.GM)), f"only {gemm.GM} GEMM rows"),
         at_most("BN", max(32, next_pow2(gemm.GN)), f"only {gemm.GN} GEMM columns"),
@@ -231,6 +240,8 @@ def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
         extra.update({"VEC": 1, "NHWC": 0})
     if not gemm.split3:
         extra["TF32_ROUND"] = "nearest"
+    else:
+        extra["CROSS"] = 0
     out = []
     for bm, bn, bk, wm, wn in ((128, 64, 16, 2, 2), (64, 64, 16, 2, 2), (64, 32, 16, 2, 2), (32, 32, 8, 2, 2)):
         cand = {**base, **pads, **extra, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn}
@@ -301,6 +312,7 @@ class TcConv(OpFormulation):
                 "TABLE_A": config["TABLE_A"] if "TABLE_A" in config else 0,
                 "NHWC": nhwc, "VEC_A": vec_a, "VEC_B": vec_b,
                 "TF32_ROUND": config["TF32_ROUND"] if "TF32_ROUND" in config else "nearest",
+                "cross": config["CROSS"] if "CROSS" in config else 0,
                 "stage_threads": "tc::THREADS", "STAGE_SPLIT": 0, "ROW_VECTORS": 0}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:

@@ -368,6 +368,7 @@ def products_context(problem: Any, config: Config) -> dict[str, Any] | None:
             "STAGES": c["MMA_STAGES"], "CP_ASYNC": 1, "split3": g.split3, "PAD_A": MMA_PAD_KMAJOR,
             "PAD_B": MMA_PAD_KMAJOR if g.b_kmajor else MMA_PAD_ROWMAJOR, "TABLE_A": 0, "VEC_A": g.vec_a,
             "VEC_B": g.vec_b, "FRAG": c["MMA_FRAG"], "TF32_ROUND": "nearest", "UNROLL_K": "",
+            "cross": c.get("MMA_CROSS", 0),
             "ROW_VECTORS": int(not g.b_kmajor and g.vec_b > 1), "gemm": g, "points": (c["TILE"] + 2) ** 2,
             "splitk": c.get("MMA_SPLITK", 1), "threads": 32 * c["MMA_WM"] * c["MMA_WN"],
             "smem": products_smem_bytes(g, c["MMA_BM"], c["MMA_BN"], c["MMA_BK"], c["MMA_STAGES"])}
@@ -519,6 +520,10 @@ class _Winograd(OpFormulation):
                 Param("MMA_WN", MMA_WARPS, "mma products: warps along the block's columns", mma),
                 Param("MMA_STAGES", MMA_STAGES, "mma products: cp.async pipeline stages", mma),
                 Param("MMA_FRAG", MMA_FRAGS, "mma products: fragment reads of one or two mma k-steps", mma)]
+        if problem.precision == "fp32":
+            # 0 first: the three TF32 mmas, the code of configs written before the parameter
+            out.append(Param("MMA_CROSS", (0, 1), "mma products: 3xTF32's cross products as one BF16 mma per k-step "
+                             "(0: two TF32 mmas)", mma))
         wgmma = (("PRODUCTS", ("wgmma",)),)
         out += [Param("WGMMA_WGS", WGMMA_WGS, "wgmma products: warpgroups along the rows (64 rows each)", wgmma),
                 Param("WGMMA_BN", WGMMA_BNS, "wgmma products: columns per block (the wgmma's N)", wgmma),
@@ -589,7 +594,7 @@ class _Winograd(OpFormulation):
             bm, bn = (min(64, max(32, next_pow2(n))) for n in (gemm.GM, gemm.GN))
             cand = {"formulation": NAME, "TILE": m, "IMGS": imgs, "WG_THREADS": 128, **extra, "PRODUCTS": "mma",
                     "MMA_BM": bm, "MMA_BN": bn, "MMA_BK": 32, "MMA_WM": 2, "MMA_WN": 2, "MMA_STAGES": 3,
-                    "MMA_FRAG": "pair"}
+                    "MMA_FRAG": "pair", **({} if tf32 else {"MMA_CROSS": 0})}
             if problem.op == "conv_wgrad":
                 cand["MMA_SPLITK"] = default_split(m, gemm, bm, bn, MMA_SPLITS)
             out.append(cand)
