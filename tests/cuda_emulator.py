@@ -166,9 +166,12 @@ template <class T> inline T __shfl_sync(unsigned, T v, int src) {   // lane src'
 // (g + 8, 2q), (g + 8, 2q + 1). The products of TF32 values are exact in double; the sum is rounded
 // once to FP32 (the tensor cores' own rounding of the sum differs in its last bits).
 static unsigned emu_mma_a[1024][4], emu_mma_b[1024][2];
-inline float emu_tf32_operand(unsigned r) { return __uint_as_float(r & 0xffffe000u); }
-inline void emu_mma_m16n8k8_tf32(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
-                                 unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3) {
+// What both mmas share: each lane posts its registers, then computes its D elements c0..c3 (rows
+// g, g, g + 8, g + 8; columns 2q, 2q + 1) as sum(base, r, n, c) over the warp's posted registers
+// (base: the warp's first thread), then waits again.
+template <class Sum>
+inline void emu_mma_warp(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
+                         unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3, Sum sum) {
     auto& warp = *emu_warp_barriers[threadIdx.x / 32];
     const unsigned t = threadIdx.x, base = t / 32 * 32, g = t % 32 / 4, q = t % 4;
     emu_mma_a[t][0] = a0, emu_mma_a[t][1] = a1, emu_mma_a[t][2] = a2, emu_mma_a[t][3] = a3;
@@ -176,16 +179,20 @@ inline void emu_mma_m16n8k8_tf32(float& d0, float& d1, float& d2, float& d3, uns
     warp.arrive_and_wait();
     const float c[4] = {c0, c1, c2, c3};
     float d[4];
-    for (int i = 0; i < 4; ++i) {
-        const unsigned r = g + 8 * (i >> 1), n = 2 * q + (i & 1);
-        double sum = c[i];
-        for (unsigned k = 0; k < 8; ++k)
-            sum += (double)emu_tf32_operand(emu_mma_a[base + r % 8 * 4 + k % 4][(r >= 8) + 2 * (k >= 4)])
-                 * (double)emu_tf32_operand(emu_mma_b[base + n * 4 + k % 4][k >= 4]);
-        d[i] = (float)sum;
-    }
+    for (int i = 0; i < 4; ++i) d[i] = (float)sum(base, g + 8 * (i >> 1), 2 * q + (i & 1), (double)c[i]);
     warp.arrive_and_wait();
     d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+}
+inline float emu_tf32_operand(unsigned r) { return __uint_as_float(r & 0xffffe000u); }
+inline void emu_mma_m16n8k8_tf32(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
+                                 unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3) {
+    emu_mma_warp(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3,
+                 [](unsigned base, unsigned r, unsigned n, double sum) {
+                     for (unsigned k = 0; k < 8; ++k)
+                         sum += (double)emu_tf32_operand(emu_mma_a[base + r % 8 * 4 + k % 4][(r >= 8) + 2 * (k >= 4)])
+                              * (double)emu_tf32_operand(emu_mma_b[base + n * 4 + k % 4][k >= 4]);
+                     return sum;
+                 });
 }
 // cvt.rn.bf16x2.f32 d, a, b: a to BF16 in the high half, b in the low, each rounded to nearest even
 // (a NaN becomes the canonical BF16 NaN, as the instruction gives it).
@@ -202,26 +209,16 @@ inline float emu_bf16_value(unsigned h) { return __uint_as_float((h & 0xffffu) <
 // BF16 values are exact in double; the sum is rounded once to FP32.
 inline void emu_mma_m16n8k16_bf16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
                                   unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3) {
-    auto& warp = *emu_warp_barriers[threadIdx.x / 32];
-    const unsigned t = threadIdx.x, base = t / 32 * 32, g = t % 32 / 4, q = t % 4;
-    emu_mma_a[t][0] = a0, emu_mma_a[t][1] = a1, emu_mma_a[t][2] = a2, emu_mma_a[t][3] = a3;
-    emu_mma_b[t][0] = b0, emu_mma_b[t][1] = b1;
-    warp.arrive_and_wait();
-    const float c[4] = {c0, c1, c2, c3};
-    float d[4];
-    for (int i = 0; i < 4; ++i) {
-        const unsigned r = g + 8 * (i >> 1), n = 2 * q + (i & 1);
-        double sum = c[i];
-        for (unsigned k = 0; k < 16; ++k) {
-            const unsigned lane = k % 8 / 2, half = 16 * (k & 1);
-            const unsigned a = emu_mma_a[base + r % 8 * 4 + lane][(r >= 8) + 2 * (k >= 8)] >> half;
-            const unsigned b = emu_mma_b[base + n * 4 + lane][k >= 8] >> half;
-            sum += (double)emu_bf16_value(a) * (double)emu_bf16_value(b);
-        }
-        d[i] = (float)sum;
-    }
-    warp.arrive_and_wait();
-    d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+    emu_mma_warp(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3,
+                 [](unsigned base, unsigned r, unsigned n, double sum) {
+                     for (unsigned k = 0; k < 16; ++k) {
+                         const unsigned lane = k % 8 / 2, half = 16 * (k & 1);
+                         const unsigned a = emu_mma_a[base + r % 8 * 4 + lane][(r >= 8) + 2 * (k >= 8)] >> half;
+                         const unsigned b = emu_mma_b[base + n * 4 + lane][k >= 8] >> half;
+                         sum += (double)emu_bf16_value(a) * (double)emu_bf16_value(b);
+                     }
+                     return sum;
+                 });
 }
 static void emu_run(unsigned grid, unsigned block, const std::function<void()>& kernel) {
     blockDim.x = block;   // gridDim: the launch's trampoline sets it (a 3D grid walks as grid = x*y*z blocks)

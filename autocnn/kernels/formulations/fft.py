@@ -26,7 +26,8 @@ value loaded, and every block of outputs reads the operands again, so L2 traffic
 memory with cp.async (two stages) for a block of BI x BJ outputs at FB frequencies: each value
 loaded from L2 serves BI or BJ outputs instead of IT or JT. MAC "mma" stages the same runs and forms
 each frequency's products on the tensor cores (mma.sync.m16n8k8 on TF32 operands; a warp takes one
-frequency and 16*IT x 8*JT outputs): 3xTF32 for fp32 problems, which keeps the FP32 bound, and one
+frequency and 16*IT x 8*JT outputs): 3xTF32 for fp32 problems, which keeps the FP32 bound (with
+MAC_CROSS=1 the two cross products of each real product as one BF16 mma, tc's CROSS), and one
 TF32 mma a product for tf32 ones (mma_block, mma_smem_bytes). Both tiled ones stage with one address
 a thread a stage, each copy an immediate offset from it (stage_runs), and MAC_ORDER chooses which
 blocks run together: each tile of O across the frequency groups, or the tiles of one group side by

@@ -8,6 +8,9 @@ the operand gathers gemm_operands_<op>.cuh.j2 and the kernels tc_<op>.cu.j2.
 Precision comes from the problem: fp32 renders 3xTF32 (FP32-accurate; each tile's products are
 summed into the total in FP32, because the tensor cores' own accumulation does not round to
 nearest), tf32 one product per term, its operands rounded to nearest or truncated (TF32_ROUND).
+In fp32, CROSS=1 (with paired or quad fragment reads) runs 3xTF32's two cross products as one
+m16n8k16 BF16 mma per k-step instead of two TF32 ones, each lane forming the BF16 registers from its
+own fragments (_mma_sync.cuh.j2's mma_cross): each product stays within about 2**-17 of itself.
 
 Parameters: block tile BM x BN x BK, warps WM x WN (the warp tile is BM/WM x BN/WN), FRAG (how
 fragments are read from shared memory and rounded to TF32: see tcgemm.cuh.j2), pipeline

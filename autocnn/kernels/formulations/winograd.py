@@ -44,8 +44,8 @@ registers (fp32: 3xTF32 with each tile's products summed in FP32; tf32: one TF32
 cannot take that split, so its 3xTF32 reads and the transforms write every operand two or three
 times: on an H100 the modern_14 weight gradient's transforms took 37 + 39 us with parts against
 22 + 22 without, and its three TF32 GEMMs 153 us. Its tile (MMA_BM x MMA_BN x MMA_BK over
-MMA_WM x MMA_WN warps), pipeline (MMA_STAGES, cp.async) and fragment reads (MMA_FRAG) are
-parameters; conv_wgrad, whose products are few and long (K x C, the reduction over the images'
+MMA_WM x MMA_WN warps), pipeline (MMA_STAGES, cp.async), fragment reads (MMA_FRAG) and, in fp32,
+MMA_CROSS (3xTF32's two cross products as one BF16 mma, tc's CROSS) are parameters; conv_wgrad, whose products are few and long (K x C, the reduction over the images'
 tiles), also splits the reduction over MMA_SPLITK blocks that add into M with atomics (M cleared
 first by winograd_clear).
 
