@@ -375,12 +375,14 @@ def test_an_fp32_record_serves_a_tf32_request_as_a_slightly_farther_shape(db):
     wider = dataclasses.replace(tf32, C=2 * tf32.C)
     assert shape_distance(tf32, wider) == pytest.approx(PRECISION_DISTANCE)
     tc = {"formulation": "tc", "BM": 32, "BN": 32, "BK": 8, "WM": 2, "WN": 2, "STAGES": 2, "CP_ASYNC": 0,
-          "PAD_A": 8, "PAD_B": 4, "UNROLL_K": 0, "TABLE_A": 1, "VEC": 1, "NHWC": 0, "FRAG": "scalar"}
-    # A tensor-core fp32 config lacks the tf32-only rounding parameter: it is borrowed with its first choice.
+          "PAD_A": 8, "PAD_B": 4, "UNROLL_K": 0, "TABLE_A": 1, "VEC": 1, "NHWC": 0, "FRAG": "pair", "CROSS": 1}
+    # A tensor-core fp32 config lacks the tf32-only rounding parameter: it is borrowed with its first
+    # choice; the fp32-only way of splitting (CROSS) has no meaning in tf32 and is dropped.
     db.put(make_record(H200, dataclasses.replace(KRIZ, N=KRIZ.N // 2), config=tc, time_us=1.0))
     half = dataclasses.replace(tf32, N=KRIZ.N // 2)
     got = db.lookup(H200, half)
-    assert got.source == "nearest_shape" and got.config["TF32_ROUND"] == "nearest" and got.config["FRAG"] == "scalar"
+    assert got.source == "nearest_shape" and got.config["TF32_ROUND"] == "nearest" and got.config["FRAG"] == "pair"
+    assert "CROSS" not in got.config.as_dict()
 
 
 def test_far_shapes_are_not_borrowed(db):

@@ -228,8 +228,10 @@ class RecordLookup:
             try:
                 if getattr(e.valid.problem, "precision", "fp32") != precision:
                     # An fp32 config for a tf32 problem: parameters only tf32 has (TF32_ROUND) at
-                    # their first choice, the conservative one.
-                    config = space.complete(e.record.config)
+                    # their first choice, the conservative one; those only fp32 has (how the 3xTF32
+                    # split is made: A_REGS, CROSS, MMA_CROSS, MAC_CROSS) dropped, as tf32 has no split.
+                    known = {p.name for p in space.params}
+                    config = space.complete({k: v for k, v in e.record.config.items() if k in known})
                 else:
                     config = space.validate(e.record.config)
             except (InvalidConfigError, InfeasibleConfigError):
