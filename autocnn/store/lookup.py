@@ -224,13 +224,13 @@ class RecordLookup:
                 ranked.append((d, e.record.time_us, e.record.key.identity(), e))
         ranked.sort(key=lambda t: t[:3])
         precision = getattr(problem, "precision", "fp32")
+        known = {p.name for p in space.params}   # the parameters a borrowed config may keep
         for d, _, _, e in ranked:
             try:
                 if getattr(e.valid.problem, "precision", "fp32") != precision:
                     # An fp32 config for a tf32 problem: parameters only tf32 has (TF32_ROUND) at
                     # their first choice, the conservative one; those only fp32 has (how the 3xTF32
                     # split is made: A_REGS, CROSS, MMA_CROSS, MAC_CROSS) dropped, as tf32 has no split.
-                    known = {p.name for p in space.params}
                     config = space.complete({k: v for k, v in e.record.config.items() if k in known})
                 else:
                     config = space.validate(e.record.config)

@@ -435,6 +435,15 @@ class _SplitOutputGemm(_WgmmaGemm):
     def plane_stage_smem(self, problem: Any) -> int:   # STAGE_PLANES' shared memory a block
         raise NotImplementedError
 
+    def planes_smem(self, problem: Any, config: Config) -> int:
+        """The staging's dynamic shared memory a block: STAGE_PLANES' need, or 0 (tiles)."""
+        return self.plane_stage_smem(problem) if config["STAGE_PLANES"] else 0
+
+    @staticmethod
+    def split_context(config: Config) -> dict[str, Any]:
+        """How the templates make fp32's 3xTF32 split (A_REGS, CROSS; 0 where the problem has none)."""
+        return {"A_REGS": config.get("A_REGS", 0), "CROSS": config.get("CROSS", 0)}
+
     def stride_phase_count(self, problem: Any) -> int:   # GEMMs of one launch (conv_bwd_data: one a phase)
         return 1
 
@@ -488,7 +497,7 @@ class WgmmaConvFwd(_SplitOutputGemm):
         # The operand gathers read the staged NHWC copies; the staging kernels take the block size.
         return {"NHWC": 1, "stage_threads": "wg::THREADS", "BK": BK, "ALIGN_SLACK": ALIGN_SLACK,
                 "SPLIT": split(problem), "STAGE_SPLIT": split(problem), "wgmma_namespace": NAMESPACE,
-                "A_REGS": config.get("A_REGS", 0), "CROSS": config.get("CROSS", 0),
+                **self.split_context(config),
                 "stage_w_blocks": stage_w_blocks(problem, (128 * config["WGS"], 1, 1))}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
@@ -497,8 +506,7 @@ class WgmmaConvFwd(_SplitOutputGemm):
         grid = self.gemm_grid(p, c, (cdiv(p.N * p.P * p.Q, 64 * c["WGS"]), cdiv(p.K, c["WBN"]), c["SPLITK"]))
         main = Launch("conv_fwd", grid, threads,
                       smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p), c.get("A_REGS", 0)), self.ARGS)
-        planes_smem = self.plane_stage_smem(p) if c["STAGE_PLANES"] else 0
-        staging = (fwd_stage_launch(p, threads, planes_smem),) if c["STAGE_LAUNCHES"] == 1 else \
+        staging = (fwd_stage_launch(p, threads, self.planes_smem(p, c)),) if c["STAGE_LAUNCHES"] == 1 else \
             nhwc_stage_launches(p, threads)
         return (*staging, main)
 
@@ -544,7 +552,7 @@ class WgmmaConvBwdData(_SplitOutputGemm):
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         return {"NHWC": 1, "BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem),
-                "wgmma_namespace": NAMESPACE, "A_REGS": config.get("A_REGS", 0), "CROSS": config.get("CROSS", 0),
+                "wgmma_namespace": NAMESPACE, **self.split_context(config),
                 "stage_w_blocks": stage_w_blocks(problem, (128 * config["WGS"], 1, 1))}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
@@ -554,8 +562,7 @@ class WgmmaConvBwdData(_SplitOutputGemm):
                                      len(stride_phases(p)) * c["SPLITK"]))
         main = Launch("conv_bwd_data", grid, threads,
                       smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p), c.get("A_REGS", 0)), self.ARGS)
-        planes_smem = self.plane_stage_smem(p) if c["STAGE_PLANES"] else 0
-        return (*bwd_data_stage_launches(p, threads, c["STAGE_LAUNCHES"], planes_smem), main)
+        return (*bwd_data_stage_launches(p, threads, c["STAGE_LAUNCHES"], self.planes_smem(p, c)), main)
 
     def code_helpers(self) -> tuple:
         return (smem_bytes, split, bwd_data_stage_launches, stage_w_blocks, bwd_data_stage_workspaces, stride_phases,
