@@ -36,8 +36,16 @@ F(4x4,3x3) (36 points) was served until the input stage was double-buffered: on 
 its TF32 rounding failed the tf32 bound (0.00317 against 0.00195), and with two input stages no fp32
 config fits in shared memory. The helpers keep m as an argument; the formulation serves m = 2.
 
+WF_CROSS=1 (fp32) runs each k-step's two cross products, hi.lo + lo.hi, as one m16n8k16 BF16 mma
+(as tc's CROSS): a k-step costs two tensor-core steps instead of three. The operands are packed where
+they are made, not in the products' loop: the filters' kernel writes each lane's four BF16 A
+registers (values and remainders, pairs exchanged by shuffles) in place of its TF32 remainders, and
+the input transform writes each element's BF16 value and remainder as the halves of the words that
+a lane reads as its two B registers (channels c and c + 4 of one word), again in the remainders'
+place: the same bytes, the same reads.
+
 Parameters: TB (output tiles a block), MT (16-row mma tiles of output channels a warp: KB = 16 MT a
-block), WARPS (the points shared among them).
+block), WARPS (the points shared among them), CROSS (fp32's cross products as one BF16 mma).
 """
 from __future__ import annotations
 
@@ -137,7 +145,10 @@ class _WinogradFused(OpFormulation):
                 Param("WF_MT", choices_upto((1, 2, 4), max(1, next_pow2(cdiv(v.COUT, 16)))),
                       "16-row mma tiles of output channels a warp (KB = 16 MT a block)"),
                 # At most 16 warps: F(2x2)'s 16 points, one or more a warp.
-                Param("WF_WARPS", (4, 8, 16), "warps a block, the transform's points shared among them")]
+                Param("WF_WARPS", (4, 8, 16), "warps a block, the transform's points shared among them"),
+                # 0 first: the three TF32 mmas, the code of configs written before the parameter.
+                *([Param("WF_CROSS", (0, 1), "3xTF32's cross products as one BF16 mma (m16n8k16) per k-step, "
+                         "operands packed by the transforms (0: two TF32 mmas)")] if parts(problem) == 2 else [])]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
@@ -178,7 +189,8 @@ class _WinogradFused(OpFormulation):
         # F(2x2), 32 tiles, 8 warps of two points each, and as many output channels a block as the
         # layer has up to 64: each input tile is transformed once a block, and the fewer blocks of
         # output channels, the fewer times over (MT 4: 128 accumulators a thread).
-        return [{"formulation": NAME, "WF_TB": 32, "WF_MT": mt, "WF_WARPS": 8} for mt in (4, 2, 1)]
+        cross = {"WF_CROSS": 0} if parts(problem) == 2 else {}
+        return [{"formulation": NAME, "WF_TB": 32, "WF_MT": mt, "WF_WARPS": 8, **cross} for mt in (4, 2, 1)]
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         m, tb, mt = M, config["WF_TB"], config["WF_MT"]
@@ -189,7 +201,7 @@ class _WinogradFused(OpFormulation):
         return {"wf_m": m, "wf_alpha": m + 2, "wf_pad_t": v.PAD_T, "wf_pad_l": v.PAD_L, "wf_coutp": coutp,
                 "wf_cinp": cinp, "wf_split3": problem.precision == "fp32", "wf_ppt": patches_per_thread(tb, config["WF_WARPS"]),
                 "wf_u_floats": u, "wf_v_floats": vs, "wf_raw_floats": raw, "wf_pads": (PAD_B, PAD_M), "wf_chunk": CHUNK,
-                "wf_filter_threads": FILTER_THREADS,
+                "wf_filter_threads": FILTER_THREADS, "wf_cross": bool(config.get("WF_CROSS", 0)),
                 "wf_filter": sandwich("x", g, "g", 3, "part"), "wf_input": sandwich("x", bt, "dv", m + 2, "part"),
                 "wf_output": sandwich("y", at, "mm", m + 2, "part")}
 
