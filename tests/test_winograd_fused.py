@@ -57,7 +57,7 @@ def test_the_space_serves_3x3_stride_1_on_tensor_cores_within_registers_and_shar
         operation.default_config(modern, DeviceLimits("sm_75"), formulation=NAME)
     with pytest.raises(InfeasibleConfigError, match="3x3 stride-1"):
         operation.default_config(dict(seed_problems(op))["sweep_7x7"], LIMITS, formulation=NAME)
-    big = {"formulation": NAME, "WF_TB": 64, "WF_MT": 1, "WF_WARPS": 4, "WF_CROSS": 0}
+    big = {"formulation": NAME, "WF_TB": 64, "WF_MT": 1, "WF_WARPS": 4, "WF_CROSS": 0, "WF_ACCUM": "fresh"}
     with pytest.raises(InfeasibleConfigError, match="registers a thread"):
         space(op, modern).validate(big)
     assert registers_needed(modern, 2, 64, 1, 4) > 255
@@ -157,7 +157,7 @@ def test_blocks_of_output_channels_verify_in_fp32_under_emulation(tmp_path):
         name, problem = small_problems(op)[2]
         for mt in (1, max(space(op, problem).param("WF_MT").choices)):
             config = space(op, problem).validate({"formulation": NAME, "WF_TB": 32, "WF_MT": mt, "WF_WARPS": 8,
-                                                  "WF_CROSS": 0})
+                                                  "WF_CROSS": 0, "WF_ACCUM": "fresh"})
             why = emulated_failure(OPERATIONS[op], problem, config, tmp_path, 17 + mt)
             if why:
                 failures.append(f"{op} {name} MT {mt}: {why}")
@@ -165,8 +165,9 @@ def test_blocks_of_output_channels_verify_in_fp32_under_emulation(tmp_path):
 
 
 def test_cross_products_are_an_fp32_choice_whose_first_value_is_the_three_mmas():
-    """WF_CROSS (3xTF32's cross products as one BF16 mma) exists in fp32 only, 0 first (the code of
-    the records tuned before it), and the defaults keep 0."""
+    """WF_CROSS (3xTF32's cross products as one BF16 mma) and WF_ACCUM (where a k-step's products
+    are summed) exist in fp32 only, their first values the code of the records tuned before them, and
+    the defaults keep those."""
     for op in OPS:
         modern = dict(seed_problems(op))["modern_56"]
         assert space(op, modern).param("WF_CROSS").choices == (0, 1)
@@ -175,22 +176,26 @@ def test_cross_products_are_an_fp32_choice_whose_first_value_is_the_three_mmas()
         assert "WF_CROSS" not in {p.name for p in space(op, tf32).params}
         with pytest.raises(InvalidConfigError, match="WF_CROSS"):
             space(op, tf32).validate({"formulation": NAME, "WF_TB": 32, "WF_MT": 4, "WF_WARPS": 8, "WF_CROSS": 1})
+        assert space(op, modern).param("WF_ACCUM").choices[0] == "fresh"
+        assert OPERATIONS[op].default_config(modern, LIMITS, formulation=NAME)["WF_ACCUM"] == "fresh"
+        assert "WF_ACCUM" not in {p.name for p in space(op, tf32).params}
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 def test_cross_products_verify_in_fp32_under_emulation(tmp_path):
     """WF_CROSS=1 run by the CPU emulator (the BF16 registers packed by both transforms, shuffles in
     the filters' kernel, 16-bit stores in the input's, the m16n8k16 BF16 mma) on every small shape
-    of both ops, one and several blocks of output channels: every element within the FP32 bound
-    (a register packed in the wrong half or slot misses it by 60 times)."""
+    of both ops, one and several blocks of output channels (the mmas accumulating into the totals
+    in one, fresh registers in the other): every element within the FP32 bound (a register packed
+    in the wrong half or slot misses it by 60 times)."""
     from tests.cuda_emulator import emulated_failure
 
     failures, checked = [], 0
     for op in OPS:
         for name, problem in small_problems(op):
-            for mt in sorted({1, max(space(op, problem).param("WF_MT").choices)}):
+            for mt, accum in zip(sorted({1, max(space(op, problem).param("WF_MT").choices)}), ("tensor", "fresh")):
                 config = space(op, problem).validate({"formulation": NAME, "WF_TB": 32, "WF_MT": mt, "WF_WARPS": 8,
-                                                      "WF_CROSS": 1})
+                                                      "WF_CROSS": 1, "WF_ACCUM": accum})
                 why = emulated_failure(OPERATIONS[op], problem, config, tmp_path, 31 + checked)
                 checked += 1
                 if why:
@@ -221,6 +226,18 @@ def test_cross_products_verify_against_float64_on_the_gpu(op):
     assert_verifies_on_gpu(OPERATIONS[op], NAME, _gpu_problems(op, "fp32"), 3, WORKSPACE_LIMIT_BYTES, {"WF_CROSS": 1})
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+def test_accumulation_by_the_mmas_verifies_against_float64_on_the_gpu(op):
+    """fp32 with WF_ACCUM=tensor (the tensor cores' truncating accumulation into the totals), both
+    ways of the cross products: two sampled configs of each seed row and small shape, every element
+    within the one FP32 bound."""
+    pytest.importorskip("cupy")
+    for cross in (0, 1):
+        assert_verifies_on_gpu(OPERATIONS[op], NAME, _gpu_problems(op, "fp32"), 2, WORKSPACE_LIMIT_BYTES,
+                               {"WF_ACCUM": "tensor", "WF_CROSS": cross})
+
+
 def test_the_filters_transform_keeps_within_the_workspace_limit():
     """Its one workspace, U (both TF32 parts in fp32), counts against --workspace-limit."""
     import dataclasses as dc
@@ -228,7 +245,7 @@ def test_the_filters_transform_keeps_within_the_workspace_limit():
     modern = dict(seed_problems("conv_fwd"))["modern_56"]
     need = 4 * u_elements(modern, 2, 1)          # 2 parts x 16 points x 64 x 64 floats: 512 KiB
     tight = dc.replace(LIMITS, workspace_bytes=need - 1)
-    config = {"formulation": NAME, "WF_TB": 32, "WF_MT": 1, "WF_WARPS": 8, "WF_CROSS": 0}
+    config = {"formulation": NAME, "WF_TB": 32, "WF_MT": 1, "WF_WARPS": 8, "WF_CROSS": 0, "WF_ACCUM": "fresh"}
     with pytest.raises(InfeasibleConfigError, match="workspace"):
         OPERATIONS["conv_fwd"].space(modern, tight).validate(config)
     OPERATIONS["conv_fwd"].space(modern, dc.replace(LIMITS, workspace_bytes=need)).validate(config)

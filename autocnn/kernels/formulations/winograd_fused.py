@@ -44,8 +44,15 @@ the input transform writes each element's BF16 value and remainder as the halves
 a lane reads as its two B registers (channels c and c + 4 of one word), again in the remainders'
 place: the same bytes, the same reads.
 
+WF_ACCUM=tensor (fp32) lets the mmas accumulate into the totals, as tf32 does, instead of summing each
+k-step's products in fresh registers and adding them to the totals in FP32 (4 FP32 adds a 16 x 8 tile
+and k-step, as many instructions as the products' fragment reads). The tensor cores' accumulation
+truncates; with the few k-steps of a point (CIN / 8) the tuner's verification says where that keeps
+within the FP32 bound, and only there is it stored.
+
 Parameters: TB (output tiles a block), MT (16-row mma tiles of output channels a warp: KB = 16 MT a
-block), WARPS (the points shared among them), CROSS (fp32's cross products as one BF16 mma).
+block), WARPS (the points shared among them), CROSS (fp32's cross products as one BF16 mma), ACCUM
+(fp32: fresh registers a k-step, or the mmas' own accumulation).
 """
 from __future__ import annotations
 
@@ -65,6 +72,7 @@ CHUNK = 8              # input channels a step: one mma k-step
 PAD_B = 8              # a staged point's row of tiles is TB + 8 floats: conflict-free B fragment reads
 PAD_M = 4              # the products' rows in the output stage
 FILTER_THREADS = 256
+ACCUMS = ("fresh", "tensor")   # fp32: where a k-step's products are summed (WF_ACCUM)
 MAX_REGISTERS = 255
 REGISTERS_PER_BLOCK = 65536   # sm_80 to sm_90
 
@@ -148,7 +156,10 @@ class _WinogradFused(OpFormulation):
                 Param("WF_WARPS", (4, 8, 16), "warps a block, the transform's points shared among them"),
                 # 0 first: the three TF32 mmas, the code of configs written before the parameter.
                 *([Param("WF_CROSS", (0, 1), "3xTF32's cross products as one BF16 mma (m16n8k16) per k-step, "
-                         "operands packed by the transforms (0: two TF32 mmas)")] if parts(problem) == 2 else [])]
+                         "operands packed by the transforms (0: two TF32 mmas)"),
+                   # "fresh" first: the code of configs written before the parameter.
+                   Param("WF_ACCUM", ACCUMS, "fp32's products summed in fresh registers a k-step and added to the "
+                         "totals in FP32, or accumulated by the mmas into the totals")] if parts(problem) == 2 else [])]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
@@ -189,7 +200,7 @@ class _WinogradFused(OpFormulation):
         # F(2x2), 32 tiles, 8 warps of two points each, and as many output channels a block as the
         # layer has up to 64: each input tile is transformed once a block, and the fewer blocks of
         # output channels, the fewer times over (MT 4: 128 accumulators a thread).
-        cross = {"WF_CROSS": 0} if parts(problem) == 2 else {}
+        cross = {"WF_CROSS": 0, "WF_ACCUM": "fresh"} if parts(problem) == 2 else {}
         return [{"formulation": NAME, "WF_TB": 32, "WF_MT": mt, "WF_WARPS": 8, **cross} for mt in (4, 2, 1)]
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
@@ -202,6 +213,7 @@ class _WinogradFused(OpFormulation):
                 "wf_cinp": cinp, "wf_split3": problem.precision == "fp32", "wf_ppt": patches_per_thread(tb, config["WF_WARPS"]),
                 "wf_u_floats": u, "wf_v_floats": vs, "wf_raw_floats": raw, "wf_pads": (PAD_B, PAD_M), "wf_chunk": CHUNK,
                 "wf_filter_threads": FILTER_THREADS, "wf_cross": bool(config.get("WF_CROSS", 0)),
+                "wf_accum_fresh": config.get("WF_ACCUM", "fresh") == "fresh",
                 "wf_filter": sandwich("x", g, "g", 3, "part"), "wf_input": sandwich("x", bt, "dv", m + 2, "part"),
                 "wf_output": sandwich("y", at, "mm", m + 2, "part")}
 
