@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ops", default=None,
                    help="with --suite, --network, --torch-model or --stale: comma-separated operations "
                         "(default: all five)")
+    t.add_argument("--missing", action="store_true",
+                   help="with --suite, --network or --torch-model: only the kernels without a full record of their "
+                        "own for this GPU (those the lookup answers with another GPU's record, a nearest shape's "
+                        "config, a default or a quick record); the others keep their records untouched")
     t.add_argument("--trials", type=int, default=100,
                    help="measured trials per kernel (with --network: for the whole network; default 100). "
                         "A re-run continues the same study up to this total.")
@@ -343,6 +347,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ValueError("--op needs --shape, e.g. --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3")
     if args.network and args.shape:
         raise ValueError("--shape goes with --op; a network's shapes come from the network and --batch")
+    if args.missing and not (args.suite or args.network or args.torch_model):
+        raise ValueError("--missing goes with --suite, --network or --torch-model (it leaves out the kernels that "
+                         "already have a record of their own); --op tunes the one shape given, --stale the stale ones")
     if bool(args.torch_model) != bool(args.input_shape):
         raise ValueError("--torch-model and --input-shape go together, e.g. "
                          "--torch-model torchvision.models:resnet18 --input-shape 3,224,224 --batch 64")
@@ -400,6 +407,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
             if others:   # said even with --json (on stderr): work this run leaves undone
                 print(f"autocnn: {len(stale) - len(problems)} more stale shapes are {'/'.join(others)}: "
                       f"tune them with --precision {others[0]}", file=sys.stderr)
+        if args.missing:
+            problems, torch_uses = _missing_only(db, opened.device, problems, torch_uses)
+        if not problems:   # --missing left nothing (said on stderr)
+            if args.json:
+                print(json.dumps({"device": opened.device.to_dict(), "results": []}, indent=2))
+            return 0
         if whole_budget:
             budgets = plan_budgets(problems, args.trials, args.timeout)
         else:
@@ -432,6 +445,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         print(_outcome_table(rows))
     return 0 if all(r["tuned_us"] is not None for r in rows) else 1
+
+
+def _missing_only(db: Any, device: Any, problems: list[Any], torch_uses: list[Any] | None) -> tuple[list[Any], Any]:
+    """--missing: the problems with no full record of their own for ``device``'s GPU (a quick record,
+    another GPU's, a nearest shape's or a default is what the lookup would answer them now), and the
+    torch uses of those; says on stderr how many were left as they are."""
+    def own(problem: Any) -> bool:
+        found = db.tuned(device, problem)
+        return found is not None and found.source == "exact" and not found.record.quick
+
+    keep = [p for p in problems if not own(p)]
+    print(f"autocnn: --missing: {len(problems) - len(keep)} of {len(problems)} kernels have records of their own "
+          f"for {device.name} and are left as they are; {len(keep)} to tune", file=sys.stderr)
+    if torch_uses is not None:
+        torch_uses = [u for u in torch_uses if u.problem in keep]
+    return keep, torch_uses
 
 
 def _add_cudnn_times(outcomes, db) -> None:

@@ -32,6 +32,8 @@ SHAPE = "N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3"
     # A held value that no problem of the run offers (misspelt); one that some ops lack holds elsewhere.
     (["--network", "lenet5", "--fix", "formulation=wgmmma"], "no problem of this run offers formulation=wgmmma"),
     (["--op", "conv_wgrad", "--shape", SHAPE, "--fix", "formulation=halo"], "no problem of this run offers"),
+    (["--op", "conv_fwd", "--shape", SHAPE, "--missing"], "--missing goes with --suite, --network or --torch-model"),
+    (["--stale", "--missing"], "--missing goes with"),
 ])
 def test_mistakes_are_named_before_any_device_is_touched(no_gpu_source, capsys, argv, message):
     assert cli.main(["tune", *argv]) == 1
@@ -74,3 +76,35 @@ def test_vary_takes_the_parameters_of_the_problems_tuned():
     tf32 = dataclasses.replace(problem, precision="tf32")
     assert cli._parse_vary("TF32_ROUND, FRAG", [tf32]) == ("TF32_ROUND", "FRAG")
     assert cli._parse_vary("", [problem]) == ()
+
+
+def test_missing_tunes_only_the_kernels_without_a_record_of_their_own(tmp_path, monkeypatch, capsys):
+    """--missing on the seed pools (replayed H200 measurements, no shipped records): after one pool was
+    tuned alone, a run tunes the other two and leaves its record as it was; a second run tunes
+    nothing."""
+    import autocnn.store.database as database
+    from autocnn.store import TuningDatabase
+
+    monkeypatch.setattr(database, "default_shipped_dir", lambda: tmp_path / "no-shipped")
+    monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
+    files = [str(p) for p in sorted(REPLAY.glob("avgpool_fwd__*.json.gz"))]
+    common = ["--trials", "4", "--no-cudnn", "--replay", *files, "--storage", f"sqlite:///{tmp_path / 'study.db'}"]
+    kriz = ReplayFile.load(POOL_FILE)
+    assert cli.main(["tune", "--op", kriz.op, "--shape", kriz.problem.shape_string(), *common]) == 0
+    db = TuningDatabase()
+    before = db.tuned(kriz.device, kriz.problem).record
+    capsys.readouterr()
+
+    def run_missing() -> list[str]:
+        assert cli.main(["tune", "--suite", "seed", "--ops", "avgpool_fwd", "--missing", *common]) == 0
+        err = capsys.readouterr().err
+        return [line for line in err.splitlines() if "--missing:" in line or "trials measured" in line]
+
+    first = run_missing()
+    assert first[0].startswith("autocnn: --missing: 1 of 3 kernels have records of their own"), first
+    tuned = [line.split(":")[0] for line in first[1:]]
+    assert len(tuned) == 2 and not any(kriz.problem.shape_string() in t for t in tuned), first
+    assert TuningDatabase().tuned(kriz.device, kriz.problem).record == before
+    second = run_missing()
+    assert second == ["autocnn: --missing: 3 of 3 kernels have records of their own for NVIDIA H200 and are "
+                      "left as they are; 0 to tune"], second
