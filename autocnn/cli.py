@@ -409,7 +409,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       f"tune them with --precision {others[0]}", file=sys.stderr)
         if args.missing:
             problems, torch_uses = _missing_only(db, opened.device, problems, torch_uses)
-        if not problems:   # --missing left nothing (said on stderr)
+        if not problems:   # --missing or --stale left nothing to tune (said on stderr)
             if args.json:
                 print(json.dumps({"device": opened.device.to_dict(), "results": []}, indent=2))
             return 0

@@ -230,7 +230,7 @@ class RecordLookup:
                 if getattr(e.valid.problem, "precision", "fp32") != precision:
                     # An fp32 config for a tf32 problem: parameters only tf32 has (TF32_ROUND) at
                     # their first choice, the conservative one; those only fp32 has (how the 3xTF32
-                    # split is made: A_REGS, CROSS, MMA_CROSS, MAC_CROSS) dropped, as tf32 has no split.
+                    # split is made, e.g. A_REGS or a formulation's CROSS) dropped, as tf32 has no split.
                     config = space.complete({k: v for k, v in e.record.config.items() if k in known})
                 else:
                     config = space.validate(e.record.config)
