@@ -21,7 +21,7 @@ from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, df
                                              fft_conv, fft_size, fdft_smem_bytes, idft_tables, is_phased, kept_columns,
                                              placement, mac_block, split_factor, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                                              smooth_size, spectrum, sub_filter, takes_phases, workspace_elements,
-                                             buffer_name, shares_workspace)
+                                             buffer_name, shares_workspace, fft_tiles, tile_of, TILES_F)
 from autocnn.kernels.operation import LibraryFft, cdiv, next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
@@ -55,14 +55,55 @@ def space(op, problem):
 
 class Kernels:
     """The formulation's generated kernels in NumPy, from each op's definition as correlations.
-    With STRIDE_PHASES=1 a plane index of the phased operand is (outer, a*SW + b, c): phase (a, b)."""
+    With STRIDE_PHASES=1 a plane index of the phased operand is (outer, a*SW + b, c): phase (a, b).
+    With FFT tiles (FFT_TILE) an image's planes are (tile, channel): tile t = ty*TW + tx reads the
+    window of the input that its outputs need, and the multiply-accumulate takes tiles as images."""
 
     def __init__(self, problem, config):
         self.p = problem
         self.phased = is_phased(config)
-        self.fh, self.fw = fft_size(fft_conv(problem, self.phased), config["FFT_SIZE"])
+        self.tile = tile_of(config)
+        self.t = fft_tiles(problem, self.tile) if self.tile else None
+        self.fh, self.fw = fft_size(fft_conv(problem, self.phased, self.tile), config["FFT_SIZE"])
         self.phases = problem.stride[0] * problem.stride[1] if self.phased else 1
         self.share = shares_workspace(config)
+
+    def _tile_corners(self, step_h=1, step_w=1):
+        """Each tile's (t, first output row * step_h, first output column * step_w)."""
+        t = self.t
+        return [(ty * t.TW + tx, ty * t.TY * step_h, tx * t.TX * step_w) for ty in range(t.TH) for tx in range(t.TW)]
+
+    def _place_x_tiles(self, b, out, n0, nb):
+        # Tile t's window of the padded X: rows from its first output's row times SH.
+        p, t, (pt, pl), (sh, sw) = self.p, self.t, self.p.padding[:2], self.p.stride
+        (wh, ww) = t.window_a
+        padded = np.zeros((nb, p.C, t.TH * t.TY * sh + wh, t.TW * t.TX * sw + ww))
+        padded[:, :, pt:pt + p.H, pl:pl + p.W] = b["x"].reshape(p.x_shape)[n0:n0 + nb]
+        planes = self._planes(b[out], nb * t.count * p.C).reshape(nb, t.count, p.C, self.fh, self.fw)
+        planes[...] = 0
+        for i, h0, w0 in self._tile_corners(sh, sw):
+            planes[:, i, :, :wh, :ww] = padded[:, :, h0:h0 + wh, w0:w0 + ww]
+
+    def _place_dy_tiles(self, b, out, n0, nb):
+        p, t, (sh, sw) = self.p, self.t, self.p.stride
+        dy = b["dy"].reshape(p.y_shape)[n0:n0 + nb]
+        planes = self._planes(b[out], nb * t.count * p.K).reshape(nb, t.count, p.K, self.fh, self.fw)
+        planes[...] = 0
+        if p.op == "conv_wgrad":   # tile t of dY spread at the stride
+            grid = np.zeros((nb, p.K, t.TH * t.TY, t.TW * t.TX))
+            grid[:, :, :p.P, :p.Q] = dy
+            for i, h0, w0 in self._tile_corners():
+                planes[:, i, :, :t.TY * sh:sh, :t.TX * sw:sw] = grid[:, :, h0:h0 + t.TY, w0:w0 + t.TX]
+            return
+        # conv_bwd_data: dX row h reads dY spread at u = h + PT - r; tile t's window starts at its
+        # first row + PT - (R - 1). The spread dY with R - 1 rows of zeros before it (u from -(R-1)).
+        (pt, pl), (wh, ww) = p.padding[:2], t.window_a
+        mh, mw = p.R - 1, p.S - 1
+        spread = np.zeros((nb, p.K, mh + t.TH * t.TY + pt + wh + sh * p.P, mw + t.TW * t.TX + pl + ww + sw * p.Q))
+        spread[:, :, mh:mh + sh * p.P:sh, mw:mw + sw * p.Q:sw] = dy
+        for i, h0, w0 in self._tile_corners():
+            u0, v0 = h0 + pt - (p.R - 1) + mh, w0 + pl - (p.S - 1) + mw
+            planes[:, i, :, :wh, :ww] = spread[:, :, u0:u0 + wh, v0:v0 + ww]
 
     def buf(self, name):   # the buffer the plan's step names for ``name`` (WS_SHARE)
         return buffer_name(name, self.share)
@@ -100,12 +141,17 @@ class Kernels:
         planes[:, :, :sh * p.P:sh, :sw * p.Q:sw] = b["dy"].reshape(p.y_shape)[n0:n0 + nb]
 
     def fft_place_a(self, b, n0, nb):
+        if self.tile:
+            return (self._place_dy_tiles if self.p.op == "conv_bwd_data" else self._place_x_tiles)(
+                b, self.buf("fft_a"), n0, nb)
         if self.p.op == "conv_bwd_data":
             return self._place_dy(b, self.buf("fft_a"), n0, nb)
         (self._place_x_phases if self.phased else self._place_x)(b, self.buf("fft_a"), n0, nb)
 
     def fft_place_b(self, b, n0, nb):
         p = self.p
+        if p.op == "conv_wgrad" and self.tile:
+            return self._place_dy_tiles(b, "fft_b", n0, nb)
         if p.op == "conv_wgrad":
             return self._place_dy(b, "fft_b", n0, nb)
         if self.phased:   # the sub-filters W[k, c, a + SH*u, b + SW*v]
@@ -164,6 +210,23 @@ class Kernels:
     def fft_crop(self, b, n0, nb):
         p, scale = self.p, 1.0 / (self.fh * self.fw)
         (pt, pl), (sh, sw) = p.padding[:2], p.stride
+        if self.tile and p.op != "conv_wgrad":   # each tile's outputs into place
+            t = self.t
+            fwd = p.op == "conv_fwd"
+            planes = p.K if fwd else p.C
+            o = self._planes(b[self.buf("fft_o")], nb * t.count * planes).reshape(nb, t.count, planes, self.fh, self.fw)
+            out = np.zeros((nb, planes, t.TH * t.TY, t.TW * t.TX))
+            for i, h0, w0 in self._tile_corners():
+                out[:, :, h0:h0 + t.TY, w0:w0 + t.TX] = (o[:, i, :, :t.TY * sh:sh, :t.TX * sw:sw] if fwd else
+                                                         o[:, i, :, p.R - 1:p.R - 1 + t.TY, p.S - 1:p.S - 1 + t.TX])
+            if fwd:
+                y = out[:, :, :p.P, :p.Q] * scale
+                if p.bias:
+                    y = y + b["bias"].reshape(1, -1, 1, 1)
+                b["y"].reshape(p.y_shape)[n0:n0 + nb] = reference.activation(y, p.activation)
+            else:
+                b["dx"].reshape(p.x_shape)[n0:n0 + nb] = out[:, :, :p.H, :p.W] * scale
+            return
         if p.op == "conv_fwd":
             o = self._planes(b[self.buf("fft_o")], nb * p.K).reshape(nb, p.K, self.fh, self.fw)
             y = o[:, :, :sh * p.P:sh, :sw * p.Q:sw] * scale
@@ -344,13 +407,18 @@ def test_stride_phases_make_planes_a_stride_smaller_with_the_same_products():
     assert "STRIDE_PHASES" not in [p.name for p in space("conv_bwd_data", dict(seed_problems("conv_bwd_data"))["sweep_7x7"]).params]
 
 
-def test_filters_below_25_taps_and_images_beyond_the_largest_fft_are_left_to_others():
+def test_filters_below_25_taps_are_left_to_others_and_images_beyond_the_largest_fft_tiled():
     three = PROBLEM_TYPES["conv_fwd"](N=2, C=3, H=9, W=9, K=4, R=3, S=3, padding=1)
     with pytest.raises(InfeasibleConfigError, match="filters of 25 taps or more, not 3x3"):
         OPERATIONS["conv_fwd"].default_config(three, LIMITS, formulation=NAME)
     big = PROBLEM_TYPES["conv_fwd"](N=1, C=1, H=MAX_FFT, W=8, K=1, R=5, S=5, padding=2)
-    with pytest.raises(InfeasibleConfigError, match="need FFT tiling"):
-        OPERATIONS["conv_fwd"].default_config(big, LIMITS, formulation=NAME)
+    sp = space("conv_fwd", big)
+    whole = {**OPERATIONS["conv_fwd"].candidates(big, NAME)[0], "FFT_TILE": 0}
+    with pytest.raises(InfeasibleConfigError, match="270x12 FFT planes exceed 256: FFT_TILE cuts the image"):
+        sp.validate(whole)
+    # ... so its default is tiled, and every feasible config is.
+    assert OPERATIONS["conv_fwd"].default_config(big, LIMITS, formulation=NAME)["FFT_TILE"] == 32
+    assert all(c["FFT_TILE"] for c in sp.sample(random.Random(1), 20))
 
 
 def test_workspace_is_computed_and_never_above_the_limit():
@@ -361,7 +429,7 @@ def test_workspace_is_computed_and_never_above_the_limit():
                            *space(op, problem).sample(rng, 6)]:
                 plan = OPERATIONS[op].plan(problem, config)
                 share = shares_workspace(config)
-                expected = workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"], config["IMGS"],
+                expected = workspace_elements(fft_conv(problem, is_phased(config), tile_of(config)), config["FFT_SIZE"], config["IMGS"],
                                               config["XFORM_A"], config["XFORM_B"], config.get("XFORM_O", "cufft"),
                                               share)
                 assert ("fft_a" in expected) == (config["XFORM_A"] == "cufft" and not share) and \
@@ -474,7 +542,7 @@ def test_tiled_multiply_accumulate_blocks_cover_every_output_and_need_cp_async()
         for name, problem in [*((n, p) for n, p in seed_problems(op) if n in SEEDS), *small_problems(op)]:
             sp = space(op, problem).restrict({"MAC": "block"})
             for config in sp.sample(rng, 4):
-                f = fft_conv(problem, is_phased(config))
+                f = fft_conv(problem, is_phased(config), tile_of(config))
                 fh, fw = fft_size(f, config["FFT_SIZE"])
                 fb, bi, bj = mac_block(config)
                 nb = min(config["IMGS"], problem.N)
@@ -504,7 +572,7 @@ def test_tensor_core_multiply_accumulate_blocks_cover_every_output():
             for precision in ("fp32", "tf32"):
                 problem = dataclasses.replace(problem, precision=precision)
                 for config in space(op, problem).restrict({"MAC": "mma"}).sample(rng, 3):
-                    f = fft_conv(problem, is_phased(config))
+                    f = fft_conv(problem, is_phased(config), tile_of(config))
                     fh, fw = fft_size(f, config["FFT_SIZE"])
                     fb, bi, bj = mma_block(config)
                     assert bi == 16 * config["IT"] * (config["FFT_THREADS"] // 32 // fb) and bj == 8 * config["JT"]
@@ -617,14 +685,14 @@ def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op, phases):
 
 
 def test_configs_from_before_the_tiled_multiply_accumulate_complete_to_the_thread_one():
-    """A stale fft record (tuned before MAC, XFORM, XFORM_O, WS_SHARE and FFT_VEC existed) is a first
-    guess for its retune: completed, it names the multiply-accumulate, the transforms, the buffers and
-    the copies (one element a thread) it ran."""
+    """A stale fft record (tuned before MAC, XFORM, XFORM_O, WS_SHARE, FFT_VEC and FFT_TILE existed) is
+    a first guess for its retune: completed, it names the multiply-accumulate, the transforms, the
+    buffers, the copies (one element a thread) and the whole planes it ran."""
     problem = dict(seed_problems("conv_bwd_data"))["sweep_11x11"]
     old = {"formulation": NAME, "IMGS": 64, "FFT_SIZE": "smooth", "FFT_THREADS": 256, "IT": 4, "JT": 4}
     assert space("conv_bwd_data", problem).complete(old).as_dict() == {**old, "MAC": "thread", "XFORM_A": "cufft",
                                                                         "XFORM_B": "cufft", "XFORM_O": "cufft",
-                                                                        "WS_SHARE": 0, "FFT_VEC": 1}
+                                                                        "WS_SHARE": 0, "FFT_VEC": 1, "FFT_TILE": 0}
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
@@ -795,13 +863,13 @@ def with_copies(op, problem, phases, vec, **change):
 def copied_elements(problem, config, step):
     """The elements a copy writes: placed planes of A or B (a block's, or the filters' once), or the
     outputs it crops (a block's, or conv_wgrad's dW once)."""
-    p, f = problem, fft_conv(problem, is_phased(config))
+    p, f = problem, fft_conv(problem, is_phased(config), tile_of(config))
     fh, fw = fft_size(f, config["FFT_SIZE"])
     nb = step.scalars[1]
     if step.kernel == "fft_place_a":
-        return nb * f.a_planes * fh * fw
+        return nb * f.tiles * f.a_planes * fh * fw
     if step.kernel == "fft_place_b":
-        return (nb if p.op == "conv_wgrad" else 1) * f.b_planes * fh * fw
+        return (nb * f.tiles if p.op == "conv_wgrad" else 1) * f.b_planes * fh * fw
     return {"conv_fwd": nb * p.K * p.P * p.Q, "conv_bwd_data": nb * p.C * p.H * p.W,
             "conv_wgrad": p.K * p.C * p.R * p.S}[p.op]
 
@@ -916,3 +984,157 @@ def test_vectorised_copies_verify_against_float64_on_the_gpu(op):
         scherer = dict(seed_problems(op))["scherer10_l2"]
         assert_verifies_on_gpu(OPERATIONS[op], NAME, [("scherer10_l2", scherer)], 1, WORKSPACE_LIMIT_BYTES,
                                fixed={**copies, "STRIDE_PHASES": 1, "WS_SHARE": 1, "IMGS": next_pow2(scherer.N)})
+
+
+# -- FFT tiles (FFT_TILE) --------------------------------------------------------------------------
+
+def big_problem(op: str, **kw):
+    """An image whose whole padded planes exceed MAX_FFT (300 x 270 with a 5x5 filter), odd everywhere:
+    only FFT tiles serve it."""
+    args = dict(N=2, C=3, H=300, W=271, K=5, R=5, S=5, stride=1, padding=(2, 1, 3, 2))
+    return PROBLEM_TYPES[op](**{**args, **kw})
+
+
+def tiled(op, problem, tile, **over):
+    """A tiled config of ``problem``: block multiply-accumulate, placed operands and cuFFT's way back
+    unless ``over`` says otherwise."""
+    config = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": min(2, problem.N), "FFT_THREADS": 64, "IT": 1,
+              "JT": 1, "MAC": "block", "FB": 4, "BL": 4, "MAC_ORDER": "tiles", "XFORM_A": "cufft", "XFORM_B": "cufft",
+              "FFT_VEC": 1, "FFT_TILE": tile, **({"STRIDE_PHASES": 0} if takes_phases(problem) else {}),
+              **({"XFORM_O": "cufft", "WS_SHARE": 0} if op != "conv_wgrad" else {})}
+    return space(op, problem).complete({**config, **over})
+
+
+def test_fft_tiles_cover_every_output_from_windows_that_fit_their_planes():
+    """For every op, tile edge, stride and filter (strides 1-3, filters 5x5 to 11x7): the tiles cover
+    the output plane exactly (the last one may hang over), each tile's window fits its F x F plane,
+    and a window reads what the tile's outputs need: conv_fwd's last output of a tile reads window
+    row (TY - 1)*SH + R - 1, conv_bwd_data's first reads window rows 0 .. R - 1."""
+    make = PROBLEM_TYPES
+    checked = 0
+    for op in CONV_OPS:
+        for stride in (1, 2, 3):
+            for r, s in ((5, 5), (11, 7), (6, 9)):
+                p = make[op](N=1, C=1, H=200, W=157, K=1, R=r, S=s, stride=stride, padding=(2, 1, 0, 3))
+                for tile in TILES_F[1:]:
+                    if tile <= max(r, s):
+                        continue
+                    t = fft_tiles(p, tile)
+                    extent = (p.H, p.W) if op == "conv_bwd_data" else (p.P, p.Q)
+                    for size, n, out in ((t.TY, t.TH, extent[0]), (t.TX, t.TW, extent[1])):
+                        assert size >= 1 and size * n >= out > size * (n - 1), f"{op} {p} {tile} {t}"
+                    assert max(t.window_a) <= tile and (t.window_b is None or max(t.window_b) <= tile)
+                    if op == "conv_bwd_data":
+                        assert t.window_a == (t.TY + r - 1, t.TX + s - 1)
+                    else:
+                        assert t.window_a == ((t.TY - 1) * stride + r, (t.TX - 1) * stride + s)
+                    f = fft_conv(p, False, tile)
+                    assert fft_size(f, "smooth") == fft_size(f, "pow2") == (tile, tile) and f.tiles == t.count
+                    checked += 1
+    assert checked >= 100
+
+
+def test_fft_tiles_are_ruled_by_what_they_can_run():
+    """FFT_TILE refuses, naming why: the stride's phases apart (tiles take dY spread), FFT_SIZE pow2
+    (the tile sets the size), a plane with no room beside the filter, one tile over the whole output.
+    Whole planes (0) stay the first choice, and the workspace counts every tile's planes."""
+    strided = big_problem("conv_bwd_data", stride=2)
+    cases = [(strided, {"STRIDE_PHASES": 1}, "only with STRIDE_PHASES=0"),
+             (big_problem("conv_fwd"), {"FFT_SIZE": "pow2"}, "only with FFT_SIZE=smooth"),
+             (big_problem("conv_fwd", R=17, S=3), {"FFT_TILE": 16}, "no room for a tile beside the 17x3 filter"),
+             (dict(small_problems("conv_fwd"))["f_tiny"], {"FFT_TILE": 16}, "one tile covers the whole output")]
+    for problem, change, message in cases:
+        sp = space(problem.op, problem)
+        if "FFT_SIZE" in change and "pow2" not in sp.param("FFT_SIZE").choices:
+            continue
+        with pytest.raises(InfeasibleConfigError, match=message):
+            sp.validate({**tiled(problem.op, problem, 32).as_dict(), **change})
+    assert space("conv_fwd", big_problem("conv_fwd")).param("FFT_TILE").choices[0] == 0
+    p = big_problem("conv_wgrad")
+    config = tiled("conv_wgrad", p, 32)
+    t = fft_tiles(p, 32)
+    sizes = dict(OPERATIONS["conv_wgrad"].plan(p, config).workspaces)
+    assert sizes["fft_a"] == 2 * t.count * p.C * 32 * 32 and sizes["fft_b"] == 2 * t.count * p.K * 32 * 32
+    assert sizes["fft_of"] == p.K * p.C * 2 * spectrum(32, 32)
+
+
+def tile_cases(op):
+    """(name, problem, config) for the tile tests: every odd shape that two tiles or more cut at 16, and
+    the big image at 32 and 64; the transforms and the way back rotating over placed + cuFFT, dft and
+    fdft, FFT_VEC 1 and 4."""
+    forms = ({"XFORM_A": "cufft", "XFORM_B": "cufft", "FFT_VEC": 1}, {"XFORM_A": "dft", "XFORM_B": "fdft", "FFT_VEC": 1},
+             {"XFORM_A": "fdft", "XFORM_B": "dft", "FFT_VEC": 4})
+    out = []
+    problems = [(n, p, 16) for n, p in small_problems(op) if fft_tiles(p, 16).count > 1 and max(p.R, p.S) < 16]
+    problems += [("big", big_problem(op), 32), ("big_s2", big_problem(op, N=1, stride=2), 64)]
+    for i, (name, problem, tile) in enumerate(problems):
+        form = dict(forms[i % 3])
+        if op != "conv_wgrad":
+            form["XFORM_O"] = "fdft" if i % 3 == 1 else "cufft"
+        out.append((f"{name} F={tile}", problem, tiled(op, problem, tile, **form)))
+    return out
+
+
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_fft_tiles_compute_the_convolution_in_numpy(op, rng):
+    """Tiled plans with the kernels written from each op's definition (windows cut from the padded
+    or spread input, each tile's outputs put in place): the float64 reference's result to rounding,
+    on the odd shapes and on an image past MAX_FFT, strided too."""
+    cases = tile_cases(op)
+    assert len(cases) >= 4
+    by_problem = {}
+    for name, problem, config in cases:
+        by_problem.setdefault(name, (problem, []))[1].append(config)
+    checked = check_plans(OPERATIONS[op], [(n, p) for n, (p, _) in by_problem.items()],
+                          lambda problem: next(c for p, c in by_problem.values() if p is problem), Kernels, rng,
+                          tolerance=1e-11)
+    assert checked == len(cases)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_fft_tiles_verify_under_emulation(op, tmp_path):
+    """The generated tiled kernels run by the CPU emulator (cuFFT in NumPy) on the odd shapes: windows
+    at the image's edges and past them (zeros), strides 2 and 3, asymmetric padding, tiles hanging over
+    the output, bias and activation in conv_fwd's crop and inverse. fp32, every element against
+    float64 at the bound."""
+    from tests.cuda_emulator import emulated_failure
+
+    cases = [c for c in tile_cases(op) if not c[0].startswith("big")]
+    assert len(cases) >= 3
+    for name, problem, config in cases:
+        why = emulated_failure(OPERATIONS[op], problem, config, tmp_path, random.randrange(2**31))
+        assert why is None, f"{name}: {why}"
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_fft_tiles_build_without_spills(tmp_path):
+    """Every tile case of every op, both precisions, MAC block and mma, for sm_90: every kernel there,
+    none spilling."""
+    jobs = []
+    for op in CONV_OPS:
+        for name, problem, config in tile_cases(op):
+            for precision, mac in (("fp32", {"MAC": "mma", "BL": 8, "FFT_THREADS": 128}), ("tf32", {})):
+                p = dataclasses.replace(problem, precision=precision)
+                c = space(op, p).complete({**config.as_dict(), **mac})
+                jobs.append((f"{op} {name} {precision} {c}", OPERATIONS[op].plan(p, c), True))
+    failures = compile_failures(jobs, "sm_90", tmp_path)
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_fft_tiles_verify_against_float64_on_the_gpu(op):
+    """FFT tiles on the GPU in both precisions: the odd shapes at 16 and the image past MAX_FFT (only
+    tiles serve it) with its default and sampled tiled configs: every element within the bound, the
+    workspace within the limit."""
+    pytest.importorskip("cupy")
+    problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p, _ in
+                ((n, p, c) for n, p, c in tile_cases(op) if not n.startswith("big")) for pr in ("fp32", "tf32")]
+    for strided in (False, True):   # STRIDE_PHASES (0 with tiles) is a parameter of strided ones only
+        group = [(n, p) for n, p in problems if takes_phases(p) == strided]
+        if group:
+            assert_verifies_on_gpu(OPERATIONS[op], NAME, group, 2, WORKSPACE_LIMIT_BYTES,
+                                   fixed={"FFT_TILE": 16, **({"STRIDE_PHASES": 0} if strided else {})})
+    big = [(f"big {pr}", big_problem(op, precision=pr)) for pr in ("fp32", "tf32")]
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, big, 3, WORKSPACE_LIMIT_BYTES)

@@ -16,8 +16,7 @@ transforms back (C2R), and fft_crop scales, crops, samples the stride and applie
 activation. Images go in blocks of IMGS (the workspaces hold one block; conv_wgrad accumulates the
 blocks' spectra; WS_SHARE lets conv_fwd's and conv_bwd_data's buffers whose lives do not overlap share
 memory, so that a block holds more images). FFT_SIZE picks FH, FW: the smallest sizes with prime factors 2, 3, 5, 7
-("smooth") or powers of two. Images whose padded size exceeds MAX_FFT are left to the other
-formulations (this one does not tile images into FFT tiles).
+("smooth") or powers of two, for whole planes; FFT_TILE (below) cuts large images into FFT tiles.
 
 The multiply-accumulate is, per frequency, a small complex matrix product. MAC "thread" gives each
 thread one frequency and IT x JT outputs, its operands read from L2: four to eight products per
@@ -66,6 +65,18 @@ convolution of dY (not spread) with its sub-filter, so O has SH*SW*C planes per 
 sub-filters. conv_wgrad: the sub-filter (a, b) of dW is the correlation of X's phase (a, b) with dY,
 so A has SH*SW*C planes per image and O K*SH*SW*C. The products are as many as with spreading, and
 the planes are SH*SW times smaller (the spread planes' spectra repeat SH*SW times over).
+
+FFT tiling (FFT_TILE = F > 0; 0, whole planes, is what the plans were first). The op's output plane is
+cut into tiles of TY x TX outputs, each computed from the window of the input that it reads, placed
+in an F x F plane: conv_fwd and conv_wgrad tile Y's (dY's) P x Q positions, TY = (F - R) div SH + 1,
+the window (TY - 1)*SH + R rows of X; conv_bwd_data tiles dX, TY = F - R + 1, the window
+TY + R - 1 rows of dY spread at the stride. Within a window no product wraps around the plane, so
+each tile is exact; tile t of image n is, to the multiply-accumulate, an image of its own (A's plane
+(n*TILES + t)*C + c; conv_wgrad sums over images and tiles alike), and the crop (or the factorised
+inverse) puts each tile's outputs in place. Images whose whole padded planes exceed MAX_FFT are
+served this way only; smaller ones may gain too, from planes of a fast size near the window's (as
+cuDNN's FFT_TILING, with 32 x 32 tiles). Every tiled operand is found by Op::load at the plane's
+origin, as with the stride's phases apart (which tiling does not combine with).
 """
 from __future__ import annotations
 
@@ -123,6 +134,9 @@ SHARED_WITH = {"fft_a": "fft_of", "fft_o": "fft_af"}
 # fft_crop) copies: 1, the kernels as first written (first, so records tuned before the choice
 # existed keep their code); 4, four loads in flight a thread and float4 stores (the module's note).
 VECS = (1, 4)
+# FFT_TILE: 0, whole planes (first: the plans as they were before tiling), or the edge F of square
+# FFT tiles (powers of two: cuFFT's fastest sizes; the module's note).
+TILES_F = (0, 16, 32, 64, 128)
 
 
 def smooth_size(n: int) -> int:
@@ -151,6 +165,8 @@ class FftConv:
     b_planes: int    # planes of B: the filters (K*C), or per image dY's K (conv_wgrad)
     out_planes: int  # planes out per image (conv_fwd K, conv_bwd_data C), or K*C (conv_wgrad)
     phases: int = 1  # stride phases taken apart (SH*SW with STRIDE_PHASES=1): C counts C*phases planes
+    tile: int = 0    # FFT_TILE: the F x F planes of FFT tiles, 0 for whole planes
+    tiles: int = 1   # FFT tiles an image: the planes above count per tile, images count as N*tiles
 
 
 def takes_phases(p: Any) -> bool:
@@ -163,7 +179,49 @@ def sub_filter(p: Any) -> tuple[int, int]:
     return cdiv(p.R, p.stride[0]), cdiv(p.S, p.stride[1])
 
 
-def fft_conv(p: Any, phased: bool = False) -> FftConv:
+@dataclass(frozen=True)
+class FftTiles:
+    """FFT tiling of one op (FFT_TILE = F): TY x TX outputs a tile, TH x TW tiles an image, and the
+    windows (rows, columns) of the operands that the tiles read."""
+
+    TY: int
+    TX: int
+    TH: int
+    TW: int
+    window_a: tuple[int, int]
+    window_b: tuple[int, int] | None   # conv_wgrad's dY tile spread at the stride; None: the filters
+
+    @property
+    def count(self) -> int:
+        return self.TH * self.TW
+
+
+def fft_tiles(p: Any, tile: int) -> FftTiles:
+    """The module's note: conv_fwd and conv_wgrad tile the P x Q positions of Y (dY), conv_bwd_data
+    dX's H x W; a tile's outputs are capped at the plane's (one tile along a side that fits). A plane
+    no larger than the filter still gets one output a tile (its window then exceeds the plane: the
+    formulation's FFT_TILE rule refuses it, and the other rules can still be evaluated)."""
+    (sh, sw) = p.stride
+    if p.op == "conv_bwd_data":
+        ty, tx = max(1, min(tile - p.R + 1, p.H)), max(1, min(tile - p.S + 1, p.W))
+        return FftTiles(ty, tx, cdiv(p.H, ty), cdiv(p.W, tx), (ty + p.R - 1, tx + p.S - 1), None)
+    ty, tx = max(1, min((tile - p.R) // sh + 1, p.P)), max(1, min((tile - p.S) // sw + 1, p.Q))
+    window = ((ty - 1) * sh + p.R, (tx - 1) * sw + p.S)
+    spread = ((ty - 1) * sh + 1, (tx - 1) * sw + 1) if p.op == "conv_wgrad" else None
+    return FftTiles(ty, tx, cdiv(p.P, ty), cdiv(p.Q, tx), window, spread)
+
+
+def tile_of(config: Config | dict) -> int:
+    """FFT_TILE (0, whole planes, for configs without it)."""
+    return config.get("FFT_TILE", 0)
+
+
+def fft_conv(p: Any, phased: bool = False, tile: int = 0) -> FftConv:
+    if tile:
+        t = fft_tiles(p, tile)
+        a, b, out = {"conv_fwd": (p.C, p.K * p.C, p.K), "conv_bwd_data": (p.K, p.K * p.C, p.C),
+                     "conv_wgrad": (p.C, p.K, p.K * p.C)}[p.op]
+        return FftConv(p.op, p.N, p.C, p.K, *t.window_a, a, b, out, 1, tile, t.count)
     if phased and takes_phases(p):
         (sh, sw), (ru, su), ph = p.stride, sub_filter(p), p.stride[0] * p.stride[1]
         # Wrap-free sizes: a full convolution of P positions with RU taps has P + RU - 1; conv_bwd_data
@@ -194,11 +252,14 @@ def inverse_of(config: Config | dict) -> str:
     return config.get("XFORM_O", "cufft")
 
 
-def kept_columns(p: Any, phased: bool = False) -> tuple[int, int, int]:
+def kept_columns(p: Any, phased: bool = False, tile: int = 0) -> tuple[int, int, int]:
     """The columns of each output plane the op keeps, as (first, step, count): Output::OFF_W,
     STEP_W and OUT_W in the op's template, which checks them against these. conv_fwd Q at the
     stride, conv_bwd_data W from PL, or with the phases apart every phase's positions up to dX's
-    last column."""
+    last column; FFT tiles: a tile's TX outputs (conv_bwd_data's from S - 1)."""
+    if tile:
+        tx = fft_tiles(p, tile).TX
+        return (0, p.stride[1], tx) if p.op == "conv_fwd" else (p.S - 1, 1, tx)
     if p.op == "conv_fwd":
         return 0, p.stride[1], p.Q
     if phased and takes_phases(p):
@@ -240,12 +301,13 @@ def factor_tables(n: int, inverse: bool = False) -> Table:
     return tuple((re, -im) for re, im in out) if inverse else tuple(out)
 
 
-def placement(p: Any, phased: bool = False) -> dict[str, tuple[int, int, int, int]]:
+def placement(p: Any, phased: bool = False, tile: int = 0) -> dict[str, tuple[int, int, int, int]]:
     """Where each operand's data sits in its FH x FW plane, as (OFF_H, OFF_W, STEP_H, STEP_W): the
     OperandA / OperandB structs of the op's template, which checks them against these. X at the
     padding's offset; dY spread at the stride in conv_bwd_data (A) and conv_wgrad (B); filters at the
-    origin; with the phases apart every operand at the origin, one element a position."""
-    if phased and takes_phases(p):
+    origin; with the phases apart or FFT tiles every operand at the origin, one element a position
+    (its Op::load finds the window's elements and the zeros of padding and stride)."""
+    if tile or (phased and takes_phases(p)):
         return {"A": (0, 0, 1, 1), "B": (0, 0, 1, 1)}
     x, origin, dy = (p.padding[0], p.padding[1], 1, 1), (0, 0, 1, 1), (0, 0, *p.stride)
     return {"conv_fwd": {"A": x, "B": origin}, "conv_bwd_data": {"A": dy, "B": origin},
@@ -280,6 +342,8 @@ def idft_tables(kept: tuple[int, int, int], fh: int, fw: int) -> Table:
 
 
 def fft_size(f: FftConv, how: str) -> tuple[int, int]:
+    if f.tile:   # FFT tiles: F x F whatever FFT_SIZE says (a constraint keeps FFT_SIZE at its first value)
+        return f.tile, f.tile
     size = smooth_size if how == "smooth" else next_pow2
     return size(f.HP), size(f.WP)
 
@@ -333,9 +397,13 @@ def mma_accumulators(config: Config | dict, split3: bool) -> int:
     return 8 * config["IT"] * config["JT"] * (2 if split3 else 1)
 
 
-def operand_sizes(problem: Any, phased: bool = False) -> dict[str, tuple[int, int]]:
-    """The data planes (height, width) of operands A and B, before placement (fft_place_a/b)."""
+def operand_sizes(problem: Any, phased: bool = False, tile: int = 0) -> dict[str, tuple[int, int]]:
+    """The data planes (height, width) of operands A and B, before placement (fft_place_a/b); with
+    FFT tiles, a tile's windows."""
     p = problem
+    if tile:
+        t = fft_tiles(p, tile)
+        return {"A": t.window_a, "B": t.window_b or (p.R, p.S)}
     if phased and takes_phases(p):
         f = fft_conv(p, True)
         return ({"A": (p.P, p.Q), "B": sub_filter(p)} if p.op == "conv_bwd_data"
@@ -404,7 +472,7 @@ def workspace_elements(f: FftConv, how: str, imgs: int, xform_a: str = "cufft", 
     planes of scherer10_l2's phases alone are 80 MB that would otherwise halve the images a block may take.
     With ``share`` (WS_SHARE 1) the pairs of SHARED_WITH are one buffer each."""
     fh, fw = fft_size(f, how)
-    b = min(imgs, f.N)
+    b = min(imgs, f.N) * f.tiles   # FFT tiles are images to every buffer
     a_planes = b * f.a_planes
     b_planes = b * f.b_planes if f.op == "conv_wgrad" else f.b_planes
     o_planes = f.out_planes if f.op == "conv_wgrad" else b * f.out_planes
@@ -455,6 +523,8 @@ class _Fft(OpFormulation):
             if takes_inverse(problem) else []
         vec = [Param("FFT_VEC", VECS, "consecutive elements a thread of the placing and cropping kernels "
                      "(4: four loads in flight and a float4 store where aligned)")]
+        tiling = [Param("FFT_TILE", TILES_F, "FFT tiles: the output cut into tiles each transformed in F x F "
+                        "planes from the window it reads (0: whole planes)")]
         return [Param("FFT_SIZE", sizes, "FFT planes: smallest 2^a 3^b 5^c 7^d size, or power of two"),
                 Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (the workspaces hold one)"),
                 Param("FFT_THREADS", THREADS, "threads per block of the generated kernels"),
@@ -473,7 +543,7 @@ class _Fft(OpFormulation):
                       "(whole, or each size split in two factors)"),
                 Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly "
                       "(whole, or each size split in two factors)"),
-                *phases, *inverse, *vec,
+                *phases, *inverse, *vec, *tiling,
                 # 0 first: the three TF32 mmas a real product, the code of configs written before the parameter
                 *([Param("MAC_CROSS", (0, 1), "MAC mma: 3xTF32's cross products as one BF16 mma a real product "
                          "(0: two TF32 mmas)", (("MAC", ("mma",)),))] if problem.precision == "fp32" else [])]
@@ -486,15 +556,36 @@ class _Fft(OpFormulation):
         # Rules over the planes also read STRIDE_PHASES where the problem has it (*ph: () or (0|1,)).
         ph_key = ("STRIDE_PHASES",) if takes_phases(p) else ()
         o_key = ("XFORM_O",) if takes_inverse(p) else ()   # likewise XFORM_O: () or ("cufft"|"fdft",)
-        forms = {phased: (fft_conv(p, phased), operand_sizes(p, phased)) for phased in (False, True)}
+        # The plan's form: whole planes (phases apart or not) or FFT tiles of each edge. Rules over
+        # the planes read FFT_TILE, and STRIDE_PHASES where the problem has it: keys (tile, *ph).
+        @functools.lru_cache(maxsize=None)
+        def form(phased, tile):
+            return fft_conv(p, phased, tile), operand_sizes(p, phased, tile)
 
-        def conv(ph):
-            return forms[bool(ph and ph[0])][0]
+        def conv(keys):
+            tile, ph = keys[0], keys[1:]
+            return form(bool(ph and ph[0]) and not tile, tile)[0]
 
-        def size(how, *ph):
-            fh, fw = fft_size(conv(ph), how)
+        def size(how, *keys):
+            fh, fw = fft_size(conv(keys), how)
             return None if max(fh, fw) <= MAX_FFT else \
-                f"{fh}x{fw} FFT planes exceed {MAX_FFT} (images this large would need FFT tiling)"
+                f"{fh}x{fw} FFT planes exceed {MAX_FFT}: FFT_TILE cuts the image into tiles of smaller planes"
+
+        whole = fft_conv(p)
+
+        def tiling(tile, how, *ph):
+            if not tile:
+                return None
+            if ph and ph[0]:
+                return f"FFT_TILE={tile} tiles dY spread at the stride: only with STRIDE_PHASES=0"
+            if how != "smooth":
+                return f"FFT_TILE={tile} sets the planes' size itself: only with FFT_SIZE=smooth"
+            if tile < max(p.R, p.S) + 1:
+                return f"FFT_TILE={tile} planes leave no room for a tile beside the {p.R}x{p.S} filter"
+            if fft_tiles(p, tile).count < 2:
+                return (f"FFT_TILE={tile}: one tile covers the whole output, as whole planes of "
+                        f"{whole.HP}x{whole.WP} do")
+            return None
 
         def block_arch(mac):
             ok = mac == "thread" or arch_number(limits.arch) >= MIN_BLOCK_ARCH
@@ -519,28 +610,29 @@ class _Fft(OpFormulation):
             return None
 
         def dft_smem(operand):
-            def nbytes(how, xform, *ph):
-                f, sizes = forms[bool(ph and ph[0])]
+            def nbytes(how, xform, tile, *ph):
+                f, sizes = form(bool(ph and ph[0]) and not tile, tile)
                 return xform_smem_bytes(xform, sizes[operand], *fft_size(f, how))
             return nbytes
 
-        def inverse_and_phases(keys):   # the values of (*o_key, *ph_key): XFORM_O and the ph tuple
+        def inverse_and_form(keys):   # the values of (*o_key, FFT_TILE, *ph_key): XFORM_O and (tile, *ph)
             return (keys[0], keys[1:]) if o_key else ("cufft", keys)
 
         def idft_smem(how, *keys):
-            xo, ph = inverse_and_phases(keys)
+            xo, tph = inverse_and_form(keys)
             if xo != "fdft":
                 return 0
-            return idft_smem_bytes(kept_columns(p, bool(ph and ph[0]))[2], *fft_size(conv(ph), how))
+            kept = kept_columns(p, bool(tph[1:] and tph[1]), tph[0])
+            return idft_smem_bytes(kept[2], *fft_size(conv(tph), how))
 
-        inverse = [smem_rule(limits, ("FFT_SIZE", *o_key, *ph_key), idft_smem)] if o_key else []
+        inverse = [smem_rule(limits, ("FFT_SIZE", *o_key, "FFT_TILE", *ph_key), idft_smem)] if o_key else []
 
         s_key = ("WS_SHARE",) if o_key else ()   # the ops with XFORM_O have WS_SHARE
 
-        def workspace(how, imgs, xa, xb, *keys):   # keys: (*s_key, *o_key, *ph_key)
+        def workspace(how, imgs, xa, xb, *keys):   # keys: (*s_key, *o_key, FFT_TILE, *ph_key)
             share, keys = (bool(keys[0]), keys[1:]) if s_key else (False, keys)
-            xo, ph = inverse_and_phases(keys)
-            return 4 * sum(workspace_elements(conv(ph), how, imgs, xa, xb, xo, share).values())
+            xo, tph = inverse_and_form(keys)
+            return 4 * sum(workspace_elements(conv(tph), how, imgs, xa, xb, xo, share).values())
 
         def something_to_share(share, xa, xo):   # a directly transformed A and O leave no pair
             if share and xa != "cufft" and xo != "cufft":
@@ -557,16 +649,18 @@ class _Fft(OpFormulation):
 
         copies = [Constraint(("FFT_VEC", "XFORM_A", "XFORM_B", "XFORM_O"), something_to_copy)] if o_key else []
 
-        return [Constraint(("FFT_SIZE", *ph_key), size), Constraint(("MAC",), block_arch),
+        return [Constraint(("FFT_SIZE", "FFT_TILE", *ph_key), size),
+                Constraint(("FFT_TILE", "FFT_SIZE", *ph_key), tiling), Constraint(("MAC",), block_arch),
                 Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
-                smem_rule(limits, ("FFT_SIZE", "XFORM_A", *ph_key), dft_smem("A")),
-                smem_rule(limits, ("FFT_SIZE", "XFORM_B", *ph_key), dft_smem("B")),
+                smem_rule(limits, ("FFT_SIZE", "XFORM_A", "FFT_TILE", *ph_key), dft_smem("A")),
+                smem_rule(limits, ("FFT_SIZE", "XFORM_B", "FFT_TILE", *ph_key), dft_smem("B")),
                 smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"),
                           lambda mac, t, i, j, fb, bl: mac_smem_bytes({"MAC": mac, "FFT_THREADS": t, "IT": i, "JT": j,
                                                                        "FB": fb, "BL": bl})),
                 *inverse, *sharing, *copies,
                 workspace_rule(limits.workspace_bytes,
-                               ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *s_key, *o_key, *ph_key), workspace)]
+                               ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *s_key, *o_key, "FFT_TILE", *ph_key),
+                               workspace)]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         # Strided ops take their phases apart: the same products over planes SH*SW times smaller.
@@ -576,19 +670,28 @@ class _Fft(OpFormulation):
         fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
         inverse = {"XFORM_O": "cufft", "WS_SHARE": 0} if takes_inverse(problem) else {}
         base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128, "XFORM_A": "cufft", "XFORM_B": "cufft",
-                **phases, **inverse, "FFT_VEC": 1}
+                **phases, **inverse, "FFT_VEC": 1, "FFT_TILE": 0}
         # The filters' spectra (operand B but in conv_wgrad) computed directly: measured faster than
         # placing + cuFFT on an H100. The last runs on any GPU (no cp.async) and in the least workspace.
         filters = {"XFORM_B": "dft"} if self.op != "conv_wgrad" else {}
         # MAC_ORDER "tiles": every fft record tuned on both GPUs took it (README, the fft section).
+        if max(fft_size(f, "smooth")) > MAX_FFT:
+            # No whole plane serves the image: FFT tiles, the smallest of 32 (cuDNN's FFT_TILING) and up
+            # whose outputs are at least about half its plane, dY spread where strided.
+            tile = next((t for t in TILES_F if t >= 32 and t >= 2 * max(problem.R, problem.S)), TILES_F[-1])
+            base = {**base, **({"STRIDE_PHASES": 0} if phases else {}), "FFT_TILE": tile}
+            f = fft_conv(problem, False, tile)
+            fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
         return [{**base, "IMGS": max(fits, default=1), "IT": 4, "JT": 4, "MAC": "block", "FB": 4, "BL": 8,
                  "MAC_ORDER": "tiles", **filters},
                 {**base, "IMGS": max(fits, default=1), "IT": 2, "JT": 2, "MAC": "thread"},
                 {**base, "IMGS": 1, "IT": 1, "JT": 1, "MAC": "thread"}]
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
-        fh, fw = fft_size(fft_conv(problem, is_phased(config)), config["FFT_SIZE"])
-        return {"fft_h": fh, "fft_w": fw, "fft_threads": config["FFT_THREADS"], "fft_it": config["IT"],
+        tile = tile_of(config)
+        fh, fw = fft_size(fft_conv(problem, is_phased(config), tile), config["FFT_SIZE"])
+        tiles = fft_tiles(problem, tile) if tile else None
+        return {"fft_tiles": tiles, "fft_loaded": is_phased(config) or bool(tile), "fft_h": fh, "fft_w": fw, "fft_threads": config["FFT_THREADS"], "fft_it": config["IT"],
                 "fft_jt": config["JT"], "bias_grad_threads": config["FFT_THREADS"], "fft_mac": config["MAC"],
                 "fft_fb": config.get("FB", 0), "fft_bl": config.get("BL", 0),
                 "fft_mac_tiles": config.get("MAC_ORDER") == "tiles", "fft_dft_planes": DFT_PLANES,
@@ -606,8 +709,8 @@ class _Fft(OpFormulation):
         # and rendered into the source: a block copies them instead of evaluating each with a
         # double-precision sincospi (the 11x11 inverse, timed alone on an H100: 97.7 -> 86.4 us).
         out: dict[str, Any] = {}
-        phased = is_phased(config)
-        sizes, places = operand_sizes(problem, phased), placement(problem, phased)
+        phased, tile = is_phased(config), tile_of(config)
+        sizes, places = operand_sizes(problem, phased, tile), placement(problem, phased, tile)
         for operand in ("A", "B"):
             table = None
             if config[f"XFORM_{operand}"] == "dft":
@@ -617,17 +720,18 @@ class _Fft(OpFormulation):
         if "fdft" in (config["XFORM_A"], config["XFORM_B"]):
             out["fft_fdft_tables"] = float2_literals(fdft_tables(fh, fw))
         if inverse_of(config) == "fdft":
-            out.update(fft_idft_planes=idft_planes(fh, fw), fft_idft_columns=kept_columns(problem, phased),
-                       fft_idft_tables=float2_literals(idft_tables(kept_columns(problem, phased), fh, fw)))
+            kept = kept_columns(problem, phased, tile)
+            out.update(fft_idft_planes=idft_planes(fh, fw), fft_idft_columns=kept,
+                       fft_idft_tables=float2_literals(idft_tables(kept, fh, fw)))
         return out
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
-        return (), tuple(workspace_elements(fft_conv(problem, is_phased(config)), config["FFT_SIZE"],
+        return (), tuple(workspace_elements(fft_conv(problem, is_phased(config), tile_of(config)), config["FFT_SIZE"],
                                             config["IMGS"], config["XFORM_A"], config["XFORM_B"],
                                             inverse_of(config), shares_workspace(config)).items())
 
     def launches(self, problem: Any, config: Config) -> tuple:
-        f, c = fft_conv(problem, is_phased(config)), config
+        f, c = fft_conv(problem, is_phased(config), tile_of(config)), config
         fh, fw = fft_size(f, c["FFT_SIZE"])
         threads, real, spec = c["FFT_THREADS"], fh * fw, spectrum(fh, fw)
         (src, dst), (mac_x, mac_y) = self.ARGS[self.op]
@@ -643,6 +747,8 @@ class _Fft(OpFormulation):
         def mac(n0, nb):
             # O[i][j]: conv_fwd i = image, j = filter; conv_bwd_data i = image, j = channel;
             # conv_wgrad i = filter, j = channel (the images are the sum, accumulated after the first block).
+            # FFT tiles are images to it: the block's images count nb * tiles.
+            nb *= f.tiles
             rows, cols = (f.K, f.phases * f.C) if f.op == "conv_wgrad" else (nb, f.out_planes)
             # Only conv_wgrad sums over blocks of images; the others' blocks are separate images, and
             # cuFFT's C2R has meanwhile overwritten the previous block's spectra anyway.
@@ -657,7 +763,7 @@ class _Fft(OpFormulation):
         def transform(kind, src_buf, dst_buf, planes):
             return LibraryFft(kind, src_buf, 0, dst_buf, 0, planes, fh, fw)
 
-        sizes = operand_sizes(problem, is_phased(config))
+        sizes = operand_sizes(problem, is_phased(config), tile_of(config))
 
         def forward(operand, src, n0, nb, planes):
             # The operand's spectra: placed planes transformed by cuFFT, or computed directly.
@@ -675,17 +781,18 @@ class _Fft(OpFormulation):
             steps += forward("B", "w", 0, 1, f.b_planes)
         for n0 in range(0, f.N, b):
             nb = min(b, f.N - n0)
-            steps += forward("A", src if f.op != "conv_wgrad" else "x", n0, nb, nb * f.a_planes)
+            steps += forward("A", src if f.op != "conv_wgrad" else "x", n0, nb, nb * f.tiles * f.a_planes)
             if f.op == "conv_wgrad":
-                steps += forward("B", "dy", n0, nb, nb * f.b_planes)
+                steps += forward("B", "dy", n0, nb, nb * f.tiles * f.b_planes)
             steps.append(mac(n0, nb))
             if f.op != "conv_wgrad" and inverse_of(c) == "fdft":   # the kept outputs, straight from the spectra
-                steps.append(Launch("fft_idft", (cdiv(nb * f.out_planes, idft_planes(fh, fw)), 1, 1),
-                                    (threads, 1, 1), idft_smem_bytes(kept_columns(problem, is_phased(c))[2], fh, fw),
+                steps.append(Launch("fft_idft", (cdiv(nb * f.tiles * f.out_planes, idft_planes(fh, fw)), 1, 1),
+                                    (threads, 1, 1),
+                                    idft_smem_bytes(kept_columns(problem, is_phased(c), tile_of(c))[2], fh, fw),
                                     ("fft_of", "bias", dst), (n0, nb)))
             elif f.op != "conv_wgrad":
                 planes_o = buffer_name("fft_o", share)
-                steps += [transform("c2r", "fft_of", planes_o, nb * f.out_planes),
+                steps += [transform("c2r", "fft_of", planes_o, nb * f.tiles * f.out_planes),
                           copy("fft_crop", nb * f.out_planes * problem.P * problem.Q if f.op == "conv_fwd"
                                else nb * f.C * problem.H * problem.W, (planes_o, "bias", dst), (n0, nb))]
         if f.op == "conv_wgrad":
@@ -696,7 +803,7 @@ class _Fft(OpFormulation):
         return tuple(steps)
 
     def code_helpers(self) -> tuple:
-        return (smooth_size, FftConv, takes_phases, sub_filter, fft_conv, is_phased, fft_size, spectrum, mac_block,
+        return (smooth_size, FftConv, FftTiles, fft_tiles, tile_of, takes_phases, sub_filter, fft_conv, is_phased, fft_size, spectrum, mac_block,
                 mac_smem_bytes, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                 dft_smem_bytes, split_factor, fdft_smem_bytes, xform_smem_bytes, workspace_elements, takes_inverse,
                 buffer_name, shares_workspace, SHARED_WITH,
