@@ -1081,13 +1081,10 @@ def test_fft_tiles_compute_the_convolution_in_numpy(op, rng):
     or spread input, each tile's outputs put in place): the float64 reference's result to rounding,
     on the odd shapes and on an image past MAX_FFT, strided too."""
     cases = tile_cases(op)
-    assert len(cases) >= 4
-    by_problem = {}
-    for name, problem, config in cases:
-        by_problem.setdefault(name, (problem, []))[1].append(config)
-    checked = check_plans(OPERATIONS[op], [(n, p) for n, (p, _) in by_problem.items()],
-                          lambda problem: next(c for p, c in by_problem.values() if p is problem), Kernels, rng,
-                          tolerance=1e-11)
+    config_of = {problem: config for _, problem, config in cases}
+    assert len(config_of) == len(cases) >= 4
+    checked = check_plans(OPERATIONS[op], [(name, problem) for name, problem, _ in cases],
+                          lambda problem: [config_of[problem]], Kernels, rng, tolerance=1e-11)
     assert checked == len(cases)
 
 

@@ -216,12 +216,16 @@ def tile_of(config: Config | dict) -> int:
     return config.get("FFT_TILE", 0)
 
 
+def whole_planes(p: Any) -> tuple[int, int, int]:
+    """(a_planes, b_planes, out_planes) of FftConv without the stride's phases (per tile with FFT tiles)."""
+    return {"conv_fwd": (p.C, p.K * p.C, p.K), "conv_bwd_data": (p.K, p.K * p.C, p.C),
+            "conv_wgrad": (p.C, p.K, p.K * p.C)}[p.op]
+
+
 def fft_conv(p: Any, phased: bool = False, tile: int = 0) -> FftConv:
     if tile:
         t = fft_tiles(p, tile)
-        a, b, out = {"conv_fwd": (p.C, p.K * p.C, p.K), "conv_bwd_data": (p.K, p.K * p.C, p.C),
-                     "conv_wgrad": (p.C, p.K, p.K * p.C)}[p.op]
-        return FftConv(p.op, p.N, p.C, p.K, *t.window_a, a, b, out, 1, tile, t.count)
+        return FftConv(p.op, p.N, p.C, p.K, *t.window_a, *whole_planes(p), 1, tile, t.count)
     if phased and takes_phases(p):
         (sh, sw), (ru, su), ph = p.stride, sub_filter(p), p.stride[0] * p.stride[1]
         # Wrap-free sizes: a full convolution of P positions with RU taps has P + RU - 1; conv_bwd_data
@@ -234,9 +238,7 @@ def fft_conv(p: Any, phased: bool = False, tile: int = 0) -> FftConv:
             a, b, out = ph * p.C, p.K, p.K * ph * p.C
         return FftConv(p.op, p.N, p.C, p.K, hp, wp, a, b, out, ph)
     hp, wp = p.H + p.padding[0] + p.padding[2], p.W + p.padding[1] + p.padding[3]
-    a, b, out = {"conv_fwd": (p.C, p.K * p.C, p.K), "conv_bwd_data": (p.K, p.K * p.C, p.C),
-                 "conv_wgrad": (p.C, p.K, p.K * p.C)}[p.op]
-    return FftConv(p.op, p.N, p.C, p.K, hp, wp, a, b, out)
+    return FftConv(p.op, p.N, p.C, p.K, hp, wp, *whole_planes(p))
 
 
 def is_phased(config: Config | dict) -> bool:
@@ -508,7 +510,7 @@ class _Fft(OpFormulation):
 
     def __init__(self, op: str):
         self.op = op
-        self.templates = (f"fft_{op}.cu.j2", "_fft.cuh.j2", "_mma_sync.cuh.j2",
+        self.templates = (f"fft_{op}.cu.j2", "_fft.cuh.j2", "_fft_tiles.cuh.j2", "_mma_sync.cuh.j2",
                           *(("_bias_grad.cuh.j2",) if op == "conv_wgrad" else ()))
 
     def params(self, problem: Any) -> list[Param]:
@@ -803,7 +805,8 @@ class _Fft(OpFormulation):
         return tuple(steps)
 
     def code_helpers(self) -> tuple:
-        return (smooth_size, FftConv, FftTiles, fft_tiles, tile_of, takes_phases, sub_filter, fft_conv, is_phased, fft_size, spectrum, mac_block,
+        return (smooth_size, FftConv, FftTiles, fft_tiles, tile_of, whole_planes, takes_phases, sub_filter, fft_conv,
+                is_phased, fft_size, spectrum, mac_block,
                 mac_smem_bytes, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                 dft_smem_bytes, split_factor, fdft_smem_bytes, xform_smem_bytes, workspace_elements, takes_inverse,
                 buffer_name, shares_workspace, SHARED_WITH,
