@@ -39,12 +39,16 @@ NCU_TIMEOUT_S = 600
 
 
 def step_name(step) -> str:
-    from autocnn.kernels.operation import LibraryFft, LibraryGemm
+    from autocnn.kernels.operation import LibraryComplexGemm, LibraryFft, LibraryGemm
 
     if isinstance(step, LibraryFft):
-        return f"cuFFT {step.kind} {step.batch}x{step.height}x{step.width}"
+        layout = " frequency-major" if step.frequency_major else ""
+        return f"cuFFT {step.kind} {step.batch}x{step.height}x{step.width}{layout}"
     if isinstance(step, LibraryGemm):
         return f"cuBLAS {step.kernel}"
+    if isinstance(step, LibraryComplexGemm):
+        return (f"cuBLAS complex GEMM {step.batch}x({step.m}x{step.n}x{step.k}) "
+                f"{step.op_a}{step.op_b}{' tf32' if step.tf32 else ''}")
     return f"{step.kernel} {step.grid}x{step.block[0]}" + (f" smem {step.shared_bytes}" if step.shared_bytes else "")
 
 

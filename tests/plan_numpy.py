@@ -1,7 +1,7 @@
 """A NumPy interpreter of kernel plans for CPU tests of formulations with library steps: each
-LibraryGemm runs on exactly the buffer views it names (as cuBLAS would), each LibraryFft on the
-planes and half spectra it names (unnormalised, as cuFFT), each generated kernel by a NumPy
-function a test supplies, all in float64 on flat buffers."""
+LibraryGemm and LibraryComplexGemm runs on exactly the buffer views it names (as cuBLAS would), each
+LibraryFft on the planes and half spectra it names (unnormalised, as cuFFT; frequency-major where it
+says so), each generated kernel by a NumPy function a test supplies, all in float64 on flat buffers."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from autocnn.kernels import reference
-from autocnn.kernels.operation import LibraryFft, LibraryGemm, MatrixView
+from autocnn.kernels.operation import LibraryComplexGemm, LibraryFft, LibraryGemm, MatrixView
 
 
 def view(buf: np.ndarray, mv: MatrixView, rows: int, cols: int, batch: int) -> np.ndarray:
@@ -29,6 +29,30 @@ def numpy_gemm(step: LibraryGemm, buffers: dict[str, np.ndarray]) -> None:
     c[...] = product + c if step.accumulate else product
 
 
+def numpy_complex_gemm(step: LibraryComplexGemm, buffers: dict[str, np.ndarray]) -> None:
+    """As cuBLAS's complex GEMM: the views count complex numbers of the float buffers."""
+    shapes = step.stored_shapes()
+
+    def operand(name):
+        buf = buffers[getattr(step, name).buffer]
+        return view(buf[:buf.size // 2 * 2].view(np.result_type(buf.dtype, np.complex64)), getattr(step, name),
+                    *shapes[name], step.batch)
+
+    def op(x, how):
+        return x if how == "n" else x.transpose(0, 2, 1) if how == "t" else np.conj(x.transpose(0, 2, 1))
+
+    a, b, c = operand("a"), operand("b"), operand("c")
+    product = op(a, step.op_a) @ op(b, step.op_b)
+    c[...] = product + c if step.accumulate else product
+
+
+def frequency_major(spectra: np.ndarray, planes: int, h: int, half: int) -> np.ndarray:
+    """A [frequency][plane] run of complex numbers seen as (planes, h, half), writable."""
+    seen = np.moveaxis(spectra.reshape(h, half, planes), -1, 0)
+    assert np.shares_memory(seen, spectra)
+    return seen
+
+
 def numpy_fft(step: LibraryFft, buffers: dict[str, np.ndarray]) -> None:
     (src, src_end), (dst, dst_end) = step.extents()["src"], step.extents()["dst"]
     assert src_end <= buffers[src].size and dst_end <= buffers[dst].size, f"{step} reaches past a buffer"
@@ -37,20 +61,28 @@ def numpy_fft(step: LibraryFft, buffers: dict[str, np.ndarray]) -> None:
     source = buffers[src][step.src_offset:src_end]
     target = buffers[dst][step.dst_offset:dst_end]
     if step.kind == "r2c":
-        target.view(complex_type)[...] = np.fft.rfft2(source.reshape(n, h, w)).ravel()
+        spectra = np.fft.rfft2(source.reshape(n, h, w))
+        if step.frequency_major:
+            frequency_major(target.view(complex_type), n, h, w // 2 + 1)[...] = spectra
+        else:
+            target.view(complex_type)[...] = spectra.ravel()
     else:
-        spectra = source.view(complex_type).reshape(n, h, w // 2 + 1)
+        spectra = source.view(complex_type)
+        spectra = (frequency_major(spectra, n, h, w // 2 + 1) if step.frequency_major
+                   else spectra.reshape(n, h, w // 2 + 1))
         target[...] = (np.fft.irfft2(spectra, s=(h, w)) * (h * w)).ravel()
         source[...] = np.nan   # cuFFT's C2R may overwrite its input: a plan must not read it again
 
 
-LIBRARY_STEPS = (LibraryGemm, LibraryFft)
+LIBRARY_STEPS = (LibraryGemm, LibraryComplexGemm, LibraryFft)
 
 
-def run_library_step(step: LibraryGemm | LibraryFft, buffers: dict[str, np.ndarray]) -> None:
+def run_library_step(step: LibraryGemm | LibraryComplexGemm | LibraryFft, buffers: dict[str, np.ndarray]) -> None:
     """A cuBLAS GEMM or cuFFT transform of a plan, in NumPy on the flat buffers it names."""
     if isinstance(step, LibraryGemm):
         numpy_gemm(step, buffers)
+    elif isinstance(step, LibraryComplexGemm):
+        numpy_complex_gemm(step, buffers)
     else:
         numpy_fft(step, buffers)
 

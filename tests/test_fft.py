@@ -21,12 +21,13 @@ from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, df
                                              fft_conv, fft_size, fdft_smem_bytes, idft_tables, is_phased, kept_columns,
                                              placement, mac_block, split_factor, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                                              smooth_size, spectrum, sub_filter, takes_phases, workspace_elements,
-                                             buffer_name, shares_workspace, fft_tiles, tile_of, TILES_F)
-from autocnn.kernels.operation import LibraryFft, cdiv, next_pow2
+                                             buffer_name, shares_workspace, fft_tiles, tile_of, TILES_F,
+                                             frequency_major, mac_gemm)
+from autocnn.kernels.operation import LibraryComplexGemm, LibraryFft, cdiv, next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
 from tests.formulation_checks import assert_verifies_on_gpu, build_failures, compile_failures, operations_with
-from tests.plan_numpy import check_plans
+from tests.plan_numpy import check_plans, frequency_major as frequency_major_view
 
 LIMITS = DeviceLimits.for_arch("sm_90")
 OPERATIONS = operations_with(FFT)
@@ -57,7 +58,9 @@ class Kernels:
     """The formulation's generated kernels in NumPy, from each op's definition as correlations.
     With STRIDE_PHASES=1 a plane index of the phased operand is (outer, a*SW + b, c): phase (a, b).
     With FFT tiles (FFT_TILE) an image's planes are (tile, channel): tile t = ty*TW + tx reads the
-    window of the input that its outputs need, and the multiply-accumulate takes tiles as images."""
+    window of the input that its outputs need, and the multiply-accumulate takes tiles as images.
+    With MAC "cublas" the spectra are frequency-major: a step's P planes as [frequency][plane], P the
+    planes of the block it transforms (the GEMM itself is the plan's library step)."""
 
     def __init__(self, problem, config):
         self.p = problem
@@ -67,6 +70,8 @@ class Kernels:
         self.fh, self.fw = fft_size(fft_conv(problem, self.phased, self.tile), config["FFT_SIZE"])
         self.phases = problem.stride[0] * problem.stride[1] if self.phased else 1
         self.share = shares_workspace(config)
+        self.freq_major = frequency_major(config)
+        self.f = fft_conv(problem, self.phased, self.tile)
 
     def _tile_corners(self, step_h=1, step_w=1):
         """Each tile's (t, first output row * step_h, first output column * step_w)."""
@@ -112,9 +117,20 @@ class Kernels:
         return buf[:count * self.fh * self.fw].reshape(count, self.fh, self.fw)
 
     def _spectra(self, buf, *shape):
-        count = int(np.prod(shape))
-        return buf[:2 * count * self.fh * (self.fw // 2 + 1)].view(np.complex128).reshape(
-            *shape, self.fh, self.fw // 2 + 1)
+        count, half = int(np.prod(shape)), self.fw // 2 + 1
+        spectra = buf[:2 * count * self.fh * half].view(np.complex128)
+        if self.freq_major:   # element (plane, frequency) at frequency*count + plane
+            seen = frequency_major_view(spectra, count, self.fh, half).reshape(*shape, self.fh, half)
+            assert np.shares_memory(seen, spectra)
+            return seen
+        return spectra.reshape(*shape, self.fh, half)
+
+    def _block_planes(self, operand, nb):
+        """The planes a step of the block transforms: A's, B's (the filters once, or conv_wgrad's dY) or O's."""
+        f = self.f
+        if operand == "B" and self.p.op != "conv_wgrad":
+            return f.b_planes
+        return nb * f.tiles * {"A": f.a_planes, "B": f.b_planes, "O": f.out_planes}[operand]
 
     def _place_x(self, b, out, n0, nb):
         p, (pt, pl) = self.p, self.p.padding[:2]
@@ -168,7 +184,7 @@ class Kernels:
         planes[...] = 0
         planes[:, :, :p.R, :p.S] = b["w"].reshape(p.w_shape)
 
-    def _spectra_of(self, b, placed, spectra, place):
+    def _spectra_of(self, b, placed, spectra, place, block_planes):
         # The direct transform: the placed planes' half spectra, as numpy.fft (unnormalised) has them.
         # A directly transformed operand has no placed planes in the plan: room for as many as its spectra.
         count = b[spectra].size // (2 * self.fh * (self.fw // 2 + 1))
@@ -176,14 +192,19 @@ class Kernels:
         scratch = {**b, placed: np.zeros(count * self.fh * self.fw)}
         place(scratch)
         planes = scratch[placed].reshape(-1, self.fh, self.fw)
+        if self.freq_major:   # the block's planes, frequency-major
+            self._spectra(b[spectra], block_planes)[...] = np.fft.rfft2(planes[:block_planes])
+            return
         out = b[spectra][:b[spectra].size // 2 * 2].view(np.complex128)   # a shared buffer may be odd-sized
         out[:planes.size // self.fw * (self.fw // 2 + 1)] = np.fft.rfft2(planes).ravel()
 
     def fft_dft_a(self, b, n0, nb):
-        self._spectra_of(b, "fft_a", "fft_af", lambda scratch: self.fft_place_a(scratch, n0, nb))
+        self._spectra_of(b, "fft_a", "fft_af", lambda scratch: self.fft_place_a(scratch, n0, nb),
+                         self._block_planes("A", nb))
 
     def fft_dft_b(self, b, n0, nb):
-        self._spectra_of(b, "fft_b", "fft_bf", lambda scratch: self.fft_place_b(scratch, n0, nb))
+        self._spectra_of(b, "fft_b", "fft_bf", lambda scratch: self.fft_place_b(scratch, n0, nb),
+                         self._block_planes("B", nb))
 
     def fft_mac(self, b, nb, accumulate):
         p = self.p
@@ -204,6 +225,8 @@ class Kernels:
     def fft_idft(self, b, n0, nb):
         # XFORM_O fdft: cuFFT's C2R (unnormalised) and the crop in one; the plan has no real output planes.
         count = b["fft_of"].size // (2 * self.fh * (self.fw // 2 + 1))
+        if self.freq_major:   # the block's planes are the run's
+            count = self._block_planes("O", nb)
         planes = np.fft.irfft2(self._spectra(b["fft_of"], count), s=(self.fh, self.fw)) * (self.fh * self.fw)
         self.fft_crop({**b, self.buf("fft_o"): planes.ravel()}, n0, nb)
 
@@ -1002,7 +1025,10 @@ def tiled(op, problem, tile, **over):
               "JT": 1, "MAC": "block", "FB": 4, "BL": 4, "MAC_ORDER": "tiles", "XFORM_A": "cufft", "XFORM_B": "cufft",
               "FFT_VEC": 1, "FFT_TILE": tile, **({"STRIDE_PHASES": 0} if takes_phases(problem) else {}),
               **({"XFORM_O": "cufft", "WS_SHARE": 0} if op != "conv_wgrad" else {})}
-    return space(op, problem).complete({**config, **over})
+    config |= over
+    if config["MAC"] not in ("block", "mma"):   # the tiled multiply-accumulates' own parameters
+        config = {k: v for k, v in config.items() if k not in ("FB", "BL", "MAC_ORDER")}
+    return space(op, problem).complete(config)
 
 
 def test_fft_tiles_cover_every_output_from_windows_that_fit_their_planes():
@@ -1135,3 +1161,123 @@ def test_fft_tiles_verify_against_float64_on_the_gpu(op):
                                    fixed={"FFT_TILE": 16, **({"STRIDE_PHASES": 0} if strided else {})})
     big = [(f"big {pr}", big_problem(op, precision=pr)) for pr in ("fp32", "tf32")]
     assert_verifies_on_gpu(OPERATIONS[op], NAME, big, 3, WORKSPACE_LIMIT_BYTES)
+
+
+# MAC "cublas": cuBLAS's batched complex GEMM, one a frequency, on frequency-major spectra.
+
+def cublas_cases(op):
+    """(name, problem, config) with MAC "cublas" on the odd shapes: blocks of images smaller than the
+    batch, each transform of A and B in turn (placed + cuFFT's strided R2C, dft, fdft), both ways back
+    (cuFFT's strided C2R and crop, the factorised inverse), the stride's phases apart where strided,
+    WS_SHARE and one case in FFT tiles."""
+    forms = (("cufft", "dft", "fdft"), ("dft", "fdft", "cufft"), ("fdft", "cufft", "fdft"))
+    out = []
+    for i, (name, problem) in enumerate(small_problems(op)):
+        xa, xb, xo = forms[i % 3]
+        config = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": min(2, problem.N), "FFT_THREADS": 64, "IT": 1, "JT": 1,
+                  "MAC": "cublas", "XFORM_A": xa, "XFORM_B": xb, "FFT_VEC": 1, "FFT_TILE": 0}
+        if op != "conv_wgrad":
+            config |= {"XFORM_O": xo, "WS_SHARE": int(xa == "cufft" or xo == "cufft") * (i % 2)}
+        if takes_phases(problem):
+            config["STRIDE_PHASES"] = (i + 1) % 2
+        out.append((name, problem, space(op, problem).complete(config)))
+    name, tiled_problem = next((n, p) for n, p in small_problems(op) if fft_tiles(p, 16).count > 1 and max(p.R, p.S) < 16)
+    out.append((f"{name} F=16", tiled_problem, tiled(op, tiled_problem, 16, MAC="cublas", IT=1, JT=1,
+                                                    XFORM_A="fdft", XFORM_B="dft",
+                                                    **({"XFORM_O": "fdft"} if op != "conv_wgrad" else {}))))
+    return out
+
+
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_cublas_multiply_accumulate_is_a_complex_gemm_a_frequency_on_frequency_major_spectra(op):
+    """The plan calls cuBLAS once a block of images (batch = the half spectrum's frequencies) where
+    the generated kernel ran, every cuFFT step takes its spectra frequency-major, the source has no
+    multiply-accumulate kernel and the transforms write (and the inverse reads) frequency-major; tf32
+    problems alone let cuBLAS use TF32; IT and JT, which it does not use, are held at 1."""
+    problem = dict(small_problems(op))["f_s2"]     # N = 5: blocks of 2, 2 and 1 images
+    for precision in ("fp32", "tf32"):
+        p = dataclasses.replace(problem, precision=precision)
+        config = space(op, p).complete({"formulation": NAME, "IMGS": 2, "IT": 1, "JT": 1, "MAC": "cublas",
+                                        "XFORM_A": "cufft", "XFORM_B": "fdft",
+                                        **({"STRIDE_PHASES": 0} if takes_phases(p) else {}),
+                                        **({"XFORM_O": "fdft"} if op != "conv_wgrad" else {})})
+        plan = OPERATIONS[op].plan(p, config)
+        gemms = plan.library_complex_gemms
+        assert "fft_mac" not in plan.kernel_names and "fft_mac(" not in plan.source
+        assert len(gemms) == 3 and all(g.tf32 == (precision == "tf32") for g in gemms)
+        f = fft_conv(p)
+        spec = spectrum(*fft_size(f, "smooth"))
+        assert all(g.batch == spec for g in gemms)
+        assert [g.accumulate for g in gemms] == ([False, True, True] if op == "conv_wgrad" else [False] * 3)
+        assert plan.library_ffts and all(s.frequency_major for s in plan.library_ffts)
+        assert "store_frequency_major(stage, out, first, last, planes);" in plan.source   # fdft's staged store
+        if op != "conv_wgrad":
+            assert "__ldg(in + (size_t)(e / count) * planes + e % count)" in plan.source   # the inverse's load
+        images = [g.m if op != "conv_wgrad" else g.k for g in gemms]
+        assert images == [2, 2, 1]
+        assert [g for g in gemms][-1] == mac_gemm(f, 1, spec, op == "conv_wgrad", precision == "tf32")
+    # The generated multiply-accumulates keep spectra plane after plane, and cuFFT steps say nothing of layout.
+    block = OPERATIONS[op].plan(problem, space(op, problem).complete({**config.as_dict(), "MAC": "block", "IT": 2}))
+    assert not block.library_complex_gemms and "frequency_major" not in repr(block.library_ffts)
+    with pytest.raises(InfeasibleConfigError, match="MAC=cublas runs no generated multiply-accumulate"):
+        space(op, problem).validate({**config.as_dict(), "IT": 2})
+
+
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_cublas_multiply_accumulate_computes_the_convolution_in_numpy(op, rng):
+    """MAC "cublas" plans in NumPy: the transforms' frequency-major spectra (cuFFT's strided R2C and
+    C2R, dft, fdft, the factorised inverse) and the complex GEMMs on exactly the views the plan names
+    give the float64 reference's result to rounding."""
+    cases = cublas_cases(op)
+    config_of = {problem: config for _, problem, config in cases}
+    checked = check_plans(OPERATIONS[op], [(name, problem) for name, problem, _ in cases],
+                          lambda problem: [config_of[problem]], Kernels, rng, tolerance=1e-11)
+    assert checked == len(cases) >= 6
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_cublas_multiply_accumulate_verifies_under_emulation(op, tmp_path):
+    """The generated kernels that write and read frequency-major spectra (dft, fdft, the factorised
+    inverse) run by the CPU emulator, cuFFT and cuBLAS in NumPy, on the odd shapes: fp32, every
+    element against float64 at the bound."""
+    from tests.cuda_emulator import emulated_failure
+
+    cases = cublas_cases(op)
+    for name, problem, config in cases[::2] + cases[-1:]:
+        why = emulated_failure(OPERATIONS[op], problem, config, tmp_path, random.randrange(2**31))
+        assert why is None, f"{name}: {why}"
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_cublas_multiply_accumulate_builds_without_spills(tmp_path):
+    """The frequency-major transforms and inverse of every cublas case and of the 11x11 seed row, both
+    precisions, for sm_90: every kernel there, none spilling."""
+    jobs = []
+    for op in CONV_OPS:
+        seed = dict(seed_problems(op))["sweep_11x11"]
+        seed_config = space(op, seed).complete({"formulation": NAME, "IT": 1, "JT": 1, "MAC": "cublas",
+                                                "XFORM_A": "fdft", "XFORM_B": "dft",
+                                                **({"XFORM_O": "fdft"} if op != "conv_wgrad" else {})})
+        for name, problem, config in [*cublas_cases(op), ("sweep_11x11", seed, seed_config)]:
+            for precision in ("fp32", "tf32"):
+                p = dataclasses.replace(problem, precision=precision)
+                c = space(op, p).complete(config.as_dict())
+                jobs.append((f"{op} {name} {precision} {c}", OPERATIONS[op].plan(p, c), True))
+    failures = compile_failures(jobs, "sm_90", tmp_path)
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_cublas_multiply_accumulate_verifies_against_float64_on_the_gpu(op):
+    """MAC "cublas" on the GPU in both precisions: fp32 (cuBLAS in FP32) within the FP32 bound and tf32
+    (CUBLAS_COMPUTE_32F_FAST_TF32) within its own, every element checked, on the odd shapes (batch 1,
+    asymmetric padding, strides, an image smaller than its filter's reach) and the 7x7 sweep row."""
+    pytest.importorskip("cupy")
+    problems = [*small_problems(op), ("sweep_7x7", dict(seed_problems(op))["sweep_7x7"])]
+    problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
+    for strided in (False, True):
+        group = [(n, p) for n, p in problems if takes_phases(p) == strided]
+        assert_verifies_on_gpu(OPERATIONS[op], NAME, group, 2, WORKSPACE_LIMIT_BYTES,
+                               fixed={"MAC": "cublas", "IT": 1, "JT": 1})

@@ -10,10 +10,16 @@ from autocnn.kernels.library_steps import StreamBound
 
 
 class _Runtime:
+    class CUDARuntimeError(RuntimeError):   # CuPy's, raised for a stream that no longer exists
+        pass
+
     def __init__(self) -> None:
         self.capturing: set[int] = set()
+        self.destroyed: set[int] = set()
 
     def streamIsCapturing(self, ptr: int) -> bool:   # noqa: N802 -- CuPy's name
+        if ptr in self.destroyed:
+            raise self.CUDARuntimeError("cudaErrorContextIsDestroyed")
         return ptr in self.capturing
 
 
@@ -60,6 +66,17 @@ def test_a_stream_met_under_capture_takes_over_a_resource_of_the_same_kind():
     assert sorted(r["id"] for r in res.values()) == [1, 2, 3]   # the taken one, "other", the new one
 
 
+def test_a_resource_of_a_destroyed_stream_is_taken_over_under_capture():
+    """A stream destroyed since its resource was made (an earlier test's, a model's that went) runs
+    nothing: its query fails, and a capturing stream takes the resource over instead of failing."""
+    cp, res, made, bound = _resources()
+    gone = res.get("plan", 1)
+    res.get("plan", 2)
+    cp.runtime.destroyed.add(1)
+    cp.runtime.capturing.update({2, 7})   # the other stream's resource is busy capturing
+    assert res.get("plan", 7) is gone and bound == [(gone["id"], 7)] and len(made) == 2
+
+
 def test_nothing_to_take_over_under_capture_is_an_error_that_says_what_to_do():
     cp, res, made, _ = _resources()
     res.get("plan", 1)
@@ -72,11 +89,12 @@ def test_nothing_to_take_over_under_capture_is_an_error_that_says_what_to_do():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("formulation", ["unrolled", "fft"])
-def test_a_plan_warmed_on_one_stream_is_captured_on_another(formulation):
-    """PyTorch's graph recipe with a plan that has library steps (cuBLAS GEMMs, cuFFT transforms):
-    run once on a side stream, captured on a second stream, replayed; the replay writes what an eager
-    run writes, bit for bit."""
+@pytest.mark.parametrize("formulation, change", [("unrolled", {}), ("fft", {}),
+                                                 ("fft", {"MAC": "cublas", "IT": 1, "JT": 1, "XFORM_A": "cufft"})])
+def test_a_plan_warmed_on_one_stream_is_captured_on_another(formulation, change):
+    """PyTorch's graph recipe with a plan that has library steps (cuBLAS GEMMs, real and complex,
+    cuFFT transforms, plane-major and frequency-major): run once on a side stream, captured on a
+    second stream, replayed; the replay writes what an eager run writes, bit for bit."""
     import cupy as cp   # the gpu mark skips this test where there is no GPU with CuPy (conftest)
 
     from autocnn.device import current_device
@@ -88,9 +106,14 @@ def test_a_plan_warmed_on_one_stream_is_captured_on_another(formulation):
 
     problem = ConvFwdProblem(N=3, C=5, H=13, W=11, K=6, R=5, S=5, padding=2, bias=True, activation="relu")
     operation = OPERATIONS["conv_fwd"]
-    config = operation.default_config(problem, current_device(0).limits(), formulation=formulation)
+    limits = current_device(0).limits()
+    config = operation.default_config(problem, limits, formulation=formulation)
+    if change:   # the tiled multiply-accumulate's parameters go with it
+        kept = {k: v for k, v in config.as_dict().items() if k not in ("FB", "BL", "MAC_ORDER")}
+        config = operation.space(problem, limits).validate({**kept, **change})
     loaded = KernelLoader().load(operation.plan(problem, config))
     assert loaded.plan.library_gemms or loaded.plan.library_ffts
+    assert bool(loaded.plan.library_complex_gemms) == bool(change)
     inputs = random_inputs(problem, cp, seed=3)
     out = {name: cp.full(shape, cp.nan, dtype=cp.float32) for name, shape in output_shapes(problem).items()}
     buffers = {**inputs, **out, **loaded.workspaces()}

@@ -1,5 +1,6 @@
-"""The library GEMM steps of kernel plans (operation.LibraryGemm): cuBLAS strided-batched SGEMM on
-raw pointers into the plan's buffers, callable while a CUDA graph is being captured.
+"""The library GEMM steps of kernel plans: cuBLAS strided-batched SGEMM (operation.LibraryGemm) and
+complex GEMM (operation.LibraryComplexGemm, through cublasGemmStridedBatchedEx) on raw pointers into
+the plan's buffers, callable while a CUDA graph is being captured.
 
 Why not cupy.matmul: CuPy refuses every cuBLAS call while a stream captures, and the training
 step is captured as a CUDA graph. cuBLAS itself supports capture when a handle has a workspace of
@@ -11,7 +12,8 @@ capture takes over the handle of a stream that is not capturing (library_steps.S
 Precision: each call sets the handle's math mode. FP32 steps run with CUBLAS_DEFAULT_MATH (no
 TF32, whatever CUPY_TF32 or NVIDIA_TF32_OVERRIDE say: CuPy's variable does not reach this handle,
 and NVIDIA's can only turn TF32 off); a step of a tf32 problem that asks for it runs with
-CUBLAS_TF32_TENSOR_OP_MATH.
+CUBLAS_TF32_TENSOR_OP_MATH. Complex steps name their compute type as well: CUBLAS_COMPUTE_32F, or
+CUBLAS_COMPUTE_32F_FAST_TF32 for a tf32 step.
 """
 from __future__ import annotations
 
@@ -21,15 +23,21 @@ from typing import Any
 
 from autocnn.errors import DeviceError
 from autocnn.kernels.library_steps import StreamBound, device_engine, load_library, pointers, release_all
-from autocnn.kernels.operation import LibraryGemm
+from autocnn.kernels.operation import LibraryComplexGemm, LibraryGemm
 
 # cuBLAS's enums (cublas_api.h).
-CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C = 0, 1, 2
 CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
+CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32 = 68, 77
+CUDA_C_32F = 4                  # cudaDataType of complex float32
+CUBLAS_GEMM_DEFAULT = -1
+# A row-major operand stored as op(X) ("n"), its transpose ("t") or its conjugate transpose ("h") is,
+# seen column-major, op(X)^T, op(X) or conj(op(X)): cuBLAS's op that makes op(X)^T of it.
+COMPLEX_OPS = {"n": CUBLAS_OP_N, "t": CUBLAS_OP_T, "h": CUBLAS_OP_C}
 # What NVIDIA recommends for Hopper; with it cuBLAS never allocates while a stream captures.
 HANDLE_WORKSPACE_BYTES = 32 * 1024 * 1024
 NEEDED = ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2",
-          "cublasSetMathMode", "cublasSgemmStridedBatched")
+          "cublasSetMathMode", "cublasSgemmStridedBatched", "cublasGemmStridedBatchedEx")
 LIBRARY_NAMES = tuple(f"libcublas.so{suffix}" for suffix in (".13", ".12", ".11", "")) + \
     tuple(f"cublas64_{v}.dll" for v in (13, 12, 11))
 
@@ -45,6 +53,8 @@ def cublas_library() -> ctypes.CDLL:
 def _declare(lib: ctypes.CDLL) -> None:
     vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
     lib.cublasSgemmStridedBatched.argtypes = [vp, i, i, i, i, i, vp, vp, i, ll, vp, i, ll, vp, vp, i, ll, i]
+    lib.cublasGemmStridedBatchedEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll,
+                                               i, i, i]
     lib.cublasSetStream_v2.argtypes = [vp, vp]
     lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
     lib.cublasSetMathMode.argtypes = [vp, i]
@@ -66,6 +76,7 @@ class CublasGemm:
         self.lib = cublas_library()
         self._handles = StreamBound(cp, "cuBLAS GEMM", self._make_handle, self._bind)
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self._cone, self._czero = (ctypes.c_float * 2)(1.0, 0.0), (ctypes.c_float * 2)(0.0, 0.0)
 
     def prepare(self, stream_ptr: int) -> None:
         """Make a stream's handle now: before a capture on the stream (making one is not captured)."""
@@ -88,8 +99,11 @@ class CublasGemm:
         _status(self.lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr),
                                                HANDLE_WORKSPACE_BYTES), "cublasSetWorkspace")
 
-    def __call__(self, step: LibraryGemm, buffers: dict[str, Any], stream_ptr: int) -> None:
+    def __call__(self, step: LibraryGemm | LibraryComplexGemm, buffers: dict[str, Any], stream_ptr: int) -> None:
         """Run one step on the buffers it names (float32 device arrays), on the given stream."""
+        if isinstance(step, LibraryComplexGemm):
+            self._complex(step, buffers, stream_ptr)
+            return
         ptr = pointers(self.cp, step, {"a": step.a.offset, "b": step.b.offset, "c": step.c.offset}, buffers)
         lib = self.lib
         handle = self._handle(stream_ptr)
@@ -105,6 +119,23 @@ class CublasGemm:
             ctypes.c_void_p(ptr["a"]), a.ld, a.batch_stride,
             ctypes.byref(self._one if step.accumulate else self._zero),
             ctypes.c_void_p(ptr["c"]), c.ld, c.batch_stride, step.batch), "cublasSgemmStridedBatched")
+
+    def _complex(self, step: LibraryComplexGemm, buffers: dict[str, Any], stream_ptr: int) -> None:
+        # Views count complex numbers: twice as many floats.
+        ptr = pointers(self.cp, step, {"a": 2 * step.a.offset, "b": 2 * step.b.offset, "c": 2 * step.c.offset},
+                       buffers)
+        lib, handle = self.lib, self._handle(stream_ptr)
+        _status(lib.cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode")
+        # Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, as in the real case.
+        a, b, c = step.a, step.b, step.c
+        _status(lib.cublasGemmStridedBatchedEx(
+            handle, COMPLEX_OPS[step.op_b], COMPLEX_OPS[step.op_a], step.n, step.m, step.k, self._cone,
+            ctypes.c_void_p(ptr["b"]), CUDA_C_32F, b.ld, b.batch_stride,
+            ctypes.c_void_p(ptr["a"]), CUDA_C_32F, a.ld, a.batch_stride,
+            self._cone if step.accumulate else self._czero,
+            ctypes.c_void_p(ptr["c"]), CUDA_C_32F, c.ld, c.batch_stride, step.batch,
+            CUBLAS_COMPUTE_32F_FAST_TF32 if step.tf32 else CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx")
 
     # release_all is bound at definition: at interpreter exit this module's globals may be None.
     def __del__(self, _release_all: Any = release_all) -> None:

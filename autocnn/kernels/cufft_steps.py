@@ -1,7 +1,7 @@
 """The library FFT steps of kernel plans (operation.LibraryFft): batched 2-D real FFTs by cuFFT on
 raw pointers into the plan's buffers, callable while a CUDA graph is being captured.
 
-cuFFT plans are made once per (kind, size, batch) and stream and kept (a plan's work area must not
+cuFFT plans are made once per (kind, size, batch, layout) and stream and kept (a plan's work area must not
 serve two streams at once); making one allocates, so a stream that a CUDA graph will capture is
 prepared first (``prepare``), or takes over a plan made for another stream (StreamBound). cuFFT
 computes in FP32 and its C2R transform is unnormalised.
@@ -56,17 +56,27 @@ class CufftSteps:
             self._plan(step, stream_ptr)
 
     def _plan(self, step: LibraryFft, stream_ptr: int) -> ctypes.c_int:
-        return self._plans.get((step.kind, step.height, step.width, step.batch), stream_ptr)
+        return self._plans.get((step.kind, step.height, step.width, step.batch, step.frequency_major), stream_ptr)
 
-    def _make_plan(self, key: tuple[str, int, int, int], stream_ptr: int) -> ctypes.c_int:
-        kind_name, height, width, batch = key
+    def _make_plan(self, key: tuple[str, int, int, int, bool], stream_ptr: int) -> ctypes.c_int:
+        kind_name, height, width, batch, frequency_major = key
         plan = ctypes.c_int()
         n = (ctypes.c_int * 2)(height, width)
         kind = CUFFT_R2C if kind_name == "r2c" else CUFFT_C2R
-        # Null embeddings: planes packed one after another, real height*width, half spectra
-        # height*(width//2+1) (the layouts LibraryFft describes).
-        _status(self.lib.cufftPlanMany(ctypes.byref(plan), 2, n, None, 1, 0, None, 1, 0, kind, batch),
-                "cufftPlanMany")
+        if not frequency_major:
+            # Null embeddings: planes packed one after another, real height*width, half spectra
+            # height*(width//2+1) (the layouts LibraryFft describes).
+            _status(self.lib.cufftPlanMany(ctypes.byref(plan), 2, n, None, 1, 0, None, 1, 0, kind, batch),
+                    "cufftPlanMany")
+        else:
+            # Real planes packed (stride 1, height*width apart); half spectra frequency-major: element
+            # (plane b, frequency f) at f*batch + b, so stride batch and planes 1 apart.
+            real = (ctypes.c_int * 2)(height, width)
+            half = (ctypes.c_int * 2)(height, width // 2 + 1)
+            layout = ((real, 1, height * width), (half, batch, 1))
+            (inembed, istride, idist), (onembed, ostride, odist) = layout if kind == CUFFT_R2C else layout[::-1]
+            _status(self.lib.cufftPlanMany(ctypes.byref(plan), 2, n, inembed, istride, idist, onembed, ostride, odist,
+                                           kind, batch), "cufftPlanMany")
         self._bind(plan, stream_ptr)
         return plan
 

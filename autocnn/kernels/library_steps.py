@@ -61,6 +61,14 @@ class StreamBound:
     def _capturing(self, stream_ptr: int) -> bool:
         return bool(self.cp.cuda.runtime.streamIsCapturing(stream_ptr))
 
+    def _idle(self, stream_ptr: int) -> bool:
+        """Whether a resource's stream is not being captured: one destroyed since (its query fails;
+        a test's streams, a model's that went) runs nothing, and its resource can be taken over."""
+        try:
+            return not self._capturing(stream_ptr)
+        except self.cp.cuda.runtime.CUDARuntimeError:
+            return True
+
     def get(self, key: Any, stream_ptr: int) -> Any:
         found = self._bound.get((key, stream_ptr))
         if found is not None:
@@ -69,7 +77,7 @@ class StreamBound:
             found = self._bound[(key, stream_ptr)] = self._make(key, stream_ptr)
             return found
         for bound_key, other in list(self._bound):
-            if bound_key == key and not self._capturing(other):
+            if bound_key == key and self._idle(other):
                 found = self._bound.pop((key, other))
                 self._rebind(found, stream_ptr)
                 self._bound[(key, stream_ptr)] = found

@@ -12,7 +12,7 @@ import functools
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
 
 from autocnn.kernels.codegen import code_source, render_family, template_fingerprint
@@ -139,9 +139,18 @@ class LibraryFft:
     batch: int
     height: int
     width: int
+    # The half spectra frequency-major, [frequency][plane]: frequency f of plane b at f*batch + b
+    # (complex numbers), as a batched GEMM over frequencies reads them (LibraryComplexGemm); False,
+    # plane after plane. Left out of the repr when False (below): the code digest hashes the repr,
+    # and steps planned before the field existed keep their digests.
+    frequency_major: bool = False
 
     shared_bytes: ClassVar[int] = 0
     threads: ClassVar[int] = 0
+
+    def __repr__(self) -> str:
+        names = [f.name for f in fields(self) if f.name != "frequency_major" or self.frequency_major]
+        return f"{type(self).__name__}(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + ")"
 
     def __post_init__(self) -> None:
         if self.kind not in ("r2c", "c2r"):
@@ -173,7 +182,61 @@ class LibraryFft:
                 "dst": (self.dst, self.dst_offset + self.batch * dst_plane)}
 
 
-Step = Launch | LibraryGemm | LibraryFft
+@dataclass(frozen=True)
+class LibraryComplexGemm:
+    """A step between generated kernels: ``batch`` complex GEMMs C = op(A) op(B) (+ C when
+    ``accumulate``) by cuBLAS (strided-batched, complex float32) on views of the plan's buffers whose
+    offsets, leading dimensions and batch strides count complex numbers (two floats). op(A) is m x k,
+    op(B) k x n, C m x n, all row-major; ``op_a`` says how A is stored: "n" as op(A), "t" as its
+    transpose (k x m), "h" as its conjugate transpose (k x m); likewise ``op_b``. ``tf32`` lets
+    cuBLAS round the operands to TF32 on the tensor cores (only a tf32 problem's formulation asks for
+    it); without it cuBLAS computes in FP32 (kernels/cublas_gemm.py)."""
+
+    m: int
+    n: int
+    k: int
+    a: MatrixView
+    b: MatrixView
+    c: MatrixView
+    op_a: str = "n"
+    op_b: str = "n"
+    batch: int = 1
+    accumulate: bool = False
+    tf32: bool = False
+
+    kernel: ClassVar[str] = "cublasGemmStridedBatchedEx"
+    shared_bytes: ClassVar[int] = 0
+    threads: ClassVar[int] = 0
+    OPS: ClassVar[tuple[str, ...]] = ("n", "t", "h")
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"a library complex GEMM needs {name} >= 1, not {getattr(self, name)}")
+        for name in ("op_a", "op_b"):
+            if getattr(self, name) not in self.OPS:
+                raise ValueError(f"{name} is one of {self.OPS}, not {getattr(self, name)!r}")
+        for name, (rows, cols) in self.stored_shapes().items():
+            view = getattr(self, name)
+            if view.ld < cols or view.offset < 0 or view.batch_stride < 0:
+                raise ValueError(f"complex GEMM operand {name}: a {rows}x{cols} matrix cannot have ld={view.ld}, "
+                                 f"offset={view.offset}, batch_stride={view.batch_stride}")
+        if self.batch > 1 and self.c.batch_stride < self.c.extent(self.m, self.n, 1) - self.c.offset:
+            raise ValueError(f"complex GEMM output matrices overlap (batch_stride {self.c.batch_stride})")
+
+    def stored_shapes(self) -> dict[str, tuple[int, int]]:
+        """(rows, cols) of each operand as stored."""
+        return {"a": (self.m, self.k) if self.op_a == "n" else (self.k, self.m),
+                "b": (self.k, self.n) if self.op_b == "n" else (self.n, self.k),
+                "c": (self.m, self.n)}
+
+    def extents(self) -> dict[str, tuple[str, int]]:
+        """For each operand: its buffer and the floats the step reaches in it."""
+        return {name: (getattr(self, name).buffer, 2 * getattr(self, name).extent(rows, cols, self.batch))
+                for name, (rows, cols) in self.stored_shapes().items()}
+
+
+Step = Launch | LibraryGemm | LibraryComplexGemm | LibraryFft
 
 # Bumped when what code_digest hashes, or how, changes (every stored plan digest is then stale).
 CODE_DIGEST_VERSION = 1
@@ -232,6 +295,10 @@ class KernelPlan:
     @property
     def library_gemms(self) -> tuple[LibraryGemm, ...]:
         return tuple(step for step in self.steps if isinstance(step, LibraryGemm))
+
+    @property
+    def library_complex_gemms(self) -> tuple[LibraryComplexGemm, ...]:
+        return tuple(step for step in self.steps if isinstance(step, LibraryComplexGemm))
 
     @property
     def library_ffts(self) -> tuple[LibraryFft, ...]:

@@ -10,7 +10,7 @@ import numpy as np
 from autocnn.kernels.compiler import NvrtcCompiler
 from autocnn.errors import CompileError, DeviceError, LaunchError
 from autocnn.gpu import require_cupy
-from autocnn.kernels.operation import KernelPlan, LibraryFft, LibraryGemm
+from autocnn.kernels.operation import KernelPlan, LibraryComplexGemm, LibraryFft, LibraryGemm
 
 # Shared memory a block may use without opting in to more (CUDA's static limit).
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
@@ -46,7 +46,7 @@ class LoadedPlan:
         # Absent optional buffers (no bias, no workspace) are passed as this one-float placeholder.
         self._placeholder = self.cp.zeros(1, dtype=self.cp.float32)
         self._gemm = self._fft = None
-        if plan.library_gemms:
+        if plan.library_gemms or plan.library_complex_gemms:
             from autocnn.kernels.cublas_gemm import gemm_engine
 
             self._gemm = gemm_engine(self.cp)
@@ -85,7 +85,7 @@ class LoadedPlan:
         """One step of the plan (a kernel launch or a library GEMM or FFT): the plan runs them in
         order; a profiler may time one alone (scripts/profile_plan.py)."""
         cp = self.cp
-        if isinstance(launch, LibraryGemm):
+        if isinstance(launch, (LibraryGemm, LibraryComplexGemm)):
             self._gemm(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
             return
         if isinstance(launch, LibraryFft):
