@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from autocnn.device import DeviceLimits
-from autocnn.errors import InfeasibleConfigError
+from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
@@ -1028,6 +1028,8 @@ def tiled(op, problem, tile, **over):
     config |= over
     if config["MAC"] not in ("block", "mma"):   # the tiled multiply-accumulates' own parameters
         config = {k: v for k, v in config.items() if k not in ("FB", "BL", "MAC_ORDER")}
+    if config["MAC"] == "cublas":               # and the generated ones'
+        config = {k: v for k, v in config.items() if k not in ("IT", "JT")}
     return space(op, problem).complete(config)
 
 
@@ -1174,7 +1176,7 @@ def cublas_cases(op):
     out = []
     for i, (name, problem) in enumerate(small_problems(op)):
         xa, xb, xo = forms[i % 3]
-        config = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": min(2, problem.N), "FFT_THREADS": 64, "IT": 1, "JT": 1,
+        config = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": min(2, problem.N), "FFT_THREADS": 64,
                   "MAC": "cublas", "XFORM_A": xa, "XFORM_B": xb, "FFT_VEC": 1, "FFT_TILE": 0}
         if op != "conv_wgrad":
             config |= {"XFORM_O": xo, "WS_SHARE": int(xa == "cufft" or xo == "cufft") * (i % 2)}
@@ -1182,7 +1184,7 @@ def cublas_cases(op):
             config["STRIDE_PHASES"] = (i + 1) % 2
         out.append((name, problem, space(op, problem).complete(config)))
     name, tiled_problem = next((n, p) for n, p in small_problems(op) if fft_tiles(p, 16).count > 1 and max(p.R, p.S) < 16)
-    out.append((f"{name} F=16", tiled_problem, tiled(op, tiled_problem, 16, MAC="cublas", IT=1, JT=1,
+    out.append((f"{name} F=16", tiled_problem, tiled(op, tiled_problem, 16, MAC="cublas",
                                                     XFORM_A="fdft", XFORM_B="dft",
                                                     **({"XFORM_O": "fdft"} if op != "conv_wgrad" else {}))))
     return out
@@ -1193,11 +1195,11 @@ def test_cublas_multiply_accumulate_is_a_complex_gemm_a_frequency_on_frequency_m
     """The plan calls cuBLAS once a block of images (batch = the half spectrum's frequencies) where
     the generated kernel ran, every cuFFT step takes its spectra frequency-major, the source has no
     multiply-accumulate kernel and the transforms write (and the inverse reads) frequency-major; tf32
-    problems alone let cuBLAS use TF32; IT and JT, which it does not use, are held at 1."""
+    problems alone let cuBLAS use TF32; it has no IT and JT (outputs a thread of a generated one)."""
     problem = dict(small_problems(op))["f_s2"]     # N = 5: blocks of 2, 2 and 1 images
     for precision in ("fp32", "tf32"):
         p = dataclasses.replace(problem, precision=precision)
-        config = space(op, p).complete({"formulation": NAME, "IMGS": 2, "IT": 1, "JT": 1, "MAC": "cublas",
+        config = space(op, p).complete({"formulation": NAME, "IMGS": 2, "MAC": "cublas",
                                         "XFORM_A": "cufft", "XFORM_B": "fdft",
                                         **({"STRIDE_PHASES": 0} if takes_phases(p) else {}),
                                         **({"XFORM_O": "fdft"} if op != "conv_wgrad" else {})})
@@ -1219,7 +1221,8 @@ def test_cublas_multiply_accumulate_is_a_complex_gemm_a_frequency_on_frequency_m
     # The generated multiply-accumulates keep spectra plane after plane, and cuFFT steps say nothing of layout.
     block = OPERATIONS[op].plan(problem, space(op, problem).complete({**config.as_dict(), "MAC": "block", "IT": 2}))
     assert not block.library_complex_gemms and "frequency_major" not in repr(block.library_ffts)
-    with pytest.raises(InfeasibleConfigError, match="MAC=cublas runs no generated multiply-accumulate"):
+    assert "IT" not in config.as_dict() and "JT" not in config.as_dict()
+    with pytest.raises(InvalidConfigError, match="IT=2 is not allowed: nothing here: it applies only when.*MAC in"):
         space(op, problem).validate({**config.as_dict(), "IT": 2})
 
 
@@ -1256,7 +1259,7 @@ def test_cublas_multiply_accumulate_builds_without_spills(tmp_path):
     jobs = []
     for op in CONV_OPS:
         seed = dict(seed_problems(op))["sweep_11x11"]
-        seed_config = space(op, seed).complete({"formulation": NAME, "IT": 1, "JT": 1, "MAC": "cublas",
+        seed_config = space(op, seed).complete({"formulation": NAME, "MAC": "cublas",
                                                 "XFORM_A": "fdft", "XFORM_B": "dft",
                                                 **({"XFORM_O": "fdft"} if op != "conv_wgrad" else {})})
         for name, problem, config in [*cublas_cases(op), ("sweep_11x11", seed, seed_config)]:
@@ -1280,4 +1283,4 @@ def test_cublas_multiply_accumulate_verifies_against_float64_on_the_gpu(op):
     for strided in (False, True):
         group = [(n, p) for n, p in problems if takes_phases(p) == strided]
         assert_verifies_on_gpu(OPERATIONS[op], NAME, group, 2, WORKSPACE_LIMIT_BYTES,
-                               fixed={"MAC": "cublas", "IT": 1, "JT": 1})
+                               fixed={"MAC": "cublas"})

@@ -115,6 +115,7 @@ TILE = (1, 2, 4, 8)   # 8 x 8 outputs: 128 accumulators, four products per value
 # "cublas" (last: the code of configs written before it is unchanged): cuBLAS's batched complex GEMM,
 # one product a frequency, on frequency-major spectra (mac_gemm).
 MAC = ("thread", "block", "mma", "cublas")
+GENERATED_MACS = MAC[:3]
 FREQS = (4, 8)        # frequencies per block of MAC "block" and "mma": 32- or 64-byte runs per plane
 TERMS = (4, 8, 16)    # terms per shared-memory stage of MAC "block" and "mma"
 # The order in which the tiled multiply-accumulate's blocks run (the launch's geometry is the same):
@@ -581,11 +582,15 @@ class _Fft(OpFormulation):
         return [Param("FFT_SIZE", sizes, "FFT planes: smallest 2^a 3^b 5^c 7^d size, or power of two"),
                 Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (the workspaces hold one)"),
                 Param("FFT_THREADS", THREADS, "threads per block of the generated kernels"),
-                Param("IT", TILE, "multiply-accumulate outputs per thread along its first index"),
-                Param("JT", TILE, "multiply-accumulate outputs per thread along its second index"),
                 Param("MAC", MAC, "multiply-accumulate: a thread per frequency from L2, shared-memory tiles, "
                       "shared-memory tiles on the tensor cores, or cuBLAS's batched complex GEMM (spectra "
                       "stored frequency-major)"),
+                # After MAC (a parameter's condition names earlier ones): cuBLAS's GEMM has no outputs a
+                # thread of ours. The order of a config's parameters changes no code (Config.key sorts).
+                Param("IT", TILE, "multiply-accumulate outputs per thread along its first index",
+                      (("MAC", GENERATED_MACS),)),
+                Param("JT", TILE, "multiply-accumulate outputs per thread along its second index",
+                      (("MAC", GENERATED_MACS),)),
                 Param("FB", FREQS, "frequencies per block of the tiled multiply-accumulate",
                       (("MAC", ("block", "mma")),)),
                 Param("BL", TERMS, "terms per shared-memory stage of the tiled multiply-accumulate",
@@ -663,12 +668,6 @@ class _Fft(OpFormulation):
                         f"({p.precision}), more than {MMA_MAX_ACCUMULATORS}")
             return None
 
-        def library_mac(mac, it, jt):
-            if mac == "cublas" and (it, jt) != (TILE[0], TILE[0]):
-                return (f"MAC=cublas runs no generated multiply-accumulate, whose outputs a thread IT and JT set: "
-                        f"only IT=JT={TILE[0]}, not IT={it}, JT={jt} (the same plan)")
-            return None
-
         def dft_smem(operand):
             def nbytes(how, xform, mac, tile, *ph):
                 f, sizes = form(bool(ph and ph[0]) and not tile, tile)
@@ -712,7 +711,6 @@ class _Fft(OpFormulation):
         return [Constraint(("FFT_SIZE", "FFT_TILE", *ph_key), size),
                 Constraint(("FFT_TILE", "FFT_SIZE", *ph_key), tiling), Constraint(("MAC",), block_arch),
                 Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
-                Constraint(("MAC", "IT", "JT"), library_mac),
                 smem_rule(limits, ("FFT_SIZE", "XFORM_A", "MAC", "FFT_TILE", *ph_key), dft_smem("A")),
                 smem_rule(limits, ("FFT_SIZE", "XFORM_B", "MAC", "FFT_TILE", *ph_key), dft_smem("B")),
                 smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"),
@@ -752,8 +750,9 @@ class _Fft(OpFormulation):
         tile = tile_of(config)
         fh, fw = fft_size(fft_conv(problem, is_phased(config), tile), config["FFT_SIZE"])
         tiles = fft_tiles(problem, tile) if tile else None
-        return {"fft_tiles": tiles, "fft_loaded": is_phased(config) or bool(tile), "fft_h": fh, "fft_w": fw, "fft_threads": config["FFT_THREADS"], "fft_it": config["IT"],
-                "fft_jt": config["JT"], "bias_grad_threads": config["FFT_THREADS"], "fft_mac": config["MAC"],
+        return {"fft_tiles": tiles, "fft_loaded": is_phased(config) or bool(tile), "fft_h": fh, "fft_w": fw, "fft_threads": config["FFT_THREADS"],
+                # MAC "cublas" has no IT, JT: the constants its source declares (and no kernel reads) say 1.
+                "fft_it": config.get("IT", TILE[0]), "fft_jt": config.get("JT", TILE[0]), "bias_grad_threads": config["FFT_THREADS"], "fft_mac": config["MAC"],
                 "fft_fb": config.get("FB", 0), "fft_bl": config.get("BL", 0),
                 "fft_mac_tiles": config.get("MAC_ORDER") == "tiles", "fft_dft_planes": DFT_PLANES,
                 "fft_dft_a": config["XFORM_A"] == "dft", "fft_dft_b": config["XFORM_B"] == "dft",
