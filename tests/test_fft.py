@@ -18,6 +18,7 @@ from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, dft_smem_bytes, dft_tables, fdft_tables,
+                                             idft_planes,
                                              fft_conv, fft_size, fdft_smem_bytes, idft_tables, is_phased, kept_columns,
                                              placement, mac_block, split_factor, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                                              smooth_size, spectrum, sub_filter, takes_phases, workspace_elements,
@@ -126,10 +127,13 @@ class Kernels:
         return spectra.reshape(*shape, self.fh, half)
 
     def _block_planes(self, operand, nb):
-        """The planes a step of the block transforms: A's, B's (the filters once, or conv_wgrad's dY) or O's."""
+        """The planes a step of the block transforms: A's, B's (the filters once, or conv_wgrad's dY) or O's
+        (conv_wgrad's all of them)."""
         f = self.f
         if operand == "B" and self.p.op != "conv_wgrad":
             return f.b_planes
+        if operand == "O" and self.p.op == "conv_wgrad":   # summed over the blocks, transformed back once
+            return f.out_planes
         return nb * f.tiles * {"A": f.a_planes, "B": f.b_planes, "O": f.out_planes}[operand]
 
     def _place_x(self, b, out, n0, nb):
@@ -556,6 +560,29 @@ def test_wgrad_transforms_back_once_after_accumulating_every_block(mac, phases):
     assert sum(isinstance(s, LibraryFft) and s.kind == "c2r" for s in steps) == 3
 
 
+@pytest.mark.parametrize("phases", (0, 1))
+def test_wgrad_factorised_inverse_computes_only_the_taps_once(phases):
+    """conv_wgrad with XFORM_O fdft: one fft_idft after every block of images, over all of O's planes,
+    keeping each plane's R x S taps (a sub-filter's with the phases apart), then db; no C2R, no crop,
+    no real output planes, and FFT_VEC with nothing left to copy is refused."""
+    problem = dict(small_problems("conv_wgrad"))["f_s2"]     # N = 5, with a bias
+    sp = space("conv_wgrad", problem)
+    config = sp.complete({"formulation": NAME, "IMGS": 2, "FFT_THREADS": 64, "MAC": "thread", "IT": 1, "JT": 2,
+                          "STRIDE_PHASES": phases, "XFORM_A": "fdft", "XFORM_B": "dft", "XFORM_O": "fdft"})
+    plan = OPERATIONS["conv_wgrad"].plan(problem, config)
+    kernels = [s.kernel for s in plan.steps]
+    assert kernels.count("fft_mac") == 3 and kernels.count("fft_idft") == 1
+    assert kernels[-2:] == ["fft_idft", "conv_bias_grad"] and not plan.library_ffts and "fft_crop" not in kernels
+    assert "fft_o" not in dict(plan.workspaces)
+    f = fft_conv(problem, bool(phases))
+    fh, fw = fft_size(f, "smooth")
+    idft = plan.steps[-2]
+    assert idft.grid[0] == cdiv(f.out_planes, idft_planes(fh, fw)) and idft.scalars == (0, 1)
+    assert kept_columns(problem, bool(phases)) == (0, 1, sub_filter(problem)[1] if phases else problem.S)
+    with pytest.raises(InfeasibleConfigError, match="FFT_VEC=4 .* the plan has none"):
+        sp.validate({**config.as_dict(), "FFT_VEC": 4})
+
+
 def test_tiled_multiply_accumulate_blocks_cover_every_output_and_need_cp_async():
     """MAC "block": the grid covers every frequency, row and column of O (rows: the block's images,
     or K for conv_wgrad), its shared memory is two stages of both tiles, and it is refused before
@@ -799,14 +826,13 @@ def test_factorised_transforms_build_without_spills(tmp_path):
                 for xa, xb, xo in (("fdft", "fdft", "fdft"), ("fdft", "dft", "cufft"), ("cufft", "dft", "fdft")):
                     config = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 1, "FFT_THREADS": 256, "IT": 2,
                               "JT": 2, "MAC": "thread", "XFORM_A": xa, "XFORM_B": xb,
-                              **({} if ph is None else {"STRIDE_PHASES": ph}),
-                              **({"XFORM_O": xo} if op != "conv_wgrad" else {})}
+                              **({} if ph is None else {"STRIDE_PHASES": ph}), "XFORM_O": xo}
                     try:
                         config = space(op, problem).complete(config)
                     except InfeasibleConfigError:
                         continue   # scherer10_l2 spread at the stride: 135 x 135 planes exceed shared memory
                     jobs.append((f"{op} {row} {config}", OPERATIONS[op].plan(problem, config), True))
-    assert len(jobs) >= 20 and sum("fft_idft" in [st.kernel for st in job[1].steps] for job in jobs) >= 8
+    assert len(jobs) >= 20 and sum("fft_idft" in [st.kernel for st in job[1].steps] for job in jobs) >= 12
     failures = compile_failures(jobs, "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
@@ -823,12 +849,13 @@ def test_factorised_transforms_verify_against_float64_on_the_gpu(op):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ("conv_fwd", "conv_bwd_data"))
+@pytest.mark.parametrize("op", CONV_OPS)
 def test_factorised_inverse_verifies_against_float64_on_the_gpu(op):
-    """XFORM_O=fdft (the kept outputs straight from the spectra, bias and activation fused) in both
-    precisions on the odd large-filter shapes (strides, asymmetric padding, batch 1, an image smaller
-    than its filter's reach), the 11x11 sweep row and scherer10_l2 (its backward-data with the phases
-    apart), every element within the bound."""
+    """XFORM_O=fdft (the kept outputs straight from the spectra, bias and activation fused; the weight
+    gradient's taps once after every block) in both precisions on the odd large-filter shapes
+    (strides, asymmetric padding, batch 1, an image smaller than its filter's reach), the 11x11 sweep
+    row and scherer10_l2 (its backward-data and weight gradient with the phases apart or not), every
+    element within the bound."""
     pytest.importorskip("cupy")
     problems = [*small_problems(op), *((row, dict(seed_problems(op))[row]) for row in ("sweep_11x11", "scherer10_l2"))]
     problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
@@ -1097,8 +1124,7 @@ def tile_cases(op):
     problems += [("big", big_problem(op), 32), ("big_s2", big_problem(op, N=1, stride=2), 64)]
     for i, (name, problem, tile) in enumerate(problems):
         form = dict(forms[i % 3])
-        if op != "conv_wgrad":
-            form["XFORM_O"] = "fdft" if i % 3 == 1 else "cufft"
+        form["XFORM_O"] = "fdft" if i % 3 == 1 else "cufft"
         out.append((f"{name} F={tile}", problem, tiled(op, problem, tile, **form)))
     return out
 
@@ -1178,15 +1204,15 @@ def cublas_cases(op):
         xa, xb, xo = forms[i % 3]
         config = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": min(2, problem.N), "FFT_THREADS": 64,
                   "MAC": "cublas", "XFORM_A": xa, "XFORM_B": xb, "FFT_VEC": 1, "FFT_TILE": 0}
+        config["XFORM_O"] = xo
         if op != "conv_wgrad":
-            config |= {"XFORM_O": xo, "WS_SHARE": int(xa == "cufft" or xo == "cufft") * (i % 2)}
+            config["WS_SHARE"] = int(xa == "cufft" or xo == "cufft") * (i % 2)
         if takes_phases(problem):
             config["STRIDE_PHASES"] = (i + 1) % 2
         out.append((name, problem, space(op, problem).complete(config)))
     name, tiled_problem = next((n, p) for n, p in small_problems(op) if fft_tiles(p, 16).count > 1 and max(p.R, p.S) < 16)
     out.append((f"{name} F=16", tiled_problem, tiled(op, tiled_problem, 16, MAC="cublas",
-                                                    XFORM_A="fdft", XFORM_B="dft",
-                                                    **({"XFORM_O": "fdft"} if op != "conv_wgrad" else {}))))
+                                                    XFORM_A="fdft", XFORM_B="dft", XFORM_O="fdft")))
     return out
 
 
@@ -1201,8 +1227,7 @@ def test_cublas_multiply_accumulate_is_a_complex_gemm_a_frequency_on_frequency_m
         p = dataclasses.replace(problem, precision=precision)
         config = space(op, p).complete({"formulation": NAME, "IMGS": 2, "MAC": "cublas",
                                         "XFORM_A": "cufft", "XFORM_B": "fdft",
-                                        **({"STRIDE_PHASES": 0} if takes_phases(p) else {}),
-                                        **({"XFORM_O": "fdft"} if op != "conv_wgrad" else {})})
+                                        **({"STRIDE_PHASES": 0} if takes_phases(p) else {}), "XFORM_O": "fdft"})
         plan = OPERATIONS[op].plan(p, config)
         gemms = plan.library_complex_gemms
         assert "fft_mac" not in plan.kernel_names and "fft_mac(" not in plan.source
@@ -1213,8 +1238,7 @@ def test_cublas_multiply_accumulate_is_a_complex_gemm_a_frequency_on_frequency_m
         assert [g.accumulate for g in gemms] == ([False, True, True] if op == "conv_wgrad" else [False] * 3)
         assert plan.library_ffts and all(s.frequency_major for s in plan.library_ffts)
         assert "store_frequency_major(stage, out, first, last, planes);" in plan.source   # fdft's staged store
-        if op != "conv_wgrad":
-            assert "__ldg(in + (size_t)(e / count) * planes + e % count)" in plan.source   # the inverse's load
+        assert "__ldg(in + (size_t)(e / count) * planes + e % count)" in plan.source   # the inverse's load
         images = [g.m if op != "conv_wgrad" else g.k for g in gemms]
         assert images == [2, 2, 1]
         assert [g for g in gemms][-1] == mac_gemm(f, 1, spec, op == "conv_wgrad", precision == "tf32")
@@ -1260,8 +1284,7 @@ def test_cublas_multiply_accumulate_builds_without_spills(tmp_path):
     for op in CONV_OPS:
         seed = dict(seed_problems(op))["sweep_11x11"]
         seed_config = space(op, seed).complete({"formulation": NAME, "MAC": "cublas",
-                                                "XFORM_A": "fdft", "XFORM_B": "dft",
-                                                **({"XFORM_O": "fdft"} if op != "conv_wgrad" else {})})
+                                                "XFORM_A": "fdft", "XFORM_B": "dft", "XFORM_O": "fdft"})
         for name, problem, config in [*cublas_cases(op), ("sweep_11x11", seed, seed_config)]:
             for precision in ("fp32", "tf32"):
                 p = dataclasses.replace(problem, precision=precision)

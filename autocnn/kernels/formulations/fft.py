@@ -52,11 +52,12 @@ planes on an H100) and loses for images (shared-memory loads bound it), so it is
 "fdft" computes the same spectra with each size split in two factors, FW = W1*W2 and FH = H1*H2 (one
 Cooley-Tukey step: small DFTs of W1 points, twiddles, small DFTs of W2 points): W1 + W2 multiply-adds
 a point instead of FW, so images too can skip the placed planes and cuFFT's passes over memory.
-The way back (XFORM_O, conv_fwd and conv_bwd_data): cuFFT's C2R of whole planes and fft_crop, or
-"fdft", the factorised inverse (fft_idft) that reads each plane's spectrum once and computes and
-stores only the outputs the op keeps (the cropped, stride-sampled rows and columns) with the
-crop's scale, bias and activation. conv_wgrad transforms back once, after every block of images,
-and keeps cuFFT there.
+The way back (XFORM_O): cuFFT's C2R of whole planes and fft_crop, or "fdft", the factorised inverse
+(fft_idft) that reads each plane's spectrum once and computes and stores only the outputs the op
+keeps (the cropped, stride-sampled rows and columns) with the crop's scale, bias and activation.
+conv_wgrad transforms back once, after every block of images, and keeps only dW's R x S taps of each
+plane (a sub-filter's with the phases apart): a few percent of the plane, which the inverse's
+column and row stages compute alone.
 
 The placing and cropping kernels are copies, judged by bandwidth. Measured on an H200, scherer10_l2's
 backward-data placed dY at 52% of the copy rate and cropped dX at 56% (63 and 58.5 us for about
@@ -261,8 +262,9 @@ def is_phased(config: Config | dict) -> bool:
     return bool(config.get("STRIDE_PHASES", 0))
 
 
-def takes_inverse(p: Any) -> bool:
-    """Whether the problem offers XFORM_O: the ops that transform back every block of images."""
+def shares_buffers(p: Any) -> bool:
+    """Whether the problem offers WS_SHARE: the ops that transform back every block of images (conv_wgrad
+    keeps O's spectra across blocks, so no two of its buffers have lives that do not overlap)."""
     return p.op in ("conv_fwd", "conv_bwd_data")
 
 
@@ -274,7 +276,10 @@ def kept_columns(p: Any, phased: bool = False, tile: int = 0) -> tuple[int, int,
     """The columns of each output plane the op keeps, as (first, step, count): Output::OFF_W,
     STEP_W and OUT_W in the op's template, which checks them against these. conv_fwd Q at the
     stride, conv_bwd_data W from PL, or with the phases apart every phase's positions up to dX's
-    last column; FFT tiles: a tile's TX outputs (conv_bwd_data's from S - 1)."""
+    last column; FFT tiles: a tile's TX outputs (conv_bwd_data's from S - 1). conv_wgrad: dW's S taps at
+    the origin of each plane, tiled or not, or with the phases apart a sub-filter's SU."""
+    if p.op == "conv_wgrad":
+        return 0, 1, sub_filter(p)[1] if phased and takes_phases(p) else p.S
     if tile:
         tx = fft_tiles(p, tile).TX
         return (0, p.stride[1], tx) if p.op == "conv_fwd" else (p.S - 1, 1, tx)
@@ -570,11 +575,12 @@ class _Fft(OpFormulation):
         sizes = ("smooth",) if all(fft_size(f, "smooth") == fft_size(f, "pow2") for f in forms) else ("smooth", "pow2")
         phases = [Param("STRIDE_PHASES", (1, 0), "the stride's phases as stride-1 transforms of smaller planes, "
                         "or dY spread at the stride")] if takes_phases(problem) else []
+        # XFORM_O: conv_wgrad's came later (its first value, cuFFT, is the code it had before).
         inverse = [Param("XFORM_O", XFORMS_O, "transform back: cuFFT C2R of whole planes and a crop, or the "
-                         "kept outputs alone computed directly (each size split in two factors)"),
-                   Param("WS_SHARE", WS_SHARES, "workspace buffers whose lives do not overlap share memory (A's "
-                         "placed planes with O's spectra, A's spectra with O's planes): more images a block")] \
-            if takes_inverse(problem) else []
+                         "kept outputs alone computed directly (each size split in two factors)")]
+        inverse += [Param("WS_SHARE", WS_SHARES, "workspace buffers whose lives do not overlap share memory (A's "
+                          "placed planes with O's spectra, A's spectra with O's planes): more images a block")] \
+            if shares_buffers(problem) else []
         vec = [Param("FFT_VEC", VECS, "consecutive elements a thread of the placing and cropping kernels "
                      "(4: four loads in flight and a float4 store where aligned)")]
         tiling = [Param("FFT_TILE", TILES_F, "FFT tiles: the output cut into tiles each transformed in F x F "
@@ -614,7 +620,7 @@ class _Fft(OpFormulation):
             return [Constraint(("FFT_SIZE",), lambda s: why)]
         # Rules over the planes also read STRIDE_PHASES where the problem has it (*ph: () or (0|1,)).
         ph_key = ("STRIDE_PHASES",) if takes_phases(p) else ()
-        o_key = ("XFORM_O",) if takes_inverse(p) else ()   # likewise XFORM_O: () or ("cufft"|"fdft",)
+        o_key = ("XFORM_O",)   # every op has XFORM_O (a tuple: the rules' keys are spliced from such parts)
         # The plan's form: whole planes (phases apart or not) or FFT tiles of each edge. Rules over
         # the planes read FFT_TILE, and STRIDE_PHASES where the problem has it: keys (tile, *ph).
         @functools.lru_cache(maxsize=None)
@@ -686,7 +692,7 @@ class _Fft(OpFormulation):
 
         inverse = [smem_rule(limits, ("FFT_SIZE", *o_key, "FFT_TILE", *ph_key), idft_smem)] if o_key else []
 
-        s_key = ("WS_SHARE",) if o_key else ()   # the ops with XFORM_O have WS_SHARE
+        s_key = ("WS_SHARE",) if shares_buffers(p) else ()
 
         def workspace(how, imgs, xa, xb, *keys):   # keys: (*s_key, *o_key, FFT_TILE, *ph_key)
             share, keys = (bool(keys[0]), keys[1:]) if s_key else (False, keys)
@@ -700,7 +706,7 @@ class _Fft(OpFormulation):
 
         sharing = [Constraint(("WS_SHARE", "XFORM_A", "XFORM_O"), something_to_share)] if s_key else []
 
-        def something_to_copy(vec, xa, xb, xo):   # conv_fwd and conv_bwd_data: conv_wgrad always crops
+        def something_to_copy(vec, xa, xb, xo):
             if vec > 1 and xa != "cufft" and xb != "cufft" and xo != "cufft":
                 return (f"FFT_VEC={vec} sets the elements a thread of the placing and cropping kernels, and with "
                         f"XFORM_A, XFORM_B and XFORM_O all direct the plan has none: only FFT_VEC=1")
@@ -727,7 +733,7 @@ class _Fft(OpFormulation):
         f = fft_conv(problem, bool(phases))
         imgs = choices_upto(IMGS, next_pow2(problem.N))
         fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
-        inverse = {"XFORM_O": "cufft", "WS_SHARE": 0} if takes_inverse(problem) else {}
+        inverse = {"XFORM_O": "cufft", **({"WS_SHARE": 0} if shares_buffers(problem) else {})}
         base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128, "XFORM_A": "cufft", "XFORM_B": "cufft",
                 **phases, **inverse, "FFT_VEC": 1, "FFT_TILE": 0}
         # The filters' spectra (operand B but in conv_wgrad) computed directly: measured faster than
@@ -861,18 +867,22 @@ class _Fft(OpFormulation):
                 steps += [transform("c2r", "fft_of", planes_o, nb * f.tiles * f.out_planes),
                           copy("fft_crop", nb * f.out_planes * problem.P * problem.Q if f.op == "conv_fwd"
                                else nb * f.C * problem.H * problem.W, (planes_o, "bias", dst), (n0, nb))]
-        if f.op == "conv_wgrad":
+        if f.op == "conv_wgrad" and inverse_of(c) == "fdft":   # dW's taps alone, once from the summed spectra
+            steps.append(Launch("fft_idft", (cdiv(f.out_planes, idft_planes(fh, fw)), 1, 1), (threads, 1, 1),
+                                idft_smem_bytes(kept_columns(problem, is_phased(c), tile_of(c))[2], fh, fw),
+                                ("fft_of", "bias", dst), (0, 1)))
+        elif f.op == "conv_wgrad":
             steps += [transform("c2r", "fft_of", "fft_o", f.out_planes),
                       copy("fft_crop", f.K * f.C * problem.R * problem.S, ("fft_o", "bias", dst), (0, 1))]
-            if problem.bias:
-                steps.append(Launch("conv_bias_grad", (f.K, 1, 1), (threads, 1, 1), 0, ("dy", "db")))
+        if f.op == "conv_wgrad" and problem.bias:
+            steps.append(Launch("conv_bias_grad", (f.K, 1, 1), (threads, 1, 1), 0, ("dy", "db")))
         return tuple(steps)
 
     def code_helpers(self) -> tuple:
         return (smooth_size, FftConv, FftTiles, fft_tiles, tile_of, whole_planes, takes_phases, sub_filter, fft_conv,
                 is_phased, fft_size, spectrum, mac_block,
                 mac_smem_bytes, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
-                dft_smem_bytes, split_factor, fdft_smem_bytes, frequency_major_stage_bytes, xform_smem_bytes, workspace_elements, takes_inverse,
+                dft_smem_bytes, split_factor, fdft_smem_bytes, frequency_major_stage_bytes, xform_smem_bytes, workspace_elements, shares_buffers,
                 buffer_name, shares_workspace, SHARED_WITH, frequency_major, mac_gemm,
                 inverse_of, kept_columns, idft_planes, idft_smem_bytes, twiddle, float2_literals, factor_tables,
                 fdft_tables, idft_tables, placement, dft_tables, self.ARGS)
