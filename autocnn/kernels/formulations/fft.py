@@ -42,7 +42,7 @@ reads a frequency's planes together, and cuFFT's steps use its strided layouts. 
 (11x11, 64 -> 64 channels, 32 x 32, batch 128; 924 frequencies of 128 x 64 x 64): the FP32 GEMMs take
 98 us where the generated "block" took 146 and "mma" 112, TF32 46 us; the staged stores cost the
 direct transforms 10-15% (stored as computed, one plane's values planes apart, they had doubled), and
-cuFFT's strided transforms run 3-7x slower than its packed ones. The tuner weighs it per shape.
+cuFFT's strided transforms run about 3x slower than its packed ones. The tuner weighs it per shape.
 
 Each operand's spectra come from placed planes and cuFFT's R2C (XFORM_A / XFORM_B "cufft"), or
 from a direct transform (fft_dft_a / fft_dft_b, "dft"): two small matrix products per plane in
