@@ -1307,3 +1307,44 @@ def test_cublas_multiply_accumulate_verifies_against_float64_on_the_gpu(op):
         group = [(n, p) for n, p in problems if takes_phases(p) == strided]
         assert_verifies_on_gpu(OPERATIONS[op], NAME, group, 2, WORKSPACE_LIMIT_BYTES,
                                fixed={"MAC": "cublas"})
+
+
+def test_complex_gemm_steps_check_their_views_and_compute_each_op_as_stored():
+    """LibraryComplexGemm refuses a view too short for its stored matrix, overlapping outputs and an
+    unknown op, naming what was wrong; NumPy's run of it (as cuBLAS: views in complex numbers) gives
+    op(A) op(B) with "n", "t" and "h" as their definitions say, batched, and adds with accumulate."""
+    from autocnn.kernels.operation import MatrixView
+    from tests.plan_numpy import numpy_complex_gemm
+
+    with pytest.raises(ValueError, match="op_b is one of"):
+        LibraryComplexGemm(2, 3, 4, MatrixView("a", 0, 4), MatrixView("b", 0, 3), MatrixView("c", 0, 3), "n", "c")
+    with pytest.raises(ValueError, match="complex GEMM operand a: a 4x2 matrix cannot have ld=1"):
+        LibraryComplexGemm(2, 3, 4, MatrixView("a", 0, 1), MatrixView("b", 0, 3), MatrixView("c", 0, 3), "h", "n")
+    with pytest.raises(ValueError, match="complex GEMM output matrices overlap"):
+        LibraryComplexGemm(2, 3, 4, MatrixView("a", 0, 4, 8), MatrixView("b", 0, 3, 12), MatrixView("c", 0, 3, 5),
+                           batch=2)
+    rng = np.random.default_rng(7)
+    m, n, k, batch = 3, 5, 4, 2
+
+    def complex_buffer(count):
+        return rng.standard_normal(2 * count)
+
+    for op_a in ("n", "t", "h"):
+        for op_b in ("n", "t", "h"):
+            a_shape = (m, k) if op_a == "n" else (k, m)
+            b_shape = (k, n) if op_b == "n" else (n, k)
+            pad = 3   # batch strides past each matrix: views, not packed arrays
+            bufs = {"a": complex_buffer(batch * (a_shape[0] * a_shape[1] + pad)),
+                    "b": complex_buffer(batch * (b_shape[0] * b_shape[1] + pad)), "c": complex_buffer(batch * m * n)}
+            step = LibraryComplexGemm(m, n, k, MatrixView("a", 0, a_shape[1], a_shape[0] * a_shape[1] + pad),
+                                      MatrixView("b", 0, b_shape[1], b_shape[0] * b_shape[1] + pad),
+                                      MatrixView("c", 0, n, m * n), op_a, op_b, batch, accumulate=True)
+            before = bufs["c"].view(np.complex128).reshape(batch, m, n).copy()
+            numpy_complex_gemm(step, bufs)
+            for i in range(batch):
+                def stored(name, shape):
+                    start = i * (shape[0] * shape[1] + pad)
+                    return bufs[name].view(np.complex128)[start:start + shape[0] * shape[1]].reshape(shape)
+                op = {"n": lambda x: x, "t": lambda x: x.T, "h": lambda x: np.conj(x.T)}
+                expected = before[i] + op[op_a](stored("a", a_shape)) @ op[op_b](stored("b", b_shape))
+                assert np.allclose(bufs["c"].view(np.complex128).reshape(batch, m, n)[i], expected), (op_a, op_b)

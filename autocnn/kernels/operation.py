@@ -73,6 +73,22 @@ class MatrixView:
         return self.offset + (batch - 1) * self.batch_stride + (rows - 1) * self.ld + cols
 
 
+def check_gemm(step: Any, what: str) -> None:
+    """What both library GEMMs (real and complex) check of themselves when made: sizes of at least
+    one, views that hold their matrices (ld at least a stored row), and output matrices that do
+    not overlap across the batch. ``what`` names the kind in the messages."""
+    for name in ("m", "n", "k", "batch"):
+        if getattr(step, name) < 1:
+            raise ValueError(f"a library {what} needs {name} >= 1, not {getattr(step, name)}")
+    for name, (rows, cols) in step.stored_shapes().items():
+        view = getattr(step, name)
+        if view.ld < cols or view.offset < 0 or view.batch_stride < 0:
+            raise ValueError(f"{what} operand {name}: a {rows}x{cols} matrix cannot have ld={view.ld}, "
+                             f"offset={view.offset}, batch_stride={view.batch_stride}")
+    if step.batch > 1 and step.c.batch_stride < step.c.extent(step.m, step.n, 1) - step.c.offset:
+        raise ValueError(f"{what} output matrices overlap (batch_stride {step.c.batch_stride})")
+
+
 @dataclass(frozen=True)
 class LibraryGemm:
     """A step between generated kernels: ``batch`` float32 GEMMs C = op(A) op(B) (+ C when
@@ -100,16 +116,7 @@ class LibraryGemm:
     threads: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
-        for name in ("m", "n", "k", "batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"a library GEMM needs {name} >= 1, not {getattr(self, name)}")
-        for name, (rows, cols) in self.stored_shapes().items():
-            view = getattr(self, name)
-            if view.ld < cols or view.offset < 0 or view.batch_stride < 0:
-                raise ValueError(f"GEMM operand {name}: a {rows}x{cols} matrix cannot have ld={view.ld}, "
-                                 f"offset={view.offset}, batch_stride={view.batch_stride}")
-        if self.batch > 1 and self.c.batch_stride < self.c.extent(self.m, self.n, 1) - self.c.offset:
-            raise ValueError(f"GEMM output matrices overlap (batch_stride {self.c.batch_stride})")
+        check_gemm(self, "GEMM")
 
     def stored_shapes(self) -> dict[str, tuple[int, int]]:
         """(rows, cols) of each operand as stored."""
@@ -210,19 +217,10 @@ class LibraryComplexGemm:
     OPS: ClassVar[tuple[str, ...]] = ("n", "t", "h")
 
     def __post_init__(self) -> None:
-        for name in ("m", "n", "k", "batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"a library complex GEMM needs {name} >= 1, not {getattr(self, name)}")
         for name in ("op_a", "op_b"):
             if getattr(self, name) not in self.OPS:
                 raise ValueError(f"{name} is one of {self.OPS}, not {getattr(self, name)!r}")
-        for name, (rows, cols) in self.stored_shapes().items():
-            view = getattr(self, name)
-            if view.ld < cols or view.offset < 0 or view.batch_stride < 0:
-                raise ValueError(f"complex GEMM operand {name}: a {rows}x{cols} matrix cannot have ld={view.ld}, "
-                                 f"offset={view.offset}, batch_stride={view.batch_stride}")
-        if self.batch > 1 and self.c.batch_stride < self.c.extent(self.m, self.n, 1) - self.c.offset:
-            raise ValueError(f"complex GEMM output matrices overlap (batch_stride {self.c.batch_stride})")
+        check_gemm(self, "complex GEMM")
 
     def stored_shapes(self) -> dict[str, tuple[int, int]]:
         """(rows, cols) of each operand as stored."""
