@@ -620,7 +620,6 @@ class _Fft(OpFormulation):
             return [Constraint(("FFT_SIZE",), lambda s: why)]
         # Rules over the planes also read STRIDE_PHASES where the problem has it (*ph: () or (0|1,)).
         ph_key = ("STRIDE_PHASES",) if takes_phases(p) else ()
-        o_key = ("XFORM_O",)   # every op has XFORM_O (a tuple: the rules' keys are spliced from such parts)
         # The plan's form: whole planes (phases apart or not) or FFT tiles of each edge. Rules over
         # the planes read FFT_TILE, and STRIDE_PHASES where the problem has it: keys (tile, *ph).
         @functools.lru_cache(maxsize=None)
@@ -680,8 +679,8 @@ class _Fft(OpFormulation):
                 return xform_smem_bytes(xform, sizes[operand], *fft_size(f, how), mac == "cublas")
             return nbytes
 
-        def inverse_and_form(keys):   # the values of (*o_key, FFT_TILE, *ph_key): XFORM_O and (tile, *ph)
-            return (keys[0], keys[1:]) if o_key else ("cufft", keys)
+        def inverse_and_form(keys):   # the values of (XFORM_O, FFT_TILE, *ph_key): XFORM_O and (tile, *ph)
+            return keys[0], keys[1:]
 
         def idft_smem(how, *keys):
             xo, tph = inverse_and_form(keys)
@@ -690,11 +689,11 @@ class _Fft(OpFormulation):
             kept = kept_columns(p, bool(tph[1:] and tph[1]), tph[0])
             return idft_smem_bytes(kept[2], *fft_size(conv(tph), how))
 
-        inverse = [smem_rule(limits, ("FFT_SIZE", *o_key, "FFT_TILE", *ph_key), idft_smem)] if o_key else []
+        inverse = smem_rule(limits, ("FFT_SIZE", "XFORM_O", "FFT_TILE", *ph_key), idft_smem)
 
         s_key = ("WS_SHARE",) if shares_buffers(p) else ()
 
-        def workspace(how, imgs, xa, xb, *keys):   # keys: (*s_key, *o_key, FFT_TILE, *ph_key)
+        def workspace(how, imgs, xa, xb, *keys):   # keys: (*s_key, XFORM_O, FFT_TILE, *ph_key)
             share, keys = (bool(keys[0]), keys[1:]) if s_key else (False, keys)
             xo, tph = inverse_and_form(keys)
             return 4 * sum(workspace_elements(conv(tph), how, imgs, xa, xb, xo, share).values())
@@ -712,7 +711,7 @@ class _Fft(OpFormulation):
                         f"XFORM_A, XFORM_B and XFORM_O all direct the plan has none: only FFT_VEC=1")
             return None
 
-        copies = [Constraint(("FFT_VEC", "XFORM_A", "XFORM_B", "XFORM_O"), something_to_copy)] if o_key else []
+        copies = Constraint(("FFT_VEC", "XFORM_A", "XFORM_B", "XFORM_O"), something_to_copy)
 
         return [Constraint(("FFT_SIZE", "FFT_TILE", *ph_key), size),
                 Constraint(("FFT_TILE", "FFT_SIZE", *ph_key), tiling), Constraint(("MAC",), block_arch),
@@ -722,9 +721,9 @@ class _Fft(OpFormulation):
                 smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"),
                           lambda mac, t, i, j, fb, bl: mac_smem_bytes({"MAC": mac, "FFT_THREADS": t, "IT": i, "JT": j,
                                                                        "FB": fb, "BL": bl})),
-                *inverse, *sharing, *copies,
+                inverse, *sharing, copies,
                 workspace_rule(limits.workspace_bytes,
-                               ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *s_key, *o_key, "FFT_TILE", *ph_key),
+                               ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *s_key, "XFORM_O", "FFT_TILE", *ph_key),
                                workspace)]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
