@@ -1348,3 +1348,23 @@ def test_complex_gemm_steps_check_their_views_and_compute_each_op_as_stored():
                 op = {"n": lambda x: x, "t": lambda x: x.T, "h": lambda x: np.conj(x.T)}
                 expected = before[i] + op[op_a](stored("a", a_shape)) @ op[op_b](stored("b", b_shape))
                 assert np.allclose(bufs["c"].view(np.complex128).reshape(batch, m, n)[i], expected), (op_a, op_b)
+
+
+def test_varying_the_multiply_accumulate_drops_and_fills_the_parameters_it_turns_off_and_on():
+    """`autocnn tune --vary MAC` from a record of the tiled MAC: its "cublas" variant keeps the
+    transforms, images and threads and drops IT, JT, FB, BL and MAC_ORDER (nothing of cuBLAS's);
+    back to "thread", IT and JT take their first choices. A variant the rules refuse (mma with 8 x 8
+    outputs a thread: too many accumulators) is left out."""
+    from autocnn.tuning.tuner import _variants
+
+    problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]
+    sp = space("conv_fwd", problem)
+    record = sp.validate({"formulation": NAME, "IMGS": 128, "FFT_SIZE": "smooth", "FFT_THREADS": 256, "MAC": "block",
+                          "IT": 8, "JT": 8, "FB": 4, "BL": 8, "MAC_ORDER": "tiles", "XFORM_A": "fdft", "XFORM_B": "dft",
+                          "XFORM_O": "fdft", "WS_SHARE": 0, "FFT_VEC": 1, "FFT_TILE": 0})
+    cublas = sp.with_choice(record, "MAC", "cublas")
+    assert not {"IT", "JT", "FB", "BL", "MAC_ORDER"} & set(cublas.as_dict())
+    assert all(cublas[k] == record[k] for k in ("IMGS", "FFT_THREADS", "XFORM_A", "XFORM_B", "XFORM_O"))
+    thread = sp.with_choice(cublas, "MAC", "thread")
+    assert (thread["IT"], thread["JT"]) == (1, 1) and "FB" not in thread.as_dict()
+    assert [v["MAC"] for v in _variants(sp, [record], ["MAC"])] == ["thread", "cublas"]

@@ -177,6 +177,18 @@ class SearchSpace:
                 assigned[p.name] = filled[p.name]
         return self.validate(filled, check_feasible=check_feasible)
 
+    def with_choice(self, config: Config, name: str, value: Any) -> Config:
+        """``config`` with parameter ``name`` at ``value``, validated: parameters the change leaves
+        inactive are dropped (a tiled multiply-accumulate's FB under a per-thread one) and ones it
+        makes active take their first choice, as ``complete`` fills them. For variants of a config
+        that are measured anew (``autocnn tune --vary``), never for a config to run unmeasured."""
+        values = {**config.as_dict(), name: value}
+        kept: dict[str, Value] = {}
+        for p in self.params:
+            if p.is_active(kept):
+                kept[p.name] = values.get(p.name, p.choices[0])
+        return self.validate(kept)
+
     def is_feasible(self, config: Config) -> bool:
         return not self.violations(config.as_dict())
 

@@ -388,7 +388,9 @@ MAX_VARIANTS = 16
 
 def _variants(space: SearchSpace, configs: Sequence[Config], names: Sequence[str]) -> list[Config]:
     """Each config with one of ``names`` set to each other choice it may take (valid ones only;
-    names that are not parameters of this space, as a tf32 parameter in an fp32 problem, pass)."""
+    names that are not parameters of this space, as a tf32 parameter in an fp32 problem, pass).
+    Parameters a choice turns off go, and ones it turns on take their first choice
+    (SearchSpace.with_choice): fft's record with MAC "cublas" has no IT or FB."""
     params = {p.name: p for p in space.params}
     out: list[Config] = []
     seen = {c.key() for c in configs}
@@ -400,7 +402,7 @@ def _variants(space: SearchSpace, configs: Sequence[Config], names: Sequence[str
                 if value == config[name]:
                     continue
                 try:
-                    variant = space.validate({**config.as_dict(), name: value})
+                    variant = space.with_choice(config, name, value)
                 except (InvalidConfigError, InfeasibleConfigError):
                     continue
                 if variant.key() not in seen and len(out) < MAX_VARIANTS:
