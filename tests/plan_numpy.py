@@ -20,29 +20,21 @@ def view(buf: np.ndarray, mv: MatrixView, rows: int, cols: int, batch: int) -> n
                                            strides=(mv.batch_stride * item, mv.ld * item, item))
 
 
-def numpy_gemm(step: LibraryGemm, buffers: dict[str, np.ndarray]) -> None:
-    shapes = step.stored_shapes()
-    a = view(buffers[step.a.buffer], step.a, *shapes["a"], step.batch)
-    b = view(buffers[step.b.buffer], step.b, *shapes["b"], step.batch)
-    c = view(buffers[step.c.buffer], step.c, *shapes["c"], step.batch)
-    product = (a.transpose(0, 2, 1) if step.trans_a else a) @ (b.transpose(0, 2, 1) if step.trans_b else b)
-    c[...] = product + c if step.accumulate else product
-
-
-def numpy_complex_gemm(step: LibraryComplexGemm, buffers: dict[str, np.ndarray]) -> None:
-    """As cuBLAS's complex GEMM: the views count complex numbers of the float buffers."""
+def numpy_gemm(step: LibraryGemm | LibraryComplexGemm, buffers: dict[str, np.ndarray]) -> None:
+    """As cuBLAS: each operand as stored ("n", "t" or "h"); a complex step's views count complex
+    numbers of the float buffers."""
     shapes = step.stored_shapes()
 
     def operand(name):
-        buf = buffers[getattr(step, name).buffer]
-        return view(buf[:buf.size // 2 * 2].view(np.result_type(buf.dtype, np.complex64)), getattr(step, name),
-                    *shapes[name], step.batch)
-
-    def op(x, how):
+        buf, mv = buffers[getattr(step, name).buffer], getattr(step, name)
+        if step.FLOATS == 2:
+            buf = buf[:buf.size // 2 * 2].view(np.result_type(buf.dtype, np.complex64))
+        x = view(buf, mv, *shapes[name], step.batch)
+        how = step.stored_op(name) if name != "c" else "n"
         return x if how == "n" else x.transpose(0, 2, 1) if how == "t" else np.conj(x.transpose(0, 2, 1))
 
-    a, b, c = operand("a"), operand("b"), operand("c")
-    product = op(a, step.op_a) @ op(b, step.op_b)
+    c = operand("c")
+    product = operand("a") @ operand("b")
     c[...] = product + c if step.accumulate else product
 
 
@@ -79,10 +71,8 @@ LIBRARY_STEPS = (LibraryGemm, LibraryComplexGemm, LibraryFft)
 
 def run_library_step(step: LibraryGemm | LibraryComplexGemm | LibraryFft, buffers: dict[str, np.ndarray]) -> None:
     """A cuBLAS GEMM or cuFFT transform of a plan, in NumPy on the flat buffers it names."""
-    if isinstance(step, LibraryGemm):
+    if isinstance(step, (LibraryGemm, LibraryComplexGemm)):
         numpy_gemm(step, buffers)
-    elif isinstance(step, LibraryComplexGemm):
-        numpy_complex_gemm(step, buffers)
     else:
         numpy_fft(step, buffers)
 

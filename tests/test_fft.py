@@ -1158,17 +1158,24 @@ def test_fft_tiles_verify_under_emulation(op, tmp_path):
         assert why is None, f"{name}: {why}"
 
 
+def precision_jobs(op, cases, change_by_precision):
+    """compile_failures' jobs: each (name, problem, config) case in every precision of
+    ``change_by_precision``, its config changed as that says (precision -> parameters)."""
+    jobs = []
+    for name, problem, config in cases:
+        for precision, change in change_by_precision.items():
+            p = dataclasses.replace(problem, precision=precision)
+            c = space(op, p).complete({**config.as_dict(), **change})
+            jobs.append((f"{op} {name} {precision} {c}", OPERATIONS[op].plan(p, c), True))
+    return jobs
+
+
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_fft_tiles_build_without_spills(tmp_path):
     """Every tile case of every op, both precisions, MAC block and mma, for sm_90: every kernel there,
     none spilling."""
-    jobs = []
-    for op in CONV_OPS:
-        for name, problem, config in tile_cases(op):
-            for precision, mac in (("fp32", {"MAC": "mma", "BL": 8, "FFT_THREADS": 128}), ("tf32", {})):
-                p = dataclasses.replace(problem, precision=precision)
-                c = space(op, p).complete({**config.as_dict(), **mac})
-                jobs.append((f"{op} {name} {precision} {c}", OPERATIONS[op].plan(p, c), True))
+    mac = {"fp32": {"MAC": "mma", "BL": 8, "FFT_THREADS": 128}, "tf32": {}}
+    jobs = [job for op in CONV_OPS for job in precision_jobs(op, tile_cases(op), mac)]
     failures = compile_failures(jobs, "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
@@ -1285,11 +1292,7 @@ def test_cublas_multiply_accumulate_builds_without_spills(tmp_path):
         seed = dict(seed_problems(op))["sweep_11x11"]
         seed_config = space(op, seed).complete({"formulation": NAME, "MAC": "cublas",
                                                 "XFORM_A": "fdft", "XFORM_B": "dft", "XFORM_O": "fdft"})
-        for name, problem, config in [*cublas_cases(op), ("sweep_11x11", seed, seed_config)]:
-            for precision in ("fp32", "tf32"):
-                p = dataclasses.replace(problem, precision=precision)
-                c = space(op, p).complete(config.as_dict())
-                jobs.append((f"{op} {name} {precision} {c}", OPERATIONS[op].plan(p, c), True))
+        jobs += precision_jobs(op, [*cublas_cases(op), ("sweep_11x11", seed, seed_config)], {"fp32": {}, "tf32": {}})
     failures = compile_failures(jobs, "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
@@ -1303,10 +1306,7 @@ def test_cublas_multiply_accumulate_verifies_against_float64_on_the_gpu(op):
     pytest.importorskip("cupy")
     problems = [*small_problems(op), ("sweep_7x7", dict(seed_problems(op))["sweep_7x7"])]
     problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
-    for strided in (False, True):
-        group = [(n, p) for n, p in problems if takes_phases(p) == strided]
-        assert_verifies_on_gpu(OPERATIONS[op], NAME, group, 2, WORKSPACE_LIMIT_BYTES,
-                               fixed={"MAC": "cublas"})
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 2, WORKSPACE_LIMIT_BYTES, fixed={"MAC": "cublas"})
 
 
 def test_complex_gemm_steps_check_their_views_and_compute_each_op_as_stored():
@@ -1314,7 +1314,7 @@ def test_complex_gemm_steps_check_their_views_and_compute_each_op_as_stored():
     unknown op, naming what was wrong; NumPy's run of it (as cuBLAS: views in complex numbers) gives
     op(A) op(B) with "n", "t" and "h" as their definitions say, batched, and adds with accumulate."""
     from autocnn.kernels.operation import MatrixView
-    from tests.plan_numpy import numpy_complex_gemm
+    from tests.plan_numpy import numpy_gemm
 
     with pytest.raises(ValueError, match="op_b is one of"):
         LibraryComplexGemm(2, 3, 4, MatrixView("a", 0, 4), MatrixView("b", 0, 3), MatrixView("c", 0, 3), "n", "c")
@@ -1340,7 +1340,7 @@ def test_complex_gemm_steps_check_their_views_and_compute_each_op_as_stored():
                                       MatrixView("b", 0, b_shape[1], b_shape[0] * b_shape[1] + pad),
                                       MatrixView("c", 0, n, m * n), op_a, op_b, batch, accumulate=True)
             before = bufs["c"].view(np.complex128).reshape(batch, m, n).copy()
-            numpy_complex_gemm(step, bufs)
+            numpy_gemm(step, bufs)
             for i in range(batch):
                 def stored(name, shape):
                     start = i * (shape[0] * shape[1] + pad)

@@ -33,7 +33,7 @@ CUDA_C_32F = 4                  # cudaDataType of complex float32
 CUBLAS_GEMM_DEFAULT = -1
 # A row-major operand stored as op(X) ("n"), its transpose ("t") or its conjugate transpose ("h") is,
 # seen column-major, op(X)^T, op(X) or conj(op(X)): cuBLAS's op that makes op(X)^T of it.
-COMPLEX_OPS = {"n": CUBLAS_OP_N, "t": CUBLAS_OP_T, "h": CUBLAS_OP_C}
+STORED_OPS = {"n": CUBLAS_OP_N, "t": CUBLAS_OP_T, "h": CUBLAS_OP_C}
 # What NVIDIA recommends for Hopper; with it cuBLAS never allocates while a stream captures.
 HANDLE_WORKSPACE_BYTES = 32 * 1024 * 1024
 NEEDED = ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2",
@@ -101,41 +101,31 @@ class CublasGemm:
 
     def __call__(self, step: LibraryGemm | LibraryComplexGemm, buffers: dict[str, Any], stream_ptr: int) -> None:
         """Run one step on the buffers it names (float32 device arrays), on the given stream."""
-        if isinstance(step, LibraryComplexGemm):
-            self._complex(step, buffers, stream_ptr)
-            return
-        ptr = pointers(self.cp, step, {"a": step.a.offset, "b": step.b.offset, "c": step.c.offset}, buffers)
-        lib = self.lib
-        handle = self._handle(stream_ptr)
-        _status(lib.cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH if step.tf32 else CUBLAS_DEFAULT_MATH),
+        ptr = pointers(self.cp, step, {name: step.FLOATS * getattr(step, name).offset for name in "abc"}, buffers)
+        lib, handle = self.lib, self._handle(stream_ptr)
+        # Complex steps name their compute type instead (below); their math mode stays the default.
+        tf32_math = isinstance(step, LibraryGemm) and step.tf32
+        _status(lib.cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH if tf32_math else CUBLAS_DEFAULT_MATH),
                 "cublasSetMathMode")
         # Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B goes first, and a row-major
-        # matrix stored untransposed is its own transpose to cuBLAS.
+        # matrix stored as op(X) is op(X)^T to cuBLAS (STORED_OPS).
         a, b, c = step.a, step.b, step.c
+        op_b, op_a = STORED_OPS[step.stored_op("b")], STORED_OPS[step.stored_op("a")]
+        if isinstance(step, LibraryComplexGemm):
+            _status(lib.cublasGemmStridedBatchedEx(
+                handle, op_b, op_a, step.n, step.m, step.k, self._cone,
+                ctypes.c_void_p(ptr["b"]), CUDA_C_32F, b.ld, b.batch_stride,
+                ctypes.c_void_p(ptr["a"]), CUDA_C_32F, a.ld, a.batch_stride,
+                self._cone if step.accumulate else self._czero,
+                ctypes.c_void_p(ptr["c"]), CUDA_C_32F, c.ld, c.batch_stride, step.batch,
+                CUBLAS_COMPUTE_32F_FAST_TF32 if step.tf32 else CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), step.kernel)
+            return
         _status(lib.cublasSgemmStridedBatched(
-            handle, CUBLAS_OP_T if step.trans_b else CUBLAS_OP_N, CUBLAS_OP_T if step.trans_a else CUBLAS_OP_N,
-            step.n, step.m, step.k, ctypes.byref(self._one),
+            handle, op_b, op_a, step.n, step.m, step.k, ctypes.byref(self._one),
             ctypes.c_void_p(ptr["b"]), b.ld, b.batch_stride,
             ctypes.c_void_p(ptr["a"]), a.ld, a.batch_stride,
             ctypes.byref(self._one if step.accumulate else self._zero),
-            ctypes.c_void_p(ptr["c"]), c.ld, c.batch_stride, step.batch), "cublasSgemmStridedBatched")
-
-    def _complex(self, step: LibraryComplexGemm, buffers: dict[str, Any], stream_ptr: int) -> None:
-        # Views count complex numbers: twice as many floats.
-        ptr = pointers(self.cp, step, {"a": 2 * step.a.offset, "b": 2 * step.b.offset, "c": 2 * step.c.offset},
-                       buffers)
-        lib, handle = self.lib, self._handle(stream_ptr)
-        _status(lib.cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode")
-        # Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, as in the real case.
-        a, b, c = step.a, step.b, step.c
-        _status(lib.cublasGemmStridedBatchedEx(
-            handle, COMPLEX_OPS[step.op_b], COMPLEX_OPS[step.op_a], step.n, step.m, step.k, self._cone,
-            ctypes.c_void_p(ptr["b"]), CUDA_C_32F, b.ld, b.batch_stride,
-            ctypes.c_void_p(ptr["a"]), CUDA_C_32F, a.ld, a.batch_stride,
-            self._cone if step.accumulate else self._czero,
-            ctypes.c_void_p(ptr["c"]), CUDA_C_32F, c.ld, c.batch_stride, step.batch,
-            CUBLAS_COMPUTE_32F_FAST_TF32 if step.tf32 else CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            "cublasGemmStridedBatchedEx")
+            ctypes.c_void_p(ptr["c"]), c.ld, c.batch_stride, step.batch), step.kernel)
 
     # release_all is bound at definition: at interpreter exit this module's globals may be None.
     def __del__(self, _release_all: Any = release_all) -> None:

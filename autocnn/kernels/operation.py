@@ -73,29 +73,12 @@ class MatrixView:
         return self.offset + (batch - 1) * self.batch_stride + (rows - 1) * self.ld + cols
 
 
-def check_gemm(step: Any, what: str) -> None:
-    """What both library GEMMs (real and complex) check of themselves when made: sizes of at least
-    one, views that hold their matrices (ld at least a stored row), and output matrices that do
-    not overlap across the batch. ``what`` names the kind in the messages."""
-    for name in ("m", "n", "k", "batch"):
-        if getattr(step, name) < 1:
-            raise ValueError(f"a library {what} needs {name} >= 1, not {getattr(step, name)}")
-    for name, (rows, cols) in step.stored_shapes().items():
-        view = getattr(step, name)
-        if view.ld < cols or view.offset < 0 or view.batch_stride < 0:
-            raise ValueError(f"{what} operand {name}: a {rows}x{cols} matrix cannot have ld={view.ld}, "
-                             f"offset={view.offset}, batch_stride={view.batch_stride}")
-    if step.batch > 1 and step.c.batch_stride < step.c.extent(step.m, step.n, 1) - step.c.offset:
-        raise ValueError(f"{what} output matrices overlap (batch_stride {step.c.batch_stride})")
-
-
 @dataclass(frozen=True)
-class LibraryGemm:
-    """A step between generated kernels: ``batch`` float32 GEMMs C = op(A) op(B) (+ C when
-    ``accumulate``) by cuBLAS (strided-batched SGEMM) on views of the plan's buffers; op(A) is
-    m x k, op(B) k x n, C m x n. ``trans_a`` says A is stored as its transpose (k x m), likewise
-    ``trans_b``. ``tf32`` allows TF32 tensor-op math (only a tf32 problem's formulation asks for
-    it); without it cuBLAS computes in FP32 (kernels/cublas_gemm.py)."""
+class LibraryGemmShape:
+    """What the library GEMM steps (real, LibraryGemm, and complex, LibraryComplexGemm) share: ``batch``
+    products C = op(A) op(B) of row-major views, op(A) m x k, op(B) k x n, C m x n, each operand
+    stored as op(X) ("n"), its transpose ("t") or its conjugate transpose ("h"); how the kinds name
+    that is ``stored_op``. Views count FLOATS floats an element."""
 
     m: int
     n: int
@@ -103,31 +86,59 @@ class LibraryGemm:
     a: MatrixView
     b: MatrixView
     c: MatrixView
+
+    # What the plan's users ask of every step: a library call runs no block of ours and needs no
+    # dynamic shared memory from the plan; it is named by the routine that runs it.
+    shared_bytes: ClassVar[int] = 0
+    threads: ClassVar[int] = 0
+    FLOATS: ClassVar[int] = 1
+    WHAT: ClassVar[str] = "GEMM"   # the kind, as the checks' messages name it
+
+    def stored_op(self, operand: str) -> str:
+        raise NotImplementedError
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"a library {self.WHAT} needs {name} >= 1, not {getattr(self, name)}")
+        for name, (rows, cols) in self.stored_shapes().items():
+            view = getattr(self, name)
+            if view.ld < cols or view.offset < 0 or view.batch_stride < 0:
+                raise ValueError(f"{self.WHAT} operand {name}: a {rows}x{cols} matrix cannot have ld={view.ld}, "
+                                 f"offset={view.offset}, batch_stride={view.batch_stride}")
+        if self.batch > 1 and self.c.batch_stride < self.c.extent(self.m, self.n, 1) - self.c.offset:
+            raise ValueError(f"{self.WHAT} output matrices overlap (batch_stride {self.c.batch_stride})")
+
+    def stored_shapes(self) -> dict[str, tuple[int, int]]:
+        """(rows, cols) of each operand as stored."""
+        return {"a": (self.m, self.k) if self.stored_op("a") == "n" else (self.k, self.m),
+                "b": (self.k, self.n) if self.stored_op("b") == "n" else (self.n, self.k),
+                "c": (self.m, self.n)}
+
+    def extents(self) -> dict[str, tuple[str, int]]:
+        """For each operand: its buffer and the floats the step reaches in it."""
+        return {name: (getattr(self, name).buffer, self.FLOATS * getattr(self, name).extent(rows, cols, self.batch))
+                for name, (rows, cols) in self.stored_shapes().items()}
+
+
+@dataclass(frozen=True)
+class LibraryGemm(LibraryGemmShape):
+    """A step between generated kernels: ``batch`` float32 GEMMs C = op(A) op(B) (+ C when
+    ``accumulate``) by cuBLAS (strided-batched SGEMM) on views of the plan's buffers; op(A) is
+    m x k, op(B) k x n, C m x n. ``trans_a`` says A is stored as its transpose (k x m), likewise
+    ``trans_b``. ``tf32`` allows TF32 tensor-op math (only a tf32 problem's formulation asks for
+    it); without it cuBLAS computes in FP32 (kernels/cublas_gemm.py)."""
+
     trans_a: bool = False
     trans_b: bool = False
     batch: int = 1
     accumulate: bool = False
     tf32: bool = False
 
-    # What the plan's users ask of every step: a library call runs no block of ours and needs no
-    # dynamic shared memory from the plan; it is named by the routine that runs it.
     kernel: ClassVar[str] = "cublasSgemmStridedBatched"
-    shared_bytes: ClassVar[int] = 0
-    threads: ClassVar[int] = 0
 
-    def __post_init__(self) -> None:
-        check_gemm(self, "GEMM")
-
-    def stored_shapes(self) -> dict[str, tuple[int, int]]:
-        """(rows, cols) of each operand as stored."""
-        return {"a": (self.k, self.m) if self.trans_a else (self.m, self.k),
-                "b": (self.n, self.k) if self.trans_b else (self.k, self.n),
-                "c": (self.m, self.n)}
-
-    def extents(self) -> dict[str, tuple[str, int]]:
-        """For each operand: its buffer and the elements the step reaches in it."""
-        return {name: (getattr(self, name).buffer, getattr(self, name).extent(rows, cols, self.batch))
-                for name, (rows, cols) in self.stored_shapes().items()}
+    def stored_op(self, operand: str) -> str:
+        return "t" if getattr(self, f"trans_{operand}") else "n"
 
 
 @dataclass(frozen=True)
@@ -190,7 +201,7 @@ class LibraryFft:
 
 
 @dataclass(frozen=True)
-class LibraryComplexGemm:
+class LibraryComplexGemm(LibraryGemmShape):
     """A step between generated kernels: ``batch`` complex GEMMs C = op(A) op(B) (+ C when
     ``accumulate``) by cuBLAS (strided-batched, complex float32) on views of the plan's buffers whose
     offsets, leading dimensions and batch strides count complex numbers (two floats). op(A) is m x k,
@@ -199,12 +210,6 @@ class LibraryComplexGemm:
     cuBLAS round the operands to TF32 on the tensor cores (only a tf32 problem's formulation asks for
     it); without it cuBLAS computes in FP32 (kernels/cublas_gemm.py)."""
 
-    m: int
-    n: int
-    k: int
-    a: MatrixView
-    b: MatrixView
-    c: MatrixView
     op_a: str = "n"
     op_b: str = "n"
     batch: int = 1
@@ -212,26 +217,18 @@ class LibraryComplexGemm:
     tf32: bool = False
 
     kernel: ClassVar[str] = "cublasGemmStridedBatchedEx"
-    shared_bytes: ClassVar[int] = 0
-    threads: ClassVar[int] = 0
+    FLOATS: ClassVar[int] = 2
+    WHAT: ClassVar[str] = "complex GEMM"
     OPS: ClassVar[tuple[str, ...]] = ("n", "t", "h")
 
     def __post_init__(self) -> None:
         for name in ("op_a", "op_b"):
             if getattr(self, name) not in self.OPS:
                 raise ValueError(f"{name} is one of {self.OPS}, not {getattr(self, name)!r}")
-        check_gemm(self, "complex GEMM")
+        super().__post_init__()
 
-    def stored_shapes(self) -> dict[str, tuple[int, int]]:
-        """(rows, cols) of each operand as stored."""
-        return {"a": (self.m, self.k) if self.op_a == "n" else (self.k, self.m),
-                "b": (self.k, self.n) if self.op_b == "n" else (self.n, self.k),
-                "c": (self.m, self.n)}
-
-    def extents(self) -> dict[str, tuple[str, int]]:
-        """For each operand: its buffer and the floats the step reaches in it."""
-        return {name: (getattr(self, name).buffer, 2 * getattr(self, name).extent(rows, cols, self.batch))
-                for name, (rows, cols) in self.stored_shapes().items()}
+    def stored_op(self, operand: str) -> str:
+        return getattr(self, f"op_{operand}")
 
 
 Step = Launch | LibraryGemm | LibraryComplexGemm | LibraryFft

@@ -169,25 +169,25 @@ class SearchSpace:
         that are measured anew (the old winners of a stale record), or for a record whose completed
         config is shown to plan the very code it was tuned with (its plan digest), never otherwise
         for a config to run."""
-        filled = dict(values.as_dict() if isinstance(values, Config) else values)
-        assigned: dict[str, Value] = {}
-        for p in self.params:
-            if p.is_active(assigned):
-                filled.setdefault(p.name, p.choices[0])
-                assigned[p.name] = filled[p.name]
-        return self.validate(filled, check_feasible=check_feasible)
+        given = dict(values.as_dict() if isinstance(values, Config) else values)
+        # What validation refuses (an inactive or unknown parameter given) stays given, so it is refused.
+        return self.validate({**given, **self._active_values(given)}, check_feasible=check_feasible)
 
     def with_choice(self, config: Config, name: str, value: Any) -> Config:
         """``config`` with parameter ``name`` at ``value``, validated: parameters the change leaves
         inactive are dropped (a tiled multiply-accumulate's FB under a per-thread one) and ones it
         makes active take their first choice, as ``complete`` fills them. For variants of a config
         that are measured anew (``autocnn tune --vary``), never for a config to run unmeasured."""
-        values = {**config.as_dict(), name: value}
-        kept: dict[str, Value] = {}
+        return self.validate(self._active_values({**config.as_dict(), name: value}))
+
+    def _active_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The active parameters of ``values``, in order, each at its given value or else its first
+        choice (whether a parameter is active depends on the earlier ones' values)."""
+        active: dict[str, Any] = {}
         for p in self.params:
-            if p.is_active(kept):
-                kept[p.name] = values.get(p.name, p.choices[0])
-        return self.validate(kept)
+            if p.is_active(active):
+                active[p.name] = values.get(p.name, p.choices[0])
+        return active
 
     def is_feasible(self, config: Config) -> bool:
         return not self.violations(config.as_dict())

@@ -829,9 +829,7 @@ class _Fft(OpFormulation):
                           (cdiv(rows, c["IT"]), cdiv(cols, c["JT"])))
 
         def transform(kind, src_buf, dst_buf, planes):
-            if frequency_major(c):   # as the GEMMs read them; the field is left out otherwise (its repr)
-                return LibraryFft(kind, src_buf, 0, dst_buf, 0, planes, fh, fw, frequency_major=True)
-            return LibraryFft(kind, src_buf, 0, dst_buf, 0, planes, fh, fw)
+            return LibraryFft(kind, src_buf, 0, dst_buf, 0, planes, fh, fw, frequency_major=frequency_major(c))
 
         sizes = operand_sizes(problem, is_phased(config), tile_of(config))
 
