@@ -23,7 +23,7 @@ from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, df
                                              placement, mac_block, split_factor, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                                              smooth_size, spectrum, sub_filter, takes_phases, workspace_elements,
                                              buffer_name, shares_workspace, fft_tiles, tile_of, TILES_F,
-                                             frequency_major, mac_gemm)
+                                             frequency_major, mac_gemm, DFT_FLATS, dft_flat_smem_bytes)
 from autocnn.kernels.operation import LibraryComplexGemm, LibraryFft, cdiv, next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
@@ -408,7 +408,8 @@ def test_stride_phases_compute_the_convolution_in_numpy_on_strided_shapes(op, rn
     assert len(strided) >= 3
 
     def configs(problem):
-        base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items() if k not in ("FB", "BL", "MAC_ORDER")}
+        base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items()
+                if k not in ("FB", "BL", "MAC_ORDER", "DFT_FLAT_B")}
         macs = ({"MAC": "thread", "IT": 2, "JT": 1}, {"MAC": "block", "IT": 1, "JT": 2, "FB": 4, "BL": 4},
                 {"MAC": "mma", "IT": 1, "JT": 1, "FB": 4, "BL": 8})
         return [space(op, problem).complete({**base, **mac, "IMGS": min(2, problem.N), "STRIDE_PHASES": ph, "XFORM_A": xa, "XFORM_B": xb})
@@ -506,7 +507,8 @@ def test_shared_workspace_plans_compute_the_convolution_in_numpy(op, rng):
     and without the phases and with either way back: against float64. cuFFT's C2R in the NumPy model
     overwrites its input with NaN, so a step reading a buffer another already reused shows."""
     def configs(problem):
-        base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items() if k not in ("FB", "BL", "MAC_ORDER")}
+        base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items()
+                if k not in ("FB", "BL", "MAC_ORDER", "DFT_FLAT_B")}
         phases = (0, 1) if takes_phases(problem) else (None,)
         out = []
         for ph in phases:
@@ -789,7 +791,8 @@ def test_stride_phases_build_without_spills(tmp_path):
         for name, problem in problems:
             for precision in ("fp32", "tf32"):
                 problem = dataclasses.replace(problem, precision=precision)
-                base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items() if k not in ("FB", "BL", "MAC_ORDER")}
+                base = {k: v for k, v in OPERATIONS[op].candidates(problem, NAME)[0].items()
+                        if k not in ("FB", "BL", "MAC_ORDER", "DFT_FLAT_B")}
                 for mac, xform in ((({"MAC": "mma", "IT": 1, "JT": 4, "FB": 4, "BL": 8}), "dft"),
                                    (({"MAC": "block", "IT": 2, "JT": 2, "FB": 4, "BL": 8}), "cufft"),
                                    (({"MAC": "thread", "IT": 2, "JT": 2}), "dft")):
@@ -1361,10 +1364,129 @@ def test_varying_the_multiply_accumulate_drops_and_fills_the_parameters_it_turns
     sp = space("conv_fwd", problem)
     record = sp.validate({"formulation": NAME, "IMGS": 128, "FFT_SIZE": "smooth", "FFT_THREADS": 256, "MAC": "block",
                           "IT": 8, "JT": 8, "FB": 4, "BL": 8, "MAC_ORDER": "tiles", "XFORM_A": "fdft", "XFORM_B": "dft",
-                          "XFORM_O": "fdft", "WS_SHARE": 0, "FFT_VEC": 1, "FFT_TILE": 0})
+                          "DFT_FLAT_B": 0, "XFORM_O": "fdft", "WS_SHARE": 0, "FFT_VEC": 1, "FFT_TILE": 0})
     cublas = sp.with_choice(record, "MAC", "cublas")
     assert not {"IT", "JT", "FB", "BL", "MAC_ORDER"} & set(cublas.as_dict())
     assert all(cublas[k] == record[k] for k in ("IMGS", "FFT_THREADS", "XFORM_A", "XFORM_B", "XFORM_O"))
     thread = sp.with_choice(cublas, "MAC", "thread")
     assert (thread["IT"], thread["JT"]) == (1, 1) and "FB" not in thread.as_dict()
     assert [v["MAC"] for v in _variants(sp, [record], ["MAC"])] == ["thread", "cublas"]
+
+
+# DFT_FLAT_A / DFT_FLAT_B: the direct transform taking a block's planes together, outputs flat.
+
+def flat_cases(op):
+    """(name, problem, config) with both operands' direct transforms flat, on the odd shapes: blocks
+    of 4 and 16 planes in turn (the last block short wherever the planes are not a multiple), the
+    stride's phases apart and not, plane-after-plane spectra (MAC "thread") and frequency-major ones
+    (MAC "cublas", every third), and one case in FFT tiles (sources loaded through Op::load)."""
+    out = []
+    for i, (name, problem) in enumerate(small_problems(op)):
+        config = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": min(2, problem.N), "FFT_THREADS": 64,
+                  "MAC": "cublas" if i % 3 == 2 else "thread", "XFORM_A": "dft", "XFORM_B": "dft",
+                  "DFT_FLAT_A": DFT_FLATS[1 + i % 2], "DFT_FLAT_B": DFT_FLATS[2 - i % 2], "FFT_VEC": 1, "FFT_TILE": 0}
+        if op != "conv_wgrad":
+            config |= {"XFORM_O": "cufft", "WS_SHARE": 0}
+        if takes_phases(problem):
+            config["STRIDE_PHASES"] = (i + 1) % 2
+        out.append((name, problem, space(op, problem).complete(config)))
+    name, tiled_problem = next((n, p) for n, p in small_problems(op) if fft_tiles(p, 16).count > 1 and max(p.R, p.S) < 16)
+    out.append((f"{name} F=16", tiled_problem, tiled(op, tiled_problem, 16, MAC="thread", XFORM_A="dft",
+                                                    XFORM_B="dft", DFT_FLAT_A=16, DFT_FLAT_B=4)))
+    return out
+
+
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_flat_direct_transforms_take_blocks_of_planes_and_leave_the_other_form_as_it_was(op):
+    """DFT_FLAT_<operand> is a parameter of "dft" alone; a non-zero value launches one block a
+    group of that many planes with DftFlat's shared memory, and 0, the first choice (what a record
+    tuned before the parameter completes to), renders the source of the per-plane form unchanged."""
+    problem = dict(small_problems(op))["f_s2"]
+    sp = space(op, problem)
+    base = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2, "FFT_THREADS": 64, "MAC": "thread",
+            "XFORM_A": "dft", "XFORM_B": "dft", **({"STRIDE_PHASES": 1} if takes_phases(problem) else {})}
+    old = sp.complete(base)
+    assert old["DFT_FLAT_A"] == old["DFT_FLAT_B"] == 0
+    assert "dft_flat" not in OPERATIONS[op].plan(problem, old).source
+    f, sizes = fft_conv(problem, True), operand_sizes(problem, True)
+    fh, fw = fft_size(f, "smooth")
+    for flat in DFT_FLATS[1:]:
+        plan = OPERATIONS[op].plan(problem, sp.complete({**base, "DFT_FLAT_B": flat}))
+        assert f"fft::dft_flat<fft::OperandB, {flat}>" in plan.source
+        assert "fft::dft<fft::OperandA>" in plan.source and "dft_flat<fft::OperandA" not in plan.source
+        steps = [s for s in plan.steps if getattr(s, "kernel", "") == "fft_dft_b"]
+        planes = f.b_planes if op != "conv_wgrad" else 2 * f.b_planes   # conv_wgrad: dY, a block of 2 images
+        assert steps and steps[0].grid == (cdiv(planes, flat), 1, 1)
+        assert steps[0].shared_bytes == dft_flat_smem_bytes(flat, sizes["B"], fh, fw)
+    with pytest.raises(InvalidConfigError, match="DFT_FLAT_B=4 is not allowed"):
+        sp.validate({**sp.complete({**base, "XFORM_B": "cufft"}).as_dict(), "DFT_FLAT_B": 4})
+
+
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_flat_direct_transforms_compute_the_convolution_in_numpy(op, rng):
+    """The flat cases' plans in NumPy (the transforms as their definitions say, on the launches the
+    plan names) give the float64 reference's result to rounding."""
+    cases = flat_cases(op)
+    config_of = {problem: config for _, problem, config in cases}
+    checked = check_plans(OPERATIONS[op], [(name, problem) for name, problem, _ in cases],
+                          lambda problem: [config_of[problem]], Kernels, rng, tolerance=1e-11)
+    assert checked == len(cases) >= 6
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_flat_direct_transforms_verify_under_emulation(op, tmp_path):
+    """dft_flat run by the CPU emulator (cuFFT and cuBLAS in NumPy) on every flat case: short last
+    blocks, both layouts of the spectra, phases and tiles; fp32, every element against float64 at
+    the bound."""
+    from tests.cuda_emulator import emulated_failure
+
+    for name, problem, config in flat_cases(op):
+        why = emulated_failure(OPERATIONS[op], problem, config, tmp_path, random.randrange(2**31))
+        assert why is None, f"{name}: {why}"
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_flat_direct_transforms_build_without_spills(tmp_path):
+    """The flat cases and scherer10_l2's backward-data (the row the form is for: 4 x 4 sub-filters in
+    70 x 70 planes, with its record's tensor-core multiply-accumulate), both precisions, for sm_90:
+    every kernel there, none spilling."""
+    jobs = []
+    for op in CONV_OPS:
+        jobs += precision_jobs(op, flat_cases(op), {"fp32": {}, "tf32": {}})
+    op = "conv_bwd_data"
+    row = dict(seed_problems(op))["scherer10_l2"]
+    for flat in DFT_FLATS[1:]:
+        # Completed in tf32, which has no MAC_CROSS: precision_jobs sets it for fp32.
+        config = space(op, dataclasses.replace(row, precision="tf32")).complete({"formulation": NAME, "IMGS": 64, "FFT_SIZE": "smooth", "FFT_THREADS": 128,
+                                          "MAC": "mma", "IT": 2, "JT": 4, "FB": 4, "BL": 8, "MAC_ORDER": "tiles",
+                                          "XFORM_A": "cufft", "XFORM_B": "dft", "DFT_FLAT_B": flat,
+                                          "STRIDE_PHASES": 1, "XFORM_O": "cufft", "WS_SHARE": 1, "FFT_VEC": 4})
+        jobs += precision_jobs(op, [(f"scherer10_l2 flat {flat}", row, config)], {"fp32": {"MAC_CROSS": 1}, "tf32": {}})
+    failures = compile_failures(jobs, "sm_90", tmp_path)
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_flat_direct_transforms_verify_against_float64_on_the_gpu(op):
+    """The flat direct transforms on the GPU, both precisions, every element within the bound: the
+    flat cases, and configs sampled with both operands' transforms flat on the odd shapes and on
+    scherer10_l2 (its 4 x 4 sub-filters' 4,096 planes)."""
+    pytest.importorskip("cupy")
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    loader, failures = KernelLoader(), []
+    for name, problem, config in flat_cases(op):
+        for precision in ("fp32", "tf32"):
+            p = dataclasses.replace(problem, precision=precision)
+            c = space(op, p).complete(config.as_dict())
+            check = check_candidate(loader.load(OPERATIONS[op].plan(p, c)), p, time_it=False)
+            if not check.verification.passed:
+                failures.append(f"{name} {precision} {c}: {check.verification.message}")
+    assert not failures, "\n".join(failures)
+    problems = [*small_problems(op), ("scherer10_l2", dict(seed_problems(op))["scherer10_l2"])]
+    problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 1, WORKSPACE_LIMIT_BYTES,
+                           fixed={"XFORM_A": "dft", "XFORM_B": "dft", "DFT_FLAT_A": 4, "DFT_FLAT_B": 16})

@@ -49,6 +49,12 @@ from a direct transform (fft_dft_a / fft_dft_b, "dft"): two small matrix product
 shared memory with tabulated twiddles, over only the rows and columns that hold data, reading the
 source once. It wins for filters (an 11x11 filter in a 42x42 plane: 31 us against 75 for 4,096
 planes on an H100) and loses for images (shared-memory loads bound it), so it is a choice per operand.
+DFT_FLAT_A / DFT_FLAT_B (with "dft"): that transform takes a block's planes one at a time, and for
+the small sources of a filter's phases (scherer10_l2's backward-data: 4,096 sub-filters of 4 x 4 in
+70 x 70 planes, 82 MB of spectra) its rows' stage is a few threads' work and its stores short runs:
+33.6 us on an H200, 2.4 TB/s of stores. A non-zero value is the planes a block takes together
+(dft_flat): their data loaded at once, their row spectra a thread an element, then the block's
+spectra element by element in the order stored, one run of stores. 0 is the per-plane form.
 "fdft" computes the same spectra with each size split in two factors, FW = W1*W2 and FH = H1*H2 (one
 Cooley-Tukey step: small DFTs of W1 points, twiddles, small DFTs of W2 points): W1 + W2 multiply-adds
 a point instead of FW, so images too can skip the placed planes and cuFFT's passes over memory.
@@ -136,6 +142,10 @@ MMA_MAX_ACCUMULATORS = 128
 XFORMS = ("cufft", "dft", "fdft")
 # The output's inverse transform: cuFFT C2R + fft_crop, or the factorised inverse of the kept outputs.
 XFORMS_O = ("cufft", "fdft")
+# DFT_FLAT_A / DFT_FLAT_B: planes a block of a direct transform ("dft") takes together, output
+# elements flat over them (dft_flat in _fft.cuh.j2); 0, a plane at a time with register tiles
+# (DFT_PLANES a block), is the code of configs written before the parameter.
+DFT_FLATS = (0, 4, 16)
 DFT_PLANES = 4        # planes a block of the direct transform computes (they share its twiddle tables)
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
 # Workspace buffers whose lives in a block of images do not overlap, sharing memory (WS_SHARE 1;
@@ -459,11 +469,28 @@ def fdft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
     return tables + 8 * fh * half + max(12 * sh * fw, 8 * fh * half)
 
 
-def xform_smem_bytes(xform: str, src: tuple[int, int], fh: int, fw: int, freq_major: bool = False) -> int:
+def dft_flat_smem_bytes(planes: int, src: tuple[int, int], fh: int, fw: int) -> int:
+    """The flat direct transform's shared memory (DftFlat in _fft.cuh.j2): the twiddle tables, and the
+    rows' spectra and data of its planes. It stores frequency-major spectra as it computes them: no stage."""
+    sh, sw = src
+    half = fw // 2 + 1
+    return 8 * (sw * half + fh * sh + planes * sh * half) + 4 * planes * sh * sw
+
+
+def dft_flat_of(config: Config | dict, operand: str) -> int:
+    """Planes a block of the operand's flat direct transform, 0 where it has none (DFT_FLAT_<operand>
+    set, or the config written before the parameter, or a transform other than "dft")."""
+    return config.get(f"DFT_FLAT_{operand}", 0) if config[f"XFORM_{operand}"] == "dft" else 0
+
+
+def xform_smem_bytes(xform: str, src: tuple[int, int], fh: int, fw: int, freq_major: bool = False,
+                     flat: int = 0) -> int:
     """The shared memory of an operand's forward transform: none for placed planes + cuFFT; a direct
-    one's own, and with frequency-major spectra the block's stage of them."""
+    one's own, and with frequency-major spectra the block's stage of them (but the flat one's)."""
     if xform == "cufft":
         return 0
+    if flat:
+        return dft_flat_smem_bytes(flat, src, fh, fw)
     stage = frequency_major_stage_bytes(fh, fw) if freq_major else 0
     return (dft_smem_bytes if xform == "dft" else fdft_smem_bytes)(src, fh, fw) + stage
 
@@ -608,6 +635,9 @@ class _Fft(OpFormulation):
                       "(whole, or each size split in two factors)"),
                 Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly "
                       "(whole, or each size split in two factors)"),
+                *[Param(f"DFT_FLAT_{operand}", DFT_FLATS, f"planes a block of operand {operand}'s direct transform "
+                        "takes together, its spectra computed and stored flat over them (0: a plane at a time)",
+                        ((f"XFORM_{operand}", ("dft",)),)) for operand in ("A", "B")],
                 *phases, *inverse, *vec, *tiling,
                 # 0 first: the three TF32 mmas a real product, the code of configs written before the parameter
                 *([Param("MAC_CROSS", (0, 1), "MAC mma: 3xTF32's cross products as one BF16 mma a real product "
@@ -679,6 +709,12 @@ class _Fft(OpFormulation):
                 return xform_smem_bytes(xform, sizes[operand], *fft_size(f, how), mac == "cublas")
             return nbytes
 
+        def flat_smem(operand):   # applies where DFT_FLAT_<operand> does: XFORM_<operand> "dft"
+            def nbytes(how, flat, tile, *ph):
+                f, sizes = form(bool(ph and ph[0]) and not tile, tile)
+                return dft_flat_smem_bytes(flat, sizes[operand], *fft_size(f, how)) if flat else 0
+            return nbytes
+
         def inverse_and_form(keys):   # the values of (XFORM_O, FFT_TILE, *ph_key): XFORM_O and (tile, *ph)
             return keys[0], keys[1:]
 
@@ -718,6 +754,8 @@ class _Fft(OpFormulation):
                 Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
                 smem_rule(limits, ("FFT_SIZE", "XFORM_A", "MAC", "FFT_TILE", *ph_key), dft_smem("A")),
                 smem_rule(limits, ("FFT_SIZE", "XFORM_B", "MAC", "FFT_TILE", *ph_key), dft_smem("B")),
+                *[smem_rule(limits, ("FFT_SIZE", f"DFT_FLAT_{operand}", "FFT_TILE", *ph_key), flat_smem(operand))
+                  for operand in ("A", "B")],
                 smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"),
                           lambda mac, t, i, j, fb, bl: mac_smem_bytes({"MAC": mac, "FFT_THREADS": t, "IT": i, "JT": j,
                                                                        "FB": fb, "BL": bl})),
@@ -737,7 +775,7 @@ class _Fft(OpFormulation):
                 **phases, **inverse, "FFT_VEC": 1, "FFT_TILE": 0}
         # The filters' spectra (operand B but in conv_wgrad) computed directly: measured faster than
         # placing + cuFFT on an H100. The last runs on any GPU (no cp.async) and in the least workspace.
-        filters = {"XFORM_B": "dft"} if self.op != "conv_wgrad" else {}
+        filters = {"XFORM_B": "dft", "DFT_FLAT_B": 0} if self.op != "conv_wgrad" else {}
         # MAC_ORDER "tiles": every fft record tuned on both GPUs took it (README, the fft section).
         if max(fft_size(f, "smooth")) > MAX_FFT:
             # No whole plane serves the image: FFT tiles, the smallest of 32 (cuDNN's FFT_TILING) and up
@@ -761,6 +799,7 @@ class _Fft(OpFormulation):
                 "fft_fb": config.get("FB", 0), "fft_bl": config.get("BL", 0),
                 "fft_mac_tiles": config.get("MAC_ORDER") == "tiles", "fft_dft_planes": DFT_PLANES,
                 "fft_dft_a": config["XFORM_A"] == "dft", "fft_dft_b": config["XFORM_B"] == "dft",
+                "fft_dft_flat_a": dft_flat_of(config, "A"), "fft_dft_flat_b": dft_flat_of(config, "B"),
                 "fft_fdft_a": config["XFORM_A"] == "fdft", "fft_fdft_b": config["XFORM_B"] == "fdft",
                 "fft_h1": split_factor(fh), "fft_w1": split_factor(fw),
                 "fft_split3": problem.precision == "fp32", "fft_phased": is_phased(config),
@@ -781,7 +820,8 @@ class _Fft(OpFormulation):
             table = None
             if config[f"XFORM_{operand}"] == "dft":
                 values = dft_tables(sizes[operand], places[operand], fh, fw)
-                table = {"placement": places[operand], "literals": float2_literals(values)}
+                table = {"placement": places[operand], "literals": float2_literals(values),
+                         "flat": dft_flat_of(config, operand)}
             out[f"fft_dft_tables_{operand.lower()}"] = table
         if "fdft" in (config["XFORM_A"], config["XFORM_B"]):
             out["fft_fdft_tables"] = float2_literals(fdft_tables(fh, fw))
@@ -837,8 +877,10 @@ class _Fft(OpFormulation):
             # The operand's spectra: placed planes transformed by cuFFT, or computed directly.
             low = operand.lower()
             if c[f"XFORM_{operand}"] != "cufft":
-                return [Launch(f"fft_dft_{low}", (cdiv(planes, DFT_PLANES), 1, 1), (threads, 1, 1),
-                               xform_smem_bytes(c[f"XFORM_{operand}"], sizes[operand], fh, fw, frequency_major(c)),
+                flat = dft_flat_of(c, operand)
+                return [Launch(f"fft_dft_{low}", (cdiv(planes, flat or DFT_PLANES), 1, 1), (threads, 1, 1),
+                               xform_smem_bytes(c[f"XFORM_{operand}"], sizes[operand], fh, fw, frequency_major(c),
+                                                flat),
                                (src, f"fft_{low}f"),
                                (n0, nb))]
             placed = buffer_name(f"fft_{low}", share)
