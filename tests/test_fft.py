@@ -1201,6 +1201,15 @@ def test_fft_tiles_verify_against_float64_on_the_gpu(op):
     assert_verifies_on_gpu(OPERATIONS[op], NAME, big, 3, WORKSPACE_LIMIT_BYTES)
 
 
+def assert_cases_compute_in_numpy(op, cases, rng):
+    """Each (name, problem, config) case's plan in NumPy gives the float64 reference's result to
+    rounding; at least six cases."""
+    config_of = {problem: config for _, problem, config in cases}
+    checked = check_plans(OPERATIONS[op], [(name, problem) for name, problem, _ in cases],
+                          lambda problem: [config_of[problem]], Kernels, rng, tolerance=1e-11)
+    assert checked == len(cases) >= 6
+
+
 # MAC "cublas": cuBLAS's batched complex GEMM, one a frequency, on frequency-major spectra.
 
 def cublas_cases(op):
@@ -1265,11 +1274,7 @@ def test_cublas_multiply_accumulate_computes_the_convolution_in_numpy(op, rng):
     """MAC "cublas" plans in NumPy: the transforms' frequency-major spectra (cuFFT's strided R2C and
     C2R, dft, fdft, the factorised inverse) and the complex GEMMs on exactly the views the plan names
     give the float64 reference's result to rounding."""
-    cases = cublas_cases(op)
-    config_of = {problem: config for _, problem, config in cases}
-    checked = check_plans(OPERATIONS[op], [(name, problem) for name, problem, _ in cases],
-                          lambda problem: [config_of[problem]], Kernels, rng, tolerance=1e-11)
-    assert checked == len(cases) >= 6
+    assert_cases_compute_in_numpy(op, cublas_cases(op), rng)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
@@ -1426,11 +1431,7 @@ def test_flat_direct_transforms_take_blocks_of_planes_and_leave_the_other_form_a
 def test_flat_direct_transforms_compute_the_convolution_in_numpy(op, rng):
     """The flat cases' plans in NumPy (the transforms as their definitions say, on the launches the
     plan names) give the float64 reference's result to rounding."""
-    cases = flat_cases(op)
-    config_of = {problem: config for _, problem, config in cases}
-    checked = check_plans(OPERATIONS[op], [(name, problem) for name, problem, _ in cases],
-                          lambda problem: [config_of[problem]], Kernels, rng, tolerance=1e-11)
-    assert checked == len(cases) >= 6
+    assert_cases_compute_in_numpy(op, flat_cases(op), rng)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
