@@ -51,10 +51,12 @@ source once. It wins for filters (an 11x11 filter in a 42x42 plane: 31 us agains
 planes on an H100) and loses for images (shared-memory loads bound it), so it is a choice per operand.
 DFT_FLAT_A / DFT_FLAT_B (with "dft"): that transform takes a block's planes one at a time, and for
 the small sources of a filter's phases (scherer10_l2's backward-data: 4,096 sub-filters of 4 x 4 in
-70 x 70 planes, 82 MB of spectra) its rows' stage is a few threads' work and its stores short runs:
-33.6 us on an H200, 2.4 TB/s of stores. A non-zero value is the planes a block takes together
-(dft_flat): their data loaded at once, their row spectra a thread an element, then the block's
-spectra element by element in the order stored, one run of stores. 0 is the per-plane form.
+70 x 70 planes, 82 MB of spectra) its rows' stage is a few threads' work and its stores short runs.
+A non-zero value is the planes a block takes together (dft_flat): their data loaded at once, their
+row spectra a thread an element, then the block's spectra element by element in the order stored,
+one run of stores. 0 is the per-plane form. Measured on an H200 there: 33.2 us per plane, 30.2 with
+4 planes a block, 33.5 with 16 (256 blocks); the stores ran at 2.7 TB/s, so their pattern was not
+all that held the transform back.
 "fdft" computes the same spectra with each size split in two factors, FW = W1*W2 and FH = H1*H2 (one
 Cooley-Tukey step: small DFTs of W1 points, twiddles, small DFTs of W2 points): W1 + W2 multiply-adds
 a point instead of FW, so images too can skip the placed planes and cuFFT's passes over memory.
@@ -709,7 +711,10 @@ class _Fft(OpFormulation):
                 return xform_smem_bytes(xform, sizes[operand], *fft_size(f, how), mac == "cublas")
             return nbytes
 
-        def flat_smem(operand):   # applies where DFT_FLAT_<operand> does: XFORM_<operand> "dft"
+        # The flat transform's own rule, where DFT_FLAT_<operand> applies (XFORM_<operand> "dft"). The
+        # per-plane rule above holds for flat configs too: conservative (with MAC "cublas" it counts a
+        # stage the flat form does without), never letting through a launch that cannot run.
+        def flat_smem(operand):
             def nbytes(how, flat, tile, *ph):
                 f, sizes = form(bool(ph and ph[0]) and not tile, tile)
                 return dft_flat_smem_bytes(flat, sizes[operand], *fft_size(f, how)) if flat else 0
