@@ -3,6 +3,14 @@
 # Results accumulate in RUN (default .data/run): the Optuna storage run/optuna.db and the tuning
 # database run/db/; logs and recorded replay files go to OUT. Usage:
 #   scripts/gpu_tuning_run.sh replay faults trials100 suite:conv_fwd suite:conv_bwd_data ...
+# A GPU without a full set of records of its own (issue 12's H100 half), a device call each:
+#   scripts/gpu_tuning_run.sh missing:fp32        the seed suite's convolutions without a record of
+#   scripts/gpu_tuning_run.sh missing:tf32        this GPU's own, TRIALS each (default 30)
+#   scripts/gpu_tuning_run.sh zoo:kriz09 ...      a zoo network's kernels without one, at batch 128
+#   scripts/gpu_tuning_run.sh bench accuracy      the suite in both precisions beside cuDNN; the
+#                                                 README's accuracy table
+# A step that its time limit (SUITE_TIMEOUT, default 240 s) cuts off keeps the records it finished:
+# run it again and --missing takes up the rest. Ship the records with scripts/ship_records.py.
 set -uo pipefail
 run=${RUN:-.data/run}; out=${OUT:-out}
 mkdir -p "$run/db" "$out"
@@ -34,7 +42,24 @@ for step in "$@"; do
       timeout ${SUITE_TIMEOUT:-240} python3 -m autocnn.cli tune --suite seed --ops $op --trials ${TRIALS:-30} \
         ${TUNE_TIMEOUT:+--timeout $TUNE_TIMEOUT} --storage "$storage" --cudnn --no-progress 2>&1 \
         | tee -a "$out/suite.log" | grep -v "^\(conv\|avgpool\)_[a-z_]* [a-z]" | tail -16 ;;
-    *) echo "unknown step $step" ;;
+    missing:*)
+      precision=${step#missing:}
+      timeout ${SUITE_TIMEOUT:-240} python3 -m autocnn.cli tune --suite seed --ops conv_fwd,conv_bwd_data,conv_wgrad \
+        --missing --precision $precision --trials ${TRIALS:-30} ${TUNE_TIMEOUT:+--timeout $TUNE_TIMEOUT} \
+        --storage "$storage" --cudnn --no-progress 2>&1 | tee -a "$out/missing_$precision.log" | tail -16 ;;
+    zoo:*)
+      net=${step#zoo:}
+      timeout ${SUITE_TIMEOUT:-240} python3 -m autocnn.cli tune --network $net --batch 128 --missing \
+        --trials ${TRIALS:-30} ${TUNE_TIMEOUT:+--timeout $TUNE_TIMEOUT} --storage "$storage" --no-progress 2>&1 \
+        | tee -a "$out/zoo_$net.log" | tail -8 ;;
+    bench)
+      timeout ${SUITE_TIMEOUT:-400} python3 scripts/bench_kernels.py --samples 0 --precision both --cudnn-processes 2 \
+        --ops conv_fwd,conv_bwd_data,conv_wgrad --out "$out/bench.json" > "$out/bench.log" 2>&1
+      grep -E "^\| (conv|\*\*)|^# (fp32|tf32|measured)" "$out/bench.log" | tail -48 ;;
+    accuracy)
+      timeout ${SUITE_TIMEOUT:-400} python3 scripts/accuracy_table.py --out "$out/accuracy.json" 2>&1 \
+        | tee "$out/accuracy.log" | tail -20 ;;
+    *) echo "unknown step $step (allowed: replay, faults, trials100, suite:OP, missing:fp32|tf32, zoo:NET, bench, accuracy)" ;;
   esac
 done
 cp "$run/optuna.db" "$out/optuna.db" 2>/dev/null
