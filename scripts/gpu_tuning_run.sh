@@ -17,6 +17,12 @@ mkdir -p "$run/db" "$out"
 export AUTOCNN_TUNING_DB="$PWD/$run/db" PYTHONUNBUFFERED=1
 storage="sqlite:///$PWD/$run/optuna.db"
 kriz=N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3
+# autocnn tune under the step's time limit with the session's trials, storage and output; $1 the log.
+tune() {
+  local log=$1; shift
+  timeout ${SUITE_TIMEOUT:-240} python3 -m autocnn.cli tune "$@" --trials ${TRIALS:-30} \
+    ${TUNE_TIMEOUT:+--timeout $TUNE_TIMEOUT} --storage "$storage" --no-progress 2>&1 | tee -a "$out/$log"
+}
 for step in "$@"; do
   echo "=== $step $(date +%T)"
   case "$step" in
@@ -39,19 +45,14 @@ for step in "$@"; do
       echo "wall time of the whole command: $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s" | tee -a "$out/trials100.log" ;;
     suite:*)
       op=${step#suite:}
-      timeout ${SUITE_TIMEOUT:-240} python3 -m autocnn.cli tune --suite seed --ops $op --trials ${TRIALS:-30} \
-        ${TUNE_TIMEOUT:+--timeout $TUNE_TIMEOUT} --storage "$storage" --cudnn --no-progress 2>&1 \
-        | tee -a "$out/suite.log" | grep -v "^\(conv\|avgpool\)_[a-z_]* [a-z]" | tail -16 ;;
+      tune suite.log --suite seed --ops $op --cudnn | grep -v "^\(conv\|avgpool\)_[a-z_]* [a-z]" | tail -16 ;;
     missing:*)
       precision=${step#missing:}
-      timeout ${SUITE_TIMEOUT:-240} python3 -m autocnn.cli tune --suite seed --ops conv_fwd,conv_bwd_data,conv_wgrad \
-        --missing --precision $precision --trials ${TRIALS:-30} ${TUNE_TIMEOUT:+--timeout $TUNE_TIMEOUT} \
-        --storage "$storage" --cudnn --no-progress 2>&1 | tee -a "$out/missing_$precision.log" | tail -16 ;;
+      tune missing_$precision.log --suite seed --ops conv_fwd,conv_bwd_data,conv_wgrad --missing --precision $precision \
+        --cudnn | tail -16 ;;
     zoo:*)
       net=${step#zoo:}
-      timeout ${SUITE_TIMEOUT:-240} python3 -m autocnn.cli tune --network $net --batch 128 --missing \
-        --trials ${TRIALS:-30} ${TUNE_TIMEOUT:+--timeout $TUNE_TIMEOUT} --storage "$storage" --no-progress 2>&1 \
-        | tee -a "$out/zoo_$net.log" | tail -8 ;;
+      tune zoo_$net.log --network $net --batch 128 --missing | tail -8 ;;
     bench)
       timeout ${SUITE_TIMEOUT:-400} python3 scripts/bench_kernels.py --samples 0 --precision both --cudnn-processes 2 \
         --ops conv_fwd,conv_bwd_data,conv_wgrad --out "$out/bench.json" > "$out/bench.log" 2>&1

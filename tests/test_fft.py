@@ -23,7 +23,7 @@ from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, df
                                              placement, mac_block, split_factor, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                                              smooth_size, spectrum, sub_filter, takes_phases, workspace_elements,
                                              buffer_name, shares_workspace, fft_tiles, tile_of, TILES_F,
-                                             frequency_major, mac_gemm, DFT_FLATS, dft_flat_smem_bytes)
+                                             frequency_major, mac_gemm, DFT_FLATS)
 from autocnn.kernels.operation import LibraryComplexGemm, LibraryFft, cdiv, next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
@@ -1422,7 +1422,7 @@ def test_flat_direct_transforms_take_blocks_of_planes_and_leave_the_other_form_a
         steps = [s for s in plan.steps if getattr(s, "kernel", "") == "fft_dft_b"]
         planes = f.b_planes if op != "conv_wgrad" else 2 * f.b_planes   # conv_wgrad: dY, a block of 2 images
         assert steps and steps[0].grid == (cdiv(planes, flat), 1, 1)
-        assert steps[0].shared_bytes == dft_flat_smem_bytes(flat, sizes["B"], fh, fw)
+        assert steps[0].shared_bytes == dft_smem_bytes(sizes["B"], fh, fw, flat)
     with pytest.raises(InvalidConfigError, match="DFT_FLAT_B=4 is not allowed"):
         sp.validate({**sp.complete({**base, "XFORM_B": "cufft"}).as_dict(), "DFT_FLAT_B": 4})
 

@@ -471,14 +471,6 @@ def fdft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
     return tables + 8 * fh * half + max(12 * sh * fw, 8 * fh * half)
 
 
-def dft_flat_smem_bytes(planes: int, src: tuple[int, int], fh: int, fw: int) -> int:
-    """The flat direct transform's shared memory (DftFlat in _fft.cuh.j2): the twiddle tables, and the
-    rows' spectra and data of its planes. It stores frequency-major spectra as it computes them: no stage."""
-    sh, sw = src
-    half = fw // 2 + 1
-    return 8 * (sw * half + fh * sh + planes * sh * half) + 4 * planes * sh * sw
-
-
 def dft_flat_of(config: Config | dict, operand: str) -> int:
     """Planes a block of the operand's flat direct transform, 0 where it has none (DFT_FLAT_<operand>
     set, or the config written before the parameter, or a transform other than "dft")."""
@@ -492,7 +484,7 @@ def xform_smem_bytes(xform: str, src: tuple[int, int], fh: int, fw: int, freq_ma
     if xform == "cufft":
         return 0
     if flat:
-        return dft_flat_smem_bytes(flat, src, fh, fw)
+        return dft_smem_bytes(src, fh, fw, flat)   # frequency-major as it computes them: no stage
     stage = frequency_major_stage_bytes(fh, fw) if freq_major else 0
     return (dft_smem_bytes if xform == "dft" else fdft_smem_bytes)(src, fh, fw) + stage
 
@@ -516,12 +508,13 @@ def idft_smem_bytes(out_w: int, fh: int, fw: int) -> int:
     return 8 * ((fw // 2 + 1) * columns + h1 * h1 + h2 * h1 + h2 * h2 + idft_planes(fh, fw) * spectrum(fh, fw))
 
 
-def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
+def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int, planes: int = 1) -> int:
     """The direct transform's shared memory: twiddle tables of rows and columns, the rows' spectra
-    (8 bytes a complex number) and the plane's data (Dft in _fft.cuh.j2)."""
+    (8 bytes a complex number) and the data of the planes it holds at once: one (Dft in _fft.cuh.j2),
+    or DFT_FLAT's (DftFlat)."""
     sh, sw = src
     half = fw // 2 + 1
-    return 8 * (sw * half + fh * sh + sh * half) + 4 * sh * sw
+    return 8 * (sw * half + fh * sh + planes * sh * half) + 4 * planes * sh * sw
 
 
 def workspace_elements(f: FftConv, how: str, imgs: int, xform_a: str = "cufft", xform_b: str = "cufft",
@@ -717,7 +710,7 @@ class _Fft(OpFormulation):
         def flat_smem(operand):
             def nbytes(how, flat, tile, *ph):
                 f, sizes = form(bool(ph and ph[0]) and not tile, tile)
-                return dft_flat_smem_bytes(flat, sizes[operand], *fft_size(f, how)) if flat else 0
+                return dft_smem_bytes(sizes[operand], *fft_size(f, how), flat) if flat else 0
             return nbytes
 
         def inverse_and_form(keys):   # the values of (XFORM_O, FFT_TILE, *ph_key): XFORM_O and (tile, *ph)
