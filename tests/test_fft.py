@@ -23,7 +23,8 @@ from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, df
                                              placement, mac_block, split_factor, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
                                              smooth_size, spectrum, sub_filter, takes_phases, workspace_elements,
                                              buffer_name, shares_workspace, fft_tiles, tile_of, TILES_F,
-                                             frequency_major, mac_gemm, DFT_FLATS)
+                                             frequency_major, mac_gemm, DFT_FLATS, RADIX_MAX, RADIX_PLANES, RADIX_THREADS,
+                                             radix_factors, radix_lead, radix_smem_bytes, radix_ismem_bytes, kept_rows)
 from autocnn.kernels.operation import LibraryComplexGemm, LibraryFft, cdiv, next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
@@ -462,7 +463,7 @@ def test_workspace_is_computed_and_never_above_the_limit():
                                               share)
                 assert ("fft_a" in expected) == (config["XFORM_A"] == "cufft" and not share) and \
                     ("fft_b" in expected) == (config["XFORM_B"] == "cufft") and \
-                    ("fft_o" in expected) == (config.get("XFORM_O") != "fdft" and not share)
+                    ("fft_o" in expected) == (config.get("XFORM_O", "cufft") == "cufft" and not share)
                 assert plan.workspace_bytes == 4 * sum(expected.values()) <= WORKSPACE_LIMIT_BYTES, f"{op} {name}"
     # sweep_11x11's 4,096 filter spectra and 64 images of 64 planes each exceed 256 MiB.
     problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]
@@ -737,14 +738,16 @@ def test_direct_transforms_replace_placing_and_r2c_of_their_operand(op, phases):
 
 
 def test_configs_from_before_the_tiled_multiply_accumulate_complete_to_the_thread_one():
-    """A stale fft record (tuned before MAC, XFORM, XFORM_O, WS_SHARE, FFT_VEC and FFT_TILE existed) is
-    a first guess for its retune: completed, it names the multiply-accumulate, the transforms, the
-    buffers, the copies (one element a thread) and the whole planes it ran."""
+    """A stale fft record (tuned before MAC, XFORM, XFORM_O, WS_SHARE, FFT_VEC, FFT_TILE and
+    RADIX_THREADS existed) is a first guess for its retune: completed, it names the multiply-accumulate,
+    the transforms, the buffers, the copies (one element a thread), the whole planes it ran and no
+    radix block size of its own."""
     problem = dict(seed_problems("conv_bwd_data"))["sweep_11x11"]
     old = {"formulation": NAME, "IMGS": 64, "FFT_SIZE": "smooth", "FFT_THREADS": 256, "IT": 4, "JT": 4}
     assert space("conv_bwd_data", problem).complete(old).as_dict() == {**old, "MAC": "thread", "XFORM_A": "cufft",
                                                                         "XFORM_B": "cufft", "XFORM_O": "cufft",
-                                                                        "WS_SHARE": 0, "FFT_VEC": 1, "FFT_TILE": 0}
+                                                                        "WS_SHARE": 0, "FFT_VEC": 1, "FFT_TILE": 0,
+                                                                        "RADIX_THREADS": 0}
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
@@ -1201,6 +1204,16 @@ def test_fft_tiles_verify_against_float64_on_the_gpu(op):
     assert_verifies_on_gpu(OPERATIONS[op], NAME, big, 3, WORKSPACE_LIMIT_BYTES)
 
 
+def assert_cases_verify_under_emulation(op, cases, tmp_path):
+    """Each (name, problem, config) case's generated kernels run by the CPU emulator (cuFFT and
+    cuBLAS in NumPy) verify against float64 at the bound, every element."""
+    from tests.cuda_emulator import emulated_failure
+
+    for name, problem, config in cases:
+        why = emulated_failure(OPERATIONS[op], problem, config, tmp_path, random.randrange(2**31))
+        assert why is None, f"{name}: {why}"
+
+
 def assert_cases_compute_in_numpy(op, cases, rng):
     """Each (name, problem, config) case's plan in NumPy gives the float64 reference's result to
     rounding; at least six cases."""
@@ -1440,11 +1453,7 @@ def test_flat_direct_transforms_verify_under_emulation(op, tmp_path):
     """dft_flat run by the CPU emulator (cuFFT and cuBLAS in NumPy) on every flat case: short last
     blocks, both layouts of the spectra, phases and tiles; fp32, every element against float64 at
     the bound."""
-    from tests.cuda_emulator import emulated_failure
-
-    for name, problem, config in flat_cases(op):
-        why = emulated_failure(OPERATIONS[op], problem, config, tmp_path, random.randrange(2**31))
-        assert why is None, f"{name}: {why}"
+    assert_cases_verify_under_emulation(op, flat_cases(op), tmp_path)
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
@@ -1491,3 +1500,170 @@ def test_flat_direct_transforms_verify_against_float64_on_the_gpu(op):
     problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
     assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 1, WORKSPACE_LIMIT_BYTES,
                            fixed={"XFORM_A": "dft", "XFORM_B": "dft", "DFT_FLAT_A": 4, "DFT_FLAT_B": 16})
+
+
+# -- XFORM "radix": a mixed-radix FFT of each plane in one kernel ------------------------------------
+
+def test_radix_factors_merge_the_prime_factors_into_few_radices():
+    """The stages' radices multiply to the size, none above RADIX_MAX, as few as first-fit merging of
+    the prime factors (largest first) gives; a size with another prime factor is refused by name."""
+    expected = {70: (7, 5, 2), 40: (5, 8), 42: (7, 6), 64: (8, 8), 72: (9, 8), 81: (9, 9), 7: (7,), 1: (), 98: (7, 7, 2)}
+    for n, radices in expected.items():
+        assert radix_factors(n) == radices
+    for n in range(1, MAX_FFT + 1):
+        if smooth_size(n) == n:
+            radices = radix_factors(n)
+            assert int(np.prod(radices)) == n and all(1 < r <= RADIX_MAX for r in radices)
+    with pytest.raises(ValueError, match="2, 3, 5 and 7, not 22"):
+        radix_factors(22)
+    assert all(radix_lead(h) % 2 == 1 and radix_lead(h) in (h, h + 1) for h in range(1, 100))
+
+
+def radix_cases(op):
+    """(name, problem, config) with both operands transformed by "radix" on the odd shapes: the
+    stride's phases apart and not, MAC thread and block, every way back but conv_wgrad's (cuFFT's C2R
+    and crop, the factorised inverse, the radix inverse), FFT sizes smooth and powers of two, and
+    one case in FFT tiles (sources loaded through Op::load, outputs stored a tile at a time)."""
+    out = []
+    for i, (name, problem) in enumerate(small_problems(op)):
+        config = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": min(2, problem.N),
+                  "FFT_THREADS": (64, 128)[i % 2], "MAC": "thread", "XFORM_A": "radix", "XFORM_B": "radix",
+                  "FFT_VEC": 1, "FFT_TILE": 0, "RADIX_THREADS": (0, 256)[i % 2]}
+        if i % 3 == 1:
+            config |= {"MAC": "block", "IT": 2, "JT": 2, "FB": 4, "BL": 8, "MAC_ORDER": "tiles"}
+        if op != "conv_wgrad":
+            config |= {"XFORM_O": ("cufft", "fdft", "radix")[i % 3], "WS_SHARE": 0}
+        if takes_phases(problem):
+            config["STRIDE_PHASES"] = (i + 1) % 2
+        if "pow2" in space(op, problem).param("FFT_SIZE").choices and i % 2:
+            config["FFT_SIZE"] = "pow2"
+        out.append((name, problem, space(op, problem).complete(config)))
+    name, tiled_problem = next((n, p) for n, p in small_problems(op) if fft_tiles(p, 16).count > 1 and max(p.R, p.S) < 16)
+    out.append((f"{name} F=16", tiled_problem, tiled(op, tiled_problem, 16, MAC="thread", XFORM_A="radix",
+                                                    XFORM_B="radix",
+                                                    **({"XFORM_O": "radix"} if op != "conv_wgrad" else {}))))
+    return out
+
+
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_radix_transforms_launch_a_block_per_pair_of_planes_and_refuse_frequency_major_spectra(op):
+    """XFORM "radix" launches fft_dft_<operand> with one block per RADIX_PLANES planes and
+    radix_smem_bytes of shared memory, renders the stages of radix_factors for both sizes, and is
+    refused, naming why, with MAC "cublas" (whose spectra are frequency-major)."""
+    problem = dict(small_problems(op))["f_s2"]
+    sp = space(op, problem)
+    base = {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 2, "FFT_THREADS": 64, "MAC": "thread",
+            "XFORM_A": "radix", "XFORM_B": "radix", **({"STRIDE_PHASES": 1} if takes_phases(problem) else {})}
+    plan = OPERATIONS[op].plan(problem, sp.complete(base))
+    f, sizes = fft_conv(problem, True), operand_sizes(problem, True)
+    fh, fw = fft_size(f, "smooth")
+    planes = {"A": 2 * f.a_planes, "B": f.b_planes if op != "conv_wgrad" else 2 * f.b_planes}
+    for operand in ("A", "B"):
+        steps = [s for s in plan.steps if getattr(s, "kernel", "") == f"fft_dft_{operand.lower()}"]
+        assert steps and steps[0].grid == (cdiv(planes[operand], RADIX_PLANES), 1, 1)
+        assert steps[0].shared_bytes == radix_smem_bytes(sizes[operand], fh, fw)
+        assert f"fft::radix_fft<fft::Operand{operand}>" in plan.source
+    w, h = radix_factors(fw), radix_factors(fh)
+    assert f"constexpr int R = {w[0]}, B = FW / R;" in plan.source   # the rows' first stage, from the source
+    assert all(f"radix::stage<{r}, FW, " in plan.source for r in w[1:])
+    assert all(f"radix::stage<{r}, FH, " in plan.source for r in h[:-1])
+    assert f"radix::last_stage<{h[-1]}, " in plan.source              # the columns' last, to the spectrum
+    for threads in RADIX_THREADS[1:]:   # their own block size; the other kernels keep FFT_THREADS
+        steps = OPERATIONS[op].plan(problem, sp.complete({**base, "RADIX_THREADS": threads})).steps
+        assert {s.block[0] for s in steps if getattr(s, "kernel", "").startswith("fft_dft_")} == {threads}
+        assert {s.block[0] for s in steps if getattr(s, "kernel", "") == "fft_mac"} == {64}
+    if op != "conv_wgrad":   # the way back by the same stages: the kept outputs of each plane, in pairs of rows
+        plan = OPERATIONS[op].plan(problem, sp.complete({**base, "XFORM_O": "radix", "RADIX_THREADS": 256}))
+        steps = [s for s in plan.steps if getattr(s, "kernel", "") == "fft_idft"]
+        assert steps and steps[0].grid == (cdiv(2 * f.out_planes, RADIX_PLANES), 1, 1) and steps[0].block[0] == 256
+        assert steps[0].shared_bytes == radix_ismem_bytes(kept_rows(problem, takes_phases(problem))[2], fh, fw)
+        assert "fft::radix_ifft<fft::Output>" in plan.source and "cufftExec" not in repr(plan.steps)
+        with pytest.raises(InfeasibleConfigError, match="radix reads and stores spectra plane after plane"):
+            sp.validate(sp.complete({**base, "MAC": "cublas", "XFORM_A": "dft", "XFORM_B": "dft",
+                                     "XFORM_O": "radix"}).as_dict())
+    else:   # dW's taps are a few percent of each plane: the factorised inverse computes them alone
+        assert "radix" not in sp.param("XFORM_O").choices
+    with pytest.raises(InfeasibleConfigError, match="RADIX_THREADS=256 sets the threads of the radix transforms"):
+        sp.validate(sp.complete({**base, "XFORM_A": "dft", "XFORM_B": "cufft"}).as_dict() | {"RADIX_THREADS": 256})
+    with pytest.raises(InfeasibleConfigError, match="XFORM radix reads and stores spectra plane after plane"):
+        sp.validate(sp.complete({**base, "MAC": "cublas", "XFORM_B": "dft"}).as_dict() | {"XFORM_A": "radix"})
+
+
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_radix_transforms_compute_the_convolution_in_numpy(op, rng):
+    """The radix cases' plans in NumPy (the transforms as their definitions say, on the launches the
+    plan names) give the float64 reference's result to rounding."""
+    assert_cases_compute_in_numpy(op, radix_cases(op), rng)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_radix_transforms_verify_under_emulation(op, tmp_path):
+    """radix_fft run by the CPU emulator (cuFFT in NumPy) on every radix case: odd sources in odd
+    planes (the last pair of rows a single row), placed at the padding's offset or spread at the
+    stride, phases, tiles, both sizes of FFT; fp32, every element against float64 at the bound."""
+    assert_cases_verify_under_emulation(op, radix_cases(op), tmp_path)
+
+
+def scherer_radix_config(precision):
+    """scherer10_l2's backward-data record's config with its dY transformed by "radix"."""
+    op = "conv_bwd_data"
+    row = dataclasses.replace(dict(seed_problems(op))["scherer10_l2"], precision=precision)
+    config = {"formulation": NAME, "IMGS": 64, "FFT_SIZE": "smooth", "FFT_THREADS": 128, "MAC": "mma", "IT": 2,
+              "JT": 4, "FB": 4, "BL": 8, "MAC_ORDER": "tiles", "XFORM_A": "radix", "XFORM_B": "dft", "DFT_FLAT_B": 4,
+              "STRIDE_PHASES": 1, "XFORM_O": "cufft", "WS_SHARE": 1, "FFT_VEC": 4,
+              **({"MAC_CROSS": 1} if precision == "fp32" else {})}
+    return row, space(op, row).complete(config)
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_radix_transforms_build_without_spills(tmp_path):
+    """The radix cases, both precisions, and scherer10_l2's backward-data with its dY by "radix" (the
+    row it was written for: 70 x 70 planes, radices 7, 5, 2) at every RADIX_THREADS, for sm_90: every
+    kernel there, none spilling."""
+    jobs = []
+    for op in CONV_OPS:
+        jobs += precision_jobs(op, radix_cases(op), {"fp32": {}, "tf32": {}})
+    for precision in ("fp32", "tf32"):
+        row, config = scherer_radix_config(precision)
+        for threads in RADIX_THREADS:
+            c = space("conv_bwd_data", row).complete({**config.as_dict(), "RADIX_THREADS": threads})
+            jobs.append((f"scherer10_l2 {precision} {c}", OPERATIONS["conv_bwd_data"].plan(row, c), True))
+    failures = compile_failures(jobs, "sm_90", tmp_path)
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_radix_transforms_verify_against_float64_on_the_gpu(op):
+    """The radix transforms on the GPU, both precisions, every element within the bound: the radix
+    cases, configs sampled with both operands by "radix" on the odd shapes and the seed rows of 7x7
+    and 11x11 filters, and scherer10_l2's backward-data as it is measured."""
+    pytest.importorskip("cupy")
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    loader, failures = KernelLoader(), []
+    cases = list(radix_cases(op))
+    if op == "conv_bwd_data":
+        for pr in ("fp32", "tf32"):   # dY by radix; the way back by radix (the record); both, on 256 threads
+            row, config = scherer_radix_config(pr)
+            c = config.as_dict()
+            cases += [(f"scherer10_l2 {pr}", row, config),
+                      (f"scherer10_l2 {pr} radix back", row,
+                       space(op, row).complete({**c, "XFORM_A": "cufft", "XFORM_O": "radix"})),
+                      (f"scherer10_l2 {pr} radix both ways", row, space(op, row).complete(
+                          {**c, "XFORM_O": "radix", "RADIX_THREADS": 256, "WS_SHARE": 0, "FFT_VEC": 1, "IMGS": 32}))]
+    for name, problem, config in cases:
+        for precision in ("fp32", "tf32"):
+            p = dataclasses.replace(problem, precision=precision)
+            c = space(op, p).complete({k: v for k, v in config.as_dict().items() if k != "MAC_CROSS"})
+            check = check_candidate(loader.load(OPERATIONS[op].plan(p, c)), p, time_it=False)
+            if not check.verification.passed:
+                failures.append(f"{name} {precision} {c}: {check.verification.message}")
+    assert not failures, "\n".join(failures)
+    rows = dict(seed_problems(op))
+    problems = [*small_problems(op), ("sweep_7x7", rows["sweep_7x7"]), ("sweep_11x11", rows["sweep_11x11"])]
+    problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
+    assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 1, WORKSPACE_LIMIT_BYTES,
+                           fixed={"XFORM_A": "radix", "XFORM_B": "radix"})

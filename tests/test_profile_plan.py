@@ -16,7 +16,7 @@ SHAPE = "N=3,C=4,H=9,W=12,K=5,R=7,S=5,stride=1,pad=3"
 # The GPU test's plan: an fft config with a directly transformed dY and cuFFT filters.
 CONFIG = {"formulation": "fft", "FFT_SIZE": "smooth", "IMGS": 2, "FFT_THREADS": 64, "IT": 2, "JT": 2,
           "MAC": "block", "FB": 4, "BL": 4, "MAC_ORDER": "tiles", "XFORM_A": "dft", "DFT_FLAT_A": 0, "XFORM_B": "cufft",
-          "XFORM_O": "cufft", "WS_SHARE": 0, "FFT_VEC": 1, "FFT_TILE": 0}
+          "XFORM_O": "cufft", "WS_SHARE": 0, "FFT_VEC": 1, "FFT_TILE": 0, "RADIX_THREADS": 0}
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -60,6 +60,20 @@ all that held the transform back.
 "fdft" computes the same spectra with each size split in two factors, FW = W1*W2 and FH = H1*H2 (one
 Cooley-Tukey step: small DFTs of W1 points, twiddles, small DFTs of W2 points): W1 + W2 multiply-adds
 a point instead of FW, so images too can skip the placed planes and cuFFT's passes over memory.
+"radix" is an FFT of the whole plane in one kernel, in place of placing and cuFFT's R2C: mixed-radix
+Stockham stages in shared memory (radix_factors: the size's prime factors merged into radices of up
+to RADIX_MAX, each a butterfly written out as straight-line code with exact constants), two data rows
+as one complex row, the rows' first stage reading the source and the columns' last writing the
+spectrum as cuFFT's R2C lays it out. cuFFT moves about 1.3 TB/s over its two passes for every size
+from 64 to 96 (batches of 3,840 planes on an H200: 70 x 70 R2C 124.5 us, 72 x 72 122.3, 64 x 64 95.6),
+so a plane read once and its spectrum written once is the gain: scherer10_l2's dY (3,840 planes of
+70 x 70) 155.6 us placed + R2C, 90.2 with radix on 256 threads a block; fdft, with its twiddles read
+from shared memory for every product and 77 KB a block, took 205-307 there. XFORM_O "radix" runs the
+same stages the other way, as conj(FFT(conj X)): the columns' first stage reads the spectrum, two kept
+rows make one complex row (the imaginary parts at frequencies 0 and FW/2 dropped, as a C2R transform
+drops them), and the rows' last stage stores the kept outputs with the crop's epilogue (83.5 us where
+C2R + crop took 157.2). Not for conv_wgrad, whose few kept taps the factorised inverse computes alone.
+RADIX_THREADS gives the radix kernels their own block size (0: FFT_THREADS).
 The way back (XFORM_O): cuFFT's C2R of whole planes and fft_crop, or "fdft", the factorised inverse
 (fft_idft) that reads each plane's spectrum once and computes and stores only the outputs the op
 keeps (the cropped, stride-sampled rows and columns) with the crop's scale, bias and activation.
@@ -139,16 +153,30 @@ MMA_MAX_IT = 4        # m16 tiles a warp along O's rows
 # Accumulators a thread (re and im, 4 floats per mma tile; fp32 also keeps a stage's partial sums
 # apart from the total): at most 128; ptxas reports whether the fragments still fit without spills.
 MMA_MAX_ACCUMULATORS = 128
-# An operand's forward transform: placed planes + cuFFT R2C, computed directly (dft), or computed
-# directly with each size split into two factors (fdft).
-XFORMS = ("cufft", "dft", "fdft")
+# An operand's forward transform: placed planes + cuFFT R2C, computed directly (dft), computed
+# directly with each size split into two factors (fdft), or a mixed-radix FFT in one kernel (radix,
+# last: the code of configs written before it is unchanged).
+XFORMS = ("cufft", "dft", "fdft", "radix")
 # The output's inverse transform: cuFFT C2R + fft_crop, or the factorised inverse of the kept outputs.
-XFORMS_O = ("cufft", "fdft")
+XFORMS_O = ("cufft", "fdft", "radix")
+# conv_wgrad keeps dW's R x S taps of each plane, a few percent of it, which the factorised inverse
+# computes alone: the radix inverse, which computes whole planes, is not offered there.
+XFORMS_O_WGRAD = XFORMS_O[:2]
 # DFT_FLAT_A / DFT_FLAT_B: planes a block of a direct transform ("dft") takes together, output
 # elements flat over them (dft_flat in _fft.cuh.j2); 0, a plane at a time with register tiles
 # (DFT_PLANES a block), is the code of configs written before the parameter.
 DFT_FLATS = (0, 4, 16)
 DFT_PLANES = 4        # planes a block of the direct transform computes (they share its twiddle tables)
+# XFORM "radix": planes a block transforms one after another (two: a block's tables copied half as
+# often as with one, and four times the blocks of DFT_PLANES, so that the last wave is short), and
+# the largest radix of its butterflies (the sizes' prime factors 2, 3, 5, 7 merged up to it).
+RADIX_PLANES = 2
+RADIX_MAX = 9
+# RADIX_THREADS: threads a block of the radix transforms, 0 (first) for FFT_THREADS. Their blocks
+# hold a plane's buffers (42 KB for 70 x 70) and want more threads than the multiply-accumulate's
+# best (scherer10_l2's dY on an H200: 137.3 us with 128 threads, 108.8 with 256; its MAC 154.8 us
+# with 128, 172.2 with 256), so they have a count of their own.
+RADIX_THREADS = (0, 256, 512)
 DEFAULT_WORKSPACE_BYTES = WORKSPACE_LIMIT_BYTES // 4
 # Workspace buffers whose lives in a block of images do not overlap, sharing memory (WS_SHARE 1;
 # conv_fwd and conv_bwd_data): A's placed planes (placed, then read by the R2C) die before O's
@@ -284,22 +312,33 @@ def inverse_of(config: Config | dict) -> str:
     return config.get("XFORM_O", "cufft")
 
 
-def kept_columns(p: Any, phased: bool = False, tile: int = 0) -> tuple[int, int, int]:
-    """The columns of each output plane the op keeps, as (first, step, count): Output::OFF_W,
-    STEP_W and OUT_W in the op's template, which checks them against these. conv_fwd Q at the
-    stride, conv_bwd_data W from PL, or with the phases apart every phase's positions up to dX's
-    last column; FFT tiles: a tile's TX outputs (conv_bwd_data's from S - 1). conv_wgrad: dW's S taps at
-    the origin of each plane, tiled or not, or with the phases apart a sub-filter's SU."""
+def kept_outputs(p: Any, axis: int, phased: bool = False, tile: int = 0) -> tuple[int, int, int]:
+    """The rows (axis 0) or columns (axis 1) of each output plane the op keeps, as (first, step,
+    count): Output::OFF_H, STEP_H, OUT_H or OFF_W, STEP_W, OUT_W in the op's template, which checks
+    them against these. conv_fwd P x Q at the stride, conv_bwd_data H x W from (PT, PL), or with the
+    phases apart every phase's positions up to dX's last row and column; FFT tiles: a tile's TY x TX
+    outputs (conv_bwd_data's from (R - 1, S - 1)). conv_wgrad: dW's R x S taps at the origin of each
+    plane, tiled or not, or with the phases apart a sub-filter's RU x SU."""
     if p.op == "conv_wgrad":
-        return 0, 1, sub_filter(p)[1] if phased and takes_phases(p) else p.S
+        return 0, 1, sub_filter(p)[axis] if phased and takes_phases(p) else (p.R, p.S)[axis]
     if tile:
-        tx = fft_tiles(p, tile).TX
-        return (0, p.stride[1], tx) if p.op == "conv_fwd" else (p.S - 1, 1, tx)
+        t = fft_tiles(p, tile)
+        count = (t.TY, t.TX)[axis]
+        return (0, p.stride[axis], count) if p.op == "conv_fwd" else ((p.R, p.S)[axis] - 1, 1, count)
     if p.op == "conv_fwd":
-        return 0, p.stride[1], p.Q
+        return 0, p.stride[axis], (p.P, p.Q)[axis]
+    extent = (p.H, p.W)[axis]
     if phased and takes_phases(p):
-        return 0, 1, (p.W - 1 + p.padding[1]) // p.stride[1] + 1
-    return p.padding[1], 1, p.W
+        return 0, 1, (extent - 1 + p.padding[axis]) // p.stride[axis] + 1
+    return p.padding[axis], 1, extent
+
+
+def kept_columns(p: Any, phased: bool = False, tile: int = 0) -> tuple[int, int, int]:
+    return kept_outputs(p, 1, phased, tile)
+
+
+def kept_rows(p: Any, phased: bool = False, tile: int = 0) -> tuple[int, int, int]:
+    return kept_outputs(p, 0, phased, tile)
 
 
 def twiddle(m: int, n: int, scale: float = 1.0) -> tuple[float, float]:
@@ -471,6 +510,68 @@ def fdft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
     return tables + 8 * fh * half + max(12 * sh * fw, 8 * fh * half)
 
 
+@functools.lru_cache(maxsize=256)
+def radix_factors(n: int) -> tuple[int, ...]:
+    """The radices of XFORM "radix"'s stages for a transform of n points (a product of 2, 3, 5, 7):
+    the prime factors, largest first, each merged into the first radix it keeps within RADIX_MAX,
+    so that the stages (each one pass over shared memory and a barrier) are few. 70: 7, 5, 2."""
+    primes, m = [], n
+    for prime in (7, 5, 3, 2):
+        while m % prime == 0:
+            primes.append(prime)
+            m //= prime
+    if m != 1:
+        raise ValueError(f"XFORM radix transforms sizes whose prime factors are 2, 3, 5 and 7, not {n}")
+    radices: list[int] = []
+    for prime in primes:
+        i = next((i for i, r in enumerate(radices) if r * prime <= RADIX_MAX), None)
+        if i is None:
+            radices.append(prime)
+        else:
+            radices[i] *= prime
+    return tuple(radices)
+
+
+def radix_threads_of(config: Config | dict) -> int:
+    """Threads a block of the config's radix transforms: RADIX_THREADS, or FFT_THREADS where it is 0
+    (or the config was written before the parameter)."""
+    return config.get("RADIX_THREADS", 0) or config["FFT_THREADS"]
+
+
+def radix_lead(fh: int) -> int:
+    """The column buffers' row length (float2s): FH made odd, so that a warp reading or writing
+    one element of each of consecutive columns meets no bank conflict."""
+    return fh | 1
+
+
+def radix_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
+    """XFORM "radix"'s shared memory (Radix in _fft.cuh.j2): the twiddle tables w_FW^m and w_FH^m,
+    and two buffers that the stages pass between, each the larger of the rows' [pairs of data rows]
+    [FW] and the columns' [FW/2 + 1][radix_lead(FH)] complex numbers."""
+    pairs = (src[0] + 1) // 2
+    return 8 * (fw + fh + 2 * max(pairs * fw, (fw // 2 + 1) * radix_lead(fh)))
+
+
+def radix_ismem_bytes(out_h: int, fh: int, fw: int) -> int:
+    """XFORM_O "radix"'s shared memory (radix_ifft in _fft.cuh.j2): the twiddle tables, and two
+    buffers, each the larger of the columns' [FW/2 + 1][radix_lead(FH)] and the kept rows' [pairs]
+    [FW] complex numbers."""
+    return 8 * (fw + fh + 2 * max((out_h + 1) // 2 * fw, (fw // 2 + 1) * radix_lead(fh)))
+
+
+@functools.lru_cache(maxsize=256)
+def radix_tables(fh: int, fw: int) -> Table:
+    """XFORM "radix"'s twiddles between stages: w_FW^m (m < FW), then w_FH^m (m < FH)."""
+    return tuple(twiddle(m, fw) for m in range(fw)) + tuple(twiddle(m, fh) for m in range(fh))
+
+
+def radix_butterflies(fh: int, fw: int) -> dict[int, tuple[tuple[str, str], ...]]:
+    """Each radix the two sizes' stages use, with its constants w_R^m (m < R) as exact hexadecimal
+    float literals: the template writes each butterfly out as straight-line code (a small DFT)."""
+    return {r: tuple((re.hex() + "f", im.hex() + "f") for re, im in (twiddle(m, r) for m in range(r)))
+            for r in sorted(set(radix_factors(fh)) | set(radix_factors(fw)))}
+
+
 def dft_flat_of(config: Config | dict, operand: str) -> int:
     """Planes a block of the operand's flat direct transform, 0 where it has none (DFT_FLAT_<operand>
     set, or the config written before the parameter, or a transform other than "dft")."""
@@ -483,6 +584,8 @@ def xform_smem_bytes(xform: str, src: tuple[int, int], fh: int, fw: int, freq_ma
     one's own, and with frequency-major spectra the block's stage of them (but the flat one's)."""
     if xform == "cufft":
         return 0
+    if xform == "radix":
+        return radix_smem_bytes(src, fh, fw)   # plane-major only (a constraint keeps it from MAC "cublas")
     if flat:
         return dft_smem_bytes(src, fh, fw, flat)   # frequency-major as it computes them: no stage
     stage = frequency_major_stage_bytes(fh, fw) if freq_major else 0
@@ -598,7 +701,8 @@ class _Fft(OpFormulation):
         phases = [Param("STRIDE_PHASES", (1, 0), "the stride's phases as stride-1 transforms of smaller planes, "
                         "or dY spread at the stride")] if takes_phases(problem) else []
         # XFORM_O: conv_wgrad's came later (its first value, cuFFT, is the code it had before).
-        inverse = [Param("XFORM_O", XFORMS_O, "transform back: cuFFT C2R of whole planes and a crop, or the "
+        inverse = [Param("XFORM_O", XFORMS_O_WGRAD if self.op == "conv_wgrad" else XFORMS_O,
+                         "transform back: cuFFT C2R of whole planes and a crop, or the "
                          "kept outputs alone computed directly (each size split in two factors)")]
         inverse += [Param("WS_SHARE", WS_SHARES, "workspace buffers whose lives do not overlap share memory (A's "
                           "placed planes with O's spectra, A's spectra with O's planes): more images a block")] \
@@ -627,12 +731,13 @@ class _Fft(OpFormulation):
                       "over the frequency groups, or every tile of a frequency group together (operands shared in L2)",
                       (("MAC", ("block", "mma")),)),
                 Param("XFORM_A", XFORMS, "transform of the first operand: placed + cuFFT R2C, or computed directly "
-                      "(whole, or each size split in two factors)"),
+                      "(whole, each size split in two factors, or a mixed-radix FFT in one kernel)"),
                 Param("XFORM_B", XFORMS, "transform of the second operand: placed + cuFFT R2C, or computed directly "
-                      "(whole, or each size split in two factors)"),
+                      "(whole, each size split in two factors, or a mixed-radix FFT in one kernel)"),
                 *[Param(f"DFT_FLAT_{operand}", DFT_FLATS, f"planes a block of operand {operand}'s direct transform "
                         "takes together, its spectra computed and stored flat over them (0: a plane at a time)",
                         ((f"XFORM_{operand}", ("dft",)),)) for operand in ("A", "B")],
+                Param("RADIX_THREADS", RADIX_THREADS, "threads a block of the radix transforms (0: FFT_THREADS)"),
                 *phases, *inverse, *vec, *tiling,
                 # 0 first: the three TF32 mmas a real product, the code of configs written before the parameter
                 *([Param("MAC_CROSS", (0, 1), "MAC mma: 3xTF32's cross products as one BF16 mma a real product "
@@ -718,10 +823,12 @@ class _Fft(OpFormulation):
 
         def idft_smem(how, *keys):
             xo, tph = inverse_and_form(keys)
+            phased = bool(tph[1:] and tph[1])
+            if xo == "radix":
+                return radix_ismem_bytes(kept_rows(p, phased, tph[0])[2], *fft_size(conv(tph), how))
             if xo != "fdft":
                 return 0
-            kept = kept_columns(p, bool(tph[1:] and tph[1]), tph[0])
-            return idft_smem_bytes(kept[2], *fft_size(conv(tph), how))
+            return idft_smem_bytes(kept_columns(p, phased, tph[0])[2], *fft_size(conv(tph), how))
 
         inverse = smem_rule(limits, ("FFT_SIZE", "XFORM_O", "FFT_TILE", *ph_key), idft_smem)
 
@@ -747,6 +854,18 @@ class _Fft(OpFormulation):
 
         copies = Constraint(("FFT_VEC", "XFORM_A", "XFORM_B", "XFORM_O"), something_to_copy)
 
+        def radix_threads(threads, *xforms):
+            if threads and "radix" not in xforms:
+                return (f"RADIX_THREADS={threads} sets the threads of the radix transforms, and none of XFORM_A, "
+                        f"XFORM_B, XFORM_O is radix: only RADIX_THREADS=0")
+            return None
+
+        def radix_layout(mac, *xforms):   # radix works plane after plane; cuBLAS's spectra are frequency-major
+            if mac == "cublas" and "radix" in xforms:
+                return ("XFORM radix reads and stores spectra plane after plane, and MAC=cublas's are "
+                        "frequency-major: radix only with MAC thread, block or mma")
+            return None
+
         return [Constraint(("FFT_SIZE", "FFT_TILE", *ph_key), size),
                 Constraint(("FFT_TILE", "FFT_SIZE", *ph_key), tiling), Constraint(("MAC",), block_arch),
                 Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
@@ -757,7 +876,8 @@ class _Fft(OpFormulation):
                 smem_rule(limits, ("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"),
                           lambda mac, t, i, j, fb, bl: mac_smem_bytes({"MAC": mac, "FFT_THREADS": t, "IT": i, "JT": j,
                                                                        "FB": fb, "BL": bl})),
-                inverse, *sharing, copies,
+                inverse, *sharing, copies, Constraint(("MAC", "XFORM_A", "XFORM_B", "XFORM_O"), radix_layout),
+                Constraint(("RADIX_THREADS", "XFORM_A", "XFORM_B", "XFORM_O"), radix_threads),
                 workspace_rule(limits.workspace_bytes,
                                ("FFT_SIZE", "IMGS", "XFORM_A", "XFORM_B", *s_key, "XFORM_O", "FFT_TILE", *ph_key),
                                workspace)]
@@ -770,7 +890,7 @@ class _Fft(OpFormulation):
         fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
         inverse = {"XFORM_O": "cufft", **({"WS_SHARE": 0} if shares_buffers(problem) else {})}
         base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128, "XFORM_A": "cufft", "XFORM_B": "cufft",
-                **phases, **inverse, "FFT_VEC": 1, "FFT_TILE": 0}
+                **phases, **inverse, "FFT_VEC": 1, "FFT_TILE": 0, "RADIX_THREADS": 0}
         # The filters' spectra (operand B but in conv_wgrad) computed directly: measured faster than
         # placing + cuFFT on an H100. The last runs on any GPU (no cp.async) and in the least workspace.
         filters = {"XFORM_B": "dft", "DFT_FLAT_B": 0} if self.op != "conv_wgrad" else {}
@@ -799,10 +919,15 @@ class _Fft(OpFormulation):
                 "fft_dft_a": config["XFORM_A"] == "dft", "fft_dft_b": config["XFORM_B"] == "dft",
                 "fft_dft_flat_a": dft_flat_of(config, "A"), "fft_dft_flat_b": dft_flat_of(config, "B"),
                 "fft_fdft_a": config["XFORM_A"] == "fdft", "fft_fdft_b": config["XFORM_B"] == "fdft",
+                "fft_radix_a": config["XFORM_A"] == "radix", "fft_radix_b": config["XFORM_B"] == "radix",
+                "fft_radix_w": radix_factors(fw), "fft_radix_h": radix_factors(fh), "fft_radix_planes": RADIX_PLANES,
+                "fft_radix_lead": radix_lead(fh), "fft_radix_threads": radix_threads_of(config),
+                "fft_radix_rows": kept_rows(problem, is_phased(config), tile),
                 "fft_h1": split_factor(fh), "fft_w1": split_factor(fw),
                 "fft_split3": problem.precision == "fp32", "fft_phased": is_phased(config),
                 "fft_cross": config.get("MAC_CROSS", 0),
                 "fft_fdft_o": inverse_of(config) == "fdft", "fft_vec": config["FFT_VEC"],
+                "fft_radix_o": inverse_of(config) == "radix", "fft_kept_o": inverse_of(config) != "cufft",
                 "fft_freq_major": frequency_major(config),
                 **self._tables(problem, config, fh, fw)}
 
@@ -823,6 +948,9 @@ class _Fft(OpFormulation):
             out[f"fft_dft_tables_{operand.lower()}"] = table
         if "fdft" in (config["XFORM_A"], config["XFORM_B"]):
             out["fft_fdft_tables"] = float2_literals(fdft_tables(fh, fw))
+        if "radix" in (config["XFORM_A"], config["XFORM_B"], inverse_of(config)):
+            out.update(fft_radix_tables=float2_literals(radix_tables(fh, fw)),
+                       fft_radix_butterflies=radix_butterflies(fh, fw))
         if inverse_of(config) == "fdft":
             kept = kept_columns(problem, phased, tile)
             out.update(fft_idft_planes=idft_planes(fh, fw), fft_idft_columns=kept,
@@ -876,7 +1004,10 @@ class _Fft(OpFormulation):
             low = operand.lower()
             if c[f"XFORM_{operand}"] != "cufft":
                 flat = dft_flat_of(c, operand)
-                return [Launch(f"fft_dft_{low}", (cdiv(planes, flat or DFT_PLANES), 1, 1), (threads, 1, 1),
+                radix = c[f"XFORM_{operand}"] == "radix"
+                per_block = RADIX_PLANES if radix else flat or DFT_PLANES
+                return [Launch(f"fft_dft_{low}", (cdiv(planes, per_block), 1, 1),
+                               (radix_threads_of(c) if radix else threads, 1, 1),
                                xform_smem_bytes(c[f"XFORM_{operand}"], sizes[operand], fh, fw, frequency_major(c),
                                                 flat),
                                (src, f"fft_{low}f"),
@@ -894,7 +1025,12 @@ class _Fft(OpFormulation):
             if f.op == "conv_wgrad":
                 steps += forward("B", "dy", n0, nb, nb * f.tiles * f.b_planes)
             steps.append(mac(n0, nb))
-            if f.op != "conv_wgrad" and inverse_of(c) == "fdft":   # the kept outputs, straight from the spectra
+            if f.op != "conv_wgrad" and inverse_of(c) == "radix":   # the kept outputs by the radix stages
+                steps.append(Launch("fft_idft", (cdiv(nb * f.tiles * f.out_planes, RADIX_PLANES), 1, 1),
+                                    (radix_threads_of(c), 1, 1),
+                                    radix_ismem_bytes(kept_rows(problem, is_phased(c), tile_of(c))[2], fh, fw),
+                                    ("fft_of", "bias", dst), (n0, nb)))
+            elif f.op != "conv_wgrad" and inverse_of(c) == "fdft":   # the kept outputs, straight from the spectra
                 steps.append(Launch("fft_idft", (cdiv(nb * f.tiles * f.out_planes, idft_planes(fh, fw)), 1, 1),
                                     (threads, 1, 1),
                                     idft_smem_bytes(kept_columns(problem, is_phased(c), tile_of(c))[2], fh, fw),
@@ -919,7 +1055,8 @@ class _Fft(OpFormulation):
         return (smooth_size, FftConv, FftTiles, fft_tiles, tile_of, whole_planes, takes_phases, sub_filter, fft_conv,
                 is_phased, fft_size, spectrum, mac_block,
                 mac_smem_bytes, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
-                dft_smem_bytes, split_factor, fdft_smem_bytes, frequency_major_stage_bytes, xform_smem_bytes, workspace_elements, shares_buffers,
+                dft_smem_bytes, split_factor, fdft_smem_bytes, radix_factors, radix_threads_of, radix_lead, radix_smem_bytes, radix_ismem_bytes, kept_outputs, kept_rows,
+                radix_tables, radix_butterflies, frequency_major_stage_bytes, xform_smem_bytes, workspace_elements, shares_buffers,
                 buffer_name, shares_workspace, SHARED_WITH, frequency_major, mac_gemm,
                 inverse_of, kept_columns, idft_planes, idft_smem_bytes, twiddle, float2_literals, factor_tables,
                 fdft_tables, idft_tables, placement, dft_tables, self.ARGS)
