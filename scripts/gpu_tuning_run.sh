@@ -9,6 +9,9 @@
 #   scripts/gpu_tuning_run.sh zoo:kriz09 ...      a zoo network's kernels without one, at batch 128
 #   scripts/gpu_tuning_run.sh bench accuracy      the suite in both precisions beside cuDNN; the
 #                                                 README's accuracy table
+#   scripts/gpu_tuning_run.sh fft:radix           the fft rows retuned with the radix transforms:
+#                                                 their records' neighbours first, then a search
+#                                                 (scherer10_l2's backward-data with radix both ways)
 # A step that its time limit (SUITE_TIMEOUT, default 240 s) cuts off keeps the records it finished:
 # run it again and --missing takes up the rest. Ship the records with scripts/ship_records.py.
 set -uo pipefail
@@ -53,6 +56,14 @@ for step in "$@"; do
     zoo:*)
       net=${step#zoo:}
       tune zoo_$net.log --network $net --batch 128 --missing | tail -8 ;;
+    fft:radix)
+      timeout ${SUITE_TIMEOUT:-240} python3 scripts/tune_rows.py --rows sweep_7x7,sweep_11x11 --precisions fp32,tf32 \
+        --fix formulation=fft --vary XFORM_A,XFORM_B,XFORM_O,RADIX_THREADS --budget $(( ${SUITE_TIMEOUT:-240} - 30 )) \
+        --storage "$storage" 2>&1 | tee -a "$out/fft_radix.log" | tail -14
+      # radix both ways also needs WS_SHARE=0 and FFT_VEC=1, which --vary's one-parameter steps do not reach.
+      timeout ${SUITE_TIMEOUT:-240} python3 scripts/tune_rows.py --rows scherer10_l2 --ops conv_bwd_data \
+        --precisions fp32,tf32 --fix formulation=fft,XFORM_A=radix,XFORM_O=radix,WS_SHARE=0,FFT_VEC=1 \
+        --budget $(( ${SUITE_TIMEOUT:-240} - 30 )) --storage "$storage" 2>&1 | tee -a "$out/fft_radix.log" | tail -6 ;;
     bench)
       timeout ${SUITE_TIMEOUT:-400} python3 scripts/bench_kernels.py --samples 0 --precision both --cudnn-processes 2 \
         --ops conv_fwd,conv_bwd_data,conv_wgrad --out "$out/bench.json" > "$out/bench.log" 2>&1
@@ -60,7 +71,7 @@ for step in "$@"; do
     accuracy)
       timeout ${SUITE_TIMEOUT:-400} python3 scripts/accuracy_table.py --out "$out/accuracy.json" 2>&1 \
         | tee "$out/accuracy.log" | tail -20 ;;
-    *) echo "unknown step $step (allowed: replay, faults, trials100, suite:OP, missing:fp32|tf32, zoo:NET, bench, accuracy)" ;;
+    *) echo "unknown step $step (allowed: replay, faults, trials100, suite:OP, missing:fp32|tf32, zoo:NET, fft:radix, bench, accuracy)" ;;
   esac
 done
 cp "$run/optuna.db" "$out/optuna.db" 2>/dev/null
