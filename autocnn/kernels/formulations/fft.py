@@ -157,7 +157,8 @@ MMA_MAX_ACCUMULATORS = 128
 # directly with each size split into two factors (fdft), or a mixed-radix FFT in one kernel (radix,
 # last: the code of configs written before it is unchanged).
 XFORMS = ("cufft", "dft", "fdft", "radix")
-# The output's inverse transform: cuFFT C2R + fft_crop, or the factorised inverse of the kept outputs.
+# The output's inverse transform: cuFFT C2R + fft_crop, the factorised inverse of the kept outputs,
+# or the radix stages over the kept rows (radix_ifft; last, as in XFORMS).
 XFORMS_O = ("cufft", "fdft", "radix")
 # conv_wgrad keeps dW's R x S taps of each plane, a few percent of it, which the factorised inverse
 # computes alone: the radix inverse, which computes whole planes, is not offered there.
@@ -545,7 +546,7 @@ def radix_lead(fh: int) -> int:
 
 
 def radix_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
-    """XFORM "radix"'s shared memory (Radix in _fft.cuh.j2): the twiddle tables w_FW^m and w_FH^m,
+    """XFORM "radix"'s shared memory (radix_fft in _fft.cuh.j2): the twiddle tables w_FW^m and w_FH^m,
     and two buffers that the stages pass between, each the larger of the rows' [pairs of data rows]
     [FW] and the columns' [FW/2 + 1][radix_lead(FH)] complex numbers."""
     pairs = (src[0] + 1) // 2
@@ -703,7 +704,8 @@ class _Fft(OpFormulation):
         # XFORM_O: conv_wgrad's came later (its first value, cuFFT, is the code it had before).
         inverse = [Param("XFORM_O", XFORMS_O_WGRAD if self.op == "conv_wgrad" else XFORMS_O,
                          "transform back: cuFFT C2R of whole planes and a crop, or the "
-                         "kept outputs alone computed directly (each size split in two factors)")]
+                         "kept outputs alone computed directly (each size split in two factors, or but for conv_wgrad "
+                         "by the radix stages)")]
         inverse += [Param("WS_SHARE", WS_SHARES, "workspace buffers whose lives do not overlap share memory (A's "
                           "placed planes with O's spectra, A's spectra with O's planes): more images a block")] \
             if shares_buffers(problem) else []
