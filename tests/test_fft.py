@@ -1382,7 +1382,8 @@ def test_varying_the_multiply_accumulate_drops_and_fills_the_parameters_it_turns
     sp = space("conv_fwd", problem)
     record = sp.validate({"formulation": NAME, "IMGS": 128, "FFT_SIZE": "smooth", "FFT_THREADS": 256, "MAC": "block",
                           "IT": 8, "JT": 8, "FB": 4, "BL": 8, "MAC_ORDER": "tiles", "XFORM_A": "fdft", "XFORM_B": "dft",
-                          "DFT_FLAT_B": 0, "XFORM_O": "fdft", "WS_SHARE": 0, "FFT_VEC": 1, "FFT_TILE": 0})
+                          "DFT_FLAT_B": 0, "XFORM_O": "fdft", "WS_SHARE": 0, "FFT_VEC": 1, "FFT_TILE": 0,
+                          "RADIX_THREADS": 0})
     cublas = sp.with_choice(record, "MAC", "cublas")
     assert not {"IT", "JT", "FB", "BL", "MAC_ORDER"} & set(cublas.as_dict())
     assert all(cublas[k] == record[k] for k in ("IMGS", "FFT_THREADS", "XFORM_A", "XFORM_B", "XFORM_O"))
