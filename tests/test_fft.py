@@ -24,7 +24,7 @@ from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, df
                                              smooth_size, spectrum, sub_filter, takes_phases, workspace_elements,
                                              buffer_name, shares_workspace, fft_tiles, tile_of, TILES_F,
                                              frequency_major, mac_gemm, DFT_FLATS, RADIX_MAX, RADIX_PLANES, RADIX_THREADS,
-                                             radix_factors, radix_lead, radix_smem_bytes, radix_ismem_bytes, kept_rows)
+                                             radix_factors, radix_lead, radix_smem_bytes, kept_rows)
 from autocnn.kernels.operation import LibraryComplexGemm, LibraryFft, cdiv, next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
@@ -1214,6 +1214,23 @@ def assert_cases_verify_under_emulation(op, cases, tmp_path):
         assert why is None, f"{name}: {why}"
 
 
+def assert_cases_verify_on_the_gpu(op, cases):
+    """Each (name, problem, config) case in both precisions (MAC_CROSS, fp32's alone, completed again
+    for each) verifies on the GPU against float64 at the bound, every element."""
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.tuning.measure import check_candidate
+
+    loader, failures = KernelLoader(), []
+    for name, problem, config in cases:
+        for precision in ("fp32", "tf32"):
+            p = dataclasses.replace(problem, precision=precision)
+            c = space(op, p).complete({k: v for k, v in config.as_dict().items() if k != "MAC_CROSS"})
+            check = check_candidate(loader.load(OPERATIONS[op].plan(p, c)), p, time_it=False)
+            if not check.verification.passed:
+                failures.append(f"{name} {precision} {c}: {check.verification.message}")
+    assert not failures, "\n".join(failures)
+
+
 def assert_cases_compute_in_numpy(op, cases, rng):
     """Each (name, problem, config) case's plan in NumPy gives the float64 reference's result to
     rounding; at least six cases."""
@@ -1485,18 +1502,7 @@ def test_flat_direct_transforms_verify_against_float64_on_the_gpu(op):
     flat cases, and configs sampled with both operands' transforms flat on the odd shapes and on
     scherer10_l2 (its 4 x 4 sub-filters' 4,096 planes)."""
     pytest.importorskip("cupy")
-    from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
-
-    loader, failures = KernelLoader(), []
-    for name, problem, config in flat_cases(op):
-        for precision in ("fp32", "tf32"):
-            p = dataclasses.replace(problem, precision=precision)
-            c = space(op, p).complete(config.as_dict())
-            check = check_candidate(loader.load(OPERATIONS[op].plan(p, c)), p, time_it=False)
-            if not check.verification.passed:
-                failures.append(f"{name} {precision} {c}: {check.verification.message}")
-    assert not failures, "\n".join(failures)
+    assert_cases_verify_on_the_gpu(op, flat_cases(op))
     problems = [*small_problems(op), ("scherer10_l2", dict(seed_problems(op))["scherer10_l2"])]
     problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]
     assert_verifies_on_gpu(OPERATIONS[op], NAME, problems, 1, WORKSPACE_LIMIT_BYTES,
@@ -1562,7 +1568,7 @@ def test_radix_transforms_launch_a_block_per_pair_of_planes_and_refuse_frequency
     for operand in ("A", "B"):
         steps = [s for s in plan.steps if getattr(s, "kernel", "") == f"fft_dft_{operand.lower()}"]
         assert steps and steps[0].grid == (cdiv(planes[operand], RADIX_PLANES), 1, 1)
-        assert steps[0].shared_bytes == radix_smem_bytes(sizes[operand], fh, fw)
+        assert steps[0].shared_bytes == radix_smem_bytes(sizes[operand][0], fh, fw)
         assert f"fft::radix_fft<fft::Operand{operand}>" in plan.source
     w, h = radix_factors(fw), radix_factors(fh)
     assert f"constexpr int R = {w[0]}, B = FW / R;" in plan.source   # the rows' first stage, from the source
@@ -1577,7 +1583,7 @@ def test_radix_transforms_launch_a_block_per_pair_of_planes_and_refuse_frequency
         plan = OPERATIONS[op].plan(problem, sp.complete({**base, "XFORM_O": "radix", "RADIX_THREADS": 256}))
         steps = [s for s in plan.steps if getattr(s, "kernel", "") == "fft_idft"]
         assert steps and steps[0].grid == (cdiv(2 * f.out_planes, RADIX_PLANES), 1, 1) and steps[0].block[0] == 256
-        assert steps[0].shared_bytes == radix_ismem_bytes(kept_rows(problem, takes_phases(problem))[2], fh, fw)
+        assert steps[0].shared_bytes == radix_smem_bytes(kept_rows(problem, takes_phases(problem))[2], fh, fw)
         assert "fft::radix_ifft<fft::Output>" in plan.source and "cufftExec" not in repr(plan.steps)
         with pytest.raises(InfeasibleConfigError, match="radix reads and stores spectra plane after plane"):
             sp.validate(sp.complete({**base, "MAC": "cublas", "XFORM_A": "dft", "XFORM_B": "dft",
@@ -1641,10 +1647,6 @@ def test_radix_transforms_verify_against_float64_on_the_gpu(op):
     cases, configs sampled with both operands by "radix" on the odd shapes and the seed rows of 7x7
     and 11x11 filters, and scherer10_l2's backward-data as it is measured."""
     pytest.importorskip("cupy")
-    from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
-
-    loader, failures = KernelLoader(), []
     cases = list(radix_cases(op))
     if op == "conv_bwd_data":
         for pr in ("fp32", "tf32"):   # dY by radix; the way back by radix (the record); both, on 256 threads
@@ -1655,14 +1657,7 @@ def test_radix_transforms_verify_against_float64_on_the_gpu(op):
                        space(op, row).complete({**c, "XFORM_A": "cufft", "XFORM_O": "radix"})),
                       (f"scherer10_l2 {pr} radix both ways", row, space(op, row).complete(
                           {**c, "XFORM_O": "radix", "RADIX_THREADS": 256, "WS_SHARE": 0, "FFT_VEC": 1, "IMGS": 32}))]
-    for name, problem, config in cases:
-        for precision in ("fp32", "tf32"):
-            p = dataclasses.replace(problem, precision=precision)
-            c = space(op, p).complete({k: v for k, v in config.as_dict().items() if k != "MAC_CROSS"})
-            check = check_candidate(loader.load(OPERATIONS[op].plan(p, c)), p, time_it=False)
-            if not check.verification.passed:
-                failures.append(f"{name} {precision} {c}: {check.verification.message}")
-    assert not failures, "\n".join(failures)
+    assert_cases_verify_on_the_gpu(op, cases)
     rows = dict(seed_problems(op))
     problems = [*small_problems(op), ("sweep_7x7", rows["sweep_7x7"]), ("sweep_11x11", rows["sweep_11x11"])]
     problems = [(f"{n} {pr}", dataclasses.replace(p, precision=pr)) for n, p in problems for pr in ("fp32", "tf32")]

@@ -545,19 +545,12 @@ def radix_lead(fh: int) -> int:
     return fh | 1
 
 
-def radix_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
-    """XFORM "radix"'s shared memory (radix_fft in _fft.cuh.j2): the twiddle tables w_FW^m and w_FH^m,
-    and two buffers that the stages pass between, each the larger of the rows' [pairs of data rows]
-    [FW] and the columns' [FW/2 + 1][radix_lead(FH)] complex numbers."""
-    pairs = (src[0] + 1) // 2
-    return 8 * (fw + fh + 2 * max(pairs * fw, (fw // 2 + 1) * radix_lead(fh)))
-
-
-def radix_ismem_bytes(out_h: int, fh: int, fw: int) -> int:
-    """XFORM_O "radix"'s shared memory (radix_ifft in _fft.cuh.j2): the twiddle tables, and two
-    buffers, each the larger of the columns' [FW/2 + 1][radix_lead(FH)] and the kept rows' [pairs]
-    [FW] complex numbers."""
-    return 8 * (fw + fh + 2 * max((out_h + 1) // 2 * fw, (fw // 2 + 1) * radix_lead(fh)))
+def radix_smem_bytes(rows: int, fh: int, fw: int) -> int:
+    """The radix kernels' shared memory (radix_fft and radix_ifft in _fft.cuh.j2), either way: the
+    twiddle tables w_FW^m and w_FH^m, and two buffers that the stages pass between, each the larger
+    of the rows' [pairs][FW] (``rows`` real rows taken two at a time: the source's data rows forward,
+    the kept rows back) and the columns' [FW/2 + 1][radix_lead(FH)] complex numbers."""
+    return 8 * (fw + fh + 2 * max((rows + 1) // 2 * fw, (fw // 2 + 1) * radix_lead(fh)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -586,7 +579,7 @@ def xform_smem_bytes(xform: str, src: tuple[int, int], fh: int, fw: int, freq_ma
     if xform == "cufft":
         return 0
     if xform == "radix":
-        return radix_smem_bytes(src, fh, fw)   # plane-major only (a constraint keeps it from MAC "cublas")
+        return radix_smem_bytes(src[0], fh, fw)   # plane-major only (a constraint keeps it from MAC "cublas")
     if flat:
         return dft_smem_bytes(src, fh, fw, flat)   # frequency-major as it computes them: no stage
     stage = frequency_major_stage_bytes(fh, fw) if freq_major else 0
@@ -827,7 +820,7 @@ class _Fft(OpFormulation):
             xo, tph = inverse_and_form(keys)
             phased = bool(tph[1:] and tph[1])
             if xo == "radix":
-                return radix_ismem_bytes(kept_rows(p, phased, tph[0])[2], *fft_size(conv(tph), how))
+                return radix_smem_bytes(kept_rows(p, phased, tph[0])[2], *fft_size(conv(tph), how))
             if xo != "fdft":
                 return 0
             return idft_smem_bytes(kept_columns(p, phased, tph[0])[2], *fft_size(conv(tph), how))
@@ -1030,7 +1023,7 @@ class _Fft(OpFormulation):
             if f.op != "conv_wgrad" and inverse_of(c) == "radix":   # the kept outputs by the radix stages
                 steps.append(Launch("fft_idft", (cdiv(nb * f.tiles * f.out_planes, RADIX_PLANES), 1, 1),
                                     (radix_threads_of(c), 1, 1),
-                                    radix_ismem_bytes(kept_rows(problem, is_phased(c), tile_of(c))[2], fh, fw),
+                                    radix_smem_bytes(kept_rows(problem, is_phased(c), tile_of(c))[2], fh, fw),
                                     ("fft_of", "bias", dst), (n0, nb)))
             elif f.op != "conv_wgrad" and inverse_of(c) == "fdft":   # the kept outputs, straight from the spectra
                 steps.append(Launch("fft_idft", (cdiv(nb * f.tiles * f.out_planes, idft_planes(fh, fw)), 1, 1),
@@ -1057,7 +1050,7 @@ class _Fft(OpFormulation):
         return (smooth_size, FftConv, FftTiles, fft_tiles, tile_of, whole_planes, takes_phases, sub_filter, fft_conv,
                 is_phased, fft_size, spectrum, mac_block,
                 mac_smem_bytes, mma_block, mma_lead, mma_smem_bytes, operand_sizes,
-                dft_smem_bytes, split_factor, fdft_smem_bytes, radix_factors, radix_threads_of, radix_lead, radix_smem_bytes, radix_ismem_bytes, kept_outputs, kept_rows,
+                dft_smem_bytes, split_factor, fdft_smem_bytes, radix_factors, radix_threads_of, radix_lead, radix_smem_bytes, kept_outputs, kept_rows,
                 radix_tables, radix_butterflies, frequency_major_stage_bytes, xform_smem_bytes, workspace_elements, shares_buffers,
                 buffer_name, shares_workspace, SHARED_WITH, frequency_major, mac_gemm,
                 inverse_of, kept_columns, idft_planes, idft_smem_bytes, twiddle, float2_literals, factor_tables,
