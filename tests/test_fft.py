@@ -1391,8 +1391,9 @@ def test_complex_gemm_steps_check_their_views_and_compute_each_op_as_stored():
 def test_varying_the_multiply_accumulate_drops_and_fills_the_parameters_it_turns_off_and_on():
     """`autocnn tune --vary MAC` from a record of the tiled MAC: its "cublas" variant keeps the
     transforms, images and threads and drops IT, JT, FB, BL and MAC_ORDER (nothing of cuBLAS's);
-    back to "thread", IT and JT take their first choices. A variant the rules refuse (mma with 8 x 8
-    outputs a thread: too many accumulators) is left out."""
+    back to "thread", IT and JT take their first choices. A variant the rules refuse as it stands (mma
+    with 8 x 8 outputs a thread: more m16 tiles a warp than it takes) is repaired: IT moves to its
+    nearest value that works (4 and 2 are refused too, with JT 8), 1, and nothing else changes."""
     from autocnn.tuning.tuner import _variants
 
     problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]
@@ -1406,7 +1407,15 @@ def test_varying_the_multiply_accumulate_drops_and_fills_the_parameters_it_turns
     assert all(cublas[k] == record[k] for k in ("IMGS", "FFT_THREADS", "XFORM_A", "XFORM_B", "XFORM_O"))
     thread = sp.with_choice(cublas, "MAC", "thread")
     assert (thread["IT"], thread["JT"]) == (1, 1) and "FB" not in thread.as_dict()
-    assert [v["MAC"] for v in _variants(sp, [record], ["MAC"])] == ["thread", "cublas"]
+    variants = _variants(sp, [record], ["MAC"])
+    assert [v["MAC"] for v in variants] == ["thread", "mma", "cublas"]
+    with pytest.raises(InfeasibleConfigError):
+        sp.with_choice(record, "MAC", "mma")
+    mma = {k: v for k, v in variants[1].as_dict().items() if k != "MAC_CROSS"}   # turned on: its first choice
+    assert mma == {**record.as_dict(), "MAC": "mma", "IT": 1}
+    for it in (4, 2):
+        with pytest.raises(InfeasibleConfigError):
+            sp.validate({**variants[1].as_dict(), "IT": it})
 
 
 # DFT_FLAT_A / DFT_FLAT_B: the direct transform taking a block's planes together, outputs flat.

@@ -72,6 +72,48 @@ def test_sampling_returns_distinct_feasible_configs():
     assert space.sample(random.Random(), 5, exclude=got) == []
 
 
+def repair_space() -> SearchSpace:
+    """Three rules: A*B <= 8; C <= B; D > 1 unless mode is "b"."""
+    return SearchSpace("toy", [
+        Param("mode", ("a", "b")),
+        Param("A", (1, 2, 4, 8)),
+        Param("B", (1, 2, 4)),
+        Param("C", (1, 2, 4)),
+        Param("D", (1, 2, 3)),
+    ], [Constraint(("A", "B"), lambda a, b: None if a * b <= 8 else f"A*B={a * b} > 8"),
+        Constraint(("B", "C"), lambda b, c: None if c <= b else f"C={c} > B={b}"),
+        Constraint(("mode", "D"), lambda m, d: None if m == "b" or d > 1 else f"D={d} with mode {m}")])
+
+
+def test_a_refused_choice_is_repaired_by_the_nearest_moves_of_the_parameters_its_rules_name():
+    space = repair_space()
+    base = space.validate({"mode": "a", "A": 2, "B": 4, "C": 2, "D": 2})
+    # A=4 breaks A*B <= 8: B moves to its nearest value that works, 2; nothing else changes.
+    with pytest.raises(InfeasibleConfigError):
+        space.with_choice(base, "A", 4)
+    assert space.nearest_with_choice(base, "A", 4).as_dict() == {"mode": "a", "A": 4, "B": 2, "C": 2, "D": 2}
+    # A=8 needs B=1, which breaks C <= B in turn: C moves too (two changes), not more.
+    assert space.nearest_with_choice(base, "A", 8).as_dict() == {"mode": "a", "A": 8, "B": 1, "C": 1, "D": 2}
+    # At most max_changes moves: one is not enough for A=8.
+    with pytest.raises(InfeasibleConfigError, match="A\\*B=32 > 8"):
+        space.nearest_with_choice(base, "A", 8, max_changes=1)
+    # A choice that needs no repair is with_choice's config.
+    assert space.nearest_with_choice(base, "A", 1) == space.with_choice(base, "A", 1)
+    # The chosen parameter never moves, though moving it back would repair too: B=1 moves C instead.
+    assert space.nearest_with_choice(base, "B", 1).as_dict() == {"mode": "a", "A": 2, "B": 1, "C": 1, "D": 2}
+
+
+def test_held_parameters_never_move_and_values_outside_the_space_are_refused():
+    space = repair_space()
+    base = space.validate({"mode": "a", "A": 1, "B": 1, "C": 1, "D": 3})
+    # D=1 breaks the mode's rule: only the mode's move repairs it.
+    assert space.nearest_with_choice(base, "D", 1)["mode"] == "b"
+    with pytest.raises(InfeasibleConfigError, match="D=1 with mode a"):
+        space.nearest_with_choice(base, "D", 1, held=("mode",))
+    with pytest.raises(InvalidConfigError):
+        space.nearest_with_choice(base, "D", 5)
+
+
 @pytest.mark.parametrize("op", sorted(OPERATIONS))
 @pytest.mark.parametrize("limits", [SM80, SM90], ids=["sm_80", "sm_90"])
 def test_default_and_samples_are_valid_on_every_seed_shape(op, limits):

@@ -180,6 +180,55 @@ class SearchSpace:
         that are measured anew (``autocnn tune --vary``), never for a config to run unmeasured."""
         return self.validate(self._active_values({**config.as_dict(), name: value}))
 
+    def nearest_with_choice(self, config: Config, name: str, value: Any, *, held: Sequence[str] = (),
+                            max_changes: int = 2) -> Config:
+        """``with_choice``, and where the rules refuse the result, the feasible config nearest to it
+        that keeps ``name`` at ``value``: the fewest other parameters changed (at most
+        ``max_changes``), each of them named by a rule that the config breaks at that point. A
+        tile's rows that need fewer outputs a thread, a stage count that needs a smaller block: one
+        parameter's new value often breaks a rule that another one's change restores, and without
+        the repair such a variant is never measured. Each moved parameter tries its choices nearest
+        to its value first; ties go to the earlier parameter and choice, so the result is
+        deterministic. The parameters ``held`` never move (the formulation: another
+        kernel is not a repair). Raises InvalidConfigError for a value that is not a choice
+        and InfeasibleConfigError (the unrepaired config's reasons) where no such config exists.
+        For variants measured anew (``autocnn tune --vary``), as ``with_choice``."""
+        start = self._active_values({**config.as_dict(), name: value})
+        self.validate(start, check_feasible=False)   # a value that is not a choice: refused as such
+        frontier, seen = [start], {json.dumps(start, sort_keys=True)}
+        for depth in range(max_changes + 1):
+            for values in frontier:
+                if not self.violations(values):
+                    return self.validate(values)
+            if depth == max_changes:
+                break
+            following: list[dict[str, Any]] = []
+            for values in frontier:
+                movable = [n for c in self._broken(values) for n in c.params if n != name and n not in held]
+                for other in sorted(set(movable), key=self._index.__getitem__):
+                    for choice in self._nearest_choices(other, values[other]):
+                        moved = self._active_values({**values, other: choice})
+                        key = json.dumps(moved, sort_keys=True)
+                        # The chosen parameter stays (a change may not turn it off).
+                        if key in seen or not _same_value(moved.get(name), start[name]):
+                            continue
+                        seen.add(key)
+                        following.append(moved)
+            frontier = following
+        raise InfeasibleConfigError(self.op, self.violations(start))
+
+    def _nearest_choices(self, name: str, value: Value) -> list[Value]:
+        """``name``'s other choices, the nearest to ``value`` in the choices' order first (8 outputs a
+        thread that must shrink becomes 4 before 1), the earlier of two as near first."""
+        choices = self.param(name).choices
+        at = next(i for i, c in enumerate(choices) if _same_value(value, c))
+        others = sorted((i for i in range(len(choices)) if i != at), key=lambda i: (abs(i - at), i))
+        return [choices[i] for i in others]
+
+    def _broken(self, values: Mapping[str, Value]) -> list[Constraint]:
+        """The rules that ``values`` breaks (those whose parameters it all has)."""
+        return [c for c in self.constraints if all(n in values for n in c.params) and c.violation(values)]
+
     def _active_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The active parameters of ``values``, in order, each at its given value or else its first
         choice (whether a parameter is active depends on the earlier ones' values)."""
