@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--fix", default="", help="parameters held at one value, e.g. formulation=direct,PAD=1")
     t.add_argument("--vary", default="", metavar="NAME,...",
                    help="parameters along which the shape's earlier winners (its record, current or stale, and "
-                        "the nearest shapes') are also measured at every other value before the search, e.g. "
-                        "TF32_ROUND,FRAG after a template gained them")
+                        "the nearest shapes') are also measured at every other value before the search (a value "
+                        "the space's rules refuse as it stands moves up to two other parameters to their nearest "
+                        "values that keep them), e.g. TF32_ROUND,FRAG after a template gained them")
     t.add_argument("--replay", nargs="+", type=Path, default=None,
                    help="answer from recorded GPU measurements instead of a GPU (replay files)")
     t.add_argument("--precision", choices=PRECISIONS, default=None,
