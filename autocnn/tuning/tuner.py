@@ -407,11 +407,13 @@ def _variants(space: SearchSpace, configs: Sequence[Config], names: Sequence[str
             for value in params[name].choices:
                 if value == config[name]:
                     continue
+                if len(out) >= MAX_VARIANTS:
+                    return out   # full: no more repairs to search for
                 try:
                     variant = space.nearest_with_choice(config, name, value, held=REPAIR_HELD)
                 except (InvalidConfigError, InfeasibleConfigError):
                     continue
-                if variant.key() not in seen and len(out) < MAX_VARIANTS:
+                if variant.key() not in seen:
                     seen.add(variant.key())
                     out.append(variant)
     return out
