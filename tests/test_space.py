@@ -112,6 +112,10 @@ def test_held_parameters_never_move_and_values_outside_the_space_are_refused():
         space.nearest_with_choice(base, "D", 1, held=("mode",))
     with pytest.raises(InvalidConfigError):
         space.nearest_with_choice(base, "D", 5)
+    # A parameter the config leaves off is refused as validation refuses it.
+    toy = toy_space()
+    with pytest.raises(InvalidConfigError, match="applies only when"):
+        toy.nearest_with_choice(toy.validate({"mode": "b", "Y": 1}), "X", 2)
 
 
 @pytest.mark.parametrize("op", sorted(OPERATIONS))

@@ -194,7 +194,8 @@ class SearchSpace:
         and InfeasibleConfigError (the unrepaired config's reasons) where no such config exists.
         For variants measured anew (``autocnn tune --vary``), as ``with_choice``."""
         start = self._active_values({**config.as_dict(), name: value})
-        self.validate(start, check_feasible=False)   # a value that is not a choice: refused as such
+        # A value that is not a choice, or a parameter that the config leaves off: refused as such.
+        self.validate({**start, name: value}, check_feasible=False)
         frontier, seen = [start], {json.dumps(start, sort_keys=True)}
         for depth in range(max_changes + 1):
             for values in frontier:
