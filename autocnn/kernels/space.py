@@ -120,13 +120,7 @@ class SearchSpace:
         return active
 
     def violations(self, values: Mapping[str, Value]) -> list[str]:
-        reasons = []
-        for c in self.constraints:
-            if all(n in values for n in c.params):
-                why = c.violation(values)
-                if why:
-                    reasons.append(why)
-        return reasons
+        return [why for _, why in self._broken(values)]
 
     def validate(self, values: Mapping[str, Any] | Config, *, check_feasible: bool = True) -> Config:
         """Turn a mapping into a Config, or raise InvalidConfigError / InfeasibleConfigError."""
@@ -198,14 +192,17 @@ class SearchSpace:
         self.validate({**start, name: value}, check_feasible=False)
         frontier, seen = [start], {json.dumps(start, sort_keys=True)}
         for depth in range(max_changes + 1):
+            broken_of = []   # each rule checked once a config: feasibility and the moves both read it
             for values in frontier:
-                if not self.violations(values):
+                broken = self._broken(values)
+                if not broken:
                     return self.validate(values)
+                broken_of.append((values, broken))
             if depth == max_changes:
                 break
             following: list[dict[str, Any]] = []
-            for values in frontier:
-                movable = [n for c in self._broken(values) for n in c.params if n != name and n not in held]
+            for values, broken in broken_of:
+                movable = [n for c, _ in broken for n in c.params if n != name and n not in held]
                 for other in sorted(set(movable), key=self._index.__getitem__):
                     for choice in self._nearest_choices(other, values[other]):
                         moved = self._active_values({**values, other: choice})
@@ -226,9 +223,15 @@ class SearchSpace:
         others = sorted((i for i in range(len(choices)) if i != at), key=lambda i: (abs(i - at), i))
         return [choices[i] for i in others]
 
-    def _broken(self, values: Mapping[str, Value]) -> list[Constraint]:
-        """The rules that ``values`` breaks (those whose parameters it all has)."""
-        return [c for c in self.constraints if all(n in values for n in c.params) and c.violation(values)]
+    def _broken(self, values: Mapping[str, Value]) -> list[tuple[Constraint, str]]:
+        """The rules that ``values`` breaks (of those whose parameters it all has), with their reasons."""
+        broken = []
+        for c in self.constraints:
+            if all(n in values for n in c.params):
+                why = c.violation(values)
+                if why:
+                    broken.append((c, why))
+        return broken
 
     def _active_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The active parameters of ``values``, in order, each at its given value or else its first
