@@ -15,6 +15,7 @@ import pytest
 from autocnn.kernels import codegen
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path, parse_ptxas_report
 from autocnn.kernels.formulations.halo import FORMULATION_HALO
+from autocnn.kernels.formulations.tma import FORMULATION_TMA
 from autocnn.kernels.formulations.wgmma import ARCH as WGMMA_ARCH, FORMULATION_WGMMA
 from autocnn.device import DeviceLimits
 from autocnn.errors import CompileError
@@ -176,7 +177,7 @@ def test_sampled_configs_compile_on_every_seed_shape(arch, tmp_path):
                     # None where the formulation cannot serve the shape (winograd: 3x3 stride 1 only).
                     one = space.restrict({"formulation": f}).sample(rng, 1)
                     configs += one
-                    if f not in (FORMULATION_WGMMA, FORMULATION_HALO) or arch == f"sm_{WGMMA_ARCH}":   # Hopper only
+                    if f not in (FORMULATION_WGMMA, FORMULATION_HALO, FORMULATION_TMA) or arch == f"sm_{WGMMA_ARCH}":   # Hopper only
                         offered[op].add(f)
                     served[op].update(c["formulation"] for c in one)
                 jobs += [(op, name, c, operation.plan(problem, c)) for c in configs]

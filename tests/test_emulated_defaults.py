@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not 
 LIMITS = DeviceLimits.for_arch("sm_90")
 # Formulations whose main kernels are Hopper's wgmma (warpgroup products over TMA or cp.async
 # stages), which the emulator does not run; the GPU tests verify them.
-HOPPER_ONLY = {"wgmma", "halo"}
+HOPPER_ONLY = {"wgmma", "halo", "tma"}
 
 
 def _shapes(op: str):

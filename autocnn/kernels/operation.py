@@ -12,7 +12,7 @@ import functools
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
 
 from autocnn.kernels.codegen import code_source, render_family, template_fingerprint
@@ -51,6 +51,10 @@ class Launch:
     shared_bytes: int
     args: tuple[str, ...]
     scalars: tuple[int, ...] = ()
+    # TMA tensor maps (kernels/tensor_maps.py: TensorMap) over the plan's buffers, passed by value ahead
+    # of args. Left out of the repr: launches without any keep the code digests they had before the
+    # field (KernelPlan.code_digest adds the maps of the launches that have some).
+    tensor_maps: tuple[Any, ...] = field(default=(), repr=False)
 
     @property
     def threads(self) -> int:
@@ -323,6 +327,10 @@ class KernelPlan:
         for part in (self.steps, self.inputs, self.outputs, self.zero_first, self.workspaces):
             h.update(b"\0")
             h.update(repr(part).encode())
+        maps = [(i, step.tensor_maps) for i, step in enumerate(self.steps) if getattr(step, "tensor_maps", ())]
+        if maps:
+            h.update(b"\0")
+            h.update(repr(maps).encode())
         return h.hexdigest()[:16]
 
 

@@ -46,6 +46,7 @@ class LoadedPlan:
         # Absent optional buffers (no bias, no workspace) are passed as this one-float placeholder.
         self._placeholder = self.cp.zeros(1, dtype=self.cp.float32)
         self._gemm = self._fft = None
+        self._maps: Any = None   # a TensorMapLauncher, made at the first launch that reads through TMA
         if plan.library_gemms or plan.library_complex_gemms:
             from autocnn.kernels.cublas_gemm import gemm_engine
 
@@ -92,6 +93,9 @@ class LoadedPlan:
             self._fft(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
             return
         args = tuple(buffers.get(a) if buffers.get(a) is not None else self._placeholder for a in launch.args)
+        if launch.tensor_maps:
+            self._launch_with_maps(launch, args, buffers, stream)
+            return
         args += tuple(np.int32(v) for v in launch.scalars)
         try:
             self.functions[launch.kernel](launch.grid, launch.block, args,
@@ -100,6 +104,28 @@ class LoadedPlan:
             if getattr(exc, "status", None) in REFUSED_LAUNCH_STATUSES:
                 raise LaunchError(f"{launch.kernel} launch refused: {exc}") from exc
             raise DeviceError(f"{launch.kernel}: {exc}") from exc
+
+
+    def _launch_with_maps(self, launch: Any, args: tuple, buffers: Mapping[str, Any], stream: Any) -> None:
+        """A launch whose kernel reads through TMA tensor maps (kernels/tensor_maps.py), passed by value
+        ahead of its buffers."""
+        if self._maps is None:
+            from autocnn.kernels.tensor_maps import TensorMapLauncher
+
+            self._maps = TensorMapLauncher()
+        bases = {}
+        for spec in launch.tensor_maps:
+            buf = buffers.get(spec.buffer)
+            if buf is None:
+                raise LaunchError(f"{launch.kernel}: its tensor map reads {spec.buffer}, which the call does not pass")
+            bases[spec.buffer] = buf.data.ptr
+        s = stream or self.cp.cuda.get_current_stream()
+        status = self._maps.launch(self.functions[launch.kernel], launch, [a.data.ptr for a in args], launch.scalars,
+                                   s.ptr, bases)
+        if status in REFUSED_LAUNCH_STATUSES:
+            raise LaunchError(f"{launch.kernel} launch refused (CUresult {status})")
+        if status != 0:
+            raise DeviceError(f"{launch.kernel}: cuLaunchKernel failed (CUresult {status})")
 
 
 class KernelLoader:

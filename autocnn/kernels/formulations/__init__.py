@@ -16,6 +16,7 @@ from autocnn.kernels.formulations.igemm import IGEMM
 from autocnn.kernels.formulations.rows import ROWS
 from autocnn.kernels.formulations.tc_rows import TC_ROWS
 from autocnn.kernels.formulations.tensorcore import TENSOR_CORE
+from autocnn.kernels.formulations.tma import TMA
 from autocnn.kernels.formulations.unrolled import UNROLLED
 from autocnn.kernels.formulations.wgmma import WGMMA
 from autocnn.kernels.formulations.window_gather import WINDOW_GATHER
@@ -30,6 +31,6 @@ from autocnn.kernels.formulations.winograd_fused import WINOGRAD_FUSED
 # wgmma (Hopper only, tf32 conv_fwd) comes last for the same reason as circular, and halo (Hopper only)
 # after it. tc_rows (conv_wgrad on tensor cores over staged rows) came after them all: no default or
 # stored choice index of the operations moved. winograd_fused (conv_fwd and conv_bwd_data, 3x3
-# stride 1) after tc_rows for the same reason.
+# stride 1) after tc_rows for the same reason, and tma (conv_bwd_data, Hopper only) last.
 REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, FFT, WINDOW_GATHER,
-                                     CIRCULAR, CIRCULAR_BWD, WGMMA, HALO, TC_ROWS, WINOGRAD_FUSED)
+                                     CIRCULAR, CIRCULAR_BWD, WGMMA, HALO, TC_ROWS, WINOGRAD_FUSED, TMA)

@@ -78,6 +78,7 @@ ARCH = 90           # wgmma exists on sm_90a only (Blackwell has other tensor-co
 BK = 32             # floats of the reduction per stage: one 128-byte swizzle row
 ALIGN_SLACK = 1024  # the swizzle needs 1024-byte aligned stages; the kernel aligns its dynamic smem
 NAMESPACE = "wg"    # wgmma_core.cuh.j2's namespace in these kernels (winograd's products name their own)
+TMA_PRODUCER_THREADS = 32  # the tma formulation's producer warp, beside the warpgroups
 
 
 def smem_bytes(wgs: int, wbn: int, stages: int, split: bool = False, a_regs: int = 0) -> int:
@@ -104,12 +105,14 @@ class BlockNames:
 
 
 def block_rules(limits: DeviceLimits, split_: bool, names: BlockNames = BlockNames(),
-                a_regs: str = "") -> list[Constraint]:
+                a_regs: str = "", tma: bool = False) -> list[Constraint]:
     """The rules of the block GEMM itself (wgmma_mainloop.cuh.j2), whoever runs it: Hopper; its
     accumulator registers (3xTF32 keeps each tile's partial sums beside the totals); a stage for a
     group of wgmmas in flight; stage copies that split evenly over the threads; threads and shared
     memory within the device's limits. a_regs names the parameter that splits A in registers
-    (A_REGS), where the kernel has one."""
+    (A_REGS), where the kernel has one. tma: the tma formulation's block (formulations/tma.py), whose
+    stages a producer warp more fills by bulk copies (no copies to split over the threads; its own
+    rule for its shared memory)."""
     n = names
 
     def arch(_):
@@ -140,11 +143,13 @@ def block_rules(limits: DeviceLimits, split_: bool, names: BlockNames = BlockNam
         return None if (wbn * BK // 4) % (128 * wgs) == 0 else (
             f"{wbn} columns of {BK} floats do not split evenly over {128 * wgs} threads")
 
-    return [Constraint((n.wgs,), arch),   # of the device, not of a parameter: any one carries it
-            Constraint((n.wgs, n.wbn), registers),
-            Constraint((n.stages, n.inflight), pipelined),
-            Constraint((n.wbn,), partial_sums),
-            Constraint((n.wgs, n.wbn), even_copies),
+    rules = [Constraint((n.wgs,), arch),   # of the device, not of a parameter: any one carries it
+             Constraint((n.wgs, n.wbn), registers),
+             Constraint((n.stages, n.inflight), pipelined),
+             Constraint((n.wbn,), partial_sums)]
+    if tma:
+        return [*rules, threads_rule(limits, (n.wgs,), lambda wgs: 128 * wgs + TMA_PRODUCER_THREADS)]
+    return [*rules, Constraint((n.wgs, n.wbn), even_copies),
             threads_rule(limits, (n.wgs,), lambda wgs: 128 * wgs),
             smem_rule(limits, (n.wgs, n.wbn, n.stages, *((a_regs,) if a_regs else ())),
                       lambda wgs, wbn, st, a=0: smem_bytes(wgs, wbn, st, split_, a))]
@@ -271,7 +276,7 @@ class _WgmmaGemm(OpFormulation):
                 f"the NHWC staging workspace ({need} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes")
 
         return [
-            *block_rules(limits, split(p), a_regs="A_REGS" if "A_REGS" in {q.name for q in self.params(p)} else ""),
+            *self.block_constraints(p, limits),
             Constraint(("WGS",), channels),
             Constraint(("WBN", *self.workspace_params(p)), workspace),
             Constraint(("WBN", *self.workspace_params(p)), addressable),
@@ -280,6 +285,11 @@ class _WgmmaGemm(OpFormulation):
                        else f"only {gm} GEMM rows"),
             grid_rule(("WBN",), lambda wbn: cdiv(gn, wbn)),
         ]
+
+    def block_constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
+        """The block GEMM's own rules (block_rules) for this op's kernel."""
+        return block_rules(limits, split(problem),
+                           a_regs="A_REGS" if "A_REGS" in {q.name for q in self.params(problem)} else "")
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         base = {"formulation": FORMULATION_WGMMA, "INFLIGHT": 0}
@@ -406,31 +416,34 @@ class _SplitOutputGemm(_WgmmaGemm):
             return None if blocks <= work else (
                 f"SK_BLOCKS={blocks} exceeds the {work} (output tile, reduction tile) pairs to share out")
 
-        def planes(on, launches):
-            if not on:
-                return None
-            if launches != 1:
-                return f"STAGE_PLANES=1 is a way of the staging in one launch: it needs STAGE_LAUNCHES=1, not {launches}"
-            need = self.plane_stage_smem(p)
-            return None if need <= PLANE_SMEM_LIMIT else (
-                f"STAGE_PLANES=1 needs {need} bytes of shared memory a block for a plane of {PLANE_CHANNELS} "
-                f"channels or a slice of W (at most {PLANE_SMEM_LIMIT}: two blocks an SM)")
-
-        def cross(on, a_regs):
-            if not on:
-                return None
-            if a_regs:
-                return "CROSS=1 stages A's BF16 runs beside its TF32 parts: it needs A_REGS=0"
-            channels, name = self.vector_channels(p)
-            # a k-step's run of 8 values must be 8 channels of one tap in both staged operands
-            return None if channels % 8 == 0 else (
-                f"CROSS=1 stages runs of 8 channels of one tap: {name} must be a multiple of 8, not {channels}")
-
         return [*super().constraints(p, limits), Constraint(("SPLITK",), enough_tiles), Constraint(("SPLITK",), linear),
                 *([Constraint(("A_REGS", "INFLIGHT", "WBN"), registers_split),
-                   Constraint(("CROSS", "A_REGS"), cross)] if split(p) else []),
+                   Constraint(("CROSS", "A_REGS"), lambda on, a_regs: self.cross_problem(p, on, a_regs))]
+                  if split(p) else []),
                 Constraint(("SK_BLOCKS", "SPLITK", "WGS", "WBN"), stream_k),
-                Constraint(("STAGE_PLANES", "STAGE_LAUNCHES"), planes)]
+                Constraint(("STAGE_PLANES", "STAGE_LAUNCHES"), lambda on, launches: self.planes_problem(p, on, launches))]
+
+    def planes_problem(self, problem: Any, on: int, launches: int) -> str | None:
+        """What is wrong with STAGE_PLANES=on beside STAGE_LAUNCHES=launches (None: nothing)."""
+        if not on:
+            return None
+        if launches != 1:
+            return f"STAGE_PLANES=1 is a way of the staging in one launch: it needs STAGE_LAUNCHES=1, not {launches}"
+        need = self.plane_stage_smem(problem)
+        return None if need <= PLANE_SMEM_LIMIT else (
+            f"STAGE_PLANES=1 needs {need} bytes of shared memory a block for a plane of {PLANE_CHANNELS} "
+            f"channels or a slice of W (at most {PLANE_SMEM_LIMIT}: two blocks an SM)")
+
+    def cross_problem(self, problem: Any, on: int, a_regs: int = 0) -> str | None:
+        """What is wrong with CROSS=on (beside A_REGS=a_regs) for this problem (None: nothing)."""
+        if not on:
+            return None
+        if a_regs:
+            return "CROSS=1 stages A's BF16 runs beside its TF32 parts: it needs A_REGS=0"
+        channels, name = self.vector_channels(problem)
+        # a k-step's run of 8 values must be 8 channels of one tap in both staged operands
+        return None if channels % 8 == 0 else (
+            f"CROSS=1 stages runs of 8 channels of one tap: {name} must be a multiple of 8, not {channels}")
 
     def plane_stage_smem(self, problem: Any) -> int:   # STAGE_PLANES' shared memory a block
         raise NotImplementedError
@@ -523,7 +536,7 @@ class WgmmaConvBwdData(_SplitOutputGemm):
     op = "conv_bwd_data"
     summary = "Hopper warpgroup tensor-core implicit GEMM per stride phase (sm_90a; fp32 as 3xTF32)"
     templates = ("wgmma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2",
-                 "gemm_operands_conv_bwd_data.cuh.j2")
+                 "gemm_operands_conv_bwd_data.cuh.j2", "wgmma_stage_conv_bwd_data.cuh.j2")
     ARGS = ("dyt", "wt", "dx")
     output = "dx"
 

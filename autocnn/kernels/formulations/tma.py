@@ -1,0 +1,265 @@
+"""The wgmma GEMM fed by Hopper's Tensor Memory Accelerator ("tma"): conv_bwd_data (stride 1).
+
+The wgmma formulation's main loop is bound by its copies, not by the tensor cores: on modern_56's
+fp32 backward-data (H200) the tensor pipe is busy 54% of the loop, and every thread spends the
+rest computing gather addresses, issuing 16-byte cp.async copies, waiting for them and meeting the
+block at a barrier before each tile's wgmmas. Here one thread of a producer warp requests each
+reduction tile's operands whole, as boxes of the staged copies that land 128-byte swizzled, the
+layout the wgmma descriptors read. The copies complete on a stage's mbarrier; the consumer
+warpgroups wait on it, multiply, and release the stage to the producer through a second mbarrier,
+so no warp waits at a block barrier and the producer runs WSTAGES - 1 tiles ahead. The tensor maps
+the copies read are encoded by the driver when the plan runs (kernels/tensor_maps.py) and passed
+by value.
+
+The reduction runs by chunks of 32 of dY's channels (the last one zero-filled past K), each chunk
+over every filter tap (r, s); W's tile of a tap is one tiled box of the staged CRSK copy. dY's tile
+(A_TILES):
+
+- ``im2col``: one im2col box of the NHWC copy (the wgmma formulation's staging) a tap: BM
+  consecutive output positions, the chunk's channels from each position's window at the tap's
+  offset; positions whose window leaves the image land as zeros, so the padding costs nothing. The
+  measured first version: modern_56's fp32 GEMM 166 -> 156 us, tf32 98 -> 87 (H200). At that point
+  both precisions moved about 8 TB/s from L2 into shared memory, 9 copies of each dY value (one a
+  tap) and the weights: the copies' bandwidth, not the tensor cores (38% busy), bound the loop.
+- ``halo``: dY staged once more on a zero-padded grid of (H + R - 1) x (W + S - 1) positions per
+  image whose positions are the GEMM's rows (the halo formulation's geometry): on the grid each tap
+  is a constant shift, (R-1-r) rows and (S-1-s) columns. A block copies the positions all its taps
+  read, BM + (R-1) x grid width + S-1 of them, once a chunk (one to a few tiled boxes of at most
+  256 rows) into one of ASLOTS halo slots, and each tap's A tile starts at its shift's row through
+  the same descriptor (the swizzle is a function of the address). dY then crosses L2 about twice
+  instead of nine times; grid positions past the outputs are computed and dropped (modern_56: 3,364
+  a 56 x 56 image).
+
+The precisions are the wgmma formulation's (tf32: the tensor cores truncate; fp32: 3xTF32 from
+staged parts, each tile's partial sums added to the totals in FP32, CROSS the cross products as
+one BF16 wgmma), as are the block's tile (WGS warpgroups of 64 rows by WBN columns, BK = 32 floats
+a stage row) and the W staging.
+
+Parameters: WGS, WBN, WSTAGES (W's stages, and im2col's dY tiles), INFLIGHT (tf32: one group of
+wgmmas left in flight, its stage released a tile later), A_TILES, ASLOTS (halo), STAGE_LAUNCHES and
+STAGE_PLANES (im2col's staging), CROSS (fp32).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from autocnn.device import DeviceLimits
+from autocnn.kernels.formulations.base import Buffers, Formulation
+from autocnn.kernels.formulations.wgmma import (
+    ALIGN_SLACK, BK, TMA_PRODUCER_THREADS, WgmmaConvBwdData, _WgmmaGemm, block_rules, bwd_data_stage_launches,
+    bwd_data_stage_workspaces, split, stage_w_blocks)
+from autocnn.kernels.operation import Launch, cdiv, smem_rule
+from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.tensor_maps import MAX_BOX, TensorMap
+
+FORMULATION_TMA = "tma"
+ROW_BYTES = 4 * BK          # a staged row of a tile in shared memory: 32 floats, one swizzle row
+BARRIER_BYTES = 8           # an mbarrier; the kernel keeps 2 a stage and 1 a halo slot (static)
+
+
+def im2col_window(problem: Any) -> tuple[int, int]:
+    """(DH, DW): how far the im2col window of an output position starts before it in dY. Output row
+    h reads dY's rows h + PT - r for filter rows r, so its window (offsets i = R-1-r) starts at
+    h - (R - 1 - PT); problems keep the padding below the filter's extent, so DH, DW >= 0. On the
+    halo grid dY's (y, x) sits at (y + DH, x + DW)."""
+    p = problem
+    return p.R - 1 - p.padding[0], p.S - 1 - p.padding[1]
+
+
+def grid_shape(problem: Any) -> tuple[int, int]:
+    """(HP, WP): the halo grid's rows and columns per image. Output (h, w) is grid position (h, w);
+    tap (r, s) reads grid position (h + R-1-r, w + S-1-s), so the grid runs R - 1 rows and S - 1
+    columns past the outputs (it then holds dY, whose last row lands on grid row P - 1 + DH)."""
+    p = problem
+    return p.H + p.R - 1, p.W + p.S - 1
+
+
+def halo_boxes(problem: Any, wgs: int) -> tuple[int, int]:
+    """(boxes, rows): the halo of a block of 64 * WGS grid rows, BM + (R-1) * WP + S - 1 positions,
+    as that many tiled boxes of that many rows each (at most 256, a multiple of 8 so that each box
+    starts on a 1024-byte swizzle atom)."""
+    p = problem
+    _, wp = grid_shape(p)
+    halo = 64 * wgs + (p.R - 1) * wp + p.S - 1
+    boxes = cdiv(halo, MAX_BOX)
+    return boxes, 8 * cdiv(cdiv(halo, boxes), 8)
+
+
+def workspaces(problem: Any, a_tiles: str) -> tuple[tuple[str, int], ...]:
+    """The staged copies (float32 elements): dY as NHWC (im2col) or on the halo grid, W as CRSK,
+    twice each with 3xTF32 (the small parts follow)."""
+    if a_tiles == "im2col":
+        return bwd_data_stage_workspaces(problem)
+    p, parts = problem, 2 if split(problem) else 1
+    hp, wp = grid_shape(p)
+    return ("dyt", parts * p.N * hp * wp * p.K), ("wt", parts * p.K * p.C * p.R * p.S)
+
+
+def tensor_maps(problem: Any, wgs: int, wbn: int, a_tiles: str) -> tuple[TensorMap, ...]:
+    """The GEMM's maps, in the kernel's parameter order: dY's (im2col: over the NHWC copy, dims K,
+    Q, P, N, a request BM positions of 32 channels, the bounding box running the window starts of
+    every output position, from -DW to W - 1 - DW along W, likewise along H, relative to dY's first
+    and last positions; halo: over the grid as K x positions, a box of 32 channels of the halo's
+    rows) and W's (the CRSK copy as K, R*S, C; a box 32 channels of one tap for WBN input
+    channels); with 3xTF32 the same over the small parts."""
+    p = problem
+    if a_tiles == "im2col":
+        dh, dw = im2col_window(p)
+        dy_dims, box = (p.K, p.Q, p.P, p.N), (BK, 64 * wgs)
+        corners = {"lower": (-dw, -dh), "upper": (p.W - dw - p.Q, p.H - dh - p.P)}
+    else:
+        hp, wp = grid_shape(p)
+        dy_dims, box, corners = (p.K, p.N * hp * wp), (BK, halo_boxes(p, wgs)[1]), {}
+    w_dims = (p.K, p.R * p.S, p.C)
+    maps = (TensorMap("dyt", 0, dy_dims, box, **corners), TensorMap("wt", 0, w_dims, (BK, 1, wbn)))
+    if not split(p):
+        return maps
+    sizes = dict(workspaces(p, a_tiles))
+    return (*maps, TensorMap("dyt", sizes["dyt"] // 2, dy_dims, box, **corners),
+            TensorMap("wt", sizes["wt"] // 2, w_dims, (BK, 1, wbn)))
+
+
+def smem_bytes(problem: Any, wgs: int, wbn: int, stages: int, a_tiles: str, aslots: int = 1) -> int:
+    """Dynamic shared memory a block: dY's buffers (WSTAGES tiles of BM rows, or ASLOTS halos) and
+    W's WSTAGES tiles, twice with 3xTF32, and the slack that aligns them to 1024 bytes."""
+    parts = 2 if split(problem) else 1
+    a_rows = stages * 64 * wgs if a_tiles == "im2col" else aslots * halo_boxes(problem, wgs)[0] * \
+        halo_boxes(problem, wgs)[1]
+    return parts * ROW_BYTES * (a_rows + stages * wbn) + ALIGN_SLACK
+
+
+def barrier_bytes(stages: int, aslots: int = 0) -> int:
+    """The kernel's static shared memory: a stage's arrival and release barriers, a slot's release."""
+    return BARRIER_BYTES * (2 * stages + aslots)
+
+
+class TmaConvBwdData(WgmmaConvBwdData):
+    """conv_bwd_data (stride 1) as one GEMM of input pixels (or halo-grid positions) by input
+    channels over the staged dY and W, its tiles copied by TMA for a producer warp and multiplied
+    by wgmma warpgroups."""
+
+    formulation = FORMULATION_TMA
+    summary = "Hopper warpgroup tensor-core implicit GEMM fed by TMA copies (stride 1; sm_90a; fp32 as 3xTF32)"
+    templates = ("tma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2",
+                 "gemm_operands_conv_bwd_data.cuh.j2", "wgmma_stage_conv_bwd_data.cuh.j2", "_tma_ops.cuh.j2")
+    ARGS = ("dx",)
+
+    def workspace_params(self, problem: Any) -> tuple[str, ...]:
+        return ("A_TILES",)
+
+    def workspaces(self, problem: Any, a_tiles: str = "im2col", *_: Any) -> tuple[tuple[str, int], ...]:
+        return workspaces(problem, a_tiles)
+
+    def params(self, problem: Any) -> list[Param]:
+        return [*_WgmmaGemm.params(self, problem),
+                Param("A_TILES", ("halo", "im2col"), "dY's tiles: a halo of the block's positions on a zero-padded "
+                      "grid a chunk of channels, each tap a shift of it; or an im2col box a tap"),
+                Param("ASLOTS", (1, 2), "halo buffers (2: the next chunk's halo lands while this one's taps run)",
+                      active_if=(("A_TILES", ("halo",)),)),
+                # 0 last: the wgmma formulation's staging kernels (im2col only)
+                Param("STAGE_PIXELS", (128, 64, 0), "dY's pixels a staging block moves for 32 channels, through shared "
+                      "memory with float4 reads and a pixel's 8 channels a thread written as 16-byte stores, beside "
+                      "W's gather in one launch (0: the wgmma formulation's staging, im2col only)"),
+                Param("STAGE_LAUNCHES", (1, 2), "launches staging the operands: both in one kernel, or dY's transpose "
+                      "then W's gather (with STAGE_PIXELS=0)"),
+                Param("STAGE_PLANES", (0, 1), "the staging in one launch moves whole planes of 32 channels and "
+                      "whole weight slices through shared memory (0: 32 x 32 tiles; with STAGE_PIXELS=0)"),
+                *([Param("CROSS", (1, 0), "3xTF32's cross products big x small + small x big as one BF16 wgmma of "
+                         "depth 16 a k-step (0: two TF32 wgmmas)")] if split(problem) else [])]
+
+    def block_constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
+        return block_rules(limits, split(problem), tma=True)
+
+    def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
+        p = problem
+
+        def stride(_):
+            return None if tuple(p.stride) == (1, 1) else (
+                f"the tma backward-data reads dY's windows as shifts of one grid: stride 1 only, not {tuple(p.stride)}")
+
+        def maps(wgs, wbn, a_tiles):
+            # what the driver would refuse in the copies' tensor maps (corners, alignment, box sizes)
+            bad = [msg for spec in tensor_maps(p, wgs, wbn, a_tiles) for msg in spec.problems()]
+            return None if not bad else "the TMA tensor maps: " + "; ".join(dict.fromkeys(bad))
+
+        def inflight(on):
+            return None if not on or not split(p) else (
+                "INFLIGHT=1 is tf32 only here: fp32 adds each tile's partial sums once its wgmmas completed")
+
+        def slot_in_flight(on, slots):
+            # the group in flight still reads the chunk's halo when the next chunk's first tile needs its
+            # slot: with one slot, the producer would wait for a release the consumers make after that tile
+            return None if not on or slots > 1 else (
+                "INFLIGHT=1 with A_TILES=halo needs ASLOTS=2: the wgmmas left in flight still read the last "
+                "chunk's halo when the next chunk's lands")
+
+        def staging(a_tiles, pixels, launches, planes):
+            if not pixels:
+                return None if a_tiles == "im2col" else (
+                    "A_TILES=halo stages dY on its grid by blocks of pixels: it needs STAGE_PIXELS > 0")
+            return None if (launches, planes) == (1, 0) else (
+                f"STAGE_PIXELS={pixels} stages both operands in one launch of its own: it takes STAGE_LAUNCHES=1 "
+                f"and STAGE_PLANES=0, not {launches} and {planes}")
+
+        def im2col_smem(wgs, wbn, stages, a_tiles):
+            return smem_bytes(p, wgs, wbn, stages, a_tiles) + barrier_bytes(stages) if a_tiles == "im2col" else 0
+
+        return [*_WgmmaGemm.constraints(self, p, limits),
+                Constraint(("WGS",), stride), Constraint(("WGS", "WBN", "A_TILES"), maps),
+                Constraint(("INFLIGHT",), inflight), Constraint(("INFLIGHT", "ASLOTS"), slot_in_flight),
+                Constraint(("A_TILES", "STAGE_PIXELS", "STAGE_LAUNCHES", "STAGE_PLANES"), staging),
+                smem_rule(limits, ("WGS", "WBN", "WSTAGES", "A_TILES"), im2col_smem),
+                smem_rule(limits, ("WGS", "WBN", "WSTAGES", "ASLOTS"), lambda wgs, wbn, stages, aslots:
+                          smem_bytes(p, wgs, wbn, stages, "halo", aslots) + barrier_bytes(stages, aslots)),
+                Constraint(("STAGE_PLANES", "STAGE_LAUNCHES"), lambda on, launches: self.planes_problem(p, on, launches)),
+                *([Constraint(("CROSS",), lambda on: self.cross_problem(p, on))] if split(p) else [])]
+
+    def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
+        p = problem
+        fp32 = {"CROSS": int(p.K % 8 == 0)} if split(p) else {}
+        narrow = min(64, max(16, 1 << (p.C - 1).bit_length()))
+        base = {"formulation": FORMULATION_TMA, "INFLIGHT": 0, "STAGE_PIXELS": 128, "STAGE_LAUNCHES": 1,
+                "STAGE_PLANES": 0, **fp32}
+        halo, im2col = {**base, "A_TILES": "halo"}, {**base, "A_TILES": "im2col"}
+        return [{**halo, "WGS": 2, "WBN": narrow, "WSTAGES": 3, "ASLOTS": 1},
+                {**im2col, "WGS": 2, "WBN": narrow, "WSTAGES": 2},
+                {**halo, "WGS": 1, "WBN": narrow, "WSTAGES": 3, "ASLOTS": 1},
+                {**im2col, "WGS": 1, "WBN": narrow, "WSTAGES": 2}]
+
+    def context(self, problem: Any, config: Config) -> dict[str, Any]:
+        p, c = problem, config
+        dh, dw = im2col_window(p)
+        hp, wp = grid_shape(p)
+        boxes, box_rows = halo_boxes(p, c["WGS"])
+        return {**super().context(p, c), "TMA": 1, "DH": dh, "DW": dw, "HP": hp, "WP": wp, "HALO_BOXES": boxes,
+                "HALO_BOX_ROWS": box_rows, "A_TILES": c["A_TILES"], "ASLOTS": c.get("ASLOTS", 1),
+                "A_SMALL_FLOATS": dict(workspaces(p, c["A_TILES"]))["dyt"] // 2}
+
+    def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
+        p, c = problem, config
+        threads = (128 * c["WGS"], 1, 1)
+        a_tiles, pixels = c["A_TILES"], c["STAGE_PIXELS"]
+        hp, wp = grid_shape(p)
+        rows = p.N * p.H * p.W if a_tiles == "im2col" else p.N * hp * wp
+        if pixels:
+            # W's gather, dY's blocks of pixels, and (halo) a block an image zeroing the grid around dY
+            blocks = stage_w_blocks(p, threads) + p.N * cdiv(p.K, BK) * cdiv(p.P * p.Q, pixels) + \
+                (p.N if a_tiles == "halo" else 0)
+            staging = (Launch("conv_bwd_data_stage", (blocks, 1, 1), threads, 0, ("dy", "w", "dyt", "wt")),)
+        else:
+            staging = bwd_data_stage_launches(p, threads, c["STAGE_LAUNCHES"], self.planes_smem(p, c))
+        main = Launch("conv_bwd_data", (cdiv(rows, 64 * c["WGS"]), cdiv(p.C, c["WBN"]), 1),
+                      (128 * c["WGS"] + TMA_PRODUCER_THREADS, 1, 1),
+                      smem_bytes(p, c["WGS"], c["WBN"], c["WSTAGES"], a_tiles, c.get("ASLOTS", 1)),
+                      self.ARGS, tensor_maps=tensor_maps(p, c["WGS"], c["WBN"], a_tiles))
+        return (*staging, main)
+
+    def buffers(self, problem: Any, config: Config) -> Buffers:
+        return (), workspaces(problem, config["A_TILES"])
+
+    def code_helpers(self) -> tuple:
+        return (*super().code_helpers(), im2col_window, grid_shape, halo_boxes, workspaces, tensor_maps, smem_bytes,
+                barrier_bytes, TensorMap, TMA_PRODUCER_THREADS, ROW_BYTES, BARRIER_BYTES, MAX_BOX)
+
+
+TMA = Formulation(FORMULATION_TMA, (TmaConvBwdData(),))

@@ -1,0 +1,204 @@
+"""The tma formulation (formulations/tma.py): conv_bwd_data (stride 1) on wgmma, its tiles copied by
+the Tensor Memory Accelerator. CPU: its rules, its tensor maps' geometry (checked against a NumPy
+model of the im2col traversal that gives the implicit GEMM's A rows), every config built for sm_90a
+without spills. GPU (-m gpu): every config verified against float64 on modern_56's layer and on
+shapes that divide nothing evenly."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from autocnn.device import DeviceLimits
+from autocnn.errors import InfeasibleConfigError, InvalidConfigError
+from autocnn.kernels import OPERATIONS
+from autocnn.kernels.compiler import NvccCompiler, nvcc_path
+from autocnn.kernels.formulations.tma import FORMULATION_TMA, im2col_window, tensor_maps
+from autocnn.kernels.problem import ConvBwdDataProblem
+from autocnn.kernels.suite import seed_problems
+from autocnn.kernels.tensor_maps import TensorMap
+from tests.formulation_checks import assert_every_config_verifies, target_build_failures
+
+BWD = OPERATIONS["conv_bwd_data"]
+HOPPER = DeviceLimits.for_arch("sm_90")
+AMPERE = DeviceLimits.for_arch("sm_80")
+needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+
+# Stride 1, nothing even: 13 and 70 input channels (ragged column blocks), K = 20 and 36 (a reduction
+# tile past K, zero-filled), a 3x5 filter with asymmetric padding, a 2x2 filter without padding, a
+# 1x1 layer, batches of 1, 2, 3 and 7 (a block's rows run into the next image and past the last).
+ODD = (("odd_tma_a", ConvBwdDataProblem(N=3, C=13, H=13, W=11, K=20, R=3, S=5, padding=(1, 2, 0, 1))),
+       ("odd_tma_b", ConvBwdDataProblem(N=2, C=70, H=9, W=7, K=36, R=1, S=1)),
+       ("odd_tma_c", ConvBwdDataProblem(N=1, C=9, H=17, W=14, K=8, R=2, S=2)),
+       ("odd_tma_cross", ConvBwdDataProblem(N=7, C=70, H=23, W=19, K=24, R=3, S=3, padding=(1, 2, 0, 1))))
+
+
+def _problems(precision):
+    seed = dict(seed_problems("conv_bwd_data"))
+    return [("modern_56", dataclasses.replace(seed["modern_56"], N=4, precision=precision)),
+            *((n, dataclasses.replace(p, precision=precision)) for n, p in ODD)]
+
+
+def _space(problem, limits=HOPPER):
+    return BWD.space(problem, limits).restrict({"formulation": FORMULATION_TMA})
+
+
+def _configs(problem, widths=(16, 64, 128), depths=(2, 4), tilings=("halo", "im2col")):
+    """Every feasible config of the widths, depths and dY tilings given (halo: one and two slots;
+    im2col: the wgmma formulation's staging in one launch, and by blocks of pixels), either loop,
+    CROSS both ways."""
+    space, out = _space(problem), []
+    crosses = (0, 1) if problem.precision == "fp32" else (None,)
+    # (tiling, halo slots, staging's pixels a block): each tiling with both kinds of staging block
+    tiles = [t for t in (("halo", 1, 128), ("halo", 2, 64), ("im2col", None, 0), ("im2col", None, 128))
+             if t[0] in tilings]
+    for wgs, wbn, stages, inflight, (a_tiles, slots, pixels), cross in itertools.product(
+            (1, 2, 4), widths, depths, (0, 1), tiles, crosses):
+        config = {"formulation": FORMULATION_TMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages, "INFLIGHT": inflight,
+                  "A_TILES": a_tiles, "STAGE_PIXELS": pixels, "STAGE_LAUNCHES": 1, "STAGE_PLANES": 0,
+                  **({"ASLOTS": slots} if slots else {})}
+        if cross is not None:
+            config["CROSS"] = cross
+        try:
+            out.append(space.validate(config))
+        except InfeasibleConfigError:
+            pass
+    return out
+
+
+def test_tma_serves_stride_1_backward_data_on_hopper_only():
+    problem = _problems("fp32")[0][1]
+    assert FORMULATION_TMA in BWD.space(problem, HOPPER).param("formulation").choices
+    config = BWD.default_config(problem, HOPPER, formulation=FORMULATION_TMA)
+    assert config["formulation"] == FORMULATION_TMA and config["CROSS"] == 1
+    with pytest.raises(InfeasibleConfigError, match="sm_90"):
+        BWD.space(problem, AMPERE).validate(config)
+    strided = dataclasses.replace(problem, stride=(2, 1))
+    with pytest.raises(InfeasibleConfigError, match="stride 1 only"):
+        BWD.space(strided, HOPPER).validate(config)
+    with pytest.raises(InfeasibleConfigError, match="INFLIGHT=1 is tf32 only"):
+        _space(problem).validate({**config.as_dict(), "INFLIGHT": 1})
+    with pytest.raises(InfeasibleConfigError, match="CROSS=1"):
+        _space(dataclasses.replace(problem, K=20)).validate(config)
+    tf32 = dataclasses.replace(problem, precision="tf32")
+    with pytest.raises(InvalidConfigError, match="CROSS"):
+        _space(tf32).validate(config)
+    halo = {k: v for k, v in config.as_dict().items() if k != "CROSS"}
+    assert halo["A_TILES"] == "halo" and halo["ASLOTS"] == 1
+    with pytest.raises(InfeasibleConfigError, match="ASLOTS=2"):   # a deadlock: see the rule
+        _space(tf32).validate({**halo, "INFLIGHT": 1, "WSTAGES": 3})
+    assert _space(tf32).validate({**halo, "INFLIGHT": 1, "WSTAGES": 3, "ASLOTS": 2})["ASLOTS"] == 2
+
+
+def test_the_gemm_launch_carries_its_tensor_maps_and_a_producer_warp():
+    problem = _problems("fp32")[0][1]
+    config = _space(problem).validate({"formulation": FORMULATION_TMA, "WGS": 2, "WBN": 64, "WSTAGES": 4,
+                                       "INFLIGHT": 0, "A_TILES": "im2col", "STAGE_PIXELS": 0, "STAGE_LAUNCHES": 1, "STAGE_PLANES": 0,
+                                       "CROSS": 1})
+    plan = BWD.plan(problem, config)
+    *staging, main = plan.launches
+    assert [l.kernel for l in staging] == ["conv_bwd_data_stage"]
+    assert main.block == (288, 1, 1) and main.args == ("dx",)
+    assert main.grid == (-(-4 * 56 * 56 // 128), 1, 1)
+    a, b, a_small, b_small = main.tensor_maps
+    assert a == TensorMap("dyt", 0, (64, 56, 56, 4), (32, 128), (-1, -1), (-1, -1))
+    assert b == TensorMap("wt", 0, (64, 9, 64), (32, 1, 64))
+    assert (a_small.offset, b_small.offset) == (4 * 56 * 56 * 64, 64 * 9 * 64)
+    assert sum(s.box_bytes for s in main.tensor_maps) == 4 * 2 * (128 + 64) * 32
+    halo = BWD.plan(problem, _space(problem).validate({**config.as_dict(), "A_TILES": "halo", "ASLOTS": 1,
+                                                        "STAGE_PIXELS": 128}))
+    stage, main = halo.launches
+    # W's gather, 2 x 25 blocks of 128 pixels for each of 4 images, a block an image for the grid's border
+    assert stage.grid == (-(-64 * 64 * 9 // 256) + 4 * 2 * 25 + 4, 1, 1)
+    assert main.tensor_maps[0] == TensorMap("dyt", 0, (64, 4 * 58 * 58), (32, 248))   # 128 + 2 * 58 + 2 rows
+    assert dict(halo.workspaces)["dyt"] == 2 * 4 * 58 * 58 * 64
+    with pytest.raises(InfeasibleConfigError, match="STAGE_PIXELS > 0"):
+        _space(problem).validate({**config.as_dict(), "A_TILES": "halo", "ASLOTS": 1})
+    # the maps are part of what the digest describes
+    other = BWD.plan(problem, _space(problem).validate({**config.as_dict(), "WGS": 1}))
+    assert other.code_digest != plan.code_digest
+
+
+def _im2col_rows(spec: TensorMap, data: np.ndarray, start: tuple[int, int, int], offsets: tuple[int, int],
+                 c0: int) -> np.ndarray:
+    """What an im2col request lands, by the traversal's definition: ``pixels`` window starts from
+    ``start`` = (w, h, n), W fastest within the bounding box [lower, dim - 1 + upper], then H, then
+    images; each row the box's channels from c0 at start + offsets, zero outside the tensor."""
+    channels, pixels = spec.box
+    cdim, wdim, hdim, ndim = spec.dims
+    (lw, lh), (uw, uh) = spec.lower, spec.upper
+    w, h, n = start
+    rows = np.zeros((pixels, channels))
+    for r in range(pixels):
+        x, y = w + offsets[0], h + offsets[1]
+        if n < ndim and 0 <= x < wdim and 0 <= y < hdim:
+            take = data[n, y, x, c0:c0 + channels]
+            rows[r, :len(take)] = take
+        w += 1
+        if w > wdim - 1 + uw:
+            w, h = lw, h + 1
+            if h > hdim - 1 + uh:
+                h, n = lh, n + 1
+    return rows
+
+
+@pytest.mark.parametrize("name,problem", _problems("tf32"), ids=[n for n, _ in _problems("tf32")])
+def test_the_im2col_boxes_are_the_implicit_gemm_rows(name, problem):
+    """The maps' corners and the kernel's request coordinates (window start = output position less
+    (DH, DW), offsets (j, i) for W's tap (R-1-i, S-1-j)) give, in the traversal's model, exactly the
+    rows of the backward-data GEMM: A[m][(tap, k)] = dY[n][k][h + PT - r][w + PL - s]."""
+    p = problem
+    rng = np.random.default_rng(3)
+    dy = rng.standard_normal((p.N, p.K, p.P, p.Q))
+    nhwc = dy.transpose(0, 2, 3, 1)
+    dh, dw = im2col_window(p)
+    a_map = tensor_maps(p, 1, 16, "im2col")[0]
+    bm = a_map.box[1]
+    gm = p.N * p.H * p.W
+    for m0 in sorted({0, bm, gm - 1 - (gm - 1) % bm}):
+        n, rem = divmod(m0, p.H * p.W)
+        start = (rem % p.W - dw, rem // p.W - dh, n)
+        for i, j in itertools.product(range(p.R), range(p.S)):
+            r, s = p.R - 1 - i, p.S - 1 - j
+            got = _im2col_rows(a_map, nhwc, start, (j, i), 0)
+            want = np.zeros_like(got)
+            for row in range(bm):
+                m = m0 + row
+                if m >= gm:
+                    continue
+                nn, rr = divmod(m, p.H * p.W)
+                y, x = rr // p.W + p.padding[0] - r, rr % p.W + p.padding[1] - s
+                if 0 <= y < p.P and 0 <= x < p.Q:
+                    want[row, :min(32, p.K)] = dy[nn, :min(32, p.K), y, x]
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} rows {m0}.., tap ({r}, {s})")
+
+
+def test_tensor_map_problems_name_what_the_driver_refuses():
+    assert TensorMap("wt", 0, (64, 9, 64), (32, 1, 64)).problems() == []
+    assert any("16-byte" in m for m in TensorMap("dyt", 2, (64, 9, 64), (32, 1, 64)).problems())
+    assert any("multiple of 16" in m for m in TensorMap("dyt", 0, (6, 9, 64), (32, 1, 64)).problems())
+    assert any("corner" in m for m in TensorMap("dyt", 0, (8, 9, 9, 1), (32, 64), (-200, 0), (0, 0)).problems())
+    assert any("swizzle" in m for m in TensorMap("dyt", 0, (64, 9, 64), (64, 1, 64)).problems())
+
+
+@needs_nvcc
+def test_every_tma_config_builds_for_sm90a_without_spills(tmp_path):
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    jobs = [(name, config, BWD.plan(problem, config)) for precision in ("fp32", "tf32")
+            for name, problem in _problems(precision)[:2] for config in _configs(problem, (16, 64, 128, 256), (2, 3, 6))]
+    failures = target_build_failures(compiler, jobs)
+    assert len(jobs) > 60 and not failures, "\n".join(failures[:8])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_tma_kernels_verify_against_float64(precision):
+    """Every other config of 16 and 64 columns, 2 and 4 stages, 1, 2 and 4 warpgroups, either loop
+    (tf32), both tilings of dY (halo with one or two slots) and both stagings, CROSS both ways (fp32,
+    where K allows), in the order _configs lists them: modern_56's layer on 4 images and the odd
+    shapes, every element against float64 (fp32 at the one FP32 bound). The tuner verifies every
+    config it measures the same way before timing it."""
+    assert_every_config_verifies(BWD, FORMULATION_TMA, _problems(precision),
+                                 lambda p: _configs(p, (16, 64), (2, 4))[::2], "sm_90", HOPPER)
