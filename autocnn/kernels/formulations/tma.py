@@ -18,9 +18,9 @@ over every filter tap (r, s); W's tile of a tap is one tiled box of the staged C
 - ``im2col``: one im2col box of the NHWC copy (the wgmma formulation's staging) a tap: BM
   consecutive output positions, the chunk's channels from each position's window at the tap's
   offset; positions whose window leaves the image land as zeros, so the padding costs nothing. The
-  measured first version: modern_56's fp32 GEMM 166 -> 156 us, tf32 98 -> 87 (H200). At that point
-  both precisions moved about 8 TB/s from L2 into shared memory, 9 copies of each dY value (one a
-  tap) and the weights: the copies' bandwidth, not the tensor cores (38% busy), bound the loop.
+  measured first version: modern_56's fp32 GEMM 166 -> 156 us, tf32 98 -> 87 (H200). Both
+  precisions then moved about 8 TB/s from L2 into shared memory, 9 copies of each dY value (one a
+  tap) and the weights, with the tensor cores about 38% busy: the halo was made to halve the copies.
 - ``halo``: dY staged once more on a zero-padded grid of (H + R - 1) x (W + S - 1) positions per
   image whose positions are the GEMM's rows (the halo formulation's geometry): on the grid each tap
   is a constant shift, (R-1-r) rows and (S-1-s) columns. A block copies the positions all its taps
@@ -28,16 +28,24 @@ over every filter tap (r, s); W's tile of a tap is one tiled box of the staged C
   256 rows) into one of ASLOTS halo slots, and each tap's A tile starts at its shift's row through
   the same descriptor (the swizzle is a function of the address). dY then crosses L2 about twice
   instead of nine times; grid positions past the outputs are computed and dropped (modern_56: 3,364
-  a 56 x 56 image).
+  a 56 x 56 image). The GEMM was only 5-10% faster for it (fp32 141 us, tf32 85): L2 was not the
+  bound. With 64 columns each m64n64k8 wgmma reads 4 KB of operands from shared memory in its 32
+  tensor-core cycles, all the bandwidth shared memory has, and the copies write into it too.
 
 The precisions are the wgmma formulation's (tf32: the tensor cores truncate; fp32: 3xTF32 from
 staged parts, each tile's partial sums added to the totals in FP32, CROSS the cross products as
 one BF16 wgmma), as are the block's tile (WGS warpgroups of 64 rows by WBN columns, BK = 32 floats
 a stage row) and the W staging.
 
+dY's staging (STAGE_PIXELS): blocks of 128 or 64 pixels x 32 channels through shared memory, read
+in float4s and written by 8 threads a pixel, 16 bytes each, so that a store instruction fills
+whole 32-byte sectors (both tilings; 56-62 us for modern_56's fp32 dY, whose first version, two
+16-byte stores of one thread to each sector, took 108-152); or 0, the wgmma formulation's staging
+(im2col only, 48.5 us there), with its STAGE_LAUNCHES and STAGE_PLANES.
+
 Parameters: WGS, WBN, WSTAGES (W's stages, and im2col's dY tiles), INFLIGHT (tf32: one group of
-wgmmas left in flight, its stage released a tile later), A_TILES, ASLOTS (halo), STAGE_LAUNCHES and
-STAGE_PLANES (im2col's staging), CROSS (fp32).
+wgmmas left in flight, its stage released a tile later), A_TILES, ASLOTS (halo), STAGE_PIXELS,
+STAGE_LAUNCHES and STAGE_PLANES, CROSS (fp32).
 """
 from __future__ import annotations
 
