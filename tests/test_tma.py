@@ -78,8 +78,13 @@ def test_tma_serves_stride_1_backward_data_on_hopper_only():
     strided = dataclasses.replace(problem, stride=(2, 1))
     with pytest.raises(InfeasibleConfigError, match="stride 1 only"):
         BWD.space(strided, HOPPER).validate(config)
-    with pytest.raises(InfeasibleConfigError, match="INFLIGHT=1 is tf32 only"):
+    # fp32 in flight runs the tiles in pairs: a halo needs two slots, and the pair's accumulators limit WBN
+    with pytest.raises(InfeasibleConfigError, match="ASLOTS=2"):
         _space(problem).validate({**config.as_dict(), "INFLIGHT": 1})
+    paired = _space(problem).validate({**config.as_dict(), "INFLIGHT": 1, "ASLOTS": 2})
+    assert (paired["INFLIGHT"], paired["WGS"], paired["WBN"]) == (1, 2, 64)
+    with pytest.raises(InfeasibleConfigError, match="96 registers a thread with WBN=64: at most 48 with WGS=4"):
+        _space(problem).validate({**paired.as_dict(), "WGS": 4})
     with pytest.raises(InfeasibleConfigError, match="CROSS=1"):
         _space(dataclasses.replace(problem, K=20)).validate(config)
     tf32 = dataclasses.replace(problem, precision="tf32")
@@ -183,6 +188,55 @@ def test_tensor_map_problems_name_what_the_driver_refuses():
     assert any("swizzle" in m for m in TensorMap("dyt", 0, (64, 9, 64), (64, 1, 64)).problems())
 
 
+def _hand_over_finishes(ntiles: int, taps: int, stages: int, aslots: int, halo: bool, schedule: str) -> bool:
+    """A model of the GEMM kernel's hand-over (tma_conv_bwd_data.cu.j2). The producer fills tile kt
+    once tile kt - STAGES (its stage's last) is released and, halo, at a chunk's first tap, the last
+    tile of chunk - ASLOTS (its slot's last halo). The consumers take steps, each waiting for its
+    tiles to be filled, then releasing tiles: a tile at a time (INFLIGHT 0), a tile's release after
+    the next one's wgmmas (tf32 INFLIGHT), or pairs (fp32 INFLIGHT). True when every step ran;
+    False where neither side can go on: a deadlock."""
+    steps = {"one": [((kt,), (kt,)) for kt in range(ntiles)],
+             "in_flight": [((kt,), (kt - 1,) if kt else ()) for kt in range(ntiles)],
+             "pairs": [(pair, pair) for pair in (tuple(range(kt, min(kt + 2, ntiles))) for kt in range(0, ntiles, 2))]
+             }[schedule]
+    filled, released, step = 0, set(), 0
+    while step < len(steps):
+        waits, releases = steps[step]
+        if all(kt < filled for kt in waits):
+            released.update(releases)
+            step += 1
+            continue
+        kt, chunk = filled, filled // taps
+        stage_free = kt < stages or kt - stages in released
+        slot_free = not halo or kt % taps or chunk < aslots or (chunk - aslots + 1) * taps - 1 in released
+        if not (kt < ntiles and stage_free and slot_free):
+            return False
+        filled += 1
+    return True
+
+
+@pytest.mark.parametrize("taps", (1, 4, 9, 25))
+def test_the_hand_over_finishes_wherever_the_rules_let_a_config_run(taps):
+    """Every schedule that the rules allow finishes for any number of chunks and stages; the rule
+    that a halo in flight needs two slots is needed: with one, tf32's schedule always deadlocks and
+    fp32's pairs do where a pair straddles a chunk's end (R * S odd)."""
+    bwd = _problems("fp32")[0][1]
+    for stages, aslots, halo, schedule, chunks in itertools.product(
+            (2, 3, 4), (1, 2), (False, True), ("one", "in_flight", "pairs"), (1, 2, 3, 5)):
+        finishes = _hand_over_finishes(taps * chunks, taps, stages, aslots, halo, schedule)
+        allowed = schedule == "one" or not halo or aslots == 2
+        assert finishes or not allowed, (stages, aslots, halo, schedule, chunks)
+        if halo and aslots == 1 and chunks > 1 and schedule != "one":
+            assert finishes == (schedule == "pairs" and taps % 2 == 0), (stages, schedule, chunks)
+    # the rules that make those schedules: tf32 and fp32 INFLIGHT with a halo need two slots
+    for precision in ("fp32", "tf32"):
+        problem = dataclasses.replace(bwd, precision=precision)
+        config = {**BWD.default_config(problem, HOPPER, formulation=FORMULATION_TMA).as_dict(), "INFLIGHT": 1}
+        with pytest.raises(InfeasibleConfigError, match="ASLOTS=2"):
+            _space(problem).validate({**config, "A_TILES": "halo", "ASLOTS": 1})
+        assert _space(problem).validate({**config, "A_TILES": "halo", "ASLOTS": 2})["INFLIGHT"] == 1
+
+
 @needs_nvcc
 def test_every_tma_config_builds_for_sm90a_without_spills(tmp_path):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
@@ -196,9 +250,9 @@ def test_every_tma_config_builds_for_sm90a_without_spills(tmp_path):
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 def test_tma_kernels_verify_against_float64(precision):
     """Every other config of 16 and 64 columns, 2 and 4 stages, 1, 2 and 4 warpgroups, either loop
-    (tf32), both tilings of dY (halo with one or two slots) and both stagings, CROSS both ways (fp32,
-    where K allows), in the order _configs lists them: modern_56's layer on 4 images and the odd
-    shapes, every element against float64 (fp32 at the one FP32 bound). The tuner verifies every
+    (tf32: a group in flight; fp32: the tiles in pairs), both tilings of dY (halo with one or two
+    slots) and both stagings, CROSS both ways (fp32, where K allows), in the order _configs lists
+    them: modern_56's layer on 4 images and the odd shapes, every element against float64 (fp32 at the one FP32 bound). The tuner verifies every
     config it measures the same way before timing it."""
     assert_every_config_verifies(BWD, FORMULATION_TMA, _problems(precision),
                                  lambda p: _configs(p, (16, 64), (2, 4))[::2], "sm_90", HOPPER)

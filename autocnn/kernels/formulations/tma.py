@@ -43,9 +43,17 @@ whole 32-byte sectors (both tilings; 56-62 us for modern_56's fp32 dY, whose fir
 16-byte stores of one thread to each sector, took 108-152); or 0, the wgmma formulation's staging
 (im2col only, 48.5 us there), with its STAGE_LAUNCHES and STAGE_PLANES.
 
-Parameters: WGS, WBN, WSTAGES (W's stages, and im2col's dY tiles), INFLIGHT (tf32: one group of
-wgmmas left in flight, its stage released a tile later), A_TILES, ASLOTS (halo), STAGE_PIXELS,
-STAGE_LAUNCHES and STAGE_PLANES, CROSS (fp32).
+INFLIGHT: tf32 leaves one group of wgmmas in flight and releases its stage a tile later. fp32 adds
+each tile's partial sums to the totals once its wgmmas completed, so INFLIGHT 0 waits for every
+tile and the tensor cores run dry between tiles; INFLIGHT 1 runs the tiles in pairs (the wgmma
+formulation's pipelined loop), the first's group in flight while the second's is issued, then
+adds both, the same sums in the same order: once every two tiles. The pair's three sets of
+accumulators (totals and two partial sums) limit WBN by WGS (192 registers a thread over WGS).
+Written without a GPU in the session of 2026-12-03 (built for sm_90a without spills or serialized
+wgmmas; not yet run).
+
+Parameters: WGS, WBN, WSTAGES (W's stages, and im2col's dY tiles), INFLIGHT, A_TILES, ASLOTS
+(halo), STAGE_PIXELS, STAGE_LAUNCHES and STAGE_PLANES, CROSS (fp32).
 """
 from __future__ import annotations
 
@@ -190,16 +198,23 @@ class TmaConvBwdData(WgmmaConvBwdData):
             bad = [msg for spec in tensor_maps(p, wgs, wbn, a_tiles) for msg in spec.problems()]
             return None if not bad else "the TMA tensor maps: " + "; ".join(dict.fromkeys(bad))
 
-        def inflight(on):
-            return None if not on or not split(p) else (
-                "INFLIGHT=1 is tf32 only here: fp32 adds each tile's partial sums once its wgmmas completed")
+        def paired_registers(on, wgs, wbn):
+            # 3xTF32 in pairs holds the totals and two tiles' partial sums, 3 * WBN / 2 registers a
+            # thread. ptxas (13.0, sm_90a) fits them without spilling up to 192 with one warpgroup, 96
+            # with two and 48 with four (WBN 128, 64 and 32), and spills at the next width of each.
+            acc = 3 * wbn // 2
+            return None if not on or not split(p) or acc <= 192 // wgs else (
+                f"INFLIGHT=1 with 3xTF32 runs the tiles in pairs and holds the totals and two tiles' partial sums, "
+                f"{acc} registers a thread with WBN={wbn}: at most {192 // wgs} with WGS={wgs}")
 
         def slot_in_flight(on, slots):
-            # the group in flight still reads the chunk's halo when the next chunk's first tile needs its
-            # slot: with one slot, the producer would wait for a release the consumers make after that tile
+            # a chunk's last tile is released only after the next tile's wgmmas were issued (tf32: its
+            # group in flight across them; fp32: the two of a pair, unless R * S is even), and the next
+            # tile, the next chunk's first, needs the slot: with one, the producer would wait for a
+            # release the consumers make after that tile (tests/test_tma.py models the hand-over)
             return None if not on or slots > 1 else (
-                "INFLIGHT=1 with A_TILES=halo needs ASLOTS=2: the wgmmas left in flight still read the last "
-                "chunk's halo when the next chunk's lands")
+                "INFLIGHT=1 with A_TILES=halo needs ASLOTS=2: a chunk's last tile still holds its halo when the "
+                "next chunk's first tile needs the slot")
 
         def staging(a_tiles, pixels, launches, planes):
             if not pixels:
@@ -214,7 +229,8 @@ class TmaConvBwdData(WgmmaConvBwdData):
 
         return [*_WgmmaGemm.constraints(self, p, limits),
                 Constraint(("WGS",), stride), Constraint(("WGS", "WBN", "A_TILES"), maps),
-                Constraint(("INFLIGHT",), inflight), Constraint(("INFLIGHT", "ASLOTS"), slot_in_flight),
+                Constraint(("INFLIGHT", "WGS", "WBN"), paired_registers),
+                Constraint(("INFLIGHT", "ASLOTS"), slot_in_flight),
                 Constraint(("A_TILES", "STAGE_PIXELS", "STAGE_LAUNCHES", "STAGE_PLANES"), staging),
                 smem_rule(limits, ("WGS", "WBN", "WSTAGES", "A_TILES"), im2col_smem),
                 smem_rule(limits, ("WGS", "WBN", "WSTAGES", "ASLOTS"), lambda wgs, wbn, stages, aslots:
