@@ -78,11 +78,10 @@ def test_tma_serves_stride_1_backward_data_on_hopper_only():
     strided = dataclasses.replace(problem, stride=(2, 1))
     with pytest.raises(InfeasibleConfigError, match="stride 1 only"):
         BWD.space(strided, HOPPER).validate(config)
-    # fp32 in flight runs the tiles in pairs: a halo needs two slots, and the pair's accumulators limit WBN
-    with pytest.raises(InfeasibleConfigError, match="ASLOTS=2"):
-        _space(problem).validate({**config.as_dict(), "INFLIGHT": 1})
-    paired = _space(problem).validate({**config.as_dict(), "INFLIGHT": 1, "ASLOTS": 2})
-    assert (paired["INFLIGHT"], paired["WGS"], paired["WBN"]) == (1, 2, 64)
+    # fp32 in flight runs the tiles in pairs (with a halo, within a chunk: one slot serves); the pair's
+    # accumulators limit WBN
+    paired = _space(problem).validate({**config.as_dict(), "INFLIGHT": 1})
+    assert (paired["INFLIGHT"], paired["WGS"], paired["WBN"], paired["ASLOTS"]) == (1, 2, 64, 1)
     with pytest.raises(InfeasibleConfigError, match="96 registers a thread with WBN=64: at most 48 with WGS=4"):
         _space(problem).validate({**paired.as_dict(), "WGS": 4})
     with pytest.raises(InfeasibleConfigError, match="CROSS=1"):
@@ -188,17 +187,29 @@ def test_tensor_map_problems_name_what_the_driver_refuses():
     assert any("swizzle" in m for m in TensorMap("dyt", 0, (64, 9, 64), (64, 1, 64)).problems())
 
 
+def _consumer_steps(ntiles: int, taps: int, schedule: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The consumers' steps (tiles waited for, tiles then released) of tma_conv_bwd_data.cu.j2: a
+    tile at a time (INFLIGHT 0); a tile's release after the next one's wgmmas were issued (tf32
+    INFLIGHT); pairs (fp32 INFLIGHT, im2col); pairs within a chunk (fp32 INFLIGHT, halo)."""
+    if schedule == "one":
+        return [((kt,), (kt,)) for kt in range(ntiles)]
+    if schedule == "in_flight":
+        return [((kt,), (kt - 1,) if kt else ()) for kt in range(ntiles)]
+    steps, kt = [], 0
+    while kt < ntiles:
+        pair = kt + 1 < ntiles and (schedule == "pairs" or (kt + 1) % taps != 0)
+        tiles = (kt, kt + 1) if pair else (kt,)
+        steps.append((tiles, tiles))
+        kt += len(tiles)
+    return steps
+
+
 def _hand_over_finishes(ntiles: int, taps: int, stages: int, aslots: int, halo: bool, schedule: str) -> bool:
-    """A model of the GEMM kernel's hand-over (tma_conv_bwd_data.cu.j2). The producer fills tile kt
-    once tile kt - STAGES (its stage's last) is released and, halo, at a chunk's first tap, the last
-    tile of chunk - ASLOTS (its slot's last halo). The consumers take steps, each waiting for its
-    tiles to be filled, then releasing tiles: a tile at a time (INFLIGHT 0), a tile's release after
-    the next one's wgmmas (tf32 INFLIGHT), or pairs (fp32 INFLIGHT). True when every step ran;
+    """A model of the GEMM kernel's hand-over. The producer fills tile kt once tile kt - STAGES
+    (its stage's last) is released and, halo, at a chunk's first tap, the last tile of chunk -
+    ASLOTS (its slot's last halo); the consumers take _consumer_steps. True when every step ran;
     False where neither side can go on: a deadlock."""
-    steps = {"one": [((kt,), (kt,)) for kt in range(ntiles)],
-             "in_flight": [((kt,), (kt - 1,) if kt else ()) for kt in range(ntiles)],
-             "pairs": [(pair, pair) for pair in (tuple(range(kt, min(kt + 2, ntiles))) for kt in range(0, ntiles, 2))]
-             }[schedule]
+    steps = _consumer_steps(ntiles, taps, schedule)
     filled, released, step = 0, set(), 0
     while step < len(steps):
         waits, releases = steps[step]
@@ -217,24 +228,31 @@ def _hand_over_finishes(ntiles: int, taps: int, stages: int, aslots: int, halo: 
 
 @pytest.mark.parametrize("taps", (1, 4, 9, 25))
 def test_the_hand_over_finishes_wherever_the_rules_let_a_config_run(taps):
-    """Every schedule that the rules allow finishes for any number of chunks and stages; the rule
-    that a halo in flight needs two slots is needed: with one, tf32's schedule always deadlocks and
-    fp32's pairs do where a pair straddles a chunk's end (R * S odd)."""
+    """The kernel's schedule of each config the rules allow finishes, for any number of chunks and
+    stages. The rules are needed: with one halo slot, tf32's tile in flight always deadlocks, and so
+    would fp32's pairs wherever one straddled a chunk's end (R * S odd), which is why a halo's pairs
+    stay within a chunk."""
+    for stages, aslots, halo, chunks in itertools.product((2, 3, 4), (1, 2), (False, True), (1, 2, 3, 5)):
+        ntiles = taps * chunks
+        assert _hand_over_finishes(ntiles, taps, stages, aslots, halo, "one")
+        assert _hand_over_finishes(ntiles, taps, stages, aslots, halo, "chunk_pairs" if halo else "pairs")
+        tf32 = _hand_over_finishes(ntiles, taps, stages, aslots, halo, "in_flight")
+        assert tf32 == (not halo or aslots == 2 or chunks == 1), (stages, aslots, halo, chunks)
+        if halo and aslots == 1 and chunks > 1:
+            assert _hand_over_finishes(ntiles, taps, stages, aslots, halo, "pairs") == (taps % 2 == 0)
+    assert _consumer_steps(18, 9, "chunk_pairs")[:5] == [((k, k + 1), (k, k + 1)) for k in (0, 2, 4, 6)] + [((8,), (8,))]
+    # the rules that make those schedules: tf32's halo in flight needs two slots, fp32's pairs one
     bwd = _problems("fp32")[0][1]
-    for stages, aslots, halo, schedule, chunks in itertools.product(
-            (2, 3, 4), (1, 2), (False, True), ("one", "in_flight", "pairs"), (1, 2, 3, 5)):
-        finishes = _hand_over_finishes(taps * chunks, taps, stages, aslots, halo, schedule)
-        allowed = schedule == "one" or not halo or aslots == 2
-        assert finishes or not allowed, (stages, aslots, halo, schedule, chunks)
-        if halo and aslots == 1 and chunks > 1 and schedule != "one":
-            assert finishes == (schedule == "pairs" and taps % 2 == 0), (stages, schedule, chunks)
-    # the rules that make those schedules: tf32 and fp32 INFLIGHT with a halo need two slots
     for precision in ("fp32", "tf32"):
         problem = dataclasses.replace(bwd, precision=precision)
-        config = {**BWD.default_config(problem, HOPPER, formulation=FORMULATION_TMA).as_dict(), "INFLIGHT": 1}
-        with pytest.raises(InfeasibleConfigError, match="ASLOTS=2"):
-            _space(problem).validate({**config, "A_TILES": "halo", "ASLOTS": 1})
-        assert _space(problem).validate({**config, "A_TILES": "halo", "ASLOTS": 2})["INFLIGHT"] == 1
+        config = {**BWD.default_config(problem, HOPPER, formulation=FORMULATION_TMA).as_dict(), "INFLIGHT": 1,
+                  "A_TILES": "halo", "ASLOTS": 1}
+        if precision == "tf32":
+            with pytest.raises(InfeasibleConfigError, match="ASLOTS=2"):
+                _space(problem).validate(config)
+        else:
+            assert _space(problem).validate(config)["ASLOTS"] == 1
+        assert _space(problem).validate({**config, "ASLOTS": 2})["INFLIGHT"] == 1
 
 
 @needs_nvcc
@@ -244,6 +262,28 @@ def test_every_tma_config_builds_for_sm90a_without_spills(tmp_path):
             for name, problem in _problems(precision)[:2] for config in _configs(problem, (16, 64, 128, 256), (2, 3, 6))]
     failures = target_build_failures(compiler, jobs)
     assert len(jobs) > 60 and not failures, "\n".join(failures[:8])
+
+
+@needs_nvcc
+def test_fp32_pairs_keep_two_blocks_of_modern_56s_record_on_an_sm(tmp_path):
+    """modern_56's fp32 record (2 warpgroups x 64 columns, a halo slot, two blocks an SM at INFLIGHT
+    0) with INFLIGHT=1: the pair's accumulators within 112 registers a thread, so that two blocks
+    of 288 threads still share an SM's 65,536, without spilling."""
+    problem = _problems("fp32")[0][1]
+    config = {"formulation": FORMULATION_TMA, "CROSS": 1, "WGS": 2, "WBN": 64, "WSTAGES": 3, "STAGE_LAUNCHES": 1,
+              "STAGE_PLANES": 0, "A_TILES": "halo", "ASLOTS": 1, "STAGE_PIXELS": 64}
+    compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
+    reports = {}
+    for inflight in (0, 1):
+        plan = BWD.plan(problem, _space(problem).validate({**config, "INFLIGHT": inflight}))
+        module = compiler.compile(plan.source, arch=plan.compile_arch(compiler.arch))
+        reports[inflight] = module.reports["conv_bwd_data"]
+    assert not reports[0].spills and not reports[1].spills
+    threads = 128 * config["WGS"] + 32
+    for report in reports.values():
+        allocated = -(-report.registers // 8) * 8   # registers are allocated a warp at a time, 8 a thread
+        assert 2 * threads * allocated <= 65536, report
+    assert reports[1].registers > reports[0].registers   # the pair's second partial sums
 
 
 @pytest.mark.gpu

@@ -47,8 +47,11 @@ INFLIGHT: tf32 leaves one group of wgmmas in flight and releases its stage a til
 each tile's partial sums to the totals once its wgmmas completed, so INFLIGHT 0 waits for every
 tile and the tensor cores run dry between tiles; INFLIGHT 1 runs the tiles in pairs (the wgmma
 formulation's pipelined loop), the first's group in flight while the second's is issued, then
-adds both, the same sums in the same order: once every two tiles. The pair's three sets of
-accumulators (totals and two partial sums) limit WBN by WGS (192 registers a thread over WGS).
+adds both, the same sums in the same order: once every two tiles (with a halo, pairs within a
+chunk, so that one slot serves: 5 waits a chunk of 9 taps instead of 9). The pair's three sets of
+accumulators (totals and two partial sums) limit WBN by WGS (192 registers a thread over WGS); up
+to 64 columns in at most two warpgroups the kernel is held to 112 registers a thread (__maxnreg__:
+ptxas took 113 for modern_56's record's block, which left one block an SM instead of two).
 Written without a GPU in the session of 2026-12-03 (built for sm_90a without spills or serialized
 wgmmas; not yet run).
 
@@ -208,13 +211,13 @@ class TmaConvBwdData(WgmmaConvBwdData):
                 f"{acc} registers a thread with WBN={wbn}: at most {192 // wgs} with WGS={wgs}")
 
         def slot_in_flight(on, slots):
-            # a chunk's last tile is released only after the next tile's wgmmas were issued (tf32: its
-            # group in flight across them; fp32: the two of a pair, unless R * S is even), and the next
+            # tf32 releases a chunk's last tile only after the next tile's wgmmas were issued, and that
             # tile, the next chunk's first, needs the slot: with one, the producer would wait for a
-            # release the consumers make after that tile (tests/test_tma.py models the hand-over)
-            return None if not on or slots > 1 else (
-                "INFLIGHT=1 with A_TILES=halo needs ASLOTS=2: a chunk's last tile still holds its halo when the "
-                "next chunk's first tile needs the slot")
+            # release the consumers make after that tile (fp32's pairs stay within a chunk; tests/
+            # test_tma.py models the hand-over)
+            return None if not on or slots > 1 or split(p) else (
+                "INFLIGHT=1 (tf32) with A_TILES=halo needs ASLOTS=2: a chunk's last tile still holds its halo when "
+                "the next chunk's first tile needs the slot")
 
         def staging(a_tiles, pixels, launches, planes):
             if not pixels:
