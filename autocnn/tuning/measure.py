@@ -182,12 +182,18 @@ def _time_once(run: Callable[[], None], flusher: L2Flusher | None, stream: Any) 
 
 def plan_buffers(loaded: Any, problem: Any, seed: int | None = None) -> tuple[dict, dict, dict]:
     """Fresh random inputs, outputs filled with NaN (an element a plan leaves unwritten stays NaN)
-    and the plan's workspaces on the current device: (inputs, outputs, every buffer by name)."""
+    and the plan's workspaces on the current device, filled with NaN too: a plan must write every
+    element of a workspace it reads, or clear it first (``zero_first``), as the runtime hands out
+    workspaces uninitialized, and a fresh allocation's zeros would hide an element left unwritten
+    (the tma formulation's halo grid, say). Returns (inputs, outputs, every buffer by name)."""
     cp = require_cupy()
     inputs = random_inputs(problem, cp, seed)
     outputs = {name: cp.full(shape, cp.nan, dtype=cp.float32)
                for name, shape in reference.output_shapes(problem).items()}
-    return inputs, outputs, {**inputs, **outputs, **loaded.workspaces()}
+    workspaces = loaded.workspaces()
+    for buffer in workspaces.values():
+        buffer.fill(cp.nan)
+    return inputs, outputs, {**inputs, **outputs, **workspaces}
 
 
 @dataclass(frozen=True)

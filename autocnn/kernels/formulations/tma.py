@@ -39,8 +39,9 @@ a stage row) and the W staging.
 
 dY's staging (STAGE_PIXELS): blocks of 128 or 64 pixels x 32 channels through shared memory, read
 in float4s and written by 8 threads a pixel, 16 bytes each, so that a store instruction fills
-whole 32-byte sectors (both tilings; 56-62 us for modern_56's fp32 dY, whose first version, two
-16-byte stores of one thread to each sector, took 108-152); or 0, the wgmma formulation's staging
+whole 32-byte sectors (both tilings; 47-48 us for modern_56's fp32 dY on an H200 since the halo
+grid's border is zeroed first and a float4 a thread, 57-61 before, 108-152 with a first version's
+two 16-byte stores of one thread to each sector); or 0, the wgmma formulation's staging
 (im2col only, 48.5 us there), with its STAGE_LAUNCHES and STAGE_PLANES.
 
 INFLIGHT: tf32 leaves one group of wgmmas in flight and releases its stage a tile later. fp32 adds
@@ -52,8 +53,8 @@ chunk, so that one slot serves: 5 waits a chunk of 9 taps instead of 9). The pai
 accumulators (totals and two partial sums) limit WBN by WGS (192 registers a thread over WGS); up
 to 64 columns in at most two warpgroups the kernel is held to 112 registers a thread (__maxnreg__:
 ptxas took 113 for modern_56's record's block, which left one block an SM instead of two).
-Written without a GPU in the session of 2026-12-03 (built for sm_90a without spills or serialized
-wgmmas; not yet run).
+They verify and lose on the H200: modern_56's GEMM 172.4 us in pairs against 142.4 a tile at a
+time (README, the tma section), and the tuner keeps INFLIGHT 0 there.
 
 Parameters: WGS, WBN, WSTAGES (W's stages, and im2col's dY tiles), INFLIGHT, A_TILES, ASLOTS
 (halo), STAGE_PIXELS, STAGE_LAUNCHES and STAGE_PLANES, CROSS (fp32).
