@@ -153,6 +153,18 @@ def barrier_bytes(stages: int, aslots: int = 0) -> int:
     return BARRIER_BYTES * (2 * stages + aslots)
 
 
+def register_cap(problem: Any, config: Config) -> int:
+    """The registers a thread the main kernel is held to (__maxnreg__), or 0 for ptxas's choice
+    under __launch_bounds__. fp32's pairs of up to 64 columns in at most two warpgroups: left to
+    itself, ptxas gave the pair's three sets of accumulators 113 registers a thread (modern_56's
+    record's block of 288 threads: 120 a thread as allocated, 9 warps a block, one block an SM);
+    112 take two blocks, which shared memory allows there, without spilling. (__launch_bounds__
+    asking for two blocks had ptxas cap them at 96, and spill; it does not combine with
+    __maxnreg__.)"""
+    pairs = split(problem) and config["INFLIGHT"] and config["WBN"] <= 64 and config["WGS"] <= 2
+    return 112 if pairs else 0
+
+
 class TmaConvBwdData(WgmmaConvBwdData):
     """conv_bwd_data (stride 1) as one GEMM of input pixels (or halo-grid positions) by input
     channels over the staged dY and W, its tiles copied by TMA for a producer warp and multiplied
@@ -261,7 +273,7 @@ class TmaConvBwdData(WgmmaConvBwdData):
         boxes, box_rows = halo_boxes(p, c["WGS"])
         return {**super().context(p, c), "TMA": 1, "DH": dh, "DW": dw, "HP": hp, "WP": wp, "HALO_BOXES": boxes,
                 "HALO_BOX_ROWS": box_rows, "A_TILES": c["A_TILES"], "ASLOTS": c.get("ASLOTS", 1),
-                "A_SMALL_FLOATS": dict(workspaces(p, c["A_TILES"]))["dyt"] // 2}
+                "A_SMALL_FLOATS": dict(workspaces(p, c["A_TILES"]))["dyt"] // 2, "REGISTER_CAP": register_cap(p, c)}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
