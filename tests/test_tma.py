@@ -15,7 +15,7 @@ from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import OPERATIONS
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
-from autocnn.kernels.formulations.tma import FORMULATION_TMA, im2col_window, tensor_maps
+from autocnn.kernels.formulations.tma import FORMULATION_TMA, im2col_window, register_cap, tensor_maps
 from autocnn.kernels.problem import ConvBwdDataProblem
 from autocnn.kernels.suite import seed_problems
 from autocnn.kernels.tensor_maps import TensorMap
@@ -284,6 +284,26 @@ def test_fp32_pairs_keep_two_blocks_of_modern_56s_record_on_an_sm(tmp_path):
         allocated = -(-report.registers // 8) * 8   # registers are allocated a warp at a time, 8 a thread
         assert 2 * threads * allocated <= 65536, report
     assert reports[1].registers > reports[0].registers   # the pair's second partial sums
+
+
+def test_only_fp32_pairs_of_up_to_64_columns_in_two_warpgroups_are_held_to_112_registers():
+    """register_cap: __maxnreg__(112) where pairs would otherwise leave one block an SM (the build
+    test above); everywhere else 0, __launch_bounds__ and ptxas's choice."""
+    config = {"formulation": FORMULATION_TMA, "WGS": 2, "WBN": 64, "WSTAGES": 3, "STAGE_LAUNCHES": 1,
+              "STAGE_PLANES": 0, "A_TILES": "halo", "ASLOTS": 2, "STAGE_PIXELS": 64}
+    fp32, tf32 = _problems("fp32")[0][1], _problems("tf32")[0][1]
+    caps = {}
+    for inflight, wgs, wbn in itertools.product((0, 1), (1, 2, 4), (32, 64, 128)):
+        for name, problem, extra in (("fp32", fp32, {"CROSS": 1}), ("tf32", tf32, {})):
+            chosen = {**config, **extra, "INFLIGHT": inflight, "WGS": wgs, "WBN": wbn}
+            if _space(problem).violations(chosen):
+                continue
+            caps[name, inflight, wgs, wbn] = register_cap(problem, _space(problem).validate(chosen))
+    assert caps[("fp32", 1, 2, 64)] == 112 and caps[("fp32", 0, 2, 64)] == 0
+    assert {key for key, cap in caps.items() if cap} == {
+        key for key in caps if key[0] == "fp32" and key[1] == 1 and key[2] <= 2 and key[3] <= 64}
+    assert all(cap in (0, 112) for cap in caps.values())
+    assert not any(cap for key, cap in caps.items() if key[0] == "tf32")
 
 
 @pytest.mark.gpu
