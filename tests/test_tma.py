@@ -51,13 +51,14 @@ def _configs(problem, widths=(16, 64, 128), depths=(2, 4), tilings=("halo", "im2
     CROSS both ways."""
     space, out = _space(problem), []
     crosses = (0, 1) if problem.precision == "fp32" else (None,)
-    # (tiling, halo slots, staging's pixels a block): each tiling with both kinds of staging block
-    tiles = [t for t in (("halo", 1, 128), ("halo", 2, 64), ("im2col", None, 0), ("im2col", None, 128))
+    # (tiling, halo slots, staging's pixels a block, PDL): each tiling with both kinds of staging
+    # block, and the GEMM a programmatic dependent launch after each kind
+    tiles = [t for t in (("halo", 1, 128, 0), ("halo", 2, 64, 1), ("im2col", None, 0, 1), ("im2col", None, 128, 0))
              if t[0] in tilings]
-    for wgs, wbn, stages, inflight, (a_tiles, slots, pixels), cross in itertools.product(
+    for wgs, wbn, stages, inflight, (a_tiles, slots, pixels, pdl), cross in itertools.product(
             (1, 2, 4), widths, depths, (0, 1), tiles, crosses):
         config = {"formulation": FORMULATION_TMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages, "INFLIGHT": inflight,
-                  "A_TILES": a_tiles, "STAGE_PIXELS": pixels, "STAGE_LAUNCHES": 1, "STAGE_PLANES": 0,
+                  "A_TILES": a_tiles, "STAGE_PIXELS": pixels, "STAGE_LAUNCHES": 1, "STAGE_PLANES": 0, "PDL": pdl,
                   **({"ASLOTS": slots} if slots else {})}
         if cross is not None:
             config["CROSS"] = cross
@@ -100,7 +101,7 @@ def test_the_gemm_launch_carries_its_tensor_maps_and_a_producer_warp():
     problem = _problems("fp32")[0][1]
     config = _space(problem).validate({"formulation": FORMULATION_TMA, "WGS": 2, "WBN": 64, "WSTAGES": 4,
                                        "INFLIGHT": 0, "A_TILES": "im2col", "STAGE_PIXELS": 0, "STAGE_LAUNCHES": 1, "STAGE_PLANES": 0,
-                                       "CROSS": 1})
+                                       "CROSS": 1, "PDL": 0})
     plan = BWD.plan(problem, config)
     *staging, main = plan.launches
     assert [l.kernel for l in staging] == ["conv_bwd_data_stage"]
@@ -123,6 +124,12 @@ def test_the_gemm_launch_carries_its_tensor_maps_and_a_producer_warp():
     # the maps are part of what the digest describes
     other = BWD.plan(problem, _space(problem).validate({**config.as_dict(), "WGS": 1}))
     assert other.code_digest != plan.code_digest
+    # PDL: the GEMM alone a programmatic dependent launch, which the digest describes too
+    early = BWD.plan(problem, _space(problem).validate({**config.as_dict(), "PDL": 1}))
+    assert [l.programmatic for l in early.launches] == [False, True] and not any(l.programmatic for l in plan.launches)
+    assert early.launches == (plan.launches[0], dataclasses.replace(plan.launches[1], programmatic=True))
+    assert early.code_digest != plan.code_digest and "griddepcontrol.wait" in early.source
+    assert "griddepcontrol" not in plan.source
 
 
 def _im2col_rows(spec: TensorMap, data: np.ndarray, start: tuple[int, int, int], offsets: tuple[int, int],
@@ -271,7 +278,7 @@ def test_fp32_pairs_keep_two_blocks_of_modern_56s_record_on_an_sm(tmp_path):
     of 288 threads still share an SM's 65,536, without spilling."""
     problem = _problems("fp32")[0][1]
     config = {"formulation": FORMULATION_TMA, "CROSS": 1, "WGS": 2, "WBN": 64, "WSTAGES": 3, "STAGE_LAUNCHES": 1,
-              "STAGE_PLANES": 0, "A_TILES": "halo", "ASLOTS": 1, "STAGE_PIXELS": 64}
+              "STAGE_PLANES": 0, "A_TILES": "halo", "ASLOTS": 1, "STAGE_PIXELS": 64, "PDL": 0}
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     reports = {}
     for inflight in (0, 1):
@@ -290,7 +297,7 @@ def test_only_fp32_pairs_of_up_to_64_columns_in_two_warpgroups_are_held_to_112_r
     """register_cap: __maxnreg__(112) where pairs would otherwise leave one block an SM (the build
     test above); everywhere else 0, __launch_bounds__ and ptxas's choice."""
     config = {"formulation": FORMULATION_TMA, "WGS": 2, "WBN": 64, "WSTAGES": 3, "STAGE_LAUNCHES": 1,
-              "STAGE_PLANES": 0, "A_TILES": "halo", "ASLOTS": 2, "STAGE_PIXELS": 64}
+              "STAGE_PLANES": 0, "A_TILES": "halo", "ASLOTS": 2, "STAGE_PIXELS": 64, "PDL": 0}
     fp32, tf32 = _problems("fp32")[0][1], _problems("tf32")[0][1]
     caps = {}
     for inflight, wgs, wbn in itertools.product((0, 1), (1, 2, 4), (32, 64, 128)):

@@ -55,6 +55,10 @@ class Launch:
     # of args. Left out of the repr: launches without any keep the code digests they had before the
     # field (KernelPlan.code_digest adds the maps of the launches that have some).
     tensor_maps: tuple[Any, ...] = field(default=(), repr=False)
+    # Programmatic dependent launch (sm_90): the kernel may start while the previous one's last blocks
+    # run, and waits for it (griddepcontrol.wait) before it reads what that kernel wrote. Left out of
+    # the repr as the maps are: KernelPlan.code_digest adds it where it is set.
+    programmatic: bool = field(default=False, repr=False)
 
     @property
     def threads(self) -> int:
@@ -331,6 +335,10 @@ class KernelPlan:
         if maps:
             h.update(b"\0")
             h.update(repr(maps).encode())
+        early = [i for i, step in enumerate(self.steps) if getattr(step, "programmatic", False)]
+        if early:
+            h.update(b"\0programmatic")
+            h.update(repr(early).encode())
         return h.hexdigest()[:16]
 
 

@@ -93,7 +93,7 @@ class LoadedPlan:
             self._fft(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
             return
         args = tuple(buffers.get(a) if buffers.get(a) is not None else self._placeholder for a in launch.args)
-        if launch.tensor_maps:
+        if launch.tensor_maps or launch.programmatic:   # launches CuPy's launcher cannot make
             self._launch_with_maps(launch, args, buffers, stream)
             return
         args += tuple(np.int32(v) for v in launch.scalars)
@@ -108,7 +108,7 @@ class LoadedPlan:
 
     def _launch_with_maps(self, launch: Any, args: tuple, buffers: Mapping[str, Any], stream: Any) -> None:
         """A launch whose kernel reads through TMA tensor maps (kernels/tensor_maps.py), passed by value
-        ahead of its buffers."""
+        ahead of its buffers, or that is launched as a programmatic dependent of the previous one."""
         if self._maps is None:
             from autocnn.kernels.tensor_maps import TensorMapLauncher
 

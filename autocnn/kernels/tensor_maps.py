@@ -106,7 +106,8 @@ def _driver() -> Any:
                                             ctypes.POINTER(u32), ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                             ctypes.c_int]
     lib.cuLaunchKernel.argtypes = [ptr, u32, u32, u32, u32, u32, u32, u32, ptr, ctypes.POINTER(ptr), ptr]
-    for fn in (lib.cuTensorMapEncodeTiled, lib.cuTensorMapEncodeIm2col, lib.cuLaunchKernel):
+    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ptr, ctypes.POINTER(ptr), ptr]
+    for fn in (lib.cuTensorMapEncodeTiled, lib.cuTensorMapEncodeIm2col, lib.cuLaunchKernel, lib.cuLaunchKernelEx):
         fn.restype = ctypes.c_int
     return lib
 
@@ -115,13 +116,29 @@ class _Map(ctypes.Structure):
     _fields_ = [("raw", ctypes.c_uint64 * (MAP_BYTES // 8))]
 
 
+# cuda.h's CUlaunchAttribute (an id, padding to 8 bytes, a 64-byte value union) and CUlaunchConfig, for
+# cuLaunchKernelEx with one attribute: programmatic stream serialization (a programmatic dependent launch).
+_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("value_pad", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("shared_bytes", ctypes.c_uint32),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint32)]
+
+
 def _array(ctype: Any, values: Sequence[int]) -> Any:
     return (ctype * len(values))(*values)
 
 
 class TensorMapLauncher:
     """Encodes a launch's tensor maps against the buffers of a call and launches the kernel with
-    them (cuLaunchKernel: CuPy's launcher passes no structs by value)."""
+    them (cuLaunchKernel: CuPy's launcher passes no structs by value), and makes the launches that
+    are programmatic dependents of the previous kernel (cuLaunchKernelEx), maps or not."""
 
     CACHE_LIMIT = 64
 
@@ -175,5 +192,10 @@ class TensorMapLauncher:
         params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
         (gx, gy, gz), (bx, by, bz) = launch.grid, launch.block
         handle = getattr(function, "kernel", function).ptr   # a RawKernel's CUfunction (NVRTC), or a Function's
+        if launch.programmatic:
+            attribute = _LaunchAttribute(id=_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+            config = _LaunchConfig((ctypes.c_uint32 * 3)(gx, gy, gz), (ctypes.c_uint32 * 3)(bx, by, bz),
+                                   launch.shared_bytes, ctypes.c_void_p(stream), ctypes.pointer(attribute), 1)
+            return self._lib.cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(handle), params, None)
         return self._lib.cuLaunchKernel(ctypes.c_void_p(handle), gx, gy, gz, bx, by, bz, launch.shared_bytes,
                                         ctypes.c_void_p(stream), params, None)
