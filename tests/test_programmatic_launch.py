@@ -1,7 +1,8 @@
 """Programmatic dependent launches (Launch.programmatic, the tma formulation's PDL): made through
 cuLaunchKernelEx with one launch attribute, whose ctypes structures must match cuda.h's byte for
-byte; launches without it stay on cuLaunchKernel or CuPy's launcher. CPU only: the driver is a fake
-that records what it is given (the GPU side runs in tests/test_tma.py's verification)."""
+byte; launches without it stay on cuLaunchKernel or CuPy's launcher. On the CPU the driver is a fake
+that records what it is given (the GPU side runs in tests/test_tma.py's verification, and below: a
+programmatic plan captured into a CUDA graph and replayed)."""
 from __future__ import annotations
 
 import ctypes
@@ -87,3 +88,51 @@ def test_the_runtime_hands_a_programmatic_launch_without_maps_to_the_driver_laun
     assert not cupy_calls
     plan.run_step(Launch("k", (4, 1, 1), (128, 1, 1), 0, ("x",)), {"x": np.zeros(4, dtype=np.float32)})
     assert len(cupy_calls) == 1 and len(driver.calls) == 1
+
+
+@pytest.mark.gpu
+def test_a_programmatic_plan_replays_from_a_cuda_graph():
+    """The trainer captures its steps into CUDA graphs: a tma plan with PDL=1 (the staging, then the
+    GEMM launched through cuLaunchKernelEx as its programmatic dependent) captured on a stream and
+    replayed gives dX bit for bit as run directly, and that dX is within the FP32 bound of float64.
+    The capture records the launches without running them (dX stays NaN until the replay)."""
+    cp = pytest.importorskip("cupy")
+    import dataclasses
+
+    from autocnn.device import current_device
+    from autocnn.kernels import OPERATIONS
+    from autocnn.kernels.formulations.tma import FORMULATION_TMA
+    from autocnn.kernels.runtime import KernelLoader
+    from autocnn.kernels.suite import seed_problems
+    from autocnn.tuning.measure import check_candidate, plan_buffers
+
+    device = current_device(0)
+    if device.arch != "sm_90":
+        pytest.skip(f"the tma formulation needs an sm_90 GPU, not {device.arch}")
+    operation = OPERATIONS["conv_bwd_data"]
+    problem = dataclasses.replace(dict(seed_problems("conv_bwd_data"))["modern_56"], N=3)
+    space = operation.space(problem, device.limits())
+    default = operation.default_config(problem, device.limits(), formulation=FORMULATION_TMA).as_dict()
+    config = space.validate({**default, "A_TILES": "halo", "ASLOTS": 1, "STAGE_PIXELS": 64, "PDL": 1})
+    loaded = KernelLoader().load(operation.plan(problem, config))
+    assert [step.programmatic for step in loaded.plan.launches] == [False, True]
+    assert check_candidate(loaded, problem, time_it=False).verification.passed
+    _, outputs, buffers = plan_buffers(loaded, problem, seed=5)
+    side, capture = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with side:
+        loaded(buffers, stream=side)
+    side.synchronize()
+    eager = outputs["dx"].copy()
+    assert not bool(cp.isnan(eager).any())
+    outputs["dx"].fill(cp.nan)
+    cp.cuda.Device().synchronize()
+    with capture:
+        capture.begin_capture()
+        loaded(buffers, stream=capture)
+        graph = capture.end_capture()
+    assert bool(cp.isnan(outputs["dx"]).all()), "the capture ran the plan instead of recording it"
+    for _ in range(2):   # replayed twice: the second replay's GEMM again waits for its own staging
+        outputs["dx"].fill(cp.nan)
+        graph.launch(stream=capture)
+        capture.synchronize()
+        assert bool(cp.array_equal(outputs["dx"], eager))

@@ -45,21 +45,22 @@ def _space(problem, limits=HOPPER):
     return BWD.space(problem, limits).restrict({"formulation": FORMULATION_TMA})
 
 
-def _configs(problem, widths=(16, 64, 128), depths=(2, 4), tilings=("halo", "im2col")):
+def _configs(problem, widths=(16, 64, 128), depths=(2, 4), tilings=("halo", "im2col"), groups=(1,)):
     """Every feasible config of the widths, depths and dY tilings given (halo: one and two slots;
-    im2col: the wgmma formulation's staging in one launch, and by blocks of pixels), either loop,
-    CROSS both ways."""
+    im2col: the wgmma formulation's staging in one launch, and by blocks of pixels), either loop
+    (INFLIGHT 0 with each of the GROUP_TILES given), CROSS both ways."""
     space, out = _space(problem), []
     crosses = (0, 1) if problem.precision == "fp32" else (None,)
     # (tiling, halo slots, staging's pixels a block, PDL): each tiling with both kinds of staging
     # block, and the GEMM a programmatic dependent launch after each kind
     tiles = [t for t in (("halo", 1, 128, 0), ("halo", 2, 64, 1), ("im2col", None, 0, 1), ("im2col", None, 128, 0))
              if t[0] in tilings]
-    for wgs, wbn, stages, inflight, (a_tiles, slots, pixels, pdl), cross in itertools.product(
-            (1, 2, 4), widths, depths, (0, 1), tiles, crosses):
+    loops = [(0, group) for group in groups] + [(1, None)]
+    for wgs, wbn, stages, (inflight, group), (a_tiles, slots, pixels, pdl), cross in itertools.product(
+            (1, 2, 4), widths, depths, loops, tiles, crosses):
         config = {"formulation": FORMULATION_TMA, "WGS": wgs, "WBN": wbn, "WSTAGES": stages, "INFLIGHT": inflight,
                   "A_TILES": a_tiles, "STAGE_PIXELS": pixels, "STAGE_LAUNCHES": 1, "STAGE_PLANES": 0, "PDL": pdl,
-                  **({"ASLOTS": slots} if slots else {})}
+                  **({"ASLOTS": slots} if slots else {}), **({"GROUP_TILES": group} if group else {})}
         if cross is not None:
             config["CROSS"] = cross
         try:
@@ -81,7 +82,8 @@ def test_tma_serves_stride_1_backward_data_on_hopper_only():
         BWD.space(strided, HOPPER).validate(config)
     # fp32 in flight runs the tiles in pairs (with a halo, within a chunk: one slot serves); the pair's
     # accumulators limit WBN
-    paired = _space(problem).validate({**config.as_dict(), "INFLIGHT": 1})
+    tile_loop = {k: v for k, v in config.as_dict().items() if k != "GROUP_TILES"}   # INFLIGHT 0's parameter
+    paired = _space(problem).validate({**tile_loop, "INFLIGHT": 1})
     assert (paired["INFLIGHT"], paired["WGS"], paired["WBN"], paired["ASLOTS"]) == (1, 2, 64, 1)
     with pytest.raises(InfeasibleConfigError, match="96 registers a thread with WBN=64: at most 48 with WGS=4"):
         _space(problem).validate({**paired.as_dict(), "WGS": 4})
@@ -90,18 +92,25 @@ def test_tma_serves_stride_1_backward_data_on_hopper_only():
     tf32 = dataclasses.replace(problem, precision="tf32")
     with pytest.raises(InvalidConfigError, match="CROSS"):
         _space(tf32).validate(config)
-    halo = {k: v for k, v in config.as_dict().items() if k != "CROSS"}
+    halo = {k: v for k, v in tile_loop.items() if k != "CROSS"}
     assert halo["A_TILES"] == "halo" and halo["ASLOTS"] == 1
     with pytest.raises(InfeasibleConfigError, match="ASLOTS=2"):   # a deadlock: see the rule
         _space(tf32).validate({**halo, "INFLIGHT": 1, "WSTAGES": 3})
     assert _space(tf32).validate({**halo, "INFLIGHT": 1, "WSTAGES": 3, "ASLOTS": 2})["ASLOTS"] == 2
+    # INFLIGHT 0 may issue up to 3 tiles' wgmmas as one group, which holds as many stages
+    assert config["GROUP_TILES"] == 1
+    assert _space(problem).validate({**config.as_dict(), "GROUP_TILES": 3})["GROUP_TILES"] == 3
+    with pytest.raises(InfeasibleConfigError, match="GROUP_TILES=3 holds 3 stages"):
+        _space(problem).validate({**config.as_dict(), "GROUP_TILES": 3, "WSTAGES": 2})
+    with pytest.raises(InvalidConfigError, match="GROUP_TILES"):
+        _space(problem).validate({**config.as_dict(), "INFLIGHT": 1})
 
 
 def test_the_gemm_launch_carries_its_tensor_maps_and_a_producer_warp():
     problem = _problems("fp32")[0][1]
     config = _space(problem).validate({"formulation": FORMULATION_TMA, "WGS": 2, "WBN": 64, "WSTAGES": 4,
                                        "INFLIGHT": 0, "A_TILES": "im2col", "STAGE_PIXELS": 0, "STAGE_LAUNCHES": 1, "STAGE_PLANES": 0,
-                                       "CROSS": 1, "PDL": 0})
+                                       "CROSS": 1, "PDL": 0, "GROUP_TILES": 1})
     plan = BWD.plan(problem, config)
     *staging, main = plan.launches
     assert [l.kernel for l in staging] == ["conv_bwd_data_stage"]
@@ -194,29 +203,32 @@ def test_tensor_map_problems_name_what_the_driver_refuses():
     assert any("swizzle" in m for m in TensorMap("dyt", 0, (64, 9, 64), (64, 1, 64)).problems())
 
 
-def _consumer_steps(ntiles: int, taps: int, schedule: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def _consumer_steps(ntiles: int, taps: int, schedule: str, group: int = 2) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """The consumers' steps (tiles waited for, tiles then released) of tma_conv_bwd_data.cu.j2: a
     tile at a time (INFLIGHT 0); a tile's release after the next one's wgmmas were issued (tf32
-    INFLIGHT); pairs (fp32 INFLIGHT, im2col); pairs within a chunk (fp32 INFLIGHT, halo)."""
+    INFLIGHT); pairs (fp32 INFLIGHT, im2col); pairs within a chunk (fp32 INFLIGHT, halo); groups of
+    up to `group` tiles (INFLIGHT 0 with GROUP_TILES, im2col), within a chunk (halo)."""
     if schedule == "one":
         return [((kt,), (kt,)) for kt in range(ntiles)]
     if schedule == "in_flight":
         return [((kt,), (kt - 1,) if kt else ()) for kt in range(ntiles)]
+    size = 2 if schedule in ("pairs", "chunk_pairs") else group
     steps, kt = [], 0
     while kt < ntiles:
-        pair = kt + 1 < ntiles and (schedule == "pairs" or (kt + 1) % taps != 0)
-        tiles = (kt, kt + 1) if pair else (kt,)
+        last = min(kt + size, ntiles if schedule in ("pairs", "groups") else (kt // taps + 1) * taps)
+        tiles = tuple(range(kt, last))
         steps.append((tiles, tiles))
-        kt += len(tiles)
+        kt = last
     return steps
 
 
-def _hand_over_finishes(ntiles: int, taps: int, stages: int, aslots: int, halo: bool, schedule: str) -> bool:
+def _hand_over_finishes(ntiles: int, taps: int, stages: int, aslots: int, halo: bool, schedule: str,
+                        group: int = 2) -> bool:
     """A model of the GEMM kernel's hand-over. The producer fills tile kt once tile kt - STAGES
     (its stage's last) is released and, halo, at a chunk's first tap, the last tile of chunk -
     ASLOTS (its slot's last halo); the consumers take _consumer_steps. True when every step ran;
     False where neither side can go on: a deadlock."""
-    steps = _consumer_steps(ntiles, taps, schedule)
+    steps = _consumer_steps(ntiles, taps, schedule, group)
     filled, released, step = 0, set(), 0
     while step < len(steps):
         waits, releases = steps[step]
@@ -247,13 +259,23 @@ def test_the_hand_over_finishes_wherever_the_rules_let_a_config_run(taps):
         assert tf32 == (not halo or aslots == 2 or chunks == 1), (stages, aslots, halo, chunks)
         if halo and aslots == 1 and chunks > 1:
             assert _hand_over_finishes(ntiles, taps, stages, aslots, halo, "pairs") == (taps % 2 == 0)
+        # GROUP_TILES: a group holds a stage a tile until it completed, so WSTAGES >= GROUP_TILES
+        # (the rule) lets it finish; fewer stages than the tiles a group actually takes deadlock
+        for group in (2, 3):
+            finishes = _hand_over_finishes(ntiles, taps, stages, aslots, halo, "chunk_groups" if halo else "groups",
+                                           group)
+            assert finishes == (stages >= min(group, taps if halo else ntiles)), (stages, aslots, halo, chunks, group)
     assert _consumer_steps(18, 9, "chunk_pairs")[:5] == [((k, k + 1), (k, k + 1)) for k in (0, 2, 4, 6)] + [((8,), (8,))]
+    assert [tiles for tiles, _ in _consumer_steps(11, 4, "chunk_groups", 3)] == [
+        (0, 1, 2), (3,), (4, 5, 6), (7,), (8, 9, 10)]
+    assert [tiles for tiles, _ in _consumer_steps(11, 4, "groups", 3)] == [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10)]
     # the rules that make those schedules: tf32's halo in flight needs two slots, fp32's pairs one
     bwd = _problems("fp32")[0][1]
     for precision in ("fp32", "tf32"):
         problem = dataclasses.replace(bwd, precision=precision)
-        config = {**BWD.default_config(problem, HOPPER, formulation=FORMULATION_TMA).as_dict(), "INFLIGHT": 1,
-                  "A_TILES": "halo", "ASLOTS": 1}
+        default = BWD.default_config(problem, HOPPER, formulation=FORMULATION_TMA).as_dict()
+        config = {**{k: v for k, v in default.items() if k != "GROUP_TILES"}, "INFLIGHT": 1, "A_TILES": "halo",
+                  "ASLOTS": 1}
         if precision == "tf32":
             with pytest.raises(InfeasibleConfigError, match="ASLOTS=2"):
                 _space(problem).validate(config)
@@ -266,7 +288,8 @@ def test_the_hand_over_finishes_wherever_the_rules_let_a_config_run(taps):
 def test_every_tma_config_builds_for_sm90a_without_spills(tmp_path):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     jobs = [(name, config, BWD.plan(problem, config)) for precision in ("fp32", "tf32")
-            for name, problem in _problems(precision)[:2] for config in _configs(problem, (16, 64, 128, 256), (2, 3, 6))]
+            for name, problem in _problems(precision)[:2]
+            for config in _configs(problem, (16, 64, 128, 256), (2, 3, 6), groups=(1, 3))]
     failures = target_build_failures(compiler, jobs)
     assert len(jobs) > 60 and not failures, "\n".join(failures[:8])
 
@@ -282,7 +305,8 @@ def test_fp32_pairs_keep_two_blocks_of_modern_56s_record_on_an_sm(tmp_path):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     reports = {}
     for inflight in (0, 1):
-        plan = BWD.plan(problem, _space(problem).validate({**config, "INFLIGHT": inflight}))
+        plan = BWD.plan(problem, _space(problem).validate({**config, "INFLIGHT": inflight,
+                                                           **({} if inflight else {"GROUP_TILES": 1})}))
         module = compiler.compile(plan.source, arch=plan.compile_arch(compiler.arch))
         reports[inflight] = module.reports["conv_bwd_data"]
     assert not reports[0].spills and not reports[1].spills
@@ -302,7 +326,8 @@ def test_only_fp32_pairs_of_up_to_64_columns_in_two_warpgroups_are_held_to_112_r
     caps = {}
     for inflight, wgs, wbn in itertools.product((0, 1), (1, 2, 4), (32, 64, 128)):
         for name, problem, extra in (("fp32", fp32, {"CROSS": 1}), ("tf32", tf32, {})):
-            chosen = {**config, **extra, "INFLIGHT": inflight, "WGS": wgs, "WBN": wbn}
+            chosen = {**config, **extra, "INFLIGHT": inflight, "WGS": wgs, "WBN": wbn,
+                      **({} if inflight else {"GROUP_TILES": 1})}
             if _space(problem).violations(chosen):
                 continue
             caps[name, inflight, wgs, wbn] = register_cap(problem, _space(problem).validate(chosen))
@@ -319,7 +344,11 @@ def test_tma_kernels_verify_against_float64(precision):
     """Every other config of 16 and 64 columns, 2 and 4 stages, 1, 2 and 4 warpgroups, either loop
     (tf32: a group in flight; fp32: the tiles in pairs), both tilings of dY (halo with one or two
     slots) and both stagings, CROSS both ways (fp32, where K allows), in the order _configs lists
-    them: modern_56's layer on 4 images and the odd shapes, every element against float64 (fp32 at the one FP32 bound). The tuner verifies every
-    config it measures the same way before timing it."""
+    them; and every other config of 16 and 64 columns and 3 stages that issues 2 or 3 tiles' wgmmas
+    as one group (GROUP_TILES): modern_56's layer on 4 images and the odd shapes, every element
+    against float64 (fp32 at the one FP32 bound: a group's partial sums span up to 96 terms). The
+    tuner verifies every config it measures the same way before timing it."""
     assert_every_config_verifies(BWD, FORMULATION_TMA, _problems(precision),
-                                 lambda p: _configs(p, (16, 64), (2, 4))[::2], "sm_90", HOPPER)
+                                 lambda p: _configs(p, (16, 64), (2, 4))[::2] + [
+                                     c for c in _configs(p, (16, 64), (3,), groups=(2, 3))
+                                     if c["INFLIGHT"] == 0][::2], "sm_90", HOPPER)

@@ -66,8 +66,23 @@ memory the copies filled, and write dX, which nothing before them in the stream 
 GEMM starts only once every staging block has, and those only once the kernels before them ended.
 It saves the gap between the two kernels, about 1 us on an H200 (README, the tma section).
 
-Parameters: WGS, WBN, WSTAGES (W's stages, and im2col's dY tiles), INFLIGHT, A_TILES, ASLOTS
-(halo), STAGE_PIXELS, STAGE_LAUNCHES and STAGE_PLANES, PDL, CROSS (fp32).
+GROUP_TILES (INFLIGHT 0): a warpgroup issues the wgmmas of up to 2 or 3 tiles as one group, each
+tile's once its stage arrived, before it waits for them (with a halo, within a chunk, as the pairs;
+a group holds a stage a tile, so WSTAGES >= GROUP_TILES). fp32 puts a group's products into one set
+of partial sums, added to the totals in FP32 once a group: the tensor cores then add up to 96 terms
+without round-to-nearest instead of 32, and every config is verified against the same FP32 bound.
+The warpgroup waits once a group instead of once a tile, with the registers of INFLIGHT 0. ncu on
+modern_56's fp32 record (H200) had the tensor pipe busy 51% of the GEMM, the consumers' most
+sampled stall their wait for a tile's wgmmas (20% of samples) and the next its stage (13%); in
+groups of 3 its plan took 175.8 us against 183.7-185.0 (README, the tma section).
+
+TRANSPOSED blocks (W's 64 channels each wgmma's A, 128-256 of dY's positions its B: fewer shared
+memory reads a multiply-add) were measured in stop 55 and dropped: with one warpgroup's
+accumulators as wide as that, a block of one warpgroup and the producer left 1-3 warpgroups an SM,
+and the GEMM took 103-130 us in tf32 against 75 (README).
+
+Parameters: WGS, WBN, WSTAGES (W's stages, and im2col's dY tiles), INFLIGHT, GROUP_TILES, A_TILES,
+ASLOTS (halo), STAGE_PIXELS, STAGE_LAUNCHES and STAGE_PLANES, PDL, CROSS (fp32).
 """
 from __future__ import annotations
 
@@ -209,6 +224,10 @@ class TmaConvBwdData(WgmmaConvBwdData):
                 Param("PDL", (0, 1), "the GEMM a programmatic dependent launch: it starts while the staging's "
                       "last blocks run, and its producer waits for the staging (griddepcontrol) before the first "
                       "copy (0: launched after it)"),
+                # 1 first: the loop of the configs written before the parameter
+                Param("GROUP_TILES", (1, 2, 3), "tiles whose wgmmas a warpgroup issues as one group before it "
+                      "waits for them (with a halo, within a chunk; fp32: into one set of partial sums, added to the "
+                      "totals in FP32 once a group)", active_if=(("INFLIGHT", (0,)),)),
                 *([Param("CROSS", (1, 0), "3xTF32's cross products big x small + small x big as one BF16 wgmma of "
                          "depth 16 a k-step (0: two TF32 wgmmas)")] if split(problem) else [])]
 
@@ -236,6 +255,12 @@ class TmaConvBwdData(WgmmaConvBwdData):
                 f"INFLIGHT=1 with 3xTF32 runs the tiles in pairs and holds the totals and two tiles' partial sums, "
                 f"{acc} registers a thread with WBN={wbn}: at most {192 // wgs} with WGS={wgs}")
 
+        def group_stages(tiles, stages):
+            # a group's tiles all wait in their stages until it completed
+            return None if tiles <= stages else (
+                f"GROUP_TILES={tiles} holds {tiles} stages until its wgmmas complete: it needs WSTAGES >= {tiles}, "
+                f"not {stages}")
+
         def slot_in_flight(on, slots):
             # tf32 releases a chunk's last tile only after the next tile's wgmmas were issued, and that
             # tile, the next chunk's first, needs the slot: with one, the producer would wait for a
@@ -260,6 +285,7 @@ class TmaConvBwdData(WgmmaConvBwdData):
                 Constraint(("WGS",), stride), Constraint(("WGS", "WBN", "A_TILES"), maps),
                 Constraint(("INFLIGHT", "WGS", "WBN"), paired_registers),
                 Constraint(("INFLIGHT", "ASLOTS"), slot_in_flight),
+                Constraint(("GROUP_TILES", "WSTAGES"), group_stages),
                 Constraint(("A_TILES", "STAGE_PIXELS", "STAGE_LAUNCHES", "STAGE_PLANES"), staging),
                 smem_rule(limits, ("WGS", "WBN", "WSTAGES", "A_TILES"), im2col_smem),
                 smem_rule(limits, ("WGS", "WBN", "WSTAGES", "ASLOTS"), lambda wgs, wbn, stages, aslots:
@@ -272,7 +298,7 @@ class TmaConvBwdData(WgmmaConvBwdData):
         fp32 = {"CROSS": int(p.K % 8 == 0)} if split(p) else {}
         narrow = min(64, max(16, 1 << (p.C - 1).bit_length()))
         base = {"formulation": FORMULATION_TMA, "INFLIGHT": 0, "STAGE_PIXELS": 128, "STAGE_LAUNCHES": 1,
-                "STAGE_PLANES": 0, "PDL": 0, **fp32}
+                "STAGE_PLANES": 0, "PDL": 0, "GROUP_TILES": 1, **fp32}
         halo, im2col = {**base, "A_TILES": "halo"}, {**base, "A_TILES": "im2col"}
         return [{**halo, "WGS": 2, "WBN": narrow, "WSTAGES": 3, "ASLOTS": 1},
                 {**im2col, "WGS": 2, "WBN": narrow, "WSTAGES": 2},
@@ -286,7 +312,8 @@ class TmaConvBwdData(WgmmaConvBwdData):
         boxes, box_rows = halo_boxes(p, c["WGS"])
         return {**super().context(p, c), "TMA": 1, "DH": dh, "DW": dw, "HP": hp, "WP": wp, "HALO_BOXES": boxes,
                 "HALO_BOX_ROWS": box_rows, "A_TILES": c["A_TILES"], "ASLOTS": c.get("ASLOTS", 1),
-                "A_SMALL_FLOATS": dict(workspaces(p, c["A_TILES"]))["dyt"] // 2, "REGISTER_CAP": register_cap(p, c)}
+                "A_SMALL_FLOATS": dict(workspaces(p, c["A_TILES"]))["dyt"] // 2, "REGISTER_CAP": register_cap(p, c),
+                "GROUP_TILES": c.get("GROUP_TILES", 1)}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
