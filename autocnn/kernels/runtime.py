@@ -39,8 +39,7 @@ class LoadedPlan:
             need = max(l.shared_bytes for l in plan.launches if l.kernel == name)
             # The 48 KB a block gets without opting in hold its static shared memory too (the tma
             # kernel's mbarriers): 48 KB of dynamic memory beside them is refused unless raised.
-            static = int(getattr(fn, "shared_size_bytes", 0) or 0)
-            if need + static > DEFAULT_DYNAMIC_SMEM:
+            if need + fn.shared_size_bytes > DEFAULT_DYNAMIC_SMEM:
                 try:
                     fn.max_dynamic_shared_size_bytes = need
                 except Exception as exc:
