@@ -12,6 +12,8 @@
 #   scripts/gpu_check.sh -j 12 --by-function       one run per test function (all its parameters),
 #                                                  12 at a time: the compiles of one run use one core,
 #                                                  so runs side by side share the host's cores
+#   scripts/gpu_check.sh -j 14 --by-case tests/test_tma.py::test_tma_kernels_verify_against_float64
+#                                                  one run per collected test (each parameter alone)
 #   scripts/gpu_check.sh -j 12 --by-function -T 560   no run starts or goes on past 560 s from the
 #                                                  start (one device call's limit); those left are
 #                                                  listed NOT RUN
@@ -25,6 +27,7 @@ per_file=240
 bench=""
 by_op=""
 by_function=""
+by_case=""
 jobs=1
 deadline=""
 files=()
@@ -35,10 +38,11 @@ while [ $# -gt 0 ]; do
         --bench) bench="$2"; shift 2 ;;
         --by-op) by_op=1; shift ;;
         --by-function) by_function=1; shift ;;
+        --by-case) by_case=1; shift ;;
         -j) jobs="$2"; shift 2 ;;
         -T) deadline="$2"; shift 2 ;;
-        -h|--help) sed -n 2,20p "$0"; exit 0 ;;
-        -*) echo "gpu_check.sh: unknown option $1 (allowed: -m MARK, -t SECONDS, -j RUNS, -T SECONDS, --by-op, --by-function, --bench SAMPLES)" >&2; exit 2 ;;
+        -h|--help) sed -n 2,22p "$0"; exit 0 ;;
+        -*) echo "gpu_check.sh: unknown option $1 (allowed: -m MARK, -t SECONDS, -j RUNS, -T SECONDS, --by-op, --by-function, --by-case, --bench SAMPLES)" >&2; exit 2 ;;
         *) files+=("$1"); shift ;;
     esac
 done
@@ -92,7 +96,7 @@ start_part() {
 }
 
 for f in "${files[@]}"; do
-    name=$(basename "$f" .py)
+    name=$(basename "${f%%::*}" .py)
     if [ -n "$by_op" ] && [ "$name" = test_gpu_kernels ]; then
         # One run per operation's family cases (each compiles only its own variants), then the rest.
         mapfile -t ids < <(python3 -m pytest --collect-only -q -p no:cacheprovider -m "$mark" "$f" 2>/dev/null | grep "::")
@@ -102,6 +106,12 @@ for f in "${files[@]}"; do
         done
         mapfile -t part < <(printf '%s\n' "${ids[@]}" | grep -vF "::test_family_verifies[")
         [ ${#part[@]} -eq 0 ] || start_part "$name-other" "${part[@]}"
+    elif [ -n "$by_case" ]; then
+        # One run per collected test id; the label is the id's function and parameters.
+        mapfile -t ids < <(python3 -m pytest --collect-only -q -p no:cacheprovider -m "$mark" "$f" 2>/dev/null | grep "::")
+        for id in "${ids[@]}"; do
+            start_part "$name-$(printf '%s' "${id#*::}" | tr -c 'A-Za-z0-9_.=-' '_')" "$id"
+        done
     elif [ -n "$by_function" ]; then
         # One run per test function that has a test under the mark, all its parameters together.
         mapfile -t fns < <(python3 -m pytest --collect-only -q -p no:cacheprovider -m "$mark" "$f" 2>/dev/null \

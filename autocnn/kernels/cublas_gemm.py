@@ -78,12 +78,12 @@ class CublasGemm:
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._cone, self._czero = (ctypes.c_float * 2)(1.0, 0.0), (ctypes.c_float * 2)(0.0, 0.0)
 
-    def prepare(self, stream_ptr: int) -> None:
+    def prepare(self, stream: Any) -> None:
         """Make a stream's handle now: before a capture on the stream (making one is not captured)."""
-        self._handle(stream_ptr)
+        self._handle(stream)
 
-    def _handle(self, stream_ptr: int) -> ctypes.c_void_p:
-        return self._handles.get(None, stream_ptr)[0]
+    def _handle(self, stream: Any) -> ctypes.c_void_p:
+        return self._handles.get(None, stream)[0]
 
     def _make_handle(self, _key: Any, stream_ptr: int) -> tuple[ctypes.c_void_p, Any]:
         handle = ctypes.c_void_p()
@@ -99,10 +99,10 @@ class CublasGemm:
         _status(self.lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr),
                                                HANDLE_WORKSPACE_BYTES), "cublasSetWorkspace")
 
-    def __call__(self, step: LibraryGemm | LibraryComplexGemm, buffers: dict[str, Any], stream_ptr: int) -> None:
-        """Run one step on the buffers it names (float32 device arrays), on the given stream."""
+    def __call__(self, step: LibraryGemm | LibraryComplexGemm, buffers: dict[str, Any], stream: Any) -> None:
+        """Run one step on the buffers it names (float32 device arrays), on the given (CuPy) stream."""
         ptr = pointers(self.cp, step, {name: step.FLOATS * getattr(step, name).offset for name in "abc"}, buffers)
-        lib, handle = self.lib, self._handle(stream_ptr)
+        lib, handle = self.lib, self._handle(stream)
         # Complex steps name their compute type instead (below); their math mode stays the default.
         tf32_math = isinstance(step, LibraryGemm) and step.tf32
         _status(lib.cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH if tf32_math else CUBLAS_DEFAULT_MATH),

@@ -50,13 +50,13 @@ class CufftSteps:
         self.lib = cufft_library()
         self._plans = StreamBound(cp, "cuFFT", self._make_plan, self._bind)
 
-    def prepare(self, stream_ptr: int, steps: Iterable[LibraryFft]) -> None:
+    def prepare(self, stream: Any, steps: Iterable[LibraryFft]) -> None:
         """Make the plans of these steps for a stream now, before a capture on it."""
         for step in steps:
-            self._plan(step, stream_ptr)
+            self._plan(step, stream)
 
-    def _plan(self, step: LibraryFft, stream_ptr: int) -> ctypes.c_int:
-        return self._plans.get((step.kind, step.height, step.width, step.batch, step.frequency_major), stream_ptr)
+    def _plan(self, step: LibraryFft, stream: Any) -> ctypes.c_int:
+        return self._plans.get((step.kind, step.height, step.width, step.batch, step.frequency_major), stream)
 
     def _make_plan(self, key: tuple[str, int, int, int, bool], stream_ptr: int) -> ctypes.c_int:
         kind_name, height, width, batch, frequency_major = key
@@ -83,9 +83,9 @@ class CufftSteps:
     def _bind(self, plan: ctypes.c_int, stream_ptr: int) -> None:
         _status(self.lib.cufftSetStream(plan, ctypes.c_void_p(stream_ptr)), "cufftSetStream")
 
-    def __call__(self, step: LibraryFft, buffers: dict[str, Any], stream_ptr: int) -> None:
+    def __call__(self, step: LibraryFft, buffers: dict[str, Any], stream: Any) -> None:
         ptr = pointers(self.cp, step, {"src": step.src_offset, "dst": step.dst_offset}, buffers)
-        plan = self._plan(step, stream_ptr)
+        plan = self._plan(step, stream)
         run = self.lib.cufftExecR2C if step.kind == "r2c" else self.lib.cufftExecC2R
         _status(run(plan, ctypes.c_void_p(ptr["src"]), ctypes.c_void_p(ptr["dst"])), step.kernel)
 

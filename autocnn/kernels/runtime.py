@@ -63,9 +63,9 @@ class LoadedPlan:
         """Ready the plan's library steps (cuBLAS handles, cuFFT plans) for ``stream``: before a
         CUDA graph captures on it, they cannot be made."""
         if self._gemm is not None:
-            self._gemm.prepare(stream.ptr)
+            self._gemm.prepare(stream)
         if self._fft is not None:
-            self._fft.prepare(stream.ptr, self.plan.library_ffts)
+            self._fft.prepare(stream, self.plan.library_ffts)
 
     def workspaces(self) -> dict[str, Any]:
         return {name: self.cp.empty(max(1, n), dtype=self.cp.float32) for name, n in self.plan.workspaces}
@@ -89,10 +89,10 @@ class LoadedPlan:
         order; a profiler may time one alone (scripts/profile_plan.py)."""
         cp = self.cp
         if isinstance(launch, (LibraryGemm, LibraryComplexGemm)):
-            self._gemm(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
+            self._gemm(launch, buffers, stream or cp.cuda.get_current_stream())
             return
         if isinstance(launch, LibraryFft):
-            self._fft(launch, buffers, (stream or cp.cuda.get_current_stream()).ptr)
+            self._fft(launch, buffers, stream or cp.cuda.get_current_stream())
             return
         args = tuple(buffers.get(a) if buffers.get(a) is not None else self._placeholder for a in launch.args)
         if launch.tensor_maps or launch.programmatic:   # launches CuPy's launcher cannot make

@@ -48,6 +48,15 @@ class DeviceKernels:
     backend: Any
     dispatch: dict[Any, Any] = field(default_factory=dict)   # problem -> KernelDispatch
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # CuPy's view of each PyTorch stream met, kept: the library steps' resources are bound to the
+    # view (StreamBound), which must live as long as the stream (PyTorch's live as the process).
+    streams: dict[int, Any] = field(default_factory=dict)
+
+    def cupy_stream(self, cp: Any, stream: torch.cuda.Stream) -> Any:
+        view = self.streams.get(stream.cuda_stream)
+        if view is None:
+            view = self.streams[stream.cuda_stream] = _cupy_stream(cp, stream.cuda_stream, self.index)
+        return view
 
     def prepare(self, problems: Sequence[Any]) -> list[Any]:
         """Look up, compile and load these problems' kernels (before a capture, or ahead of a step)."""
@@ -69,7 +78,7 @@ class DeviceKernels:
         in the order of the backend's method for the op (e.g. x, w, bias, y for conv_fwd)."""
         cp = _cupy()
         stream = torch.cuda.current_stream(self.index)
-        with cp.cuda.Device(self.index), _cupy_stream(cp, stream.cuda_stream, self.index):
+        with cp.cuda.Device(self.index), self.cupy_stream(cp, stream):
             if problem not in self.dispatch:
                 # On PyTorch's stream: what loading a plan queues (and a library GEMM's handle) is for it.
                 self.prepare([problem])
