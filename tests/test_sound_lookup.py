@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -199,6 +200,8 @@ def test_a_default_candidate_that_cannot_run_is_passed_over_for_the_next(tmp_pat
     assert result.source == "default" and result.config == candidates[1]
     assert asked == [candidates[0].key(), candidates[1].key()]
     assert "default candidate" in result.detail and "spills registers (planted)" in result.detail
+    # The kernel benchmark's "default" column times the same config.
+    assert db.heuristic_default(H200, problem) == result
     # Nothing can be checked: the first candidate, as before.
     db = TuningDatabase(user_dir=tmp_path / "db2", shipped_dir=tmp_path / "none", resource_check=lambda p, d: ["x"])
     assert db.lookup(H200, problem).config == candidates[0]
@@ -233,3 +236,20 @@ def test_the_default_the_lookup_hands_out_for_chellapilla06_c2_does_not_spill(tm
     result = db.lookup(H200, problem)
     assert result.source == "default"
     assert ptxas_check(get_operation("conv_bwd_data").plan(problem, result.config), H200) == []
+
+
+@needs_nvcc
+def test_the_heuristic_default_is_a_candidate_that_ptxas_shows_runs_without_spills():
+    """With ptxas's real report (nvcc 13 spills 16 bytes in the first gather candidate for
+    chellapilla06_c2's backward-data): the default handed out, and benchmarked, is one that fits."""
+    from autocnn.kernels.suite import seed_problems
+
+    problem = dict(seed_problems("conv_bwd_data"))["chellapilla06_c2"]
+    operation = get_operation("conv_bwd_data")
+    first = operation.default_config(problem, H200.limits())
+    with tempfile.TemporaryDirectory() as tmp:
+        db = TuningDatabase(user_dir=Path(tmp) / "db", shipped_dir=Path(tmp) / "none")
+        chosen = db.heuristic_default(H200, problem)
+    assert ptxas_check(operation.plan(problem, chosen.config), H200) == []
+    if ptxas_check(operation.plan(problem, first), H200):
+        assert chosen.config != first and "default candidate 1 (gather)" in chosen.detail

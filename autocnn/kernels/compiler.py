@@ -244,15 +244,6 @@ def _nvrtc_compile(source: str, options: tuple[str, ...], arch: str, config: Any
         nvrtc.destroyProgram(prog)
 
 
-def function_report(function: Any, name: str) -> ResourceReport:
-    """Resource usage of a loaded CuPy function (what ptxas would have said)."""
-    attrs = function.attributes
-    local = int(attrs.get("local_size_bytes", 0))
-    return ResourceReport(kernel=name, registers=int(attrs.get("num_regs", 0)),
-                          static_shared_bytes=int(attrs.get("shared_size_bytes", 0)),
-                          stack_bytes=local, spill_stores=0, spill_loads=0)
-
-
 def resource_violations(module: CompiledModule, plan: Any, regs_per_sm: int = 65536,
                         max_smem_per_block: int = 227 * 1024, allow_spills: bool = False) -> list[str]:
     """Why a compiled plan cannot run well or at all, from the ptxas report (empty when it can)."""

@@ -188,11 +188,19 @@ class RecordLookup:
                                 f"(distance {distance:.2f}; {e.origin} record"
                                 + (f"; {len(skipped)} nearer cannot run here" if skipped else "") + ")")
 
-        # The heuristic default: the first candidate whose ptxas report shows it runs here without
-        # spills (a candidate's static model of registers can be wrong for one shape: measured on an
-        # H100, conv_bwd_data's gather default spilled on chellapilla06_c2), else the first.
+        return self.heuristic_default(device, problem,
+                                      [f"nearest shapes that cannot run here: {'; '.join(skipped)}"] if skipped else [])
+
+    def heuristic_default(self, device: DeviceInfo, problem: Any, notes: Sequence[str] = ()) -> LookupResult:
+        """The operation's heuristic default for ``problem`` on ``device``: the first default
+        candidate whose ptxas report shows it runs here without spills (a candidate's static model
+        of registers can be wrong for one shape: conv_bwd_data's gather default spills on
+        chellapilla06_c2, on an H100 and with nvcc 13), else the first. What ``lookup`` hands out
+        where no record serves, and what the kernel benchmark times as "default"."""
+        operation = get_operation(problem.op)
+        operation.check_problem(problem)
         first, passed_over = None, []
-        for i, config in enumerate(operation.default_configs(problem, limits)):
+        for i, config in enumerate(operation.default_configs(problem, device.limits())):
             if first is None:
                 first = config
             if i >= MAX_CHECKED_NEIGHBOURS:
@@ -204,9 +212,9 @@ class RecordLookup:
             # An operation with one formulation has no "formulation" parameter in its configs.
             form = operation.formulation_of(config)
             passed_over.append(f"default candidate {i + 1} ({form.formulation if form else problem.op}) {reasons[0]}")
-        notes = ([f"nearest shapes that cannot run here: {'; '.join(skipped)}"] if skipped else []) + passed_over
+        notes = [*notes, *passed_over]
         return LookupResult(first, "default", None,
-                            f"no tuned {problem.op} record usable for {problem.shape_string()} on {arch}: "
+                            f"no tuned {problem.op} record usable for {problem.shape_string()} on {device.arch}: "
                             f"heuristic default" + (f" ({'; '.join(notes)})" if notes else ""))
 
     def _nearest(self, entries: Iterable[Entry], problem: Any, arch: str,
