@@ -9,6 +9,7 @@ import pytest
 
 from autocnn.errors import DeviceError
 from autocnn.kernels.library_steps import StreamBound
+from tests.graph_capture import warm_up_then_capture
 
 
 class _Runtime:
@@ -174,18 +175,7 @@ def test_a_plan_warmed_on_one_stream_is_captured_on_another(formulation, change)
     inputs = random_inputs(problem, cp, seed=3)
     out = {name: cp.full(shape, cp.nan, dtype=cp.float32) for name, shape in output_shapes(problem).items()}
     buffers = {**inputs, **out, **loaded.workspaces()}
-    side, capture = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
-    with side:
-        loaded(buffers, stream=side)
-    side.synchronize()
-    eager = out["y"].copy()
-    out["y"].fill(cp.nan)
-    cp.cuda.Device().synchronize()
-    with capture:
-        capture.begin_capture()
-        loaded(buffers, stream=capture)
-        graph = capture.end_capture()
-    assert bool(cp.isnan(out["y"]).all()), "the capture ran the plan instead of recording it"
+    eager, graph, capture = warm_up_then_capture(cp, loaded, buffers, out["y"])
     graph.launch(stream=capture)
     capture.synchronize()
     assert bool(cp.array_equal(out["y"], eager))
