@@ -482,3 +482,23 @@ def test_vary_starts_from_this_shapes_current_record(db, tmp_path):
     searched = set(source.measured_keys[: outcome.measured])
     assert slowest.config.key() in searched
     assert {v.key() for v in variants} <= searched
+
+
+def test_the_search_starts_from_and_confirms_the_default_a_lookup_answers_with(tmp_path):
+    """Where the first default candidate cannot run (ptxas shows it spilling: chellapilla06_c2's
+    backward-data with nvcc 13), the lookup answers with the next: the tuner's default, measured
+    first and timed beside the winner, is that one too; without a database, the first candidate."""
+    from autocnn.kernels import get_operation
+
+    rf = ReplayFile.load(WGRAD_FILE)
+    operation = get_operation(rf.op)
+    candidates = list(operation.default_configs(rf.problem, rf.device.limits()))
+    assert len(candidates) >= 2
+    refusing = TuningDatabase(user_dir=tmp_path / "db", shipped_dir=tmp_path / "shipped",
+                              resource_check=lambda plan, device: (["spills registers (planted)"]
+                                                                   if plan.config == candidates[0] else []))
+    settings = TuneSettings(storage=storage(tmp_path))
+    source = ReplaySource([rf])
+    assert Tuner(source, refusing, settings, progress=False)._default(operation, rf.problem) == candidates[1]
+    assert Tuner(source, None, settings, progress=False)._default(operation, rf.problem) == candidates[0]
+    assert refusing.lookup(rf.device, rf.problem).config == candidates[1]

@@ -123,7 +123,7 @@ class Tuner:
             outcome.stopped_because = f"finding that {op} has no config with {fixed_text(s.fixed)}: {exc}"
             return outcome
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        default = operation.default_config(problem, device.limits())
+        default = self._default(operation, problem)
         outcome = TuneOutcome(op, problem, name, None, None, device=device.name)
         if s.fixed and not space.sample(random.Random(0), 1, max_attempts=1000):
             # The held parameters rule out every config (a formulation that cannot serve this shape
@@ -337,6 +337,15 @@ class Tuner:
             except (InvalidConfigError, InfeasibleConfigError):
                 continue
             study.enqueue_trial(enqueue_params(space, config), skip_if_exists=True)
+
+    def _default(self, operation: Any, problem: Any) -> Config:
+        """The default a lookup answers with where no record serves (the database's heuristic
+        default: the first candidate whose ptxas report shows it runs here without spills), which
+        the search starts from and the confirmation times beside the winner; without a database,
+        the first candidate."""
+        if self.db is not None and hasattr(self.db, "heuristic_default"):
+            return self.db.heuristic_default(self.source.device, problem).config
+        return operation.default_config(problem, self.source.device.limits())
 
     def _incumbent(self, problem: Any) -> Config | None:
         """The config a lookup answers for ``problem`` now from another GPU's record of this
