@@ -110,14 +110,15 @@ for f in "${files[@]}"; do
         # One run per collected test id; the label is the id's function and parameters.
         mapfile -t ids < <(python3 -m pytest --collect-only -q -p no:cacheprovider -m "$mark" "$f" 2>/dev/null | grep "::")
         for id in "${ids[@]}"; do
-            start_part "$name-$(printf '%s' "${id#*::}" | tr -c 'A-Za-z0-9_.=-' '_')" "$id"
+            # pytest prints ids from its rootdir: the file as given here, then the id's rest.
+            start_part "$name-$(printf '%s' "${id#*::}" | tr -c 'A-Za-z0-9_.=-' '_')" "${f%%::*}::${id#*::}"
         done
     elif [ -n "$by_function" ]; then
         # One run per test function that has a test under the mark, all its parameters together.
         mapfile -t fns < <(python3 -m pytest --collect-only -q -p no:cacheprovider -m "$mark" "$f" 2>/dev/null \
             | sed -n 's/^[^:]*::\([A-Za-z0-9_]*\).*/\1/p' | awk '!seen[$0]++')
         for fn in "${fns[@]}"; do
-            start_part "$name-$fn" "$f::$fn"
+            start_part "$name-$fn" "${f%%::*}::$fn"
         done
     else
         start_part "$name" "$f"
