@@ -492,3 +492,31 @@ def test_collect_problems_leaves_out_a_layer_beyond_32_bit_indexing():
     uses = at.collect_problems(model, torch.empty(128, 64, 64, 64))
     assert {u.problem.op for u in uses} == {"conv_fwd", "conv_bwd_data", "conv_wgrad"}
     assert all(u.problem.K == 8 for u in uses)
+
+
+def test_each_pytorch_stream_keeps_one_cupy_view():
+    """The library steps' resources are bound to the CuPy object a stream is seen through and watch it
+    (library_steps.StreamBound): the view of each PyTorch stream is made once and kept, so it lives
+    as long as the stream; another stream gets its own."""
+    from types import SimpleNamespace
+
+    from autocnn.torch.launch import DeviceKernels
+
+    made = []
+
+    class View:
+        def __init__(self, handle):
+            self.ptr = handle.__cuda_stream__()[1]
+            made.append(self.ptr)
+
+    class Stream:
+        @staticmethod
+        def from_external(handle):
+            return View(handle)
+
+    cp = SimpleNamespace(cuda=SimpleNamespace(Stream=Stream))
+    kernels = DeviceKernels(index=0, backend=None)
+    first = kernels.cupy_stream(cp, SimpleNamespace(cuda_stream=0x1000))
+    assert first.ptr == 0x1000 and kernels.cupy_stream(cp, SimpleNamespace(cuda_stream=0x1000)) is first
+    other = kernels.cupy_stream(cp, SimpleNamespace(cuda_stream=0x2000))
+    assert other is not first and other.ptr == 0x2000 and made == [0x1000, 0x2000]
