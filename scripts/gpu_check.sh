@@ -87,6 +87,10 @@ $(grep -c " FAILED" "$out/$label.log" 2>/dev/null || true) failed before it)"
     fi
     printf '%-34s %4ss  %s\n' "$label" "$took" "$line" | tee "$out/.lines/$label.txt"
 }
+# The test ids pytest collects under the mark from one file or id (printed from pytest's rootdir).
+collect() {
+    python3 -m pytest --collect-only -q -p no:cacheprovider -m "$mark" "$1" 2>/dev/null | grep "::"
+}
 # Starts a run, in the background when -j allows more than one, waiting first while -j are running.
 start_part() {
     labels+=("$1")
@@ -99,7 +103,7 @@ for f in "${files[@]}"; do
     name=$(basename "${f%%::*}" .py)
     if [ -n "$by_op" ] && [ "$name" = test_gpu_kernels ]; then
         # One run per operation's family cases (each compiles only its own variants), then the rest.
-        mapfile -t ids < <(python3 -m pytest --collect-only -q -p no:cacheprovider -m "$mark" "$f" 2>/dev/null | grep "::")
+        mapfile -t ids < <(collect "$f")
         for op in $(printf '%s\n' "${ids[@]}" | sed -n 's/.*::test_family_verifies\[\([a-z0-9_]*\)-.*/\1/p' | sort -u); do
             mapfile -t part < <(printf '%s\n' "${ids[@]}" | grep -F "::test_family_verifies[$op-")
             start_part "$name-$op" "${part[@]}"
@@ -108,15 +112,14 @@ for f in "${files[@]}"; do
         [ ${#part[@]} -eq 0 ] || start_part "$name-other" "${part[@]}"
     elif [ -n "$by_case" ]; then
         # One run per collected test id; the label is the id's function and parameters.
-        mapfile -t ids < <(python3 -m pytest --collect-only -q -p no:cacheprovider -m "$mark" "$f" 2>/dev/null | grep "::")
+        mapfile -t ids < <(collect "$f")
         for id in "${ids[@]}"; do
             # pytest prints ids from its rootdir: the file as given here, then the id's rest.
             start_part "$name-$(printf '%s' "${id#*::}" | tr -c 'A-Za-z0-9_.=-' '_')" "${f%%::*}::${id#*::}"
         done
     elif [ -n "$by_function" ]; then
         # One run per test function that has a test under the mark, all its parameters together.
-        mapfile -t fns < <(python3 -m pytest --collect-only -q -p no:cacheprovider -m "$mark" "$f" 2>/dev/null \
-            | sed -n 's/^[^:]*::\([A-Za-z0-9_]*\).*/\1/p' | awk '!seen[$0]++')
+        mapfile -t fns < <(collect "$f" | sed -n 's/^[^:]*::\([A-Za-z0-9_]*\).*/\1/p' | awk '!seen[$0]++')
         for fn in "${fns[@]}"; do
             start_part "$name-$fn" "${f%%::*}::$fn"
         done
