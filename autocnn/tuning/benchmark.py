@@ -137,11 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         for op, name, problem in work.problems:
             operation = operation_for(problem)
             limits = device.limits()
-            # The default a lookup hands out where no record serves (the first candidate that runs
-            # here without spills), and what autocnn runs for the problem (its record, where one is
-            # shipped or tuned here), so that "best" is at least the tuned kernel; then the sample.
-            default = database.heuristic_default(device, problem).config
+            # What autocnn runs for the problem (its record, where one is shipped or tuned here), so
+            # that "best" is at least the tuned kernel, and the default a lookup hands out where no
+            # record serves (the first candidate that runs here without spills: the lookup's own
+            # answer when it found none, not checked twice); then the sample.
             looked = database.lookup(device, problem)
+            default = (looked.config if looked.source == "default"
+                       else database.heuristic_default(device, problem).config)
             configs = [default] + ([looked.config] if looked.config.key() != default.key() else [])
             configs += operation.space(problem, limits).sample(rng, args.samples, exclude=configs)
             results = list(source.measure(op, problem, configs))
