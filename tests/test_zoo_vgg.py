@@ -78,3 +78,36 @@ def test_vgg_cifar_on_the_cuda_backend_matches_numpy():
     # numpy backend, and every convolution and pooling call a generated kernel.
     gpu.test_cuda_matches_numpy_forward_gradients_and_steps("vgg_cifar")
     gpu.test_every_conv_and_pool_call_runs_a_generated_kernel("vgg_cifar")
+
+
+def test_relu_decisions_at_rounding_explain_the_backends_gradient_differences():
+    # The GPU check above compares backward passes at the same ReLU decisions (tests.relu_decisions).
+    # Here on the CPU, float32 against float64: seeds are drawn until one has a decision that
+    # differs; its first-layer gradient differs by far more than the check's 1e-4 as it is, and by
+    # rounding once the decisions are taken from float64's forward. Every seed tried meets 1e-4 so.
+    from tests.relu_decisions import relu_decisions_taken_from
+
+    def rel(a, b):
+        return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        models = {}
+        for dtype in (np.float64, np.float32, np.float32):
+            m = nn.build_network("vgg_cifar", backend=nn.NumpyBackend(dtype, blas_threads=1), seed=seed).build(6)
+            models.setdefault(dtype, []).append(m)
+        exact, (plain, aligned) = models[np.float64][0], models[np.float32]
+        x = rng.standard_normal((6, 3, 32, 32)).astype(np.float32)
+        y = rng.integers(0, 10, 6)
+        exact.loss_and_gradients(x.astype(np.float64), y)
+        plain.loss_and_gradients(x, y)
+        with relu_decisions_taken_from(exact, aligned, 1e-4) as taken:
+            aligned.loss_and_gradients(x, y)
+        want = exact.grads()
+        for k, g in aligned.grads().items():
+            assert rel(g, want[k]) <= 1e-4, (seed, k)
+        if taken[0]:
+            assert max(rel(g, want[k]) for k, g in plain.grads().items()) > 1e-4
+            break
+    else:
+        pytest.fail("no seed of 40 had a ReLU decision that differs between float32 and float64")

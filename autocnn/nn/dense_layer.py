@@ -69,6 +69,12 @@ class Dense(WeightedLayer):
             backend.bias_activation(self._y, self._params.get("bias"), self.activation)
         return self._y
 
+    @property
+    def output_buffer(self) -> Array:
+        """The buffer forward() returns: y, the activation's output (the backward reads it)."""
+        self._require_built()
+        return self._y
+
     def backward(self, dy: Array) -> Array | None:
         backend = self._require_built()
         dz = self._through_activation(dy, bias_grad=self._grads.get("bias"))

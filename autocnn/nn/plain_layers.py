@@ -58,6 +58,12 @@ class Activation(Layer):
         self._check_batch("input", x, self.input_shape)  # type: ignore[arg-type]
         return backend.activation(self.activation, x, out=self._y)
 
+    @property
+    def output_buffer(self) -> Array:
+        """The buffer forward() returns: y, the activation's output (the backward reads it)."""
+        self._require_built()
+        return self._y
+
     def backward(self, dy: Array) -> Array | None:
         backend = self._require_built()
         self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
