@@ -103,12 +103,14 @@ for f in "${files[@]}"; do
     name=$(basename "${f%%::*}" .py)
     if [ -n "$by_op" ] && [ "$name" = test_gpu_kernels ]; then
         # One run per operation's family cases (each compiles only its own variants), then the rest.
-        mapfile -t ids < <(collect "$f")
+        # Ids rebuilt from the file as given (pytest prints them from its rootdir).
+        mapfile -t ids < <(collect "$f" | sed "s|^[^:]*::|${f%%::*}::|")
         for op in $(printf '%s\n' "${ids[@]}" | sed -n 's/.*::test_family_verifies\[\([a-z0-9_]*\)-.*/\1/p' | sort -u); do
             mapfile -t part < <(printf '%s\n' "${ids[@]}" | grep -F "::test_family_verifies[$op-")
             start_part "$name-$op" "${part[@]}"
         done
-        mapfile -t part < <(printf '%s\n' "${ids[@]}" | grep -vF "::test_family_verifies[")
+        # (grep . drops the empty line printf writes for no ids: a collection that found none.)
+        mapfile -t part < <(printf '%s\n' "${ids[@]}" | grep -vF "::test_family_verifies[" | grep .)
         [ ${#part[@]} -eq 0 ] || start_part "$name-other" "${part[@]}"
     elif [ -n "$by_case" ]; then
         # One run per collected test id; the label is the id's function and parameters.

@@ -71,3 +71,31 @@ def test_one_run_per_case(tmp_path):
 def test_arguments_it_cannot_take_are_refused_before_anything_runs(tmp_path, args, says):
     done, summary = _check(tmp_path, *args)
     assert done.returncode == 2 and says in done.stderr and summary == []
+
+
+FAMILIES = textwrap.dedent('''
+    import pytest
+
+
+    @pytest.mark.parametrize("case", ["conv_fwd-a", "conv_fwd-b", "conv_wgrad-a"])
+    def test_family_verifies(case):
+        pass
+''')
+
+
+@pytest.mark.parametrize("other", [False, True])
+def test_one_run_per_operation_and_one_for_the_rest_where_there_is_a_rest(tmp_path, other):
+    # --by-op splits a file named test_gpu_kernels.py: each operation's family cases, then the other
+    # tests, a run only where there are some (an empty one would run pytest on "").
+    kernels = tmp_path / "test_gpu_kernels.py"
+    kernels.write_text(FAMILIES + ("\n\ndef test_rest():\n    pass\n" if other else ""))
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(SCRIPT), "-m", "not gpu", "--by-op", str(kernels)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    summary = (out / "gpu_tests_summary.txt").read_text().splitlines()
+    runs = {line.split()[0]: line for line in summary}
+    want = ["test_gpu_kernels-conv_fwd", "test_gpu_kernels-conv_wgrad"] + (["test_gpu_kernels-other"] if other else [])
+    assert list(runs) == want, summary
+    assert "2 passed" in runs["test_gpu_kernels-conv_fwd"] and "1 passed" in runs["test_gpu_kernels-conv_wgrad"]
+    assert done.returncode == 0, done.stdout + done.stderr
