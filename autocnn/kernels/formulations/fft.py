@@ -889,7 +889,7 @@ class _Fft(OpFormulation):
         # The filters' spectra (operand B but in conv_wgrad) computed directly: measured faster than
         # placing + cuFFT on an H100. The last runs on any GPU (no cp.async) and in the least workspace.
         filters = {"XFORM_B": "dft", "DFT_FLAT_B": 0} if self.op != "conv_wgrad" else {}
-        # MAC_ORDER "tiles": every fft record tuned on both GPUs took it (README, the fft section).
+        # MAC_ORDER "tiles": every fft record tuned on both GPUs took it (MEASUREMENTS.md, the fft section).
         if max(fft_size(f, "smooth")) > MAX_FFT:
             # No whole plane serves the image: FFT tiles, the smallest of 32 (cuDNN's FFT_TILING) and up
             # whose outputs are at least about half its plane, dY spread where strided.

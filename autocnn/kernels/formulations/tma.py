@@ -54,7 +54,7 @@ accumulators (totals and two partial sums) limit WBN by WGS (192 registers a thr
 to 64 columns in at most two warpgroups the kernel is held to 112 registers a thread (__maxnreg__:
 ptxas took 113 for modern_56's record's block, which left one block an SM instead of two).
 They verify and lose on the H200: modern_56's GEMM 172.4 us in pairs against 142.4 a tile at a
-time (README, the tma section), and the tuner keeps INFLIGHT 0 there.
+time (MEASUREMENTS.md, the tma section), and the tuner keeps INFLIGHT 0 there.
 
 PDL: the GEMM launched as a programmatic dependent of the staging (cuLaunchKernelEx with
 programmatic stream serialization). The staging's blocks (STAGE_PIXELS > 0) let it launch as soon
@@ -64,7 +64,7 @@ what the staging wrote (through its copies), and it waits for the whole staging 
 writes to be visible (griddepcontrol.wait) before the first one. The consumers read only shared
 memory the copies filled, and write dX, which nothing before them in the stream still touches: the
 GEMM starts only once every staging block has, and those only once the kernels before them ended.
-It saves the gap between the two kernels, about 1 us on an H200 (README, the tma section).
+It saves the gap between the two kernels, about 1 us on an H200 (MEASUREMENTS.md, the tma section).
 
 GROUP_TILES (INFLIGHT 0): a warpgroup issues the wgmmas of up to 2 or 3 tiles as one group, each
 tile's once its stage arrived, before it waits for them (with a halo, within a chunk, as the pairs;
@@ -74,12 +74,12 @@ without round-to-nearest instead of 32, and every config is verified against the
 The warpgroup waits once a group instead of once a tile, with the registers of INFLIGHT 0. ncu on
 modern_56's fp32 record (H200) had the tensor pipe busy 51% of the GEMM, the consumers' most
 sampled stall their wait for a tile's wgmmas (20% of samples) and the next its stage (13%); in
-groups of 3 its plan took 175.8 us against 183.7-185.0 (README, the tma section).
+groups of 3 its plan took 175.8 us against 183.7-185.0 (MEASUREMENTS.md, the tma section).
 
 TRANSPOSED blocks (W's 64 channels each wgmma's A, 128-256 of dY's positions its B: fewer shared
 memory reads a multiply-add) were measured in stop 55 and dropped: with one warpgroup's
 accumulators as wide as that, a block of one warpgroup and the producer left 1-3 warpgroups an SM,
-and the GEMM took 103-130 us in tf32 against 75 (README).
+and the GEMM took 103-130 us in tf32 against 75 (MEASUREMENTS.md).
 
 Parameters: WGS, WBN, WSTAGES (W's stages, and im2col's dY tiles), INFLIGHT, GROUP_TILES, A_TILES,
 ASLOTS (halo), STAGE_PIXELS, STAGE_LAUNCHES and STAGE_PLANES, PDL, CROSS (fp32).
