@@ -95,7 +95,7 @@ ALL_WIDTHS = (64, 128, 256, 32, 16)
 
 
 def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=0, image_tiles=(0, 1), x_unrolled=0,
-                  dy_in_place=0, stage_launches=2, sk_blocks=0, stage_planes=0, cross=0):
+                  dy_in_place=0, stage_launches=2, sk_blocks=0, stage_planes=0, cross=0, x_in_place=0):
     """Every feasible config of the widths given (and of those SPLITK values, by default 1 for conv_fwd
     and conv_bwd_data; for wgrad with its IMAGE_TILES choices, X unrolled or not), with each tile's
     wgmmas waited for (inflight 0: stages 2-4) or one group in flight (1: stages 3, 4, 6)."""
@@ -118,6 +118,8 @@ def _every_config(problem, op=FWD, widths=(64, 128, 256), splits=None, inflight=
             config["IMAGE_TILES"] = tiles
             config["X_UNROLLED"] = x_unrolled
             config["DY_IN_PLACE"] = dy_in_place
+            if x_in_place or any(p.name == "X_IN_PLACE" for p in space.params):   # pointwise layers only
+                config["X_IN_PLACE"] = x_in_place
         try:
             out.append(space.validate(config))
         except InfeasibleConfigError:
@@ -129,11 +131,12 @@ def _every_wgrad_config(problem, splits, inflight=0, image_tiles=(0, 1), x_unrol
     return _every_config(problem, WGRAD, ALL_WIDTHS, splits, inflight, image_tiles, x_unrolled)
 
 
-def _both_loops(problem, op=FWD, widths=ALL_WIDTHS, splits=None, image_tiles=(0, 1), x_unrolled=0, dy_in_place=0):
+def _both_loops(problem, op=FWD, widths=ALL_WIDTHS, splits=None, image_tiles=(0, 1), x_unrolled=0, dy_in_place=0,
+                x_in_place=0):
     """Every config of the widths given with either main loop (wait per tile, and one group in flight)."""
     return _every_config(problem, op, widths, splits, image_tiles=image_tiles, x_unrolled=x_unrolled,
-                         dy_in_place=dy_in_place) + \
-        _every_config(problem, op, widths, splits, 1, image_tiles, x_unrolled, dy_in_place)
+                         dy_in_place=dy_in_place, x_in_place=x_in_place) + \
+        _every_config(problem, op, widths, splits, 1, image_tiles, x_unrolled, dy_in_place, x_in_place=x_in_place)
 
 
 def _default(problem):
@@ -638,10 +641,16 @@ def test_wgmma_serves_weight_gradients_on_a_padded_grid():
     assert "conv_wgrad_stage_dy" not in iplan.source
     with pytest.raises(InfeasibleConfigError, match="workspace limit"):   # dYp and Xs: 383 MB
         WGRAD.space(resnet1, HOPPER).validate({**in_place.as_dict(), "DY_IN_PLACE": 0})
-    for bad, why in ((dataclasses.replace(resnet1, precision="fp32"), "tf32"), (dataclasses.replace(resnet1, bias=True),
-                     "no bias"), (dataclasses.replace(resnet1, W=222), "Q a multiple of 4 .*, not 111")):
+    for bad, why in ((dataclasses.replace(resnet1, precision="fp32"), "tf32"),
+                     (dataclasses.replace(resnet1, W=222), "Q a multiple of 4 .*, not 111")):
         with pytest.raises(InfeasibleConfigError, match=why):
             WGRAD.space(bad, HOPPER).validate({**in_place.as_dict(), "WBN": 64, "WGS": 1})
+    # With a bias, db is a kernel of its own (dY's staging summed it), into the zeroed db
+    biased = dataclasses.replace(resnet1, bias=True)
+    bplan = WGRAD.plan(biased, WGRAD.space(biased, HOPPER).validate(in_place.as_dict()))
+    assert [(l.kernel, l.args) for l in bplan.launches[:2]] == [("conv_wgrad_db", ("dy", "db")),
+                                                                ("conv_wgrad_stage_x", ("x", "xs"))]
+    assert "db" in bplan.zero_first and "conv_wgrad_db" not in iplan.source
     with pytest.raises(InfeasibleConfigError, match="IMAGE_TILES=1"):
         WGRAD.space(resnet1, HOPPER).validate({**in_place.as_dict(), "IMAGE_TILES": 0, "X_UNROLLED": 1})
     with pytest.raises(InfeasibleConfigError, match="workspace limit"):   # 2.3 GB of X unrolled
@@ -751,7 +760,77 @@ STRIDED_WGRAD = (("odd_wgs_a", ConvWgradProblem(N=3, C=5, H=13, W=11, K=7, R=3, 
 IN_PLACE_WGRAD = (("odd_wgi_a", ConvWgradProblem(N=3, C=3, H=17, W=15, K=12, R=7, S=7, stride=(2, 2),
                                                  padding=(3, 3, 3, 3), bias=False, precision="tf32")),
                   ("odd_wgi_b", ConvWgradProblem(N=2, C=5, H=9, W=12, K=7, R=3, S=3, padding=(1, 1, 1, 1),
-                                                 bias=False, precision="tf32")))
+                                                 bias=False, precision="tf32")),
+                  # with a bias (db by its own kernel); pointwise layers with X in place too, the
+                  # issue's 256->512 at 28x28 and odd ones whose images end inside a tile
+                  ("odd_wgi_c", ConvWgradProblem(N=3, C=5, H=9, W=12, K=7, R=3, S=3, padding=(1, 1, 1, 1),
+                                                 precision="tf32")),
+                  ("odd_wgi_pw", ConvWgradProblem(N=3, C=9, H=7, W=8, K=13, R=1, S=1, precision="tf32")),
+                  ("odd_wgi_pw_nobias", ConvWgradProblem(N=1, C=6, H=5, W=12, K=10, R=1, S=1, bias=False,
+                                                         precision="tf32")),
+                  ("pointwise_s1", ConvWgradProblem(N=64, C=256, H=28, W=28, K=512, R=1, S=1, precision="tf32")))
+
+
+def test_pointwise_layers_read_both_operands_where_they_lie():
+    """X_IN_PLACE (a 1x1 stride-1 layer without padding, tf32, W a multiple of 4): no copies at all,
+    the GEMM reads dY and X; offered only there, and only over each image's tiles."""
+    pw = ConvWgradProblem(N=64, C=256, H=28, W=28, K=512, R=1, S=1, precision="tf32")
+    space = WGRAD.space(pw, HOPPER)
+    candidates = [space.validate(c) for c in WGRAD.candidates(pw, FORMULATION_WGMMA)]
+    both = [c for c in candidates if c["X_IN_PLACE"]]
+    assert both and all(c["DY_IN_PLACE"] and c["IMAGE_TILES"] and not c["X_UNROLLED"] for c in both)
+    assert not candidates[0]["X_IN_PLACE"]   # the default is what it was
+    plan = WGRAD.plan(pw, both[0])
+    assert [(l.kernel, l.args) for l in plan.launches] == [("conv_wgrad_db", ("dy", "db")),
+                                                           ("conv_wgrad", ("dy", "x", "dw"))]
+    assert plan.workspaces == () and "conv_wgrad_stage_x" not in plan.source
+    nobias = dataclasses.replace(pw, bias=False)
+    assert [l.kernel for l in WGRAD.plan(nobias, WGRAD.space(nobias, HOPPER).validate(both[0].as_dict())).launches] \
+        == ["conv_wgrad"]
+    # X staged while dY is read in place, and the other way round: both are configs of their own
+    x_only = space.validate({**both[0].as_dict(), "DY_IN_PLACE": 0})
+    assert [l.kernel for l in WGRAD.plan(pw, x_only).launches] == ["conv_wgrad_stage_dy", "conv_wgrad"]
+    with pytest.raises(InfeasibleConfigError, match="X_IN_PLACE=1 .* IMAGE_TILES=1"):
+        space.validate({**both[0].as_dict(), "IMAGE_TILES": 0, "DY_IN_PLACE": 0})
+    for other in (dataclasses.replace(pw, precision="fp32"), dataclasses.replace(pw, W=30),
+                  dataclasses.replace(pw, R=3, S=3, padding=(1, 1, 1, 1)), dataclasses.replace(pw, stride=(2, 2))):
+        assert "X_IN_PLACE" not in {p.name for p in WGRAD.space(other, HOPPER).params}, other
+
+
+def _in_place_pointwise_wgrad(problem, x, dy):
+    """The GEMM of X_IN_PLACE and DY_IN_PLACE as the kernel addresses both operands (AOp and BOp of
+    wgmma_conv_wgrad.cu.j2), in float64: reduction position v of tile t covers image t // TPI at
+    grid position local = (t % TPI) * 32 + v % 32, row local // W (zero past H), column local % W, read
+    from dY's and X's own planes. Also checks that every 16-byte chunk the kernel copies is aligned
+    and inside one row."""
+    from autocnn.kernels.formulations.wgmma import PaddedGrid
+
+    p, g = problem, PaddedGrid.of(problem)
+    assert g.WP == p.W and p.W % 4 == 0
+    v = np.arange(p.N * g.TPI * 32)
+    t, local = v // 32, (v // 32 % g.TPI) * 32 + v % 32
+    hp, wp = local // p.W, local % p.W
+    ok = hp < p.H
+    n = t // g.TPI
+    x_off = n * p.C * p.H * p.W + hp * p.W + wp        # BOp: + c * H * W
+    dy_off = n * p.K * p.P * p.Q + hp * p.Q + wp        # AOp: + k * P * Q
+    starts = v % 4 == 0
+    assert (x_off[starts] % 4 == 0).all() and (wp[starts] + 3 < p.W).all()
+    xf, dyf = x.reshape(-1), dy.reshape(-1)
+    b = np.where(ok, xf[np.arange(p.C)[:, None] * p.H * p.W + np.where(ok, x_off, 0)], 0.0)
+    a = np.where(ok, dyf[np.arange(p.K)[:, None] * p.P * p.Q + np.where(ok, dy_off, 0)], 0.0)
+    assert len(set(zip(n[ok], hp[ok], wp[ok]))) == ok.sum() == p.N * p.H * p.W   # each position once
+    return (a @ b.T).reshape(p.K, p.C, 1, 1)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 7, 8, 6), (2, 9, 5, 12, 4), (1, 4, 3, 4, 3)])
+def test_the_in_place_pointwise_gemm_is_the_weight_gradient(shape):
+    n, c, h, w, k = shape
+    p = ConvWgradProblem(N=n, C=c, H=h, W=w, K=k, R=1, S=1, precision="tf32")
+    rng = np.random.default_rng(3)
+    x, dy = rng.standard_normal((n, c, h, w)), rng.standard_normal((n, k, h, w))
+    np.testing.assert_allclose(_in_place_pointwise_wgrad(p, x, dy)[:, :, 0, 0], np.einsum("nkhw,nchw->kc", dy, x),
+                               rtol=1e-12, atol=1e-11)
 
 
 @pytest.mark.parametrize("problem", [ODD_WGRAD[0][1], ODD_WGRAD[1][1],
@@ -799,8 +878,11 @@ def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
     assert len(unrolled) > 100 and {c["X_UNROLLED"] for _, c, _ in unrolled} == {1}
     jobs += unrolled
     in_place = [(name, config, WGRAD.plan(problem, config)) for name, problem in (*IN_PLACE_WGRAD, *strided)
-                for config in _in_place_wgrad_configs(problem)]
-    assert len(in_place) > 60 and {c["DY_IN_PLACE"] for _, c, _ in in_place} == {1}
+                for config in _in_place_wgrad_configs(problem)
+                # pointwise layers: X in place, 8 splits (the rest of their code is the others')
+                if config.get("X_IN_PLACE", 1) and (config["SPLITK"] == 8 or "X_IN_PLACE" not in config)]
+    assert len(in_place) > 60 and all(c["DY_IN_PLACE"] or c["X_IN_PLACE"] for _, c, _ in in_place)
+    assert sum(1 for _, c, _ in in_place if c.get("X_IN_PLACE")) > 20
     jobs += in_place
 
     failures = target_build_failures(compiler, jobs)
@@ -872,11 +954,17 @@ def _unrolled_wgrad_configs(problem, splits):
 
 
 def _in_place_wgrad_configs(problem):
-    """dY read in place (where it can be: tf32 without bias, Q a multiple of 4), each image's tiles,
-    with either loop, 1 and 8 splits."""
-    if problem.precision != "tf32" or problem.bias or problem.Q % 4:
+    """dY read in place (where it can be: tf32, Q a multiple of 4), each image's tiles, with either
+    loop, 1 and 8 splits; on a pointwise layer X read in place too, with dY in place or staged."""
+    from autocnn.kernels.formulations.wgmma import x_in_place_fits
+
+    if problem.precision != "tf32" or problem.Q % 4:
         return []
-    return _both_loops(problem, WGRAD, (64, 128, 256, 16), (1, 8), image_tiles=(1,), dy_in_place=1)
+    out = _both_loops(problem, WGRAD, (64, 128, 256, 16), (1, 8), image_tiles=(1,), dy_in_place=1)
+    if x_in_place_fits(problem):
+        out += _both_loops(problem, WGRAD, (64, 128, 256, 16), (1, 8), image_tiles=(1,), dy_in_place=1, x_in_place=1)
+        out += _every_config(problem, WGRAD, (64, 128), (1, 8), image_tiles=(1,), x_in_place=1)
+    return out
 
 
 def _wgrad_configs_to_verify(problem):

@@ -633,17 +633,19 @@ def unrolled_length(problem: Any) -> int:
     return BK * cdiv(p.N * p.P * p.Q, BK)
 
 
-def wgrad_stage_workspaces(problem: Any, x_unrolled: int = 0, dy_in_place: int = 0) -> tuple[tuple[str, int], ...]:
+def wgrad_stage_workspaces(problem: Any, x_unrolled: int = 0, dy_in_place: int = 0,
+                           x_in_place: int = 0) -> tuple[tuple[str, int], ...]:
     """The staged copies' workspaces (float32 elements): dYp on the padded grid (none with
-    DY_IN_PLACE), the copies of Xs; with X_UNROLLED dY as it is and X unrolled, C*R*S rows, each over
-    the unrolled length (twice each for 3xTF32: the small parts follow)."""
+    DY_IN_PLACE), the copies of Xs (none with X_IN_PLACE); with X_UNROLLED dY as it is and X
+    unrolled, C*R*S rows, each over the unrolled length (twice each for 3xTF32: the small parts
+    follow)."""
     p, parts = problem, 2 if split(problem) else 1
     if x_unrolled:
         lj = unrolled_length(p)
         return (("dyp", parts * p.K * lj), ("xs", parts * p.C * p.R * p.S * lj))
     g = PaddedGrid.of(problem)
-    xs = ("xs", parts * g.PHASES * g.XCOPIES * p.C * g.LC)
-    return (xs,) if dy_in_place else (("dyp", parts * p.K * g.GK), xs)
+    xs = () if x_in_place else (("xs", parts * g.PHASES * g.XCOPIES * p.C * g.LC),)
+    return xs if dy_in_place else (("dyp", parts * p.K * g.GK), *xs)
 
 
 def dy_images(problem: Any) -> int:
@@ -652,13 +654,14 @@ def dy_images(problem: Any) -> int:
 
 
 def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int], image_tiles: int,
-                         x_unrolled: int = 0, dy_in_place: int = 0) -> tuple[Launch, ...]:
+                         x_unrolled: int = 0, dy_in_place: int = 0, x_in_place: int = 0) -> tuple[Launch, ...]:
     """conv_wgrad's staging kernels (wgmma_conv_wgrad.cu.j2): dY onto the padded grid (one block per
     plane, db summed on the way) and X's copies, run before the GEMM with its block size. X's copies
     are one block per copy and range of a channel (IMAGE_TILES=0), or (1) one pass for all of them,
     a block per range of 4 * threads floats of a channel, written in float4s. X_UNROLLED: dY's
     planes side by side, and X unrolled, a block per range of 4 * threads positions of a tap's row.
-    DY_IN_PLACE: X's copies only."""
+    DY_IN_PLACE: X's copies only, and with a bias db's own kernel (a block per range of images of a
+    plane, as dY's staging sums it). X_IN_PLACE: no copies of X."""
     p, g = problem, PaddedGrid.of(problem)
     stage_dy = Launch("conv_wgrad_stage_dy", (cdiv(p.N, dy_images(p)), p.K, 1), threads, 0, ("dy", "dyp", "db"))
     if x_unrolled:
@@ -670,7 +673,21 @@ def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int], image_tile
     else:
         stage_x = Launch("conv_wgrad_stage_x", (min(256, cdiv(g.LC, threads[0])), p.C, g.XCOPIES), threads, 0,
                          ("x", "xs"))
-    return (stage_x,) if dy_in_place else (stage_dy, stage_x)
+    staged_x = () if x_in_place else (stage_x,)
+    if not dy_in_place:
+        return (stage_dy, *staged_x)
+    db = (Launch("conv_wgrad_db", (cdiv(p.N, dy_images(p)), p.K, 1), threads, 0, ("dy", "db")),) if p.bias else ()
+    return (*db, *staged_x)
+
+
+def x_in_place_fits(problem: Any) -> bool:
+    """Whether the GEMM can read X where it lies (X_IN_PLACE): a 1x1 stride-1 layer without padding,
+    whose padded grid is the image itself, in tf32 (3xTF32 stages X's TF32 parts), with W a multiple
+    of 4 (16-byte chunks of X's rows). A pointwise layer's copies of X and dY were most of its time
+    (256->512 channels, 28x28, batch 64, tf32, H200: 32.1 and 60.3 us of 171 beside a 76.5 us GEMM)."""
+    p = problem
+    return (p.R, p.S) == (1, 1) and tuple(p.stride) == (1, 1) and not any(p.padding) and not split(p) \
+        and p.W % 4 == 0
 
 
 def image_tiles_pay(problem: Any) -> bool:
@@ -718,10 +735,11 @@ class WgmmaConvWgrad(_WgmmaGemm):
         return None   # both operands are contiguous along the grid, whatever the channels
 
     def workspace_params(self, problem: Any) -> tuple[str, ...]:
-        return "X_UNROLLED", "DY_IN_PLACE"
+        return ("X_UNROLLED", "DY_IN_PLACE", *(("X_IN_PLACE",) if x_in_place_fits(problem) else ()))
 
-    def workspaces(self, problem: Any, x_unrolled: int = 0, dy_in_place: int = 0) -> tuple[tuple[str, int], ...]:
-        return wgrad_stage_workspaces(problem, x_unrolled, dy_in_place)
+    def workspaces(self, problem: Any, x_unrolled: int = 0, dy_in_place: int = 0,
+                   x_in_place: int = 0) -> tuple[tuple[str, int], ...]:
+        return wgrad_stage_workspaces(problem, x_unrolled, dy_in_place, x_in_place)
 
     def params(self, problem: Any) -> list[Param]:
         return [*super().params(problem),
@@ -734,7 +752,11 @@ class WgmmaConvWgrad(_WgmmaGemm):
                       "positions: no grid, more staging) instead of on the padded grid"),
                 # 0 first: dY staged on the grid, as configs written before the parameter
                 Param("DY_IN_PLACE", (0, 1), "dY read where it lies instead of staged on the padded grid (each "
-                      "image's tiles, tf32 without bias, Q a multiple of 4)")]
+                      "image's tiles, tf32, Q a multiple of 4; with a bias, db by a kernel of its own)"),
+                # 0 first: X staged, as configs written before the parameter; only where it can apply
+                *([Param("X_IN_PLACE", (0, 1), "X read where it lies instead of staged (a 1x1 stride-1 layer "
+                         "without padding: each image's tiles, tf32, W a multiple of 4)")]
+                  if x_in_place_fits(problem) else [])]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
@@ -766,12 +788,18 @@ class WgmmaConvWgrad(_WgmmaGemm):
             why = [w for w, bad in (
                 ("IMAGE_TILES=1 (the padded grid, tiled by images)", not image_tiles or x_unrolled),
                 ("tf32 (3xTF32 stages dY's TF32 parts)", split(p)),
-                ("no bias (db is summed while dY is staged)", p.bias),
                 (f"Q a multiple of 4 (16-byte chunks of dY's rows), not {p.Q}", p.Q % 4)) if bad]
             return None if not why else "DY_IN_PLACE=1 needs " + "; ".join(why)
 
+        def x_in_place(on, image_tiles, x_unrolled):
+            # the image is the grid only when its tiles run per image (x_in_place_fits holds the rest)
+            return None if not on or (image_tiles and not x_unrolled) else (
+                "X_IN_PLACE=1 reads each image's tiles where they lie: it needs IMAGE_TILES=1 and X_UNROLLED=0")
+
         return [*super().constraints(p, limits), Constraint(("IMAGE_TILES", "X_UNROLLED"), stride),
                 Constraint(("DY_IN_PLACE", "IMAGE_TILES", "X_UNROLLED"), in_place),
+                *([Constraint(("X_IN_PLACE", "IMAGE_TILES", "X_UNROLLED"), x_in_place)]
+                  if x_in_place_fits(p) else []),
                 Constraint(("IMAGE_TILES", "X_UNROLLED"), one_tiling), Constraint(("X_UNROLLED",), unrolled_rows),
                 Constraint(("SPLITK", "IMAGE_TILES", "X_UNROLLED"), enough_tiles)]
 
@@ -790,30 +818,41 @@ class WgmmaConvWgrad(_WgmmaGemm):
                             "IMAGE_TILES": image_tiles, "X_UNROLLED": x_unrolled, "DY_IN_PLACE": 0})
         # Last, dY read in place, where staging it would not fit the workspace (ResNet-18's first layer)
         out += [{**c, "DY_IN_PLACE": 1} for c in out if c["IMAGE_TILES"] and not c["X_UNROLLED"]]
-        return out
+        if not x_in_place_fits(p):
+            return out
+        # A pointwise layer: then both operands where they lie, each image's tiles (no copies at all).
+        out = [{**c, "X_IN_PLACE": 0} for c in out]
+        tiles = PaddedGrid.of(p).tiles(p, 1)
+        grid = [c for c in out if not c["X_UNROLLED"] and not c["DY_IN_PLACE"]]
+        return out + [{**c, "IMAGE_TILES": 1, "DY_IN_PLACE": 1, "X_IN_PLACE": 1, "SPLITK": min(c["SPLITK"], tiles)}
+                      for c in grid]
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         g = PaddedGrid.of(problem)
         return {"BK": BK, "ALIGN_SLACK": ALIGN_SLACK, "SPLIT": split(problem), "wgmma_namespace": NAMESPACE,
                 "HP": g.HP, "WP": g.WP, "LC": g.LC,
                 "XCOPIES": g.XCOPIES, "DY_IMAGES": dy_images(problem), "TPI": g.TPI, "OH": g.OH, "OW": g.OW,
-                "PHASES": g.PHASES, "LJ": unrolled_length(problem)}
+                "PHASES": g.PHASES, "LJ": unrolled_length(problem), "X_IN_PLACE": config.get("X_IN_PLACE", 0)}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         p, c = problem, config
         threads = (128 * c["WGS"], 1, 1)
         grid = (cdiv(p.K, 64 * c["WGS"]), cdiv(p.C * p.R * p.S, c["WBN"]), c["SPLITK"])
-        args = ("dy", *self.ARGS[1:]) if c["DY_IN_PLACE"] else self.ARGS   # the GEMM reads dY itself
+        x_in_place = c.get("X_IN_PLACE", 0)
+        # the GEMM reads dY itself, and X
+        args = ("dy" if c["DY_IN_PLACE"] else "dyp", "x" if x_in_place else "xs", "dw")
         main = Launch("conv_wgrad", grid, threads, smem_bytes(c["WGS"], c["WBN"], c["WSTAGES"], split(p)), args)
-        return (*wgrad_stage_launches(p, threads, c["IMAGE_TILES"], c["X_UNROLLED"], c["DY_IN_PLACE"]), main)
+        return (*wgrad_stage_launches(p, threads, c["IMAGE_TILES"], c["X_UNROLLED"], c["DY_IN_PLACE"], x_in_place),
+                main)
 
     def buffers(self, problem: Any, config: Config) -> Buffers:
         zero = (("dw",) if config["SPLITK"] > 1 else ()) + (("db",) if problem.bias else ())
-        return zero, self.workspaces(problem, config["X_UNROLLED"], config["DY_IN_PLACE"])
+        return zero, self.workspaces(problem, config["X_UNROLLED"], config["DY_IN_PLACE"], config.get("X_IN_PLACE", 0))
 
     def code_helpers(self) -> tuple:
         return (smem_bytes, split, PaddedGrid, dy_images, wgrad_stage_launches, wgrad_stage_workspaces, WGRAD_SPLITS, BK,
-                ALIGN_SLACK, ARCH, self.ARGS, image_tiles_pay, unrolled_length, unrolled_pays, UNROLLED_DEFAULT_BYTES)
+                ALIGN_SLACK, ARCH, self.ARGS, image_tiles_pay, unrolled_length, unrolled_pays, UNROLLED_DEFAULT_BYTES,
+                x_in_place_fits)
 
 
 WGMMA = Formulation(FORMULATION_WGMMA, (WgmmaConvFwd(), WgmmaConvBwdData(), WgmmaConvWgrad()))
