@@ -435,16 +435,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 finished(outcomes[-1])
     finally:
         opened.close()
+    notes: dict[str, str] = {}
     if not args.replay and args.cudnn is not False:
-        from autocnn.tuning.baselines import torch_available
+        from autocnn.tuning.baselines import open_baselines
 
-        if args.cudnn or torch_available():
-            _add_cudnn_times(outcomes, TuningDatabase())
+        baselines = open_baselines()
+        if args.cudnn or baselines.available:
+            notes = _add_cudnn_times(outcomes, TuningDatabase(), baselines)
     rows = [_outcome_row(o) for o in outcomes]
     if args.json:
-        print(json.dumps({"device": opened.device.to_dict(), "results": rows}, indent=2))
+        print(json.dumps({"device": opened.device.to_dict(), "results": rows, "cudnn_notes": notes}, indent=2))
     else:
-        print(_outcome_table(rows))
+        print(_outcome_table(rows, notes))
     return 0 if all(r["tuned_us"] is not None for r in rows) else 1
 
 
@@ -464,22 +466,24 @@ def _missing_only(db: Any, device: Any, problems: list[Any], torch_uses: list[An
     return keep, torch_uses
 
 
-def _add_cudnn_times(outcomes, db) -> None:
+def _add_cudnn_times(outcomes: list[Any], db: Any, baselines: Any) -> dict[str, str]:
     """Time PyTorch/cuDNN on each tuned shape (same protocol, at the problem's precision) and keep it
-    in the stored record."""
-    from autocnn.device import current_device
-    from autocnn.tuning.baselines import time_cudnn, torch_available
-    from autocnn.tuning.measure import L2Flusher
+    in the stored record. A shape with no time keeps an empty cell: the footnotes returned (by op)
+    say why, and those of ops timed as a sequence of PyTorch operators say which."""
+    from autocnn.tuning.baselines import BASELINE_NOTES
 
-    if not torch_available():
-        print("autocnn: --cudnn needs PyTorch with CUDA; cuDNN times were not taken", file=sys.stderr)
-        return
-    flusher = L2Flusher(current_device().l2_bytes)
+    notes: dict[str, str] = {}
     for o in outcomes:
-        o.cudnn_us = time_cudnn(o.op, o.problem, flusher=flusher, budget_s=0.2)
+        timed = baselines.time(o.op, o.problem)
+        o.cudnn_us = timed.us
+        if timed.reason is not None:
+            notes.setdefault(o.op, f"none ({timed.reason})")
+        elif o.op in BASELINE_NOTES:
+            notes.setdefault(o.op, BASELINE_NOTES[o.op])
         if o.cudnn_us is not None and o.record is not None:
             o.record = dataclasses.replace(o.record, cudnn_time_us=o.cudnn_us)
             db.put(o.record)
+    return notes
 
 
 def _outcome_row(o) -> dict[str, Any]:
@@ -496,15 +500,18 @@ def _outcome_row(o) -> dict[str, Any]:
     }
 
 
-def _outcome_table(rows: list[dict[str, Any]]) -> str:
+def _outcome_table(rows: list[dict[str, Any]], notes: dict[str, str] | None = None) -> str:
     width = max([len("shape"), *(len(r["shape"]) for r in rows)])   # never cut: the end names the precision
     lines = [f"{'op':14s} {'shape':{width}s} {'default us':>10s} {'tuned us':>10s} {'speed-up':>8s} {'cuDNN us':>9s} "
              f"{'vs cuDNN':>8s} {'trials':>6s} {'failed':>6s} {'seconds':>7s}  stopped after"]
+    marks = {op: "*" * (i + 1) for i, op in enumerate(notes or {})}
     for r in rows:
         failed = sum(r["failures"].values())
+        cudnn = fmt(r["cudnn_us"]) + marks.get(r["op"], "")
         lines.append(f"{r['op']:14s} {r['shape']:{width}s} {fmt(r['default_us']):>10s} {fmt(r['tuned_us']):>10s} "
-                     f"{fmt(r['speedup'], '.2f'):>8s} {fmt(r['cudnn_us']):>9s} {fmt(r['vs_cudnn'], '.2f'):>8s} "
+                     f"{fmt(r['speedup'], '.2f'):>8s} {cudnn:>9s} {fmt(r['vs_cudnn'], '.2f'):>8s} "
                      f"{r['measured']:6d} {failed:6d} {r['seconds']:7.1f}  {r['stopped']}")
+    lines += [f"{marks[op]} cuDNN column, {op}: {note}" for op, note in (notes or {}).items()]
     return "\n".join(lines)
 
 

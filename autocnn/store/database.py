@@ -52,6 +52,7 @@ class TuningDatabase(RecordLookup, RecordExchange):
         self.shipped_dir = Path(shipped_dir) if shipped_dir is not None else default_shipped_dir()
         # path -> (stat signature, scan): a file is validated again only when it changed
         self._scans: dict[Path, tuple[tuple[int, int, int], FileScan]] = {}
+        self._merged: tuple[Any, list[Entry], list[FileScan]] | None = None   # (files' scans, merged entries, scans)
 
     # -- paths --
     def path_for(self, device: DeviceInfo | RecordKey) -> Path:
@@ -81,12 +82,21 @@ class TuningDatabase(RecordLookup, RecordExchange):
         return scan
 
     def _entries(self) -> list[Entry]:
-        """Every valid record; a user record replaces a shipped one with the same key."""
+        """Every valid record; a user record replaces a shipped one with the same key. Merged again
+        only when a file changed (a lookup asks several times a problem, and keying thousands of
+        shipped records each time was most of a small search's time)."""
+        scans = [(path, self._scan(path, origin, warn=True)) for path, origin in self._files()]
+        signature = tuple((path, id(scan)) for path, scan in scans)
+        if self._merged is not None and self._merged[0] == signature:
+            return self._merged[1]
         by_key: dict[str, Entry] = {}
-        for path, origin in self._files():
-            for entry in self._scan(path, origin, warn=True).entries:
+        for _, scan in scans:
+            for entry in scan.entries:
                 by_key[entry.record.key.identity()] = entry
-        return list(by_key.values())
+        entries = list(by_key.values())
+        # The scans themselves are held in the signature's place, so no id is reused while cached.
+        self._merged = (signature, entries, [scan for _, scan in scans])
+        return entries
 
     def records(self, device: DeviceInfo | None = None, op: str | None = None, *,
                 gpu: str | None = None, arch: str | None = None) -> list[TuningRecord]:
