@@ -13,7 +13,7 @@ from autocnn.cli_db import (cmd_db_check, cmd_db_export, cmd_db_import, cmd_db_l
 from autocnn.cli_problems import at_precision, fmt, has_precision, precision_text, shape_problem
 from autocnn.device import set_workspace_limit
 from autocnn.errors import AutocnnError
-from autocnn.kernels.problem import DEFAULT_PRECISION, PRECISIONS
+from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES, precision_named
 from autocnn.tuning.quick import AUTOTUNE_MODES
 from autocnn.nn.zoo import NETWORKS as ZOO_NETWORKS
 
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "values that keep them), e.g. TF32_ROUND,FRAG after a template gained them")
     t.add_argument("--replay", nargs="+", type=Path, default=None,
                    help="answer from recorded GPU measurements instead of a GPU (replay files)")
-    t.add_argument("--precision", choices=PRECISIONS, default=None,
+    t.add_argument("--precision", choices=PRECISION_NAMES, default=None,
                    help="what the convolutions must be as accurate as: fp32 (default; FP32-accurate, tensor "
                         "cores through 3xTF32) or tf32 (opt-in: one TF32 product per term, a looser bound). "
                         "Applies to every convolution tuned (--op, --suite, --network, --stale: there, only "
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="learning-rate schedule over the epochs (default cosine; RPROP ignores it)")
     tr.add_argument("--no-standardize", action="store_true",
                     help="keep pixel values in [0, 1] instead of zero mean and unit variance")
-    tr.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+    tr.add_argument("--precision", choices=PRECISION_NAMES, default=DEFAULT_PRECISION.name,
                     help="the convolutions' precision on the cuda backend: fp32 (default, FP32-accurate) or "
                          "tf32 (tensor cores round operands to TF32). The numpy backend computes in float32 "
                          "either way. The dispatch table shows each layer's")
@@ -360,7 +360,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         set_workspace_limit(args.workspace_limit)   # the workers inherit it
     if args.devices is not None:
         parse_devices(args.devices)
-    precision = args.precision or DEFAULT_PRECISION
+    precision = precision_named(args.precision) if args.precision else DEFAULT_PRECISION
     op_problem = shape_problem(args.op, args.shape, args.precision) if args.op else None
     torch_uses = None
     if args.torch_model:
@@ -406,7 +406,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 log(f"{len(problems)} shapes with stale records for {opened.device.name}")
             others = sorted({p.precision for p in stale if not has_precision(p, precision)})
             if others:   # said even with --json (on stderr): work this run leaves undone
-                print(f"autocnn: {len(stale) - len(problems)} more stale shapes are {'/'.join(others)}: "
+                print(f"autocnn: {len(stale) - len(problems)} more stale shapes are {'/'.join(map(str, others))}: "
                       f"tune them with --precision {others[0]}", file=sys.stderr)
         if args.missing:
             problems, torch_uses = _missing_only(db, opened.device, problems, torch_uses)

@@ -9,13 +9,13 @@ from typing import Any
 
 from autocnn.cli_problems import fmt, precision_text, shape_problem
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels.problem import PRECISIONS
+from autocnn.precision import PRECISION_NAMES
 
 
 def db_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=None, help="only GPUs whose name contains this text")
     p.add_argument("--op", default=None, help="only this operation")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
+    p.add_argument("--precision", choices=PRECISION_NAMES, default=None,
                    help="only convolution records of this precision (pooling records have none and are "
                         "left out)")
 

@@ -421,7 +421,7 @@ def test_tf32_records_are_labelled_and_compared_with_cudnn_tf32(tmp_path, capsys
     rates = GpuRates(4000.0, 50.0, 400.0)
     rows = [BenchRow("conv_fwd", "kriz09", p.precision, operation.flops(p), operation.min_bytes(p),
                      best_us=times[p.precision][0], cudnn_us=times[p.precision][1]) for p in (fp32, tf32)]
-    records = [{"op": "conv_fwd", "shape": "kriz09", "precision": p.precision, "problem": p.to_dict(),
+    records = [{"op": "conv_fwd", "shape": "kriz09", "precision": p.precision.name, "problem": p.to_dict(),
                 "results": []} for p in (fp32, tf32)]
     bench = tmp_path / "bench.json"
     _write(bench, DEVICE.to_dict(), 1, 4, ("fp32", "tf32"), rates, rows, records)

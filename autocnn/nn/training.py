@@ -161,7 +161,7 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
         network=network_name, dataset=data.name, backend=model.backend.name, optimizer=repr(opt),
         epochs=epochs, batch_size=batch_size, train_samples=len(data.x_train), test_samples=len(data.x_test),
         history=history, test_accuracy=[float(a) for a in history.val_accuracy],  # type: ignore[arg-type]
-        seconds=seconds, dispatch_report=model.dispatch_report(), precision=model.precision,
+        seconds=seconds, dispatch_report=model.dispatch_report(), precision=model.precision.name,
         precision_text=describe_precision(model), model=model)
 
 
@@ -169,4 +169,4 @@ def describe_precision(model: Sequential) -> str:
     """The model's precision, and the layers that differ from it: "tf32 (conv2d_1 fp32)"."""
     own = [f"{layer.name} {layer.precision}" for layer in model.layers
            if getattr(layer, "precision", model.precision) != model.precision]
-    return model.precision + (f" ({', '.join(own)})" if own else "")
+    return model.precision.name + (f" ({', '.join(own)})" if own else "")

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES
 from autocnn.reports.collect import collect
 from autocnn.reports.html_page import render_html
 from autocnn.reports.inputs import parse_ceilings
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--network", default=None,
                     help="report the kernels of this zoo network (or network JSON file), and those on a fallback")
     ap.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")
-    ap.add_argument("--precision", choices=("fp32", "tf32"), default="fp32",
+    ap.add_argument("--precision", choices=PRECISION_NAMES, default=DEFAULT_PRECISION.name,
                     help="with --network: the model's precision, whose records its convolutions look up "
                          "(default fp32)")
     ap.add_argument("--gpu", default=None, help="only GPUs whose name contains this text (case-insensitive)")

@@ -19,6 +19,7 @@ from autocnn.device import DeviceInfo
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation, problem_from_dict
 from autocnn.kernels.space import Config, SearchSpace
+from autocnn.precision import precision_of
 from autocnn.store.feasibility import ResourceCheck, ptxas_check
 from autocnn.store.files import CorruptFile, Entry, ForeignFormat, Origin, file_signature, read_raw
 from autocnn.store.records import RecordError, RecordKey, StaleRecordError, TuningRecord, validate_record
@@ -62,9 +63,9 @@ def shape_distance(a: Any, b: Any) -> float:
     if a.op != b.op or a.dtype != b.dtype:
         return math.inf
     d = 0.0
-    pa, pb = getattr(a, "precision", "fp32"), getattr(b, "precision", "fp32")
-    if pa != pb:
-        if (pa, pb) != ("tf32", "fp32"):
+    pa, pb = precision_of(a), precision_of(b)
+    if pa is not pb:
+        if not pb.can_serve(pa):
             return math.inf
         d += PRECISION_DISTANCE
     ga, gb = a.geometry(), b.geometry()
@@ -231,11 +232,11 @@ class RecordLookup:
             if d <= NEAREST_SHAPE_MAX_DISTANCE:
                 ranked.append((d, e.record.time_us, e.record.key.identity(), e))
         ranked.sort(key=lambda t: t[:3])
-        precision = getattr(problem, "precision", "fp32")
+        precision = precision_of(problem)
         known = {p.name for p in space.params}   # the parameters a borrowed config may keep
         for d, _, _, e in ranked:
             try:
-                if getattr(e.valid.problem, "precision", "fp32") != precision:
+                if precision_of(e.valid.problem) is not precision:
                     # An fp32 config for a tf32 problem: parameters only tf32 has (TF32_ROUND) at
                     # their first choice, the conservative one; those only fp32 has (how the 3xTF32
                     # split is made, e.g. A_REGS or a formulation's CROSS) dropped, as tf32 has no split.

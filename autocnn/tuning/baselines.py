@@ -28,6 +28,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
+from autocnn.precision import DEFAULT_PRECISION, FP32, TF32, Precision, precision_named, precision_of
+
 
 def torch_available() -> bool:
     try:
@@ -38,26 +40,26 @@ def torch_available() -> bool:
         return False
 
 
-def _torch(precision: str = "fp32"):
-    """torch, with cuDNN's benchmark mode on and TF32 allowed exactly for the "tf32" precision."""
-    if precision not in ("fp32", "tf32"):
-        raise ValueError(f"precision {precision!r}: fp32 or tf32")
+def _torch(precision: Precision | str = DEFAULT_PRECISION):
+    """torch, with cuDNN's benchmark mode on and TF32 allowed exactly for a precision of TF32
+    products (a Precision or its name)."""
+    precision = precision_named(precision)
     import torch
 
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision.tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision.tf32
     return torch
 
 
-def problem_precision(problem: Any) -> str:
-    """A problem's precision; "fp32" for pooling, which has none (it computes in FP32)."""
-    return getattr(problem, "precision", "fp32")
+def problem_precision(problem: Any) -> Precision:
+    """A problem's precision; FP32 for pooling, which has none (it computes in FP32)."""
+    return precision_of(problem)
 
 
 @contextlib.contextmanager
-def torch_precision(precision: str) -> Iterator[Any]:
-    """PyTorch's convolutions and matrix products in FP32 ("fp32") or on TF32 tensor cores ("tf32")
+def torch_precision(precision: Precision | str) -> Iterator[Any]:
+    """PyTorch's convolutions and matrix products in FP32 (fp32) or on TF32 tensor cores (tf32)
     inside the block; the flags as they were after it. Yields the torch module."""
     import torch
 
@@ -318,11 +320,11 @@ def measure_ceilings(flusher: Any = None, budget_s: float = 0.5) -> Ceilings:
     copy_gbps = 2 * 4 * n / (copy.median_us * 1e-6) / 1e9
     del src, dst
     rates = {}
-    for precision in ("fp32", "tf32"):
+    for precision in (FP32, TF32):
         with torch_precision(precision) as torch:
             a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda")
             b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda")
             timing = time_callable(lambda: torch.matmul(a, b), flusher=flusher, budget_s=budget_s, min_reps=5)
             rates[precision] = gemm_tflops(GEMM_SIZE, timing.median_us)
             del a, b
-    return Ceilings(copy_gbps, rates["fp32"], rates["tf32"])
+    return Ceilings(copy_gbps, rates[FP32], rates[TF32])

@@ -736,7 +736,7 @@ class _Fft(OpFormulation):
                 *phases, *inverse, *vec, *tiling,
                 # 0 first: the three TF32 mmas a real product, the code of configs written before the parameter
                 *([Param("MAC_CROSS", (0, 1), "MAC mma: 3xTF32's cross products as one BF16 mma a real product "
-                         "(0: two TF32 mmas)", (("MAC", ("mma",)),))] if problem.precision == "fp32" else [])]
+                         "(0: two TF32 mmas)", (("MAC", ("mma",)),))] if problem.precision.tf32x3 else [])]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
@@ -781,7 +781,7 @@ class _Fft(OpFormulation):
             return None if ok else (f"the tiled multiply-accumulate (MAC={mac}) needs cp.async "
                                     f"(sm_{MIN_BLOCK_ARCH} or later), not {limits.arch}")
 
-        split3 = p.precision == "fp32"
+        split3 = p.precision.tf32x3
 
         def mma_shape(mac, threads, it, jt, fb, bl):
             if mac != "mma":
@@ -919,7 +919,7 @@ class _Fft(OpFormulation):
                 "fft_radix_lead": radix_lead(fh), "fft_radix_threads": radix_threads_of(config),
                 "fft_radix_rows": kept_rows(problem, is_phased(config), tile),
                 "fft_h1": split_factor(fh), "fft_w1": split_factor(fw),
-                "fft_split3": problem.precision == "fp32", "fft_phased": is_phased(config),
+                "fft_split3": problem.precision.tf32x3, "fft_phased": is_phased(config),
                 "fft_cross": config.get("MAC_CROSS", 0),
                 "fft_fdft_o": inverse_of(config) == "fdft", "fft_vec": config["FFT_VEC"],
                 "fft_radix_o": inverse_of(config) == "radix", "fft_kept_o": inverse_of(config) != "cufft",
@@ -981,7 +981,7 @@ class _Fft(OpFormulation):
             # cuFFT's C2R has meanwhile overwritten the previous block's spectra anyway.
             accumulate = int(f.op == "conv_wgrad" and n0 > 0)
             if c["MAC"] == "cublas":
-                return mac_gemm(f, nb, spec, bool(accumulate), problem.precision == "tf32")
+                return mac_gemm(f, nb, spec, bool(accumulate), problem.precision.tf32)
             if c["MAC"] in ("block", "mma"):
                 fb, bi, bj = mac_block(c)
                 return Launch("fft_mac", (cdiv(spec, fb), cdiv(rows, bi), cdiv(cols, bj)), (threads, 1, 1),

@@ -54,7 +54,7 @@ TILE_CHOICES = (1, 2, 4, 8)
 
 def split(problem: Any) -> bool:
     """3xTF32 for fp32 problems (the wgmma formulation's scheme)."""
-    return problem.precision == "fp32"
+    return problem.precision.tf32x3
 
 
 @dataclass(frozen=True)

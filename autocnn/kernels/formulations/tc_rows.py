@@ -59,7 +59,7 @@ def slab_geometry(p: ConvWgradProblem, ROWS: int, PAD_X: int) -> tuple[int, int,
 def smem_bytes(p: ConvWgradProblem, KB: int, CB: int, ROWS: int, PAD_X: int, SPLIT_X: str = "registers") -> int:
     """The double-buffered slabs, and for fp32 with SPLIT_X "smem" one band of remainders."""
     _, bandh, ldx, ldy = slab_geometry(p, ROWS, PAD_X)
-    small = CB * bandh * ldx if SPLIT_X == "smem" and p.precision == "fp32" else 0
+    small = CB * bandh * ldx if SPLIT_X == "smem" and p.precision.tf32x3 else 0
     return 4 * (STAGE_BUFFERS * (KB * ldy + CB * bandh * ldx) + small)
 
 
@@ -99,7 +99,7 @@ class TcRowsConvWgrad(OpFormulation):
         ]
 
     def constraints(self, p: ConvWgradProblem, limits: DeviceLimits) -> list[Constraint]:
-        split3 = p.precision == "fp32"
+        split3 = p.precision.tf32x3
 
         def warp_rows(kb, wm):
             return None if kb % (16 * wm) == 0 else f"KB={kb} filters do not split into 16-row mma tiles over WM={wm} warps"
@@ -154,7 +154,7 @@ class TcRowsConvWgrad(OpFormulation):
 
     def context(self, problem: ConvWgradProblem, config: Config) -> dict[str, Any]:
         q8, bandh, ldx, ldy = slab_geometry(problem, config["ROWS"], config["PAD_X"])
-        return {"split3": problem.precision == "fp32", "Q8": q8, "BANDH": bandh, "LDX": ldx, "LDY": ldy,
+        return {"split3": problem.precision.tf32x3, "Q8": q8, "BANDH": bandh, "LDX": ldx, "LDY": ldy,
                 "NT": column_tiles(problem, config["CB"], config["WN"]), "STAGE_BUFFERS": STAGE_BUFFERS}
 
     def launches(self, p: ConvWgradProblem, c: Config) -> tuple[Launch, ...]:

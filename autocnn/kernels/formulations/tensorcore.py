@@ -274,7 +274,7 @@ def nhwc_stage_workspaces(problem: Any) -> tuple[tuple[str, int], ...]:
 
 def gemm_for(problem: Any) -> TcGemm:
     p = problem
-    split3 = p.precision == "fp32"
+    split3 = p.precision.tf32x3
     if p.op == "conv_fwd":
         return TcGemm(p.op, p.N * p.P * p.Q, p.K, p.C * p.R * p.S, 1, split3, C=p.C,
                       staged_floats=sum(n for _, n in nhwc_stage_workspaces(p)))
@@ -311,7 +311,7 @@ class TcConv(OpFormulation):
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         nhwc = config["NHWC"] if "NHWC" in config else 0
         vec_a, vec_b = vector_widths(gemm_for(problem), config["VEC"] if "VEC" in config else 1, nhwc)
-        return {"split3": problem.precision == "fp32", "UNROLL_K": pragma_unroll(config["UNROLL_K"]),
+        return {"split3": problem.precision.tf32x3, "UNROLL_K": pragma_unroll(config["UNROLL_K"]),
                 "TABLE_A": config["TABLE_A"] if "TABLE_A" in config else 0,
                 "NHWC": nhwc, "VEC_A": vec_a, "VEC_B": vec_b,
                 "TF32_ROUND": config["TF32_ROUND"] if "TF32_ROUND" in config else "nearest",

@@ -236,7 +236,7 @@ def products_gemm(problem: Any, imgs: int, m: int) -> ProductsGemm:
     # Whole float4s along k need row starts at multiples of 4 floats and a reduction of whole
     # float4s in every block (the short last one too: its reduction is its own tiles).
     last = (v.N - (v.N - 1) // b * b) * th * tw
-    split3 = problem.precision == "fp32"
+    split3 = problem.precision.tf32x3
     tiles_vec = 4 if ld % 4 == 0 and last % 4 == 0 else 1
     if problem.op == "conv_wgrad":
         return ProductsGemm(v.COUT, v.CIN, ld, True, tiles_vec, tiles_vec, split3)
@@ -258,7 +258,7 @@ def products_constraints(p: Any, limits: DeviceLimits) -> list[Constraint]:
     """Static feasibility of the mma products (tcgemm.cuh.j2's static_asserts, and the device's
     limits); each rule names MMA_ parameters, so it applies only where PRODUCTS is "mma"."""
     wgrad = p.op == "conv_wgrad"
-    split3 = p.precision == "fp32"
+    split3 = p.precision.tf32x3
     cublas_flag = "GEMM_3XTF32" if split3 else "TF32_GEMM"
 
     @functools.lru_cache(maxsize=None)     # a few (TILE, IMGS) pairs, asked by every rule of every config
@@ -317,7 +317,7 @@ def wgmma_products_constraints(p: Any, limits: DeviceLimits, gemm: Any) -> list[
     the K-major operands' 16-byte chunks); each rule names WGMMA_ parameters, so it applies only
     where PRODUCTS is "wgmma"."""
     wgrad = p.op == "conv_wgrad"
-    split3 = p.precision == "fp32"
+    split3 = p.precision.tf32x3
     rows = view(p).COUT
 
     def chunks(m, imgs, _wgs):
@@ -381,7 +381,7 @@ def wgmma_products_context(problem: Any, config: Config) -> dict[str, Any] | Non
     if c.get("PRODUCTS", "cublas") != "wgmma":
         return None
     g = products_gemm(problem, c["IMGS"], c["TILE"])
-    split3 = problem.precision == "fp32"
+    split3 = problem.precision.tf32x3
     wgs, wbn = c["WGMMA_WGS"], c["WGMMA_BN"]
     return {"WGS": wgs, "WBN": wbn, "BK": hopper.BK, "WSTAGES": c["WGMMA_STAGES"], "INFLIGHT": c["WGMMA_INFLIGHT"],
             "ALIGN_SLACK": hopper.ALIGN_SLACK, "split3": split3, "gemm": g, "points": (c["TILE"] + 2) ** 2,
@@ -502,7 +502,7 @@ class _Winograd(OpFormulation):
         out = [Param("TILE", TILES, "output tile m of F(m x m, 3x3)"),
                Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (V and M hold one block)"),
                Param("WG_THREADS", THREADS, "threads per block of the transform kernels")]
-        if problem.precision == "tf32":
+        if problem.precision.tf32:
             out.append(Param("TF32_GEMM", (0, 1), "cuBLAS with TF32 tensor-op math (tf32 problems only)"))
         else:
             out.append(Param("GEMM_3XTF32", (0, 1), "the products as 3xTF32 on the tensor cores, FP32-accurate "
@@ -520,7 +520,7 @@ class _Winograd(OpFormulation):
                 Param("MMA_WN", MMA_WARPS, "mma products: warps along the block's columns", mma),
                 Param("MMA_STAGES", MMA_STAGES, "mma products: cp.async pipeline stages", mma),
                 Param("MMA_FRAG", MMA_FRAGS, "mma products: fragment reads of one or two mma k-steps", mma)]
-        if problem.precision == "fp32":
+        if problem.precision.tf32x3:
             # 0 first: the three TF32 mmas, the code of configs written before the parameter
             out.append(Param("MMA_CROSS", (0, 1), "mma products: 3xTF32's cross products as one BF16 mma per k-step "
                              "(0: two TF32 mmas)", mma))
@@ -547,7 +547,7 @@ class _Winograd(OpFormulation):
             return [Constraint(("TILE",), lambda m: why)]
         v = view(p)
         # GEMM_3XTF32 is a parameter of fp32 problems only; a tf32 problem's products keep one block.
-        params = ("TILE", "IMGS") if p.precision == "tf32" else ("TILE", "IMGS", "GEMM_3XTF32")
+        params = ("TILE", "IMGS") if p.precision.tf32 else ("TILE", "IMGS", "GEMM_3XTF32")
         out = [workspace_rule(limits.workspace_bytes, params, lambda m, imgs, x3=0: 4 * sum(
             workspace_elements(v, m, imgs, splits(p.op, x3)).values())), *products_constraints(p, limits)]
         if p.op != "conv_wgrad":
@@ -569,7 +569,7 @@ class _Winograd(OpFormulation):
         for fp32, FP32 products first, then each tile with 3xTF32 products."""
         v = view(problem)
         imgs_choices = choices_upto(IMGS, next_pow2(problem.N))
-        tf32 = problem.precision == "tf32"
+        tf32 = problem.precision.tf32
         extra = {"TF32_GEMM": 0} if tf32 else {"GEMM_3XTF32": 0}
 
         def largest_block(m: int, parts: int) -> int:
