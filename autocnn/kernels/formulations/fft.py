@@ -101,7 +101,7 @@ sub-filters. conv_wgrad: the sub-filter (a, b) of dW is the correlation of X's p
 so A has SH*SW*C planes per image and O K*SH*SW*C. The products are as many as with spreading, and
 the planes are SH*SW times smaller (the spread planes' spectra repeat SH*SW times over).
 
-FFT tiling (FFT_TILE = F > 0; 0, whole planes, is what the plans were first). The op's output plane is
+FFT tiling (FFT_TILE = F, 16 to 128; 0, whole planes, first). The op's output plane is
 cut into tiles of TY x TX outputs, each computed from the window of the input that it reads, placed
 in an F x F plane: conv_fwd and conv_wgrad tile Y's (dY's) P x Q positions, TY = (F - R) div SH + 1,
 the window (TY - 1)*SH + R rows of X; conv_bwd_data tiles dX, TY = F - R + 1, the window
@@ -112,6 +112,11 @@ inverse) puts each tile's outputs in place. Images whose whole padded planes exc
 served this way only; smaller ones may gain too, from planes of a fast size near the window's (as
 cuDNN's FFT_TILING, with 32 x 32 tiles). Every tiled operand is found by Op::load at the plane's
 origin, as with the stride's phases apart (which tiling does not combine with).
+
+The direct transforms' twiddles (dft, fdft, the factorised inverse) are computed here in double
+precision, rounded once and rendered into the source as tables, never evaluated per block; the
+template checks them against its own placement. An operand transformed directly has no placed
+planes in its workspace.
 """
 from __future__ import annotations
 

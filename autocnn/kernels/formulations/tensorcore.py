@@ -11,6 +11,8 @@ nearest), tf32 one product per term, its operands rounded to nearest or truncate
 In fp32, CROSS=1 (with paired or quad fragment reads) runs 3xTF32's two cross products as one
 m16n8k16 BF16 mma per k-step instead of two TF32 ones, each lane forming the BF16 registers from its
 own fragments (_mma_sync.cuh.j2's mma_cross): each product stays within about 2**-17 of itself.
+The same split serves winograd's generated products (MMA_CROSS) and fft's tensor-core
+multiply-accumulate (MAC_CROSS).
 
 Parameters: block tile BM x BN x BK, warps WM x WN (the warp tile is BM/WM x BN/WN), FRAG (how
 fragments are read from shared memory and rounded to TF32: see tcgemm.cuh.j2), pipeline
@@ -23,8 +25,8 @@ the gather's index work per element becomes per float4); and for conv_wgrad SPLI
 splits' partial sums combined by atomics, or written to a workspace and summed in a fixed order by
 igemm's second-pass kernel: deterministic results, no zeroing of the outputs).
 
-The operations do not prefer it for their heuristic defaults yet (its speed against the other
-formulations is for the tuner to find), so registering it changed no default.
+The operations' heuristic defaults do not prefer it (they list the FP32 cores first): its speed
+against the other formulations is for the tuner to find.
 """
 from __future__ import annotations
 

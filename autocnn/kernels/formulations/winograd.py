@@ -47,7 +47,9 @@ times: on an H100 the modern_14 weight gradient's transforms took 37 + 39 us wit
 MMA_WM x MMA_WN warps), pipeline (MMA_STAGES, cp.async), fragment reads (MMA_FRAG) and, in fp32,
 MMA_CROSS (3xTF32's two cross products as one BF16 mma, tc's CROSS) are parameters; conv_wgrad, whose products are few and long (K x C, the reduction over the images'
 tiles), also splits the reduction over MMA_SPLITK blocks that add into M with atomics (M cleared
-first by winograd_clear).
+first by winograd_clear). The core is shared by including its template with the names it reads;
+what this user adds to it (ROW_VECTORS: 16-byte cp.async along an operand stored along its rows, for
+V) renders only where it is set, so the tc formulation's code does not change.
 
 PRODUCTS "wgmma" (Hopper, sm_90a) runs them on the wgmma formulation's block GEMM
 (wgmma_mainloop.cuh.j2, with its core in a namespace of its own), which reads both operands from
@@ -62,7 +64,10 @@ operand copied once, in FP32: each thread splits the chunks it copied into their
 shared memory as soon as its copies land (split_in_smem), so no operand is written twice to
 global memory as the wgmma formulation's staged parts are. Its parameters are the wgmma
 formulation's, prefixed WGMMA_: warpgroups, columns, stages, a group in flight, and conv_wgrad's
-reduction splits.
+reduction splits. Only these configs compile for sm_90a (a config-dependent target,
+OpFormulation.compile_suffix); the rest of winograd keeps the portable one. Measured slower than
+cuBLAS's products on the seed layers: a block's 8 reduction tiles and one block an SM leave its
+split and epilogue unhidden (MEASUREMENTS.md).
 
 WG_OUTPUT (conv_fwd, conv_bwd_data): "tiles" has each thread of the output transform store its own
 m x m tile, a warp's stores 16-byte pieces of rows m floats apart; "rows" has a block transform its

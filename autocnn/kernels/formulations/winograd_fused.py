@@ -53,6 +53,10 @@ within the FP32 bound, and only there is it stored.
 Parameters: TB (output tiles a block), MT (16-row mma tiles of output channels a warp: KB = 16 MT a
 block), WARPS (the points shared among them), CROSS (fp32's cross products as one BF16 mma), ACCUM
 (fp32: fresh registers a k-step, or the mmas' own accumulation).
+
+Where it wins: modern_56's and sweep_3x3's fp32 forward and backward-data on the H100; on the H200
+wgmma (and tma for the backward-data) beat it there but for sweep_3x3's fp32 forward, which it runs
+with WF_CROSS and WF_ACCUM=tensor (MEASUREMENTS.md).
 """
 from __future__ import annotations
 
