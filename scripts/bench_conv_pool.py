@@ -2,7 +2,7 @@
 """Convolution fused with averaging against the unfused pair and cuDNN.
 
 On the conv -> activation -> AvgPool2d pairs of the zoo (kriz09, convnet18, lenet5, vgg_cifar;
-kernels.conv_pool.zoo_pairs) at one batch size, each timed as a chain of launches on one set of
+kernels.conv_pool_problems.zoo_pairs) at one batch size, each timed as a chain of launches on one set of
 buffers, under the timing protocol (L2 flushed before each repetition, median of events):
 
   forward   pair:   conv_fwd (bias, activation) then avgpool_fwd, autocnn's looked-up configs
@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autocnn.kernels.conv_pool import zoo_pairs  # noqa: E402
+from autocnn.kernels.conv_pool_problems import zoo_pairs  # noqa: E402
 
 
 def geomean(values: list[float]) -> float | None:

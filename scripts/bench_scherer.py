@@ -216,14 +216,16 @@ def forward_rows(bench: Bench, problem: Any, rng: random.Random, samples: int,
 
 def backward_rows(bench: Bench, problem: Any, rng: random.Random, samples: int,
                   cudnn: bool) -> dict[str, Any]:
-    from autocnn.kernels.conv_bwd_fused import CONV_BWD_FUSED, ConvBwdFusedProblem
+    from autocnn.kernels import get_operation
+    from autocnn.kernels.conv_bwd_fused import ConvBwdFusedProblem
 
+    fused_op = get_operation("conv_bwd_fused")
     fused = ConvBwdFusedProblem(**problem.geometry(), bias=problem.bias)
     rows: dict[str, Any] = {}
-    first = CONV_BWD_FUSED.default_config(fused, bench.limits)
-    us, why = bench.time(CONV_BWD_FUSED, fused, first)
+    first = fused_op.default_config(fused, bench.limits)
+    us, why = bench.time(fused_op, fused, first)
     rows["fused default"] = {"us": us, "why": why, "config": first.as_dict()}
-    rows["fused searched"] = bench.best_sampled(CONV_BWD_FUSED, fused, CONV_BWD_FUSED.space(fused, bench.limits),
+    rows["fused searched"] = bench.best_sampled(fused_op, fused, fused_op.space(fused, bench.limits),
                                                 rng, samples, first)
     parts, total = {}, 0.0
     for op_name, extra in (("conv_bwd_data", {}), ("conv_wgrad", {"bias": problem.bias})):

@@ -39,7 +39,7 @@ NCU_TIMEOUT_S = 600
 
 
 def step_name(step) -> str:
-    from autocnn.kernels.operation import LibraryComplexGemm, LibraryFft, LibraryGemm
+    from autocnn.kernels.steps import LibraryComplexGemm, LibraryFft, LibraryGemm
 
     if isinstance(step, LibraryFft):
         layout = " frequency-major" if step.frequency_major else ""

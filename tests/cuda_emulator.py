@@ -30,7 +30,7 @@ from typing import Callable, Collection, Mapping
 import numpy as np
 
 from autocnn.kernels import reference
-from autocnn.kernels.operation import Launch
+from autocnn.kernels.steps import Launch
 from autocnn.tuning.measure import verify_outputs
 from tests.plan_numpy import LIBRARY_STEPS, run_library_step
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from autocnn.kernels import reference
-from autocnn.kernels.operation import LibraryComplexGemm, LibraryFft, LibraryGemm, MatrixView
+from autocnn.kernels.steps import LibraryComplexGemm, LibraryFft, LibraryGemm, MatrixView
 
 
 def view(buf: np.ndarray, mv: MatrixView, rows: int, cols: int, batch: int) -> np.ndarray:

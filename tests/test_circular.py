@@ -21,7 +21,7 @@ from autocnn.kernels.formulations import REGISTRY
 from autocnn.kernels.formulations.circular import CIRCULAR, NAME, circular_grid, circular_threads
 from autocnn.kernels.formulations.circular_rows import (RowWindow, block_steps, final_rows, flush_rows, phase_len,
                                                         row_schedule, strip_width)
-from autocnn.kernels.operation import cdiv
+from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import odd_problems, seed_problems
 from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with

@@ -17,16 +17,16 @@ from autocnn.device import DeviceLimits
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels import get_operation, reference
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
-from autocnn.kernels.conv_bwd_fused import CONV_BWD_FUSED, ConvBwdFusedProblem
+from autocnn.kernels.conv_bwd_fused import ConvBwdFusedProblem
 from autocnn.kernels.formulations.circular_bwd import ATOMIC, TWO_PASS, bwd_grid, bwd_parts, bwd_threads
 from autocnn.kernels.formulations.circular_rows import phase_len, strip_width
-from autocnn.kernels.operation import cdiv
+from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvWgradProblem, parse_shape, problem_from_dict
 from autocnn.kernels.suite import odd_problems, seed_problems
 from tests.test_circular import load_rows, scherer10_problems, uneven_problems
 
 LIMITS = DeviceLimits.for_arch("sm_90")
-OP = CONV_BWD_FUSED
+OP = get_operation("conv_bwd_fused")
 
 
 def fused(problem) -> ConvBwdFusedProblem:

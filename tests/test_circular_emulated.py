@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.conv_bwd_fused import CONV_BWD_FUSED
+from autocnn.kernels import get_operation
 from autocnn.kernels.formulations.circular import NAME
 from autocnn.kernels.formulations.circular_bwd import ATOMIC, TWO_PASS
 from autocnn.kernels.problem import ConvFwdProblem
@@ -26,6 +26,7 @@ from tests.cuda_emulator import emulated_failure
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 
 LIMITS = DeviceLimits.for_arch("sm_90")
+CONV_BWD_FUSED = get_operation("conv_bwd_fused")
 MAX_THREADS = 256      # the emulator runs an OS thread per CUDA thread: larger blocks only cost time here
 def small(threads_of, configs: list) -> list:
     return [c for c in configs if threads_of(c) <= MAX_THREADS]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from autocnn import nn
-from autocnn.kernels.conv_pool import ConvPoolDzProblem, ConvPoolFwdProblem
+from autocnn.kernels.conv_pool_problems import ConvPoolDzProblem, ConvPoolFwdProblem
 from autocnn.nn import Conv2d, NumpyBackend
 from autocnn.nn.layer_fusion import conv_pool_pairs
 from tests.relu_decisions import relu_decisions_taken_from

@@ -16,7 +16,6 @@ from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, dft_smem_bytes, dft_tables, fdft_tables,
                                              idft_planes,
                                              fft_conv, fft_size, fdft_smem_bytes, idft_tables, is_phased, kept_columns,
@@ -25,8 +24,10 @@ from autocnn.kernels.formulations.fft import (DFT_PLANES, FFT, MAX_FFT, NAME, df
                                              buffer_name, shares_workspace, fft_tiles, tile_of, TILES_F,
                                              frequency_major, mac_gemm, DFT_FLATS, RADIX_MAX, RADIX_PLANES, RADIX_THREADS,
                                              radix_factors, radix_lead, radix_smem_bytes, kept_rows)
-from autocnn.kernels.operation import LibraryComplexGemm, LibraryFft, cdiv, next_pow2
+from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
+from autocnn.kernels.steps import LibraryComplexGemm, LibraryFft
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
 from tests.formulation_checks import assert_verifies_on_gpu, build_failures, compile_failures, operations_with
 from tests.plan_numpy import check_plans, frequency_major as frequency_major_view
@@ -1351,7 +1352,7 @@ def test_complex_gemm_steps_check_their_views_and_compute_each_op_as_stored():
     """LibraryComplexGemm refuses a view too short for its stored matrix, overlapping outputs and an
     unknown op, naming what was wrong; NumPy's run of it (as cuBLAS: views in complex numbers) gives
     op(A) op(B) with "n", "t" and "h" as their definitions say, batched, and adds with accumulate."""
-    from autocnn.kernels.operation import MatrixView
+    from autocnn.kernels.steps import MatrixView
     from tests.plan_numpy import numpy_gemm
 
     with pytest.raises(ValueError, match="op_b is one of"):

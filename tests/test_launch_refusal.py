@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from autocnn.errors import DeviceError, FailureClass, LaunchError
-from autocnn.kernels.operation import Launch
 from autocnn.kernels.runtime import (CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, LoadedPlan)
+from autocnn.kernels.steps import Launch
 
 
 class FakeDriverError(RuntimeError):

@@ -11,7 +11,8 @@ import pytest
 
 from autocnn.device import DeviceInfo
 from autocnn.kernels import get_operation
-from autocnn.kernels.operation import Launch, code_text
+from autocnn.kernels.plan import code_text
+from autocnn.kernels.steps import Launch
 from autocnn.kernels.suite import seed_shape
 from autocnn.store import (RecordError, RecordKey, StaleRecordError, StaleRecordWarning, TuningDatabase,
                            TuningRecord, now_utc, validate_record)

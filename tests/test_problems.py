@@ -178,7 +178,7 @@ def test_fused_and_separable_problems_round_trip_through_their_shape_strings():
     """Every field kind of the later ops reads back: conv_pool_fwd's pool_window/pool_stride/
     pool_padding tuples and keep_activation flag (``autocnn db list`` parses record shapes)."""
     from autocnn.kernels.conv_bwd_fused import ConvBwdFusedProblem
-    from autocnn.kernels.conv_pool import ConvPoolDzProblem, ConvPoolFwdProblem
+    from autocnn.kernels.conv_pool_problems import ConvPoolDzProblem, ConvPoolFwdProblem
     from autocnn.kernels.problem import problem_type
 
     problems = [

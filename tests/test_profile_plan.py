@@ -48,8 +48,8 @@ def test_every_step_of_a_verified_plan_is_timed(tmp_path, capsys):
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels import get_operation
-    from autocnn.kernels.operation import LibraryFft
     from autocnn.kernels.problem import parse_shape
+    from autocnn.kernels.steps import LibraryFft
 
     config = CONFIG
     out = tmp_path / "profile.json"

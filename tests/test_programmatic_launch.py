@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from autocnn.kernels.compiler import nvcc_path
-from autocnn.kernels.operation import Launch
 from autocnn.kernels.runtime import LoadedPlan
+from autocnn.kernels.steps import Launch
 from autocnn.kernels.tensor_maps import (_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, TensorMapLauncher,
                                          _LaunchAttribute, _LaunchConfig)
 from tests.graph_capture import warm_up_then_capture

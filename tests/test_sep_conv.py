@@ -13,7 +13,7 @@ import pytest
 
 from autocnn.device import DEFAULT_WORKSPACE_BYTES, DeviceLimits
 from autocnn.errors import InfeasibleConfigError, InvalidProblemError
-from autocnn.kernels import reference
+from autocnn.kernels import get_operation, reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.problem import ConvFwdProblem, parse_shape, problem_from_dict
 from autocnn.tuning.measure import error_bound
@@ -25,8 +25,7 @@ from tests.formulation_checks import build_failures
 
 SM90 = DeviceLimits.for_arch("sm_90")
 SM86 = DeviceLimits.for_arch("sm_86")
-OPERATIONS = {"sep_conv_fwd": sep.SEP_CONV_FWD, "sep_conv_bwd_data": sep.SEP_CONV_BWD_DATA,
-              "sep_conv_wgrad": sep.SEP_CONV_WGRAD}
+OPERATIONS = {op: get_operation(op) for op in sep.SEP_OPS}
 OPS = tuple(OPERATIONS)
 FWD_BWD = ("sep_conv_fwd", "sep_conv_bwd_data")
 

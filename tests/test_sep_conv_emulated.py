@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from autocnn.device import DeviceLimits
+from autocnn.kernels import get_operation
 
 import autocnn.kernels.sep_conv as sep
 from tests.cuda_emulator import emulated_failure
@@ -22,8 +23,7 @@ from tests.cuda_emulator import emulated_failure
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 
 LIMITS = DeviceLimits.for_arch("sm_90")
-OPERATIONS = {"sep_conv_fwd": sep.SEP_CONV_FWD, "sep_conv_bwd_data": sep.SEP_CONV_BWD_DATA,
-              "sep_conv_wgrad": sep.SEP_CONV_WGRAD}
+OPERATIONS = {op: get_operation(op) for op in sep.SEP_OPS}
 
 def check(op: str, problem, config, cache: Path, seed: int) -> str | None:
     return emulated_failure(OPERATIONS[op], problem, config, cache, seed)

@@ -11,12 +11,11 @@ import pytest
 
 import autocnn.kernels.sep_conv as sep
 from autocnn.device import DEFAULT_WORKSPACE_BYTES
-from autocnn.kernels import reference
+from autocnn.kernels import get_operation, reference
 
 pytestmark = pytest.mark.gpu
 
-OPERATIONS = {"sep_conv_fwd": sep.SEP_CONV_FWD, "sep_conv_bwd_data": sep.SEP_CONV_BWD_DATA,
-              "sep_conv_wgrad": sep.SEP_CONV_WGRAD}
+OPERATIONS = {op: get_operation(op) for op in sep.SEP_OPS}
 FORMULATIONS = [("sep_conv_fwd", "sep_register"), ("sep_conv_fwd", "sep_onepass"), ("sep_conv_fwd", "sep_twopass"),
                 ("sep_conv_bwd_data", "sep_register"), ("sep_conv_bwd_data", "sep_onepass"),
                 ("sep_conv_bwd_data", "sep_twopass"), ("sep_conv_wgrad", "sep_tiles")]

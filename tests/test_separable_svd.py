@@ -241,7 +241,7 @@ def test_bad_filters_and_ranks_are_refused(rng):
 # -- the CUDA template, on the CPU -------------------------------------------------------------------
 
 def test_variants_fit_the_block_and_shared_memory_limits():
-    from autocnn.kernels.operation import STATIC_SMEM_LIMIT
+    from autocnn.kernels.rules import STATIC_SMEM_LIMIT
     from autocnn.separable.svd_cuda import candidate_variants, shared_bytes
 
     for R, S, rank in [(3, 3, 1), (5, 5, 5), (11, 11, 11), (2, 7, 2)]:

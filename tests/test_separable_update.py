@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from autocnn.kernels.compiler import nvcc_path
-from autocnn.kernels.operation import Launch
 from autocnn.kernels.problem import ConvFwdProblem
+from autocnn.kernels.steps import Launch
 from autocnn.separable import projection_cuda
 from autocnn.separable.execution import separable_problems
 from autocnn.separable.projection import factor_gradients, tangent_projection

@@ -17,8 +17,8 @@ from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.unrolled import (NAME, PER_IMAGE_T, SIDE_BY_SIDE, UNROLLED, block_images, layout,
                                                    unrolling)
-from autocnn.kernels.operation import LibraryGemm, MatrixView
 from autocnn.kernels.problem import PROBLEM_TYPES
+from autocnn.kernels.steps import LibraryGemm, MatrixView
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
 from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with
 from tests.plan_numpy import check_plans

@@ -182,7 +182,7 @@ def test_wgmma_is_offered_on_hopper_for_tf32_with_whole_float4_runs():
 
 
 def test_wgmma_serves_conv_bwd_data_per_stride_phase_with_staged_operands():
-    from autocnn.kernels.conv_bwd_data import stride_phases
+    from autocnn.kernels.geometry import stride_phases
 
     name, problem = _bwd_problems()[0]   # modern_14: 256 input channels take every width
     assert len(_every_config(problem, BWD, ALL_WIDTHS)) == 33
@@ -218,7 +218,7 @@ def _split_configs(problem, op):
 
 
 def test_a_split_reduction_adds_into_the_zeroed_output_of_layers_without_activation():
-    from autocnn.kernels.conv_bwd_data import stride_phases
+    from autocnn.kernels.geometry import stride_phases
 
     config = {"formulation": FORMULATION_WGMMA, "WGS": 2, "WBN": 128, "WSTAGES": 3, "INFLIGHT": 0, "STAGE_LAUNCHES": 2,
               "SK_BLOCKS": 0, "STAGE_PLANES": 0}

@@ -19,7 +19,7 @@ from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.winograd import (NAME, TRANSFORMS, WINOGRAD, config_splits, products_gemm, tiles,
                                                     view, workspace_elements)
-from autocnn.kernels.operation import next_pow2
+from autocnn.kernels.geometry import next_pow2
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import seed_problems
 from autocnn.tuning.measure import error_bound

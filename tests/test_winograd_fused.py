@@ -17,9 +17,9 @@ from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.winograd import view
 from autocnn.kernels.formulations.winograd_fused import (NAME, WINOGRAD_FUSED, all_tiles, padded, registers_needed,
                                                          smem_bytes, u_elements)
+from autocnn.kernels.geometry import next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import seed_problems
-from autocnn.kernels.operation import next_pow2
 from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with
 
 LIMITS = DeviceLimits.for_arch("sm_90")

@@ -1,49 +1,18 @@
 """conv_bwd_data: the gradient with respect to the convolution's input.
 
-The outputs are split into stride phases (a, b) = ((h + pad_top) % SH, (w + pad_left) % SW); in each
-phase the contributing taps are r = a + SH*j, so the strided gather becomes a dense stride-1
+The outputs are split into stride phases (kernels/geometry.py: stride_phases), each a dense stride-1
 correlation of dY with a flipped sub-filter, with no work on the "holes". Every formulation
 (formulations/: "direct" tiling, "igemm" implicit GEMM, and "gather" for few input channels) runs
 the phases as blocks of one launch; the op template defines them for all.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Sequence
 
+from autocnn.kernels.geometry import StridePhase, stride_phases
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import ConvBwdDataProblem
-
-
-@dataclass(frozen=True)
-class StridePhase:
-    a: int      # (h + pad_top) mod SH of this phase's outputs
-    b: int
-    Ha: int     # outputs of the phase along h: h = a - PT + SH*(ilo + i), 0 <= i < Ha
-    Wb: int
-    ilo: int
-    jlo: int
-    Ra: int     # filter taps of the phase along r: r = a + SH*j, 0 <= j < Ra (0: the gradient is zero)
-    Sb: int
-
-
-def stride_phases(p: ConvBwdDataProblem) -> list[StridePhase]:
-    sh, sw = p.stride
-    pt, pl = p.padding[0], p.padding[1]
-    phases = []
-    for a in range(sh):
-        ilo = -((a - pt) // sh)                 # ceil((pt - a) / sh): the first output row >= 0
-        ihi = (p.H - 1 - a + pt) // sh
-        ha = ihi - ilo + 1
-        ra = -(-(p.R - a) // sh) if a < p.R else 0
-        for b in range(sw):
-            jlo = -((b - pl) // sw)
-            jhi = (p.W - 1 - b + pl) // sw
-            wb = jhi - jlo + 1
-            sb = -(-(p.S - b) // sw) if b < p.S else 0
-            if ha > 0 and wb > 0:
-                phases.append(StridePhase(a, b, ha, wb, ilo, jlo, ra, sb))
-    return phases
 
 
 class ConvBwdData(Operation):

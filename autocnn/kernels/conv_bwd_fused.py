@@ -84,12 +84,3 @@ class ConvBwdFused(Operation):
     def min_bytes(self, p: ConvBwdFusedProblem) -> int:
         n = 2 * p.N * p.C * p.H * p.W + p.N * p.K * p.P * p.Q + 2 * p.K * p.C * p.R * p.S
         return 4 * (n + (p.K if p.bias else 0))
-
-
-def _register() -> ConvBwdFused:
-    from autocnn.kernels import register_operation
-
-    return register_operation(ConvBwdFused())
-
-
-CONV_BWD_FUSED = _register()

@@ -23,7 +23,7 @@ from typing import Any
 
 from autocnn.errors import DeviceError
 from autocnn.kernels.library_steps import StreamBound, device_engine, load_library, pointers, release_all
-from autocnn.kernels.operation import LibraryComplexGemm, LibraryGemm
+from autocnn.kernels.steps import LibraryComplexGemm, LibraryGemm
 
 # cuBLAS's enums (cublas_api.h).
 CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C = 0, 1, 2

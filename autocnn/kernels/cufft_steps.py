@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from autocnn.errors import DeviceError
 from autocnn.kernels.library_steps import StreamBound, device_engine, load_library, pointers, release_all
-from autocnn.kernels.operation import LibraryFft
+from autocnn.kernels.steps import LibraryFft
 
 # cuFFT's enums (cufft.h).
 CUFFT_R2C, CUFFT_C2R = 0x2A, 0x2C

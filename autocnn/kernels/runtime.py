@@ -7,10 +7,11 @@ from typing import Any, Collection, Mapping
 
 import numpy as np
 
-from autocnn.kernels.compiler import NvrtcCompiler
 from autocnn.errors import CompileError, DeviceError, LaunchError
 from autocnn.gpu import require_cupy
-from autocnn.kernels.operation import KernelPlan, LibraryComplexGemm, LibraryFft, LibraryGemm
+from autocnn.kernels.compiler import NvrtcCompiler
+from autocnn.kernels.plan import KernelPlan
+from autocnn.kernels.steps import LibraryComplexGemm, LibraryFft, LibraryGemm
 
 # Shared memory a block may use without opting in to more (CUDA's static limit).
 DEFAULT_DYNAMIC_SMEM = 48 * 1024

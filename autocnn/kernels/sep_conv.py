@@ -24,20 +24,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels import register_operation
-from autocnn.kernels.formulations.base import Formulation
 from autocnn.kernels.formulations.sep_geometry import SepCorrelation, correlation
-from autocnn.kernels.formulations.sep_onepass import SEP_ONEPASS
-from autocnn.kernels.formulations.sep_register import SEP_REGISTER
-from autocnn.kernels.formulations.sep_tiles import SEP_TILES
-from autocnn.kernels.formulations.sep_twopass import SEP_TWOPASS
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import (ACTIVATIONS, PROBLEM_TYPES, ConvBwdDataProblem, ConvFwdProblem,
                                      ConvWgradProblem, register_problem_type)
 from autocnn.kernels.reference import _activate, array_module
-
-# The formulations the three operations compose, in the order of their "formulation" parameter.
-SEPARABLE_FORMULATIONS: tuple[Formulation, ...] = (SEP_REGISTER, SEP_ONEPASS, SEP_TWOPASS, SEP_TILES)
 
 # Elements of the reference's largest temporary (images x filters x channels x a map): bounded so
 # that checking a 128-image layer does not need gigabytes of host memory. On the GPU (CuPy) the
@@ -233,10 +224,7 @@ def separable_factor_grads(x: Any, dy: Any, u: Any, v: Any, p: SepConvWgradProbl
 # -- operations ---------------------------------------------------------------------------------------
 
 class _SepOperation(Operation):
-    """Composes the separable formulations (not formulations.REGISTRY) unless given a registry."""
-
-    def __init__(self, registry: Sequence[Formulation] | None = None):
-        super().__init__(SEPARABLE_FORMULATIONS if registry is None else registry)
+    """A separable convolution: composes the separable formulations (formulations.SEPARABLE)."""
 
     def separable_macs(self, p: Any) -> int:
         """Multiply-adds of the separable computation, halos left out: per (image, k, c, j) a
@@ -345,8 +333,3 @@ def odd_problems(op: str) -> list[tuple[str, Any]]:
     ]
     extra = {"bias": True, "activation": "relu"} if op == "sep_conv_fwd" else {}
     return [(name, cls(**geo, **(extra if name in ("sep_odd_a", "sep_odd_d") else {}))) for name, geo in shapes]
-
-
-SEP_CONV_FWD = register_operation(SepConvFwd())
-SEP_CONV_BWD_DATA = register_operation(SepConvBwdData())
-SEP_CONV_WGRAD = register_operation(SepConvWgrad())

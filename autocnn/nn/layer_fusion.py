@@ -46,7 +46,7 @@ class ConvPoolPair:
 def conv_pool_pairs(layers: Sequence[Layer], input_shapes: Sequence[Shape], batch_size: int) -> list[ConvPoolPair]:
     """Every Conv2d (2D, not separable) followed directly by an AvgPool2d whose fused kernel can
     take the pair (``input_shapes[i]``: layer i's input shape)."""
-    from autocnn.kernels.conv_pool import ConvPoolFwdProblem
+    from autocnn.kernels.conv_pool_problems import ConvPoolFwdProblem
 
     pairs = []
     for i in range(len(layers) - 1):

@@ -55,7 +55,8 @@ class ModelKernels:
         """
         from autocnn.store.database import TuningDatabase
         from autocnn.tuning.sources import GpuSource
-        from autocnn.tuning.tuner import TuneSettings, Tuner, tune_problems
+        from autocnn.tuning.network import tune_problems
+        from autocnn.tuning.tuner import TuneSettings, Tuner
 
         problems = self.problems(batch_size, alternatives=True)
         source = GpuSource(device)

@@ -9,7 +9,7 @@ within the tolerance-derived allowance over the float64 truncated SVD), then tim
 (tuning.measure.time_callable, from a cold start); the fastest verified variant serves the shape
 for the rest of the process.
 
-Why not an Operation of the tuner (kernels.register_operation)? Its machinery judges a kernel by
+Why not an Operation of the tuner (kernels/registry.py)? Its machinery judges a kernel by
 one relative error of each output against a deterministic float64 reference, and keys records by
 a problem that fully determines the result. The power method's result depends on its start
 (warm starts carry state from call to call), its vectors are unique only up to sign and within
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from autocnn.kernels.operation import STATIC_SMEM_LIMIT
+from autocnn.kernels.rules import STATIC_SMEM_LIMIT
 from autocnn.separable.svd import SvdReport, SvdSettings, check_rank, report_from
 from autocnn.separable.svd_check import FactorCheck, check_factors
 from autocnn.separable.templates import load_module, render

@@ -129,7 +129,7 @@ def collect_problems(model: nn.Module, example_input: Any, *, precision: str | N
 
 def split_trials(uses: Sequence[ProblemUse], total: int, minimum: int = 8) -> list[int]:
     """Trials per problem: ``minimum`` each, the rest in proportion to count x expected time."""
-    from autocnn.tuning.tuner import expected_seconds
+    from autocnn.tuning.network import expected_seconds
 
     weights = [u.count * expected_seconds(u.problem.op, u.problem) for u in uses]
     spare = max(0, total - minimum * len(uses))
@@ -141,7 +141,7 @@ def tune_uses(tuner: Any, uses: Sequence[ProblemUse], trials: int, timeout_s: fl
               log: Callable[[str], None] | None = None) -> list[Any]:
     """Tune each problem with ``tuner`` (autocnn.tuning.tuner.Tuner) under one budget of trials (and
     of seconds, when given), split by time share; one TuneOutcome per problem."""
-    from autocnn.tuning.tuner import expected_seconds
+    from autocnn.tuning.network import expected_seconds
 
     weights = [u.count * expected_seconds(u.problem.op, u.problem) for u in uses]
     whole = sum(weights) or 1.0

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 from autocnn.tuning.network import ProblemBudget
 from autocnn.tuning.settings import TuneOutcome, TuneSettings, check_timeout
 from autocnn.tuning.sources import MeasurementSource
-from autocnn.tuning.storage import shared_storage
+from autocnn.tuning.study_lock import shared_storage
 
 
 def parse_devices(text: str | None) -> list[int] | str:

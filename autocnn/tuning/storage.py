@@ -17,7 +17,6 @@ storage autocnn does not know could not promise.
 """
 from __future__ import annotations
 
-import threading
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -155,26 +154,6 @@ def _require_driver(spec: StorageSpec) -> None:
     except ImportError as exc:
         raise StorageUrlError(spec.url, f"its database driver is not installed ({exc}); "
                                         f"pip install 'psycopg[binary]'") from None
-
-
-_shared: dict[str, Any] = {}
-_shared_guard = threading.Lock()
-
-
-def shared_storage(spec: StorageSpec) -> Any:
-    """This process's one storage object for a URL (tuners of several GPUs share it: Optuna's
-    storages are thread-safe), opened under the storage's lock: processes that start together
-    would otherwise race to create the same tables. ``memory`` is a new, empty storage each time."""
-    from autocnn.tuning.study_lock import STORAGE_LOCK, study_lock
-
-    if spec.kind == "memory":
-        return open_storage(spec.url)
-    with _shared_guard:
-        storage = _shared.get(spec.url)
-        if storage is None:
-            with study_lock(spec, STORAGE_LOCK):
-                storage = _shared[spec.url] = open_storage(spec.url)
-        return storage
 
 
 _PRAGMAS_INSTALLED = False

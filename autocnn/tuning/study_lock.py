@@ -1,4 +1,5 @@
-"""The lock under which a study hands out configs, so two tuners never take the same one.
+"""The lock under which a study hands out configs, so two tuners never take the same one, and the
+storage each process opens once under the storage's lock.
 
 Between reading what a study holds (finished and in-flight configs) and marking a new config as
 in flight, no other tuner may do the same. For a storage on this host (SQLite, journal) a file lock
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from autocnn.tuning.storage import StorageSpec
+from autocnn.tuning.storage import StorageSpec, open_storage
 
 STORAGE_LOCK = "(the storage itself)"   # the name whose lock guards creating a storage's tables
 LOCK_TIMEOUT_S = 600.0   # holders keep it for one proposal (milliseconds); minutes means a stuck process
@@ -26,6 +27,8 @@ _POLL_S = 0.05
 _thread_locks: dict[str, threading.Lock] = {}
 _thread_locks_guard = threading.Lock()
 _engines: dict[str, Any] = {}
+_shared: dict[str, Any] = {}
+_shared_guard = threading.Lock()
 
 
 class StudyLockTimeout(RuntimeError):
@@ -105,3 +108,17 @@ def _engine(spec: StorageSpec) -> Any:
 
         engine = _engines[spec.url] = create_engine(spec.url, pool_pre_ping=True, pool_size=2, max_overflow=4)
     return engine
+
+
+def shared_storage(spec: StorageSpec) -> Any:
+    """This process's one storage object for a URL (tuners of several GPUs share it: Optuna's
+    storages are thread-safe), opened under the storage's lock: processes that start together
+    would otherwise race to create the same tables. ``memory`` is a new, empty storage each time."""
+    if spec.kind == "memory":
+        return open_storage(spec.url)
+    with _shared_guard:
+        storage = _shared.get(spec.url)
+        if storage is None:
+            with study_lock(spec, STORAGE_LOCK):
+                storage = _shared[spec.url] = open_storage(spec.url)
+        return storage

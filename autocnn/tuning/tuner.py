@@ -36,15 +36,14 @@ from autocnn.errors import FailureClass, InfeasibleConfigError, InvalidConfigErr
 from autocnn.kernels import get_operation
 from autocnn.kernels.space import Config, SearchSpace
 from autocnn.tuning.confirm import confirm_and_store
-from autocnn.tuning.network import expected_seconds, plan_budgets, split_budget, tune_problems  # noqa: F401
 from autocnn.tuning.leases import HEARTBEATS, OWNER_ATTR, Owner, new_owner, retire
 from autocnn.tuning.samplers import (SAMPLERS, ExhaustiveSampler, enqueue_params, make_sampler,  # noqa: F401
                                      suggest_config)
 from autocnn.tuning.settings import TuneOutcome, TuneSettings, check_timeout  # noqa: F401
 from autocnn.tuning.sources import MeasurementSource, TrialResult
 from autocnn.tuning.storage import (StorageSpec, StorageUrlError, default_storage_url, open_storage,  # noqa: F401
-                                    parse_storage, shared_storage)
-from autocnn.tuning.study_lock import study_lock
+                                    parse_storage)
+from autocnn.tuning.study_lock import shared_storage, study_lock
 from autocnn.tuning.trials import (ABANDONED_ATTR, CONFIG_ATTR, RESULT_ATTR, in_flight, known_results,  # noqa: F401
                                    measured_count, queued_keys, tell)
 

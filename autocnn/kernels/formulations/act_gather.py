@@ -10,8 +10,9 @@ from typing import Any
 
 from autocnn.kernels.formulations.base import Formulation
 from autocnn.kernels.formulations.window_gather import WindowGatherBwd
-from autocnn.kernels.operation import Launch, cdiv
+from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.space import Config
+from autocnn.kernels.steps import Launch
 
 NAME = "act_gather"
 

@@ -47,8 +47,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.operation import Launch, next_pow2
+from autocnn.kernels.geometry import next_pow2
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 FULL_UNROLL = 0   # an unroll value of 0 renders as a plain "#pragma unroll" (unroll completely)
 

@@ -17,10 +17,12 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormulation, choices_upto, pragma_unroll
 from autocnn.kernels.formulations.circular_rows import MINB_CHOICES, RowWindow, minb_rule, phase_len
-from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, at_most, cdiv, code_size_rule,
-                                       grid_rule, next_pow2, smem_rule, threads_rule)
+from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvFwdProblem
+from autocnn.kernels.rules import (GRID_X_LIMIT, GRID_YZ_LIMIT, at_most, code_size_rule, grid_rule, smem_rule,
+                                   threads_rule)
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 NAME = "circular"
 PPS_CHOICES = (1, 2, 4)

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.circular_rows import MINB_CHOICES, minb_rule, phase_len
-from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, at_most, cdiv, grid_rule, next_pow2,
-                                       smem_rule)
+from autocnn.kernels.geometry import cdiv, next_pow2
+from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, at_most, grid_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
-if TYPE_CHECKING:   # the problem's module imports this one's package: no import at run time
+if TYPE_CHECKING:
     from autocnn.kernels.conv_bwd_fused import ConvBwdFusedProblem
 
 NAME = "circular_bwd"

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from autocnn.kernels.operation import cdiv
+from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.space import Constraint
 
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.conv_bwd_data import stride_phases
 from autocnn.kernels.formulations.base import (FULL_UNROLL, Formulation, OpFormulation, choices_upto,
                                                pragma_unroll)
-from autocnn.kernels.operation import (GRID_YZ_LIMIT, Launch, at_most, cdiv, code_size_rule, grid_rule, next_pow2,
-                                       smem_rule, threads_rule)
+from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem
+from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, code_size_rule, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 NAME = "direct"
 

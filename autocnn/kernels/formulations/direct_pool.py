@@ -14,11 +14,13 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Formulation
 from autocnn.kernels.formulations.direct import (CorrelationEnvelope, _Direct, direct_smem_bytes,
                                                  direct_threads)
-from autocnn.kernels.operation import Launch, cdiv, smem_rule
+from autocnn.kernels.geometry import cdiv
+from autocnn.kernels.rules import smem_rule
 from autocnn.kernels.space import Config, Constraint
+from autocnn.kernels.steps import Launch
 
 if TYPE_CHECKING:
-    from autocnn.kernels.conv_pool import ConvPoolFwdProblem
+    from autocnn.kernels.conv_pool_problems import ConvPoolFwdProblem
 
 NAME = "direct_pool"
 

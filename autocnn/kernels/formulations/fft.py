@@ -130,9 +130,10 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.tensorcore import arch_number
-from autocnn.kernels.operation import (Launch, LibraryComplexGemm, LibraryFft, MatrixView, cdiv, next_pow2, smem_rule,
-                                       workspace_rule)
+from autocnn.kernels.geometry import cdiv, next_pow2
+from autocnn.kernels.rules import smem_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch, LibraryComplexGemm, LibraryFft, MatrixView
 
 NAME = "fft"
 MIN_TAPS = 25

@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.conv_bwd_data import StridePhase, stride_phases
 from autocnn.kernels.formulations.base import Formulation, OpFormulation
-from autocnn.kernels.operation import Launch, cdiv, code_size_rule, grid_rule, next_pow2, smem_rule, threads_rule
+from autocnn.kernels.geometry import StridePhase, cdiv, next_pow2, stride_phases
 from autocnn.kernels.problem import ConvBwdDataProblem
+from autocnn.kernels.rules import code_size_rule, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 NAME = "gather"
 

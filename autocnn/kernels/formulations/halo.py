@@ -42,11 +42,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.conv_bwd_data import stride_phases
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation
 from autocnn.kernels.formulations.tensorcore import arch_number
-from autocnn.kernels.operation import Launch, at_most, cdiv, grid_rule, next_pow2, smem_rule, threads_rule
+from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
+from autocnn.kernels.rules import at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 FORMULATION_HALO = "halo"
 ARCH = 90           # wgmma: sm_90a only

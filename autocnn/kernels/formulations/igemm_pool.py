@@ -5,7 +5,7 @@ A block computes the convolution outputs of whole pooling windows: its GEMM rows
 rectangle of a TPP x TQQ tile of pooled outputs (pool_blocks.py), for as many images as fit in BM
 rows, and its columns BN filters. Overlapping windows share their overlap in shared memory inside
 the block; between neighbouring tiles it is recomputed (a rectangle's extra rows: window - stride
-per tile). Serves every window whose one-window rectangle fits in MAX_BLOCK_CELLS rows.
+per tile). Serves every window whose one-window rectangle fits in MAX_BLOCK_CELLS rows (pool_blocks.py).
 """
 from __future__ import annotations
 
@@ -16,15 +16,16 @@ from autocnn.kernels.formulations.base import Formulation, pragma_unroll
 from autocnn.kernels.formulations.igemm import (CONV_BM, GemmEnvelope, _ConvIgemm, igemm_smem_bytes,
                                                 igemm_threads)
 from autocnn.kernels.formulations.pool_blocks import block_extent, rectangle
-from autocnn.kernels.operation import Launch, cdiv, next_pow2, smem_rule
+from autocnn.kernels.geometry import cdiv, next_pow2
+from autocnn.kernels.rules import smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 if TYPE_CHECKING:
-    from autocnn.kernels.conv_pool import ConvPoolFwdProblem
+    from autocnn.kernels.conv_pool_problems import ConvPoolFwdProblem
 
 NAME = "igemm_pool"
 POOLED_TILE = (1, 2, 3, 4, 5, 6, 8, 12, 16)
-MAX_BLOCK_CELLS = max(CONV_BM)     # a block's rectangle must fit in its GEMM rows
 
 
 def block_rows(p: "ConvPoolFwdProblem", bm: int, tpp: int, tqq: int) -> tuple[int, int, int]:

@@ -14,7 +14,10 @@ smallest block must fit), so it lives apart from both.
 """
 from __future__ import annotations
 
-from autocnn.kernels.operation import cdiv
+from autocnn.kernels.formulations.igemm import CONV_BM
+from autocnn.kernels.geometry import cdiv
+
+MAX_BLOCK_CELLS = max(CONV_BM)     # a block's rectangle must fit in igemm_pool's GEMM rows
 
 
 def block_extent(conv: int, pooled: int, window: int, stride: int, pad_lo: int, per_block: int,

@@ -22,7 +22,8 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import choices_upto
 from autocnn.kernels.formulations.direct import output_tile_params
-from autocnn.kernels.operation import GRID_X_LIMIT, at_most, cdiv, next_pow2, threads_rule
+from autocnn.kernels.geometry import cdiv, next_pow2
+from autocnn.kernels.rules import GRID_X_LIMIT, at_most, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 
 # Registers a thread may plan on for its arrays (of 255), and what addresses and loop state take besides.

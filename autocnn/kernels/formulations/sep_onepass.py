@@ -17,8 +17,9 @@ from autocnn.kernels.formulations.sep_geometry import (TILE_PARAMS, SepCorrelati
                                                        fit_registers, io_args, preferred_tiles,
                                                        register_limit, taps_floats, threads_of, tile_blocks,
                                                        tile_constraints, tile_params, tile_threads)
-from autocnn.kernels.operation import Launch, code_size_rule, smem_rule
+from autocnn.kernels.rules import code_size_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 NAME = "sep_onepass"
 

@@ -13,10 +13,11 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
 from autocnn.kernels.formulations.sep_geometry import register_limit
-from autocnn.kernels.operation import (GRID_X_LIMIT, Launch, at_most, cdiv, code_size_rule, next_pow2, smem_rule,
-                                       workspace_rule)
+from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvWgradProblem
+from autocnn.kernels.rules import GRID_X_LIMIT, at_most, code_size_rule, smem_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 NAME = "sep_tiles"
 ATOMIC, ORDERED = "atomic", "ordered"

@@ -18,10 +18,11 @@ from autocnn.kernels.formulations.sep_geometry import (TILE_PARAMS, SepCorrelati
                                                        preferred_tiles, register_limit, threads_of,
                                                        tile_blocks, tile_constraints, tile_params, tile_threads)
 from autocnn.kernels.formulations.sep_onepass import horizontal_registers
-from autocnn.kernels.operation import (Launch, cdiv, code_size_rule, next_pow2, smem_rule, threads_rule,
-                                       workspace_rule)
+from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import INDEX_LIMIT
+from autocnn.kernels.rules import code_size_rule, smem_rule, threads_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 NAME = "sep_twopass"
 WORKSPACE = "sep_z"

@@ -36,9 +36,11 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, choices_with_own
 from autocnn.kernels.formulations.tensorcore import accumulator_violation, arch_violation
-from autocnn.kernels.operation import GRID_YZ_LIMIT, Launch, cdiv, next_pow2, smem_rule, threads_rule
+from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvWgradProblem
+from autocnn.kernels.rules import GRID_YZ_LIMIT, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 NAME = "tc_rows"
 STAGE_BUFFERS = 2      # the slab being multiplied and the next one, in flight

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.conv_bwd_data import stride_phases
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES, wgrad_reduce_launch
-from autocnn.kernels.operation import (GRID_YZ_LIMIT, Launch, at_most, cdiv, grid_rule, next_pow2, smem_rule,
-                                       threads_rule)
+from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
+from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 FORMULATION_TC = "tc"
 TC_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")

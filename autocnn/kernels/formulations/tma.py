@@ -93,8 +93,10 @@ from autocnn.kernels.formulations.base import Buffers, Formulation
 from autocnn.kernels.formulations.wgmma import (
     ALIGN_SLACK, BK, TMA_PRODUCER_THREADS, WgmmaConvBwdData, _WgmmaGemm, block_rules, bwd_data_stage_launches,
     bwd_data_stage_workspaces, split, stage_w_blocks)
-from autocnn.kernels.operation import Launch, cdiv, smem_rule
+from autocnn.kernels.geometry import cdiv
+from autocnn.kernels.rules import smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 from autocnn.kernels.tensor_maps import MAX_BOX, TensorMap
 
 FORMULATION_TMA = "tma"

@@ -27,8 +27,10 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.operation import Launch, LibraryGemm, MatrixView, cdiv, next_pow2, workspace_rule
+from autocnn.kernels.geometry import cdiv, next_pow2
+from autocnn.kernels.rules import workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch, LibraryGemm, MatrixView
 
 NAME = "unrolled"
 BATCHED, WIDE, PER_IMAGE = "batched", "wide", "per_image"

@@ -13,9 +13,11 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Formulation, OpFormulation
-from autocnn.kernels.operation import GRID_X_LIMIT, Launch, cdiv, next_pow2, threads_rule
+from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import AvgPoolBwdProblem, AvgPoolFwdProblem
+from autocnn.kernels.rules import GRID_X_LIMIT, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 NAME = "window_gather"
 THREADS = (64, 128, 256, 512)

@@ -88,13 +88,15 @@ from fractions import Fraction
 from typing import Any
 
 from autocnn.device import DeviceLimits
+from autocnn.kernels.formulations import wgmma as hopper
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.tensorcore import accumulator_violation, arch_violation, warp_tile_violation
-from autocnn.kernels.formulations import wgmma as hopper
-from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, STATIC_SMEM_LIMIT, Launch, LibraryGemm, MatrixView,
-                                       cdiv, grid_rule, next_pow2, smem_rule, threads_rule, workspace_rule)
+from autocnn.kernels.geometry import cdiv, next_pow2
+from autocnn.kernels.rules import (GRID_X_LIMIT, GRID_YZ_LIMIT, STATIC_SMEM_LIMIT, grid_rule, smem_rule, threads_rule,
+                                   workspace_rule)
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch, LibraryGemm, MatrixView
 
 NAME = "winograd"
 TILES = (2, 4)

@@ -66,9 +66,10 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.tensorcore import arch_violation
 from autocnn.kernels.formulations.winograd import TRANSFORMS, WinogradView, sandwich, tiles, unserved, view
-from autocnn.kernels.operation import (GRID_X_LIMIT, GRID_YZ_LIMIT, Launch, cdiv, next_pow2, smem_rule, threads_rule,
-                                       workspace_rule)
+from autocnn.kernels.geometry import cdiv, next_pow2
+from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, smem_rule, threads_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import Launch
 
 NAME = "winograd_fused"
 M = 2                  # F(2x2,3x3): 16 points (F(4x4) is not served: see the module's docstring)

@@ -1,0 +1,74 @@
+"""Constraints the formulations share: threads, shared memory, workspace, code size and grid
+limits, and small rules over parameters (one divides another, one stays under a bound)."""
+from __future__ import annotations
+
+from autocnn.device import DeviceLimits
+from autocnn.kernels.space import Constraint
+
+GRID_YZ_LIMIT = 65535
+GRID_X_LIMIT = 2**31 - 1
+# A kernel's static __shared__ arrays, on every architecture (more is dynamic, opted into per kernel).
+STATIC_SMEM_LIMIT = 48 * 1024
+
+
+def threads_rule(limits: DeviceLimits, params: tuple[str, ...], count, minimum: int = 32) -> Constraint:
+    def check(*values):
+        n = count(*values)
+        if n > limits.max_threads_per_block:
+            return f"{n} threads per block exceed the limit of {limits.max_threads_per_block}"
+        if n < minimum:
+            return f"{n} threads per block are fewer than {minimum}"
+        if n % 32:
+            return f"{n} threads per block are not a whole number of warps"
+        return None
+    return Constraint(params, check)
+
+
+def smem_rule(limits: DeviceLimits, params: tuple[str, ...], nbytes) -> Constraint:
+    def check(*values):
+        b = nbytes(*values)
+        if b > limits.max_smem_per_block:
+            return f"{b} bytes of shared memory exceed the device's {limits.max_smem_per_block} per block"
+        return None
+    return Constraint(params, check)
+
+
+def workspace_rule(limit_bytes: int, params: tuple[str, ...], nbytes) -> Constraint:
+    """A formulation's workspace (bytes, from the problem and these parameters) within the limit."""
+    def check(*values):
+        b = nbytes(*values)
+        if b > limit_bytes:
+            return f"{b} bytes of workspace exceed the limit of {limit_bytes}"
+        return None
+    return Constraint(params, check)
+
+
+# Multiply-adds one unrolled loop body may hold before code size (and compile time) runs away.
+UNROLLED_FMA_LIMIT = 16384
+
+
+def code_size_rule(params: tuple[str, ...], multiply_adds, limit: int = UNROLLED_FMA_LIMIT) -> Constraint:
+    """The multiply-adds of a formulation's unrolled loop body (from these parameters) within ``limit``."""
+    def check(*values):
+        n = multiply_adds(*values)
+        return None if n <= limit else \
+            f"the unrolled loop body holds {n} multiply-adds, more than {limit} (code size)"
+    return Constraint(params, check)
+
+
+def grid_rule(params: tuple[str, ...], blocks, axis: str = "y") -> Constraint:
+    """The blocks of a launch along ``axis`` (from these parameters) within the grid's limit there."""
+    limit = GRID_X_LIMIT if axis == "x" else GRID_YZ_LIMIT
+
+    def check(*values):
+        n = blocks(*values)
+        return None if n <= limit else f"{n} blocks along {axis} exceed {limit}"
+    return Constraint(params, check)
+
+
+def divides(a: str, b: str) -> Constraint:
+    return Constraint((a, b), lambda x, y: None if y % x == 0 else f"{a}={x} does not divide {b}={y}")
+
+
+def at_most(param: str, bound: int, why: str) -> Constraint:
+    return Constraint((param,), lambda v: None if v <= bound else f"{param}={v} exceeds {bound} ({why})")
