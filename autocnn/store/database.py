@@ -44,6 +44,10 @@ class SummaryRow:
 class TuningDatabase(RecordLookup, RecordExchange):
     """Shipped (read-only) and user records, validated on load, written atomically under a lock."""
 
+    # Hears a sentence when a write waits for a file's lock held by another process (the command
+    # line says it on stderr, so that a wait of up to LOCK_TIMEOUT_S is not silent).
+    on_lock_wait: Callable[[str], None] | None = None
+
     def __init__(self, user_dir: Path | None = None, shipped_dir: Path | None = None,
                  resource_check: ResourceCheck | None = None):
         if resource_check is not None:   # default: ptxas_check (see RecordLookup.lookup)
@@ -231,7 +235,7 @@ class TuningDatabase(RecordLookup, RecordExchange):
         """Read-modify-write of one user file under its lock, atomically."""
         if self.shipped_dir.resolve() == path.parent.resolve():
             raise DatabaseError(f"{path} is in the shipped (read-only) tuning database")
-        rewrite_locked(path, change, create)
+        rewrite_locked(path, change, create, on_wait=self.on_lock_wait)
 
     # -- listing --
     def summary_rows(self) -> list[SummaryRow]:

@@ -49,6 +49,9 @@ class TuneSettings:
             raise ValueError(f"batch must be a whole number of at least 1, not {self.batch!r}")
         if isinstance(self.vary, str) or not all(isinstance(v, str) and v for v in self.vary):
             raise ValueError(f"vary must be a sequence of parameter names, not {self.vary!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**32):
+            raise ValueError(f"seed must be a whole number from 0 to {2**32 - 1}, not {self.seed!r}")
         if self.confirm_rounds < 1:
             raise ValueError(f"confirm_rounds must be at least 1, not {self.confirm_rounds}")
         if self.storage is not None:
