@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from autocnn.cli_checks import check_seed, plain_warnings, quiet_database, say, train_preflight, tune_preflight
 from autocnn.cli_db import (cmd_db_check, cmd_db_export, cmd_db_import, cmd_db_list, cmd_db_remove, cmd_db_show,
                             db_filters)
 from autocnn.cli_problems import at_precision, fmt, has_precision, precision_text, shape_problem
@@ -35,6 +36,23 @@ DELEGATED = ("bench", "report")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with plain_warnings():
+        return _main(argv)
+
+
+def _typed_errors() -> tuple[type[BaseException], ...]:
+    """The failures the library raises on purpose, each told in its own words on one line."""
+    from autocnn.nn.backend import BackendUnavailableError
+    from autocnn.nn.cublas import CublasUnavailableError
+    from autocnn.separable.execution import SeparableUnavailableError
+    from autocnn.store import DatabaseError
+    from autocnn.tuning.study_lock import StudyLockTimeout
+
+    return (AutocnnError, DatabaseError, BackendUnavailableError, CublasUnavailableError, SeparableUnavailableError,
+            StudyLockTimeout, ValueError, FileNotFoundError, KeyError)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
         if argv[0] == "bench":
@@ -54,20 +72,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from autocnn.store import DatabaseError
-
     try:
         return int(args.func(args) or 0)
-    except (AutocnnError, DatabaseError) as exc:   # a corrupt or foreign file, a lock held too long, ...
-        print(f"autocnn: {exc}", file=sys.stderr)
-        return 1
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        print(f"autocnn: {exc}", file=sys.stderr)
+    except _typed_errors() as exc:   # a corrupt or foreign file, a lock held too long, no CuPy, ...
+        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc   # KeyError's str quotes it
+        print(f"autocnn: {text}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (autocnn db list | head): nothing left to say.
         sys.stderr.close()
         return 0
+    except OSError as exc:   # a write the checks before the work could not foresee (a disk filling up)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"autocnn: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("autocnn: interrupted; finished trials are kept in the study, re-run the same command to resume",
               file=sys.stderr)
@@ -370,6 +388,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise ValueError(f"--torch-model needs PyTorch (pip install 'autocnn[torch]'): {e}") from None
         # The model is built and traced on meta tensors.
         torch_uses = autocnn_torch.factory_problems(args.torch_model, args.input_shape, args.batch, precision)
+    check_seed(args.seed)
     fixed = _parse_fixed(args.fix)
     if torch_uses is not None:
         # --ops and --fix choose among the model's kernels as among a network's.
@@ -396,9 +415,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if lines:
             log(outcome.summary())
 
+    db = quiet_database()
+    # What the run needs at its end (directories, the storage, the replay files), before a source opens.
+    tune_preflight(args, db, settings.storage, problems, fixed)
     opened = _make_source(args)
     try:
-        db = TuningDatabase()
         if problems is None:   # --stale
             stale = db.stale_problems(opened.device, _parse_ops(args.ops))
             problems = _offering(fixed, [p for p in stale if has_precision(p, precision)])
@@ -447,7 +468,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(json.dumps({"device": opened.device.to_dict(), "results": rows, "cudnn_notes": notes}, indent=2))
     else:
         print(_outcome_table(rows, notes))
-    return 0 if all(r["tuned_us"] is not None for r in rows) else 1
+    unsaved = [o for o in outcomes if o.unsaved_path is not None]
+    for o in unsaved:   # nothing measured is lost: the record waits in its file
+        say(f"{o.op} {o.problem.shape_string()}: the tuning database could not take the record; it is in "
+            f"{o.unsaved_path}: `autocnn db import {o.unsaved_path}` adds it once the database is writable")
+    return 0 if all(r["tuned_us"] is not None for r in rows) and not unsaved else 1
 
 
 def _missing_only(db: Any, device: Any, problems: list[Any], torch_uses: list[Any] | None) -> tuple[list[Any], Any]:
@@ -482,7 +507,10 @@ def _add_cudnn_times(outcomes: list[Any], db: Any, baselines: Any) -> dict[str, 
             notes.setdefault(o.op, BASELINE_NOTES[o.op])
         if o.cudnn_us is not None and o.record is not None:
             o.record = dataclasses.replace(o.record, cudnn_time_us=o.cudnn_us)
-            db.put(o.record)
+            try:
+                db.put(o.record)
+            except (OSError, RuntimeError) as exc:   # DatabaseError is a RuntimeError; the record is stored already
+                say(f"{o.op} {o.problem.shape_string()}: the cuDNN time was not added to the stored record: {exc}")
     return notes
 
 
@@ -526,6 +554,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from autocnn.nn.training import train
 
+    train_preflight(args)   # --seed, --batch-size, --save and the directories, before any data is read
     if args.workspace_limit is not None:
         set_workspace_limit(args.workspace_limit)
     report = train(args.network, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
@@ -534,16 +563,30 @@ def cmd_train(args: argparse.Namespace) -> int:
                    standardize=not args.no_standardize, precision=args.precision, autotune=args.autotune,
                    separable=args.separable, fuse=False if args.no_fuse else None,
                    lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule)
-    if args.save:
-        report.model.save(args.save)
+    saved = _save_weights(report.model, args.save) if args.save else None
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
         print(report.summary())
         print(report.dispatch_report)
-        if args.save:
-            print(f"weights written to {args.save}")
-    return 0
+        if saved is not None:
+            print(f"weights written to {saved}")
+    return 0 if saved is None or saved == args.save else 1
+
+
+def _save_weights(model: Any, path: Path) -> Path:
+    """Write the trained weights to ``path``; where that fails anyway (checked before training, but
+    a disk may fill meanwhile), to a file in the temporary directory, said on stderr."""
+    import tempfile
+
+    try:
+        model.save(path)
+        return path
+    except OSError as exc:
+        fallback = Path(tempfile.mkstemp(prefix="autocnn-weights-", suffix=".npz")[1])
+        model.save(fallback)
+        say(f"--save {path}: {exc.strerror or exc}; the trained weights were written to {fallback} instead")
+        return fallback
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -423,13 +423,13 @@ def problem_type(op: str) -> type:
     try:
         return PROBLEM_TYPES[op]
     except KeyError:
-        raise InvalidProblemError("autocnn", "op", op, f"one of {', '.join(PROBLEM_TYPES)}") from None
+        raise InvalidProblemError("", "op", op, f"one of {', '.join(PROBLEM_TYPES)}") from None
 
 
 def problem_from_dict(data: Mapping[str, Any]) -> Any:
     """Rebuild a problem from ``to_dict`` output (as stored in the tuning database)."""
     if not isinstance(data, Mapping) or "op" not in data:
-        raise InvalidProblemError("autocnn", "problem", data, "a mapping with an 'op' key")
+        raise InvalidProblemError("", "problem", data, "a mapping with an 'op' key")
     cls = problem_type(data["op"])
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names - {"op"})
