@@ -495,6 +495,7 @@ def _add_cudnn_times(outcomes: list[Any], db: Any, baselines: Any) -> dict[str, 
     """Time PyTorch/cuDNN on each tuned shape (same protocol, at the problem's precision) and keep it
     in the stored record. A shape with no time keeps an empty cell: the footnotes returned (by op)
     say why, and those of ops timed as a sequence of PyTorch operators say which."""
+    from autocnn.store import DatabaseError
     from autocnn.tuning.baselines import BASELINE_NOTES
 
     notes: dict[str, str] = {}
@@ -509,7 +510,7 @@ def _add_cudnn_times(outcomes: list[Any], db: Any, baselines: Any) -> dict[str, 
             o.record = dataclasses.replace(o.record, cudnn_time_us=o.cudnn_us)
             try:
                 db.put(o.record)
-            except (OSError, RuntimeError) as exc:   # DatabaseError is a RuntimeError; the record is stored already
+            except (OSError, DatabaseError) as exc:   # the record is stored already; only its cuDNN time is not
                 say(f"{o.op} {o.problem.shape_string()}: the cuDNN time was not added to the stored record: {exc}")
     return notes
 
