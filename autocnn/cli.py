@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from autocnn.cli_checks import check_seed, plain_warnings, quiet_database, say, train_preflight, tune_preflight
 from autocnn.cli_db import (cmd_db_check, cmd_db_export, cmd_db_import, cmd_db_list, cmd_db_remove, cmd_db_show,
                             db_filters)
 from autocnn.cli_problems import at_precision, fmt, has_precision, precision_text, shape_problem
 from autocnn.device import set_workspace_limit
 from autocnn.errors import AutocnnError
-from autocnn.kernels.problem import DEFAULT_PRECISION, PRECISIONS
+from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES, precision_named
 from autocnn.tuning.quick import AUTOTUNE_MODES
 from autocnn.nn.zoo import NETWORKS as ZOO_NETWORKS
 
@@ -35,6 +36,23 @@ DELEGATED = ("bench", "report")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with plain_warnings():
+        return _main(argv)
+
+
+def _typed_errors() -> tuple[type[BaseException], ...]:
+    """The failures the library raises on purpose, each told in its own words on one line."""
+    from autocnn.nn.backend import BackendUnavailableError
+    from autocnn.nn.cublas import CublasUnavailableError
+    from autocnn.separable.execution import SeparableUnavailableError
+    from autocnn.store import DatabaseError
+    from autocnn.tuning.study_lock import StudyLockTimeout
+
+    return (AutocnnError, DatabaseError, BackendUnavailableError, CublasUnavailableError, SeparableUnavailableError,
+            StudyLockTimeout, ValueError, FileNotFoundError, KeyError)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
         if argv[0] == "bench":
@@ -54,20 +72,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from autocnn.store import DatabaseError
-
     try:
         return int(args.func(args) or 0)
-    except (AutocnnError, DatabaseError) as exc:   # a corrupt or foreign file, a lock held too long, ...
-        print(f"autocnn: {exc}", file=sys.stderr)
-        return 1
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        print(f"autocnn: {exc}", file=sys.stderr)
+    except _typed_errors() as exc:   # a corrupt or foreign file, a lock held too long, no CuPy, ...
+        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc   # KeyError's str quotes it
+        print(f"autocnn: {text}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (autocnn db list | head): nothing left to say.
         sys.stderr.close()
         return 0
+    except OSError as exc:   # a write the checks before the work could not foresee (a disk filling up)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"autocnn: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("autocnn: interrupted; finished trials are kept in the study, re-run the same command to resume",
               file=sys.stderr)
@@ -139,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "values that keep them), e.g. TF32_ROUND,FRAG after a template gained them")
     t.add_argument("--replay", nargs="+", type=Path, default=None,
                    help="answer from recorded GPU measurements instead of a GPU (replay files)")
-    t.add_argument("--precision", choices=PRECISIONS, default=None,
+    t.add_argument("--precision", choices=PRECISION_NAMES, default=None,
                    help="what the convolutions must be as accurate as: fp32 (default; FP32-accurate, tensor "
                         "cores through 3xTF32) or tf32 (opt-in: one TF32 product per term, a looser bound). "
                         "Applies to every convolution tuned (--op, --suite, --network, --stale: there, only "
@@ -207,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="learning-rate schedule over the epochs (default cosine; RPROP ignores it)")
     tr.add_argument("--no-standardize", action="store_true",
                     help="keep pixel values in [0, 1] instead of zero mean and unit variance")
-    tr.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+    tr.add_argument("--precision", choices=PRECISION_NAMES, default=DEFAULT_PRECISION.name,
                     help="the convolutions' precision on the cuda backend: fp32 (default, FP32-accurate) or "
                          "tf32 (tensor cores round operands to TF32). The numpy backend computes in float32 "
                          "either way. The dispatch table shows each layer's")
@@ -360,7 +378,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         set_workspace_limit(args.workspace_limit)   # the workers inherit it
     if args.devices is not None:
         parse_devices(args.devices)
-    precision = args.precision or DEFAULT_PRECISION
+    precision = precision_named(args.precision) if args.precision else DEFAULT_PRECISION
     op_problem = shape_problem(args.op, args.shape, args.precision) if args.op else None
     torch_uses = None
     if args.torch_model:
@@ -370,6 +388,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise ValueError(f"--torch-model needs PyTorch (pip install 'autocnn[torch]'): {e}") from None
         # The model is built and traced on meta tensors.
         torch_uses = autocnn_torch.factory_problems(args.torch_model, args.input_shape, args.batch, precision)
+    check_seed(args.seed)
     fixed = _parse_fixed(args.fix)
     if torch_uses is not None:
         # --ops and --fix choose among the model's kernels as among a network's.
@@ -396,9 +415,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if lines:
             log(outcome.summary())
 
+    db = quiet_database()
+    # What the run needs at its end (directories, the storage, the replay files), before a source opens.
+    tune_preflight(args, db, settings.storage, problems, fixed)
     opened = _make_source(args)
     try:
-        db = TuningDatabase()
         if problems is None:   # --stale
             stale = db.stale_problems(opened.device, _parse_ops(args.ops))
             problems = _offering(fixed, [p for p in stale if has_precision(p, precision)])
@@ -406,7 +427,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 log(f"{len(problems)} shapes with stale records for {opened.device.name}")
             others = sorted({p.precision for p in stale if not has_precision(p, precision)})
             if others:   # said even with --json (on stderr): work this run leaves undone
-                print(f"autocnn: {len(stale) - len(problems)} more stale shapes are {'/'.join(others)}: "
+                print(f"autocnn: {len(stale) - len(problems)} more stale shapes are {'/'.join(map(str, others))}: "
                       f"tune them with --precision {others[0]}", file=sys.stderr)
         if args.missing:
             problems, torch_uses = _missing_only(db, opened.device, problems, torch_uses)
@@ -435,17 +456,23 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 finished(outcomes[-1])
     finally:
         opened.close()
+    notes: dict[str, str] = {}
     if not args.replay and args.cudnn is not False:
-        from autocnn.tuning.baselines import torch_available
+        from autocnn.tuning.baselines import open_baselines
 
-        if args.cudnn or torch_available():
-            _add_cudnn_times(outcomes, TuningDatabase())
+        baselines = open_baselines()
+        if args.cudnn or baselines.available:
+            notes = _add_cudnn_times(outcomes, TuningDatabase(), baselines)
     rows = [_outcome_row(o) for o in outcomes]
     if args.json:
-        print(json.dumps({"device": opened.device.to_dict(), "results": rows}, indent=2))
+        print(json.dumps({"device": opened.device.to_dict(), "results": rows, "cudnn_notes": notes}, indent=2))
     else:
-        print(_outcome_table(rows))
-    return 0 if all(r["tuned_us"] is not None for r in rows) else 1
+        print(_outcome_table(rows, notes))
+    unsaved = [o for o in outcomes if o.unsaved_path is not None]
+    for o in unsaved:   # nothing measured is lost: the record waits in its file
+        say(f"{o.op} {o.problem.shape_string()}: the tuning database could not take the record; it is in "
+            f"{o.unsaved_path}: `autocnn db import {o.unsaved_path}` adds it once the database is writable")
+    return 0 if all(r["tuned_us"] is not None for r in rows) and not unsaved else 1
 
 
 def _missing_only(db: Any, device: Any, problems: list[Any], torch_uses: list[Any] | None) -> tuple[list[Any], Any]:
@@ -464,22 +491,27 @@ def _missing_only(db: Any, device: Any, problems: list[Any], torch_uses: list[An
     return keep, torch_uses
 
 
-def _add_cudnn_times(outcomes, db) -> None:
+def _add_cudnn_times(outcomes: list[Any], db: Any, baselines: Any) -> dict[str, str]:
     """Time PyTorch/cuDNN on each tuned shape (same protocol, at the problem's precision) and keep it
-    in the stored record."""
-    from autocnn.device import current_device
-    from autocnn.tuning.baselines import time_cudnn, torch_available
-    from autocnn.tuning.measure import L2Flusher
+    in the stored record. A shape with no time keeps an empty cell: the footnotes returned (by op)
+    say why, and those of ops timed as a sequence of PyTorch operators say which."""
+    from autocnn.tuning.baselines import BASELINE_NOTES
 
-    if not torch_available():
-        print("autocnn: --cudnn needs PyTorch with CUDA; cuDNN times were not taken", file=sys.stderr)
-        return
-    flusher = L2Flusher(current_device().l2_bytes)
+    notes: dict[str, str] = {}
     for o in outcomes:
-        o.cudnn_us = time_cudnn(o.op, o.problem, flusher=flusher, budget_s=0.2)
+        timed = baselines.time(o.op, o.problem)
+        o.cudnn_us = timed.us
+        if timed.reason is not None:
+            notes.setdefault(o.op, f"none ({timed.reason})")
+        elif o.op in BASELINE_NOTES:
+            notes.setdefault(o.op, BASELINE_NOTES[o.op])
         if o.cudnn_us is not None and o.record is not None:
             o.record = dataclasses.replace(o.record, cudnn_time_us=o.cudnn_us)
-            db.put(o.record)
+            try:
+                db.put(o.record)
+            except (OSError, RuntimeError) as exc:   # DatabaseError is a RuntimeError; the record is stored already
+                say(f"{o.op} {o.problem.shape_string()}: the cuDNN time was not added to the stored record: {exc}")
+    return notes
 
 
 def _outcome_row(o) -> dict[str, Any]:
@@ -496,15 +528,18 @@ def _outcome_row(o) -> dict[str, Any]:
     }
 
 
-def _outcome_table(rows: list[dict[str, Any]]) -> str:
+def _outcome_table(rows: list[dict[str, Any]], notes: dict[str, str] | None = None) -> str:
     width = max([len("shape"), *(len(r["shape"]) for r in rows)])   # never cut: the end names the precision
     lines = [f"{'op':14s} {'shape':{width}s} {'default us':>10s} {'tuned us':>10s} {'speed-up':>8s} {'cuDNN us':>9s} "
              f"{'vs cuDNN':>8s} {'trials':>6s} {'failed':>6s} {'seconds':>7s}  stopped after"]
+    marks = {op: "*" * (i + 1) for i, op in enumerate(notes or {})}
     for r in rows:
         failed = sum(r["failures"].values())
+        cudnn = fmt(r["cudnn_us"]) + marks.get(r["op"], "")
         lines.append(f"{r['op']:14s} {r['shape']:{width}s} {fmt(r['default_us']):>10s} {fmt(r['tuned_us']):>10s} "
-                     f"{fmt(r['speedup'], '.2f'):>8s} {fmt(r['cudnn_us']):>9s} {fmt(r['vs_cudnn'], '.2f'):>8s} "
+                     f"{fmt(r['speedup'], '.2f'):>8s} {cudnn:>9s} {fmt(r['vs_cudnn'], '.2f'):>8s} "
                      f"{r['measured']:6d} {failed:6d} {r['seconds']:7.1f}  {r['stopped']}")
+    lines += [f"{marks[op]} cuDNN column, {op}: {note}" for op, note in (notes or {}).items()]
     return "\n".join(lines)
 
 
@@ -519,6 +554,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from autocnn.nn.training import train
 
+    train_preflight(args)   # --seed, --batch-size, --save and the directories, before any data is read
     if args.workspace_limit is not None:
         set_workspace_limit(args.workspace_limit)
     report = train(args.network, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
@@ -527,16 +563,30 @@ def cmd_train(args: argparse.Namespace) -> int:
                    standardize=not args.no_standardize, precision=args.precision, autotune=args.autotune,
                    separable=args.separable, fuse=False if args.no_fuse else None,
                    lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule)
-    if args.save:
-        report.model.save(args.save)
+    saved = _save_weights(report.model, args.save) if args.save else None
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
         print(report.summary())
         print(report.dispatch_report)
-        if args.save:
-            print(f"weights written to {args.save}")
-    return 0
+        if saved is not None:
+            print(f"weights written to {saved}")
+    return 0 if saved is None or saved == args.save else 1
+
+
+def _save_weights(model: Any, path: Path) -> Path:
+    """Write the trained weights to ``path``; where that fails anyway (checked before training, but
+    a disk may fill meanwhile), to a file in the temporary directory, said on stderr."""
+    import tempfile
+
+    try:
+        model.save(path)
+        return path
+    except OSError as exc:
+        fallback = Path(tempfile.mkstemp(prefix="autocnn-weights-", suffix=".npz")[1])
+        model.save(fallback)
+        say(f"--save {path}: {exc.strerror or exc}; the trained weights were written to {fallback} instead")
+        return fallback
 
 
 def cmd_report(args: argparse.Namespace) -> int:

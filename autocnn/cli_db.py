@@ -9,19 +9,29 @@ from typing import Any
 
 from autocnn.cli_problems import fmt, precision_text, shape_problem
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels.problem import PRECISIONS
+from autocnn.precision import PRECISION_NAMES
 
 
 def db_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=None, help="only GPUs whose name contains this text")
     p.add_argument("--op", default=None, help="only this operation")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
+    p.add_argument("--precision", choices=PRECISION_NAMES, default=None,
                    help="only convolution records of this precision (pooling records have none and are "
                         "left out)")
 
 
+def check_filters(args: argparse.Namespace) -> None:
+    """A filter that can match nothing by its spelling is named, not answered with "no record"."""
+    from autocnn.kernels import OPERATIONS
+
+    if args.op is not None and args.op not in OPERATIONS:
+        raise ValueError(f"--op {args.op!r} is not an operation; choose from {', '.join(OPERATIONS)}")
+
+
 def _matching(db, args: argparse.Namespace, shape: str | None = None, stale: bool = False):
     from autocnn.kernels import problem_from_dict
+
+    check_filters(args)
 
     wanted: dict[str, Any] = {}   # op -> the problem --shape (and --precision) names for it
 
@@ -53,6 +63,7 @@ def cmd_db_list(args: argparse.Namespace) -> int:
 
     from autocnn.kernels import parse_shape
 
+    check_filters(args)
     db = TuningDatabase()
     rows = []
     for r in db.summary_rows():
@@ -62,13 +73,14 @@ def cmd_db_list(args: argparse.Namespace) -> int:
         if ((not args.gpu or args.gpu.lower() in r.gpu.lower()) and (not args.op or r.op == args.op)
                 and (not args.precision or precision == args.precision)):
             rows.append((r, precision))
+    # Nothing found exits 1, as `db show` and `db remove` do for the same filters.
     if args.json:
         print(json.dumps([{**dataclasses.asdict(r), "precision": precision} for r, precision in rows], indent=2))
-        return 0
+        return 0 if rows else 1
     if not rows:
         print("no tuned records (run autocnn tune first)" if not (args.gpu or args.op or args.precision)
               else "no tuned record matches the filters")
-        return 0
+        return 1
     # Shapes are never cut: their ends (epilogue, precision) tell records apart.
     width = max([len("shape"), *(len(r.shape) for r, _ in rows)])
     print(f"{'gpu':22s} {'op':14s} {'precision':9s} {'shape':{width}s} {'tuned us':>9s} {'default us':>10s} "
@@ -105,6 +117,11 @@ def cmd_db_show(args: argparse.Namespace) -> int:
 def cmd_db_export(args: argparse.Namespace) -> int:
     from autocnn.store import TuningDatabase
 
+    from autocnn.preflight import writable_directory
+
+    if args.path.is_dir():
+        raise ValueError(f"db export {args.path}: is a directory; give a file name")
+    writable_directory(args.path.parent, f"db export {args.path}: the directory", "give a path you can write")
     db = TuningDatabase()
     keys = {r.key for r in _matching(db, args)}
     count = db.export(args.path, lambda rec: rec.key in keys)
@@ -113,18 +130,23 @@ def cmd_db_export(args: argparse.Namespace) -> int:
 
 
 def cmd_db_import(args: argparse.Namespace) -> int:
-    from autocnn.store import TuningDatabase
+    from autocnn.cli_checks import quiet_database
+    from autocnn.preflight import check_database
 
-    report = TuningDatabase().import_file(args.path, keep_faster=args.keep_faster)
+    db = quiet_database()
+    check_database(db)   # before the file is read and validated
+    report = db.import_file(args.path, keep_faster=args.keep_faster)
     for line in report.sentences(args.path):
         print(line)
     return 1 if report.failed else 0
 
 
 def cmd_db_remove(args: argparse.Namespace) -> int:
-    from autocnn.store import TuningDatabase
+    from autocnn.cli_checks import quiet_database
+    from autocnn.preflight import check_database
 
-    db = TuningDatabase()
+    db = quiet_database()
+    check_database(db)   # before anything is matched or asked
     recs = _matching(db, args, args.shape, stale=args.stale)
     if not recs:
         print("no matching stale record" if args.stale else "no matching record")
@@ -145,6 +167,9 @@ def cmd_db_check(args: argparse.Namespace) -> int:
 
     db = TuningDatabase()
     if getattr(args, "rekey", False):
+        from autocnn.preflight import check_database
+
+        check_database(db)
         print(f"re-keyed {db.rekey()} user records that are current by their plan digest only")
     # Records whose templates changed but whose configs generate the code they were tuned with:
     # used as current (the fingerprint in their files is old); not a problem, but worth writing again.

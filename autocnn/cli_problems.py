@@ -7,17 +7,19 @@ import re
 from typing import Any
 
 from autocnn.kernels.problem import ConvProblem
+from autocnn.precision import Precision, precision_named
 
 
-def at_precision(problem: Any, precision: str) -> Any:
+def at_precision(problem: Any, precision: Precision | str) -> Any:
     """The convolution problem at this precision; a pooling problem as it is (it has none)."""
-    if isinstance(problem, ConvProblem) and problem.precision != precision:
+    precision = precision_named(precision)
+    if isinstance(problem, ConvProblem) and problem.precision is not precision:
         return dataclasses.replace(problem, precision=precision)
     return problem
 
 
-def has_precision(problem: Any, precision: str) -> bool:
-    return not isinstance(problem, ConvProblem) or problem.precision == precision
+def has_precision(problem: Any, precision: Precision | str) -> bool:
+    return not isinstance(problem, ConvProblem) or problem.precision is precision_named(precision)
 
 
 _PRECISION_IN_SHAPE = re.compile(r"(^|,)\s*precision\s*=")
@@ -31,7 +33,7 @@ def shape_problem(op: str, shape: str, flag: str | None) -> Any:
     problem = parse_shape(op, shape)
     if flag is None or not isinstance(problem, ConvProblem):
         return problem   # pooling has no precision: its kernels are the same at both
-    if _PRECISION_IN_SHAPE.search(shape) and problem.precision != flag:
+    if _PRECISION_IN_SHAPE.search(shape) and problem.precision is not precision_named(flag, "--precision"):
         raise ValueError(f"--shape says precision={problem.precision} but --precision says {flag}: "
                          f"give one of them, or the same value in both")
     return at_precision(problem, flag)
@@ -39,7 +41,7 @@ def shape_problem(op: str, shape: str, flag: str | None) -> Any:
 
 def precision_text(problem: Any) -> str:
     """A record's precision as db list and show print it ("-" for pooling, which has none)."""
-    return problem.precision if isinstance(problem, ConvProblem) else "-"
+    return problem.precision.name if isinstance(problem, ConvProblem) else "-"
 
 
 def fmt(v: Any, spec: str = ".1f") -> str:

@@ -89,6 +89,40 @@ _KNOWN_ARCHES = {
 
 
 @dataclass(frozen=True)
+class PeakRates:
+    """What no kernel on a GPU can beat: its memory bandwidth and its dense TF32 tensor-core rate
+    (the fastest arithmetic any of autocnn's kernels uses: fp32 problems run 3xTF32, tf32 ones one
+    TF32 product). Datasheet figures, not measured ones (those are ``autocnn bench``'s ceilings): a
+    floor under stored times (``store.evidence``), not a target."""
+
+    copy_bytes_per_s: float
+    tensor_flops_per_s: float
+    source: str
+
+
+# The fastest GPU of each architecture, from NVIDIA's datasheets (dense, without sparsity): sm_80
+# A100 SXM 80GB, sm_86 RTX A6000 / 3090 Ti, sm_89 L40S / RTX 4090, sm_90 H200 (H100 SXM has its TF32
+# rate and 3.35 TB/s), sm_100 B200, sm_120 RTX 5090. A GPU of an architecture not listed is held
+# to the fastest figures of all, so that no real time falls under its floor.
+_PEAK_RATES = {
+    "sm_80": PeakRates(2.04e12, 156e12, "A100 SXM 80GB datasheet"),
+    "sm_86": PeakRates(1.01e12, 80e12, "RTX A6000 / RTX 3090 Ti datasheets"),
+    "sm_89": PeakRates(1.01e12, 183e12, "L40S / RTX 4090 datasheets"),
+    "sm_90": PeakRates(4.8e12, 495e12, "H200 datasheet"),
+    "sm_100": PeakRates(8.0e12, 1.2e15, "B200 datasheet"),
+    "sm_120": PeakRates(1.8e12, 105e12, "RTX 5090 datasheet"),
+}
+_FASTEST = PeakRates(max(r.copy_bytes_per_s for r in _PEAK_RATES.values()),
+                     max(r.tensor_flops_per_s for r in _PEAK_RATES.values()), "the fastest GPU listed")
+
+
+def peak_rates(arch: str) -> PeakRates:
+    """The ceilings of the fastest GPU of an architecture ("sm_90"); the fastest of all for one
+    not listed."""
+    return _PEAK_RATES.get(arch, _FASTEST)
+
+
+@dataclass(frozen=True)
 class DeviceInfo:
     """Everything about a GPU that makes a timing true; part of every tuning record's key."""
 

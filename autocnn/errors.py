@@ -18,6 +18,9 @@ class FailureClass(str, Enum):
     TIMEOUT = "timeout"
     WRONG_RESULT = "wrong_result"
     DEVICE_ERROR = "device_error"
+    # What a command needs around it (a writable directory, a reachable storage, a backend) is
+    # missing: nothing about a problem or a config, found before any work starts.
+    ENVIRONMENT = "environment"
 
 
 class AutocnnError(Exception):
@@ -36,7 +39,9 @@ class InvalidProblemError(AutocnnError, ValueError):
 
     def __init__(self, op: str, field: str, value: Any, allowed: str):
         self.op, self.field, self.value, self.allowed = op, field, value, allowed
-        super().__init__(f"{op}: {field}={value!r} is not allowed: {allowed}")
+        # No operation to name (the op itself is the bad field): the message starts at the field,
+        # so that the command line's "autocnn: " prefix is not followed by a second one.
+        super().__init__(f"{op + ': ' if op else ''}{field}={value!r} is not allowed: {allowed}")
 
 
 class ProblemTooLargeError(InvalidProblemError):
@@ -104,6 +109,13 @@ class DeviceError(AutocnnError):
     failure_class = FailureClass.DEVICE_ERROR
 
 
+class EnvironmentCheckError(AutocnnError):
+    """A directory that cannot be written, a storage that cannot be reached, a backend that is not
+    installed: one sentence naming the path or URL and what to do (``autocnn.preflight``)."""
+
+    failure_class = FailureClass.ENVIRONMENT
+
+
 ERROR_BY_CLASS: dict[FailureClass, type[AutocnnError]] = {
     FailureClass.INVALID_PROBLEM: InvalidProblemError,
     FailureClass.INVALID_CONFIG: InvalidConfigError,
@@ -113,4 +125,5 @@ ERROR_BY_CLASS: dict[FailureClass, type[AutocnnError]] = {
     FailureClass.TIMEOUT: KernelTimeoutError,
     FailureClass.WRONG_RESULT: WrongResultError,
     FailureClass.DEVICE_ERROR: DeviceError,
+    FailureClass.ENVIRONMENT: EnvironmentCheckError,
 }

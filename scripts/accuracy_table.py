@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The README's accuracy table: per convolution and precision, the median and largest relative error
-against float64 over the seed suite, on this GPU.
+"""The accuracy table (MEASUREMENTS.md): per convolution and precision, the median and largest
+relative error against float64 over the seed suite, on this GPU.
 
 Two rows per operation and precision, and a third where the runs take wgmma's CROSS:
   "as run"  the config autocnn runs for the problem (the tuning database's lookup: a record, a

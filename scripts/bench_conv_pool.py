@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Convolution fused with averaging against the unfused pair and cuDNN (issue 16 part 3).
+"""Convolution fused with averaging against the unfused pair and cuDNN.
 
 On the conv -> activation -> AvgPool2d pairs of the zoo (kriz09, convnet18, lenet5, vgg_cifar;
 kernels.conv_pool_problems.zoo_pairs) at one batch size, each timed as a chain of launches on one set of

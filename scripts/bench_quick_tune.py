@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Quick tuning on layer shapes no record covers, against cuDNN (issue 14 item 5's benchmark).
+"""Quick tuning on layer shapes no record covers, against cuDNN.
 
 Draws convolution problems at random (seeded; the seed is printed), keeps those that no shipped
 record covers (the lookup borrows a nearest shape's config or falls back to the default), and for

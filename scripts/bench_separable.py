@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Separable filters (issue 16 part 1, seed 002): the batched SVD and the separable convolutions.
+"""Separable filters (seed 002): the batched SVD and the separable convolutions.
 
 1. The batched power-method SVD (autocnn.separable.svd_cuda) on --filters random filters (default
    1,024, the seed's; a layer has K*C: 4,096 for 64->64, 65,536 for 256->256) of each size

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Whole training steps with and without issue 16's techniques, side by side with PyTorch, one run.
+"""Whole training steps with and without the seeds' techniques (fused kernels, separable
+filters), side by side with PyTorch, one run.
 
 For each zoo network, the graphed autocnn training step (forward, loss, backward, Adam; the batch
 already in the model's input buffers, as scripts/bench_training.py times it) in these variants:

@@ -35,7 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 BATCH = {"kriz09": 128, "scherer10": 60, "convnet18": 128, "chellapilla06": 128, "lenet5": 128, "vgg_cifar": 128}
-PRECISIONS = ("fp32", "tf32")
+from autocnn.precision import PRECISION_NAMES, precision_named  # noqa: E402
+
+PRECISIONS = PRECISION_NAMES
 RESNET_BATCH = 64
 
 
@@ -140,8 +142,8 @@ def torch_precision(precision: str) -> None:
     import torch
 
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision_named(precision).tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision_named(precision).tf32
 
 
 def torch_batch(input_shape, classes: int, batch: int):
@@ -339,7 +341,7 @@ def zoo_row(name: str, precision: str, args) -> dict:
     row = {"network": name, "precision": precision, "batch": batch,
            "autocnn_cuda_ms": time_autocnn_cuda(model, batch, args.steps)}
     sources = sorted({d.source for d in model.dispatch})
-    if precision == "fp32":
+    if precision_named(precision).tf32x3:
         row["autocnn_staged_ms"] = time_autocnn_cuda(model, batch, args.steps, staged=True)
         row["autocnn_eager_ms"] = time_autocnn_cuda(model, batch, args.steps, graphs=False)
         row["numpy_1thread_ms"] = time_numpy(name, batch, args.cpu_steps) if args.cpu_steps else None

@@ -15,7 +15,7 @@
 #   scripts/gpu_check.sh -j 14 --by-case tests/test_tma.py::test_tma_kernels_verify_against_float64
 #                                                  one run per collected test (each parameter alone)
 #   scripts/gpu_check.sh -j 12 --by-function -T 560   no run starts or goes on past 560 s from the
-#                                                  start (one device call's limit); those left are
+#                                                  start (a deadline for the whole check); those left are
 #                                                  listed NOT RUN
 #
 # The summary (last lines printed) has one row per file: passed, failed, errors, skipped, or

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The training session on a GPU host: GPU training tests, a per-operation profile of the step,
+# The training run on a GPU host: GPU training tests, a per-operation profile of the step,
 # the training benchmark and lenet5 on Fashion-MNIST. Logs and JSON go to OUT.
 # Fashion-MNIST's IDX files are read from DATA (default .data/fashion-mnist).
 # TUNE=N first tunes every zoo network's kernels at the benchmark's batch sizes with N trials per

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# A tuning session on a GPU host, one step after another, each under its own time limit.
+# Tuning runs on a GPU host, one step after another, each under its own time limit.
 # Results accumulate in RUN (default .data/run): the Optuna storage run/optuna.db and the tuning
 # database run/db/; logs and recorded replay files go to OUT. Usage:
 #   scripts/gpu_tuning_run.sh replay faults trials100 suite:conv_fwd suite:conv_bwd_data ...
-# A GPU without a full set of records of its own (issue 12's H100 half), a device call each:
+# A GPU without a full set of records of its own, one step at a time:
 #   scripts/gpu_tuning_run.sh missing:fp32        the seed suite's convolutions without a record of
 #   scripts/gpu_tuning_run.sh missing:tf32        this GPU's own, TRIALS each (default 30)
 #   scripts/gpu_tuning_run.sh zoo:kriz09 ...      a zoo network's kernels without one, at batch 128
 #   scripts/gpu_tuning_run.sh bench accuracy      the suite in both precisions beside cuDNN; the
-#                                                 README's accuracy table
+#                                                 accuracy table (MEASUREMENTS.md)
 #   scripts/gpu_tuning_run.sh fft:radix           the fft rows retuned with the radix transforms:
 #                                                 their records' neighbours first, then a search
 #                                                 (scherer10_l2's backward-data with radix both ways)
@@ -20,7 +20,7 @@ mkdir -p "$run/db" "$out"
 export AUTOCNN_TUNING_DB="$PWD/$run/db" PYTHONUNBUFFERED=1
 storage="sqlite:///$PWD/$run/optuna.db"
 kriz=N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3
-# autocnn tune under the step's time limit with the session's trials, storage and output; $1 the log.
+# autocnn tune under the step's time limit with the run's trials, storage and output; $1 the log.
 tune() {
   local log=$1; shift
   timeout ${SUITE_TIMEOUT:-240} python3 -m autocnn.cli tune "$@" --trials ${TRIALS:-30} \

@@ -17,7 +17,7 @@ against float64 on fresh random data (TF32 products: a relative error under 2e-3
 * ``interleave-swapped``: the two offsets the other way round, which must fail (it shows the check
   can fail).
 
-Measured on an H100 (2026-11-24): swizzle128 (both leading offsets) and interleave pass with
+Measured on an H100: swizzle128 (both leading offsets) and interleave pass with
 7e-4..1e-3 relative error; interleave-swapped fails (1.4). Needs nvcc (for sm_90a) and CuPy on a
 Hopper GPU:
 

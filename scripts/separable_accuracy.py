@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 16's accuracy figures for separable filters (seed 002): each network trained on a data set
+"""The accuracy of separable filters (seed 002): each network trained on a data set
 with 2D filters, then with separable filters at each setting, same seed, same data, same schedule.
 
 The seed reports about one point of test accuracy lost to rank-1 filters and training 13% faster.

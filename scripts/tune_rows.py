@@ -34,7 +34,8 @@ class BudgetShares:
     each of them is expected to run past its share. A study checks its timeout between trials, and
     its warm start, last batch and confirmation run past it: on an H200 the fft rows ran 5-11 s past
     18-19 s shares, and with even shares of what was left the last two problems of twelve found none
-    (stop 50). Reserving the mean overrun so far for every problem left reaches them all."""
+    (gpu_tuning_run.sh fft:radix, commit b664ba1). Reserving the mean overrun so far for every problem
+    left reaches them all."""
 
     budget_s: float
     problems: int

@@ -24,7 +24,7 @@ def rng() -> np.random.Generator:
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    """A throwaway PostgreSQL server for the session (tests/postgres_server.py); skipped with the
+    """A throwaway PostgreSQL server for the whole test run (tests/postgres_server.py); skipped with the
     reason where the server binaries or the driver are missing."""
     from tests.postgres_server import PostgresServer, unavailable_reason
 
@@ -40,7 +40,7 @@ def postgres_server():
 
 @pytest.fixture
 def postgres_url(postgres_server, request):
-    """The URL of a fresh database on the session's PostgreSQL server, one per test."""
+    """The URL of a fresh database on the test run's PostgreSQL server, one per test."""
     import re
 
     name = "t_" + re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:50]

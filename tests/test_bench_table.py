@@ -212,7 +212,7 @@ def test_cudnn_is_timed_with_tf32_exactly_for_tf32_problems(monkeypatch):
     assert baselines.time_cudnn("conv_fwd", dataclasses.replace(problem, precision="tf32")) == 12.5
     assert seen == [("fp32", False, False), ("tf32", True, True)]
     assert torch.backends.cudnn.allow_tf32 is True      # the flags as they were
-    with pytest.raises(ValueError, match="fp32 or tf32"):
+    with pytest.raises(ValueError, match="one of fp32, tf32"):
         with baselines.torch_precision("bf16"):
             pass
 

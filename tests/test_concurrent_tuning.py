@@ -42,7 +42,8 @@ def storage_url(kind: str, tmp_path: Path, request) -> str:
 
 def study_trials(url: str, rf: ReplayFile) -> list:
     operation = get_operation(rf.op)
-    name = study_name(rf.device, rf.op, rf.problem, operation.fingerprint(), rf.space_filter)
+    # A replayed study: its name ends in the replay file's tag.
+    name = study_name(rf.device, rf.op, rf.problem, operation.fingerprint(), rf.space_filter, f"replay:{rf.digest}")
     import optuna
 
     return optuna.load_study(study_name=name, storage=open_storage(url)).get_trials(deepcopy=False)
@@ -120,10 +121,14 @@ def test_tuners_sharing_a_study_keep_budget_measure_once_and_store_the_best(kind
     assert record.record.time_us == pytest.approx(best.value)
 
 
+def _config(rf: ReplayFile):
+    return next(iter(rf.results.values())).config
+
+
 def _record(rf: ReplayFile, time_us: float):
     from autocnn.store import RecordKey, TuningRecord, now_utc
 
-    config = next(iter(rf.results.values())).config
+    config = _config(rf)
     return TuningRecord(key=RecordKey.for_(rf.device, rf.problem, get_operation(rf.op).config_fingerprint(config)),
                         config=config.as_dict(), time_us=time_us, spread=0.0, default_time_us=None,
                         cudnn_time_us=None, trials=1, tuned_at=now_utc(), autocnn_version="0", sampler="planted")
@@ -139,10 +144,18 @@ def test_a_record_is_never_replaced_by_a_slower_one(tmp_path, monkeypatch):
     fastest = min(r.time_us for r in rf.results.values() if r.ok)
     planted = _record(rf, fastest / 2)
     db.put(planted)
-    outcome = Tuner(ReplaySource([rf]), db, settings, progress=False).tune(rf.op, rf.problem)
+    # A faster record whose config this tune cannot measure again (the replay file lacks it) stays.
+    lacking = dataclasses.replace(rf, results={k: r for k, r in rf.results.items() if k != _config(rf).key()})
+    outcome = Tuner(ReplaySource([lacking]), db, settings, progress=False).tune(rf.op, rf.problem)
     assert outcome.best is not None and outcome.record is None
     assert "keeps its faster record" in outcome.stopped_because
     assert db.record_for(planted.key).time_us == pytest.approx(fastest / 2)
+    # Where the tune measures its config again, what it measures decides: the planted time was no
+    # measurement, and the record becomes the fastest config timed now.
+    outcome = Tuner(ReplaySource([rf]), db, dataclasses.replace(settings, storage=f"sqlite:///{tmp_path / 'p.db'}"),
+                    progress=False).tune(rf.op, rf.problem)
+    assert outcome.record is not None and outcome.stored_retimed_us == pytest.approx(rf.results[_config(rf).key()].time_us)
+    assert db.record_for(planted.key).time_us == pytest.approx(outcome.best.time_us)
     # A slower stored record is replaced by the tuned one.
     db.put(_record(rf, fastest * 100))
     outcome = Tuner(ReplaySource([rf]), db, dataclasses.replace(settings, trials=12), progress=False).tune(

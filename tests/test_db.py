@@ -442,14 +442,14 @@ def test_import_keep_faster_never_makes_a_record_slower(db, tmp_path):
     incoming = tmp_path / "incoming.json"
     slower = make_record(H200, KRIZ, time_us=9.0)          # slower than what is stored: kept out
     faster = make_record(H200, MODERN, time_us=15.0)       # faster, and without a cuDNN time
-    new = make_record(A100, KRIZ, config=default_config(KRIZ, A100), time_us=5.0)
+    new = make_record(A100, KRIZ, config=default_config(KRIZ, A100), time_us=50.0)
     raw_file(incoming, [slower.to_dict(), faster.to_dict(), new.to_dict()])
     report = db.import_file(incoming, keep_faster=True)
     assert len(report.accepted) == 3 and report.kept_existing == (slower.key,)
     stored = {r.key.identity(): r for r in db.records()}
     assert stored[fast.key.identity()].time_us == 8.0 and stored[fast.key.identity()].cudnn_time_us == 12.0
     assert stored[faster.key.identity()].time_us == 15.0
-    assert stored[new.key.identity()].time_us == 5.0
+    assert stored[new.key.identity()].time_us == 50.0
     # Without the flag, the imported record replaces the stored one, slower or not.
     report = db.import_file(incoming)
     assert report.kept_existing == ()

@@ -3,7 +3,7 @@
 Every family, on every seed shape and on the odd shapes, is verified for its default config,
 AUTOCNN_GPU_SAMPLES (default 16) sampled configs and three of each formulation of the family
 against the float64 reference, on fresh random inputs, every element checked. Variants run in a measurement worker, so one that faults is
-reported as a failure of its own case instead of ending the session.
+reported as a failure of its own case instead of ending the pytest run.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _per_formulation(space, rng, taken, count: int = 3) -> list:
 
 
 def _selected_cases(items) -> list[tuple[str, str]]:
-    """The cases this session runs (after -k, -m and node ids): only they are compiled, so a run of
+    """The cases this pytest run selects (after -k, -m and node ids): only they are compiled, so a run of
     one operation's cases (scripts/gpu_check.sh --by-op) does not compile every family's variants."""
     chosen = {(item.callspec.params["op"], item.callspec.params["name"]) for item in items
               if getattr(item, "originalname", None) == "test_family_verifies" and hasattr(item, "callspec")}

@@ -64,7 +64,8 @@ def _db(tmp_path) -> TuningDatabase:
 
 
 def _study_measured(url: str, rf: ReplayFile, fixed) -> list:
-    name = study_name(rf.device, rf.op, rf.problem, get_operation(rf.op).fingerprint(), fixed)
+    # A replayed study: its name ends in the replay file's tag.
+    name = study_name(rf.device, rf.op, rf.problem, get_operation(rf.op).fingerprint(), fixed, f"replay:{rf.digest}")
     return measured_trials(optuna.load_study(study_name=name, storage=open_storage(url)).get_trials(deepcopy=False))
 
 

@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import profile_plan  # noqa: E402
 
-# ncu's report of modern_56's fp32 backward-data GEMM (the H200 record's wgmma config), 2026-11-28.
+# ncu's report of modern_56's fp32 backward-data GEMM (the H200 record's wgmma config), as
+# MEASUREMENTS.md's entry of 2026-11-28 (commit 8dd95ee) reads it.
 REPORT = (Path(__file__).parent / "data" / "ncu" / "h200_modern_56_bwd_fp32_wgmma.txt").read_text()
 
 

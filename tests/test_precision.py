@@ -9,7 +9,8 @@ import pytest
 
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import ConvFwdProblem, ConvWgradProblem, parse_shape, problem_from_dict
-from autocnn.tuning.measure import BASE_BOUND, TF32_BASE_BOUND, error_bound
+from autocnn.precision import FP32_BASE_BOUND as BASE_BOUND, TF32_BASE_BOUND
+from autocnn.tuning.measure import error_bound
 
 
 def to_tf32(x: np.ndarray) -> np.ndarray:
@@ -112,7 +113,7 @@ def test_bounds_grow_with_the_square_root_of_long_reductions():
     assert error_bound(4096) == pytest.approx(2 * BASE_BOUND)
     assert error_bound(100, "tf32") == TF32_BASE_BOUND == pytest.approx(4 * 2.0**-11)
     assert error_bound(16384, "tf32") == pytest.approx(4 * TF32_BASE_BOUND)
-    with pytest.raises(ValueError, match="fp32 or tf32"):
+    with pytest.raises(ValueError, match="one of fp32, tf32"):
         error_bound(10, "fp16")
 
 

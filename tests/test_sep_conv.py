@@ -1,4 +1,4 @@
-"""Separable convolutions (issue 16, kernels/sep_conv.py) on the CPU: problem validation, the float64
+"""Separable convolutions (kernels/sep_conv.py) on the CPU: problem validation, the float64
 references against independent computations (the 2D references with the filter rebuilt from its
 factors; the 2D weight gradient contracted with the factors), the spaces, default candidates and
 plans (workspace, launch geometry modelled in NumPy), and nvcc builds of every formulation with the

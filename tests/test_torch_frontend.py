@@ -179,8 +179,8 @@ def test_convert_replaces_in_place_and_reports_what_it_left(capsys):
 
 def test_converted_model_computes_the_same_on_the_cpu():
     """On the CPU a converted model runs PyTorch's own operators: bit for bit what it computed before.
-    Both runs on one thread: in one CI run on 2 cores (stop 48; not reproduced in 100 runs alone or
-    under load) one image's outputs differed by up to 6e-6 between the two, most likely PyTorch's
+    Both runs on one thread (since commit ed8efd9): in one CI run on 2 cores (not reproduced in 100
+    runs alone or under load) one image's outputs differed by up to 6e-6 between the two, most likely PyTorch's
     multithreaded CPU convolution dividing its work differently; on one thread only the code called
     can differ."""
     torch.manual_seed(1)

@@ -36,7 +36,7 @@ def test_bad_arguments_are_named(argv, message, capsys):
 
 
 def test_target_layers_are_rows_beside_the_seed_suite():
-    """pointwise_s1/s2 (issue 13's 1x1 layers, benched with `autocnn bench --shapes`) can be tuned by name,
+    """pointwise_s1/s2 (the pointwise targets, benched with `autocnn bench --shapes`) can be tuned by name,
     in every convolution op, as 1x1 problems of the target shape."""
     from autocnn.kernels.suite import named_problems
 
@@ -50,7 +50,7 @@ def test_target_layers_are_rows_beside_the_seed_suite():
 
 def test_budget_shares_reserve_the_overrun_so_that_every_problem_is_reached():
     """Twelve problems, 225 s, each study running past its share by what the fft rows' studies ran
-    past theirs on an H200 (stop 50: 6, 5, 0, 9, 0, 7, 10, 9, 3, 5 s): even shares of what is left
+    past theirs on an H200 (fft:radix, b664ba1: 6, 5, 0, 9, 0, 7, 10, 9, 3, 5 s): even shares of what is left
     leave the last problem none (that run, with the tuner's own time between studies too, left two);
     reserving the mean overrun so far reaches all twelve, every share at least MIN_SHARE_S, the run
     ending near the budget."""

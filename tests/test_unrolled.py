@@ -28,7 +28,7 @@ OPERATIONS = operations_with(UNROLLED)
 
 
 def pointwise(op: str, N=64, C=256, H=28, W=28, K=512, stride=1):
-    """The issue's pointwise layer (256->512 channels, 28x28, batch 64), or a small one like it."""
+    """The pointwise target layer (256->512 channels, 28x28, batch 64), or a small one like it."""
     return PROBLEM_TYPES[op](N=N, C=C, H=H, W=W, K=K, R=1, S=1, stride=stride)
 
 

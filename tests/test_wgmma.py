@@ -763,7 +763,7 @@ IN_PLACE_WGRAD = (("odd_wgi_a", ConvWgradProblem(N=3, C=3, H=17, W=15, K=12, R=7
                   ("odd_wgi_b", ConvWgradProblem(N=2, C=5, H=9, W=12, K=7, R=3, S=3, padding=(1, 1, 1, 1),
                                                  bias=False, precision="tf32")),
                   # with a bias (db by its own kernel); pointwise layers with X in place too, the
-                  # issue's 256->512 at 28x28 and odd ones whose images end inside a tile
+                  # pointwise target's 256->512 at 28x28 and odd ones whose images end inside a tile
                   ("odd_wgi_c", ConvWgradProblem(N=3, C=5, H=9, W=12, K=7, R=3, S=3, padding=(1, 1, 1, 1),
                                                  precision="tf32")),
                   ("odd_wgi_pw", ConvWgradProblem(N=3, C=9, H=7, W=8, K=13, R=1, S=1, precision="tf32")),

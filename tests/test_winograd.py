@@ -719,7 +719,7 @@ def test_winograd_verifies_against_float64_on_the_gpu(op):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("m", (2, 4))
 def test_each_tile_verifies_on_the_seed_shapes(op, m):
-    """F(2x2,3x3) and F(4x4,3x3) each, on every seed 3x3 layer (the README's accuracy table)."""
+    """F(2x2,3x3) and F(4x4,3x3) each, on every seed 3x3 layer (the accuracy table of MEASUREMENTS.md)."""
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader

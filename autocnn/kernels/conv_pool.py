@@ -1,4 +1,4 @@
-"""Convolution fused with averaging (issue 16 part 3; Mamalet et al.'s fusion, cited by seed 002).
+"""Convolution fused with averaging (Mamalet et al.'s fusion, cited by seed 002).
 
 conv_pool_fwd: y = avgpool(act(conv(x, w) + b)) in one kernel, without the full-size
 intermediate; with ``keep_activation`` (training) it also writes a = act(conv(x, w) + b), which

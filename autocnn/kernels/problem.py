@@ -11,16 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Protocol, runtime_checkable
 
 from autocnn.errors import InvalidProblemError, ProblemTooLargeError
+from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES, PRECISIONS, Precision, precision_named
 
 # Generated kernels index with 32-bit signed integers; every tensor (and every product the index
 # arithmetic forms) must stay below this.
 INDEX_LIMIT = 2**31 - 1
 DTYPES = ("float32",)
-# What a convolution's float32 result must be as accurate as (the bounds: tuning/measure.py):
-# "fp32" (the default) is FP32-accurate whatever the kernel (tensor-core kernels use 3xTF32);
-# "tf32" lets a kernel round its operands to TF32 (one tensor-core product each), with its own bound.
-PRECISIONS = ("fp32", "tf32")
-DEFAULT_PRECISION = "fp32"
+# What a convolution's result must be as accurate as: a Precision (autocnn/precision.py, where the
+# bounds are set); a problem given a name holds the Precision it stands for.
 ACTIVATIONS = ("none", "relu", "tanh", "logistic")
 
 
@@ -117,7 +115,7 @@ class ConvProblem:
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
     dtype: str = "float32"
-    precision: str = DEFAULT_PRECISION
+    precision: Precision = DEFAULT_PRECISION   # a name ("tf32") is taken for its Precision
 
     op: ClassVar[str] = "conv"
 
@@ -129,8 +127,7 @@ class ConvProblem:
         object.__setattr__(self, "padding", _padding(op, self.padding))
         if self.dtype not in DTYPES:
             raise InvalidProblemError(op, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
-        if self.precision not in PRECISIONS:
-            raise InvalidProblemError(op, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
+        object.__setattr__(self, "precision", precision_named(self.precision, op))
         pt, pl, pb, pr = self.padding
         if pt >= self.R or pb >= self.R:
             raise InvalidProblemError(
@@ -190,8 +187,10 @@ class ConvProblem:
             out[f.name] = list(v) if isinstance(v, tuple) else v
         # The default precision is left out, so that records made before precision existed keep
         # their keys (and Optuna their study names); a tf32 problem always says so.
-        if out["precision"] == DEFAULT_PRECISION:
+        if self.precision is DEFAULT_PRECISION:
             del out["precision"]
+        else:
+            out["precision"] = self.precision.name
         return out
 
     def shape_string(self) -> str:
@@ -203,7 +202,7 @@ class ConvProblem:
         text = (f"N={self.N},C={self.C},H={self.H},W={self.W},K={self.K},R={self.R},S={self.S},"
                 f"stride={stride},pad={pad}")
         text += self._epilogue_string()
-        return text + ("" if self.precision == DEFAULT_PRECISION else f",precision={self.precision}")
+        return text + ("" if self.precision is DEFAULT_PRECISION else f",precision={self.precision.name}")
 
     def _epilogue_string(self) -> str:
         return ""
@@ -424,13 +423,13 @@ def problem_type(op: str) -> type:
     try:
         return PROBLEM_TYPES[op]
     except KeyError:
-        raise InvalidProblemError("autocnn", "op", op, f"one of {', '.join(PROBLEM_TYPES)}") from None
+        raise InvalidProblemError("", "op", op, f"one of {', '.join(PROBLEM_TYPES)}") from None
 
 
 def problem_from_dict(data: Mapping[str, Any]) -> Any:
     """Rebuild a problem from ``to_dict`` output (as stored in the tuning database)."""
     if not isinstance(data, Mapping) or "op" not in data:
-        raise InvalidProblemError("autocnn", "problem", data, "a mapping with an 'op' key")
+        raise InvalidProblemError("", "problem", data, "a mapping with an 'op' key")
     cls = problem_type(data["op"])
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names - {"op"})

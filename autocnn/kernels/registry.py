@@ -37,7 +37,7 @@ def get_operation(name: str) -> Operation:
     try:
         return OPERATIONS[name]
     except KeyError:
-        raise InvalidProblemError("autocnn", "op", name, f"one of {', '.join(OPERATIONS)}") from None
+        raise InvalidProblemError("", "op", name, f"one of {', '.join(OPERATIONS)}") from None
 
 
 def operation_for(problem) -> Operation:

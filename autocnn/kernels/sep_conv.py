@@ -1,4 +1,4 @@
-"""Separable convolutions (issue 16, seed 002): a layer whose filters W[K,C,R,S] are replaced by rank-r
+"""Separable convolutions (seed 002): a layer whose filters W[K,C,R,S] are replaced by rank-r
 sums of outer products runs as 1D convolutions that reuse the 1D filters.
 
 Factors: ``u`` [K,C,r,R] (the vertical, column filters, the singular values folded in) and ``v``

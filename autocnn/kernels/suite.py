@@ -63,7 +63,7 @@ SEED_SHAPES: tuple[SeedShape, ...] = (
 )
 
 
-# Layers that issue targets name and the seed suite lacks (today's pointwise 1x1 layers, stride 1 and
+# Layers that the project's targets name and the seed suite lacks (today's pointwise 1x1 layers, stride 1 and
 # the strided projection): benchmarked by name (`autocnn bench --shapes pointwise_s1,pointwise_s2`),
 # never counted in the seed suite's geometric means.
 TARGET_SHAPES: tuple[SeedShape, ...] = (

@@ -8,7 +8,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels.problem import DEFAULT_PRECISION, ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
+from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
+from autocnn.precision import DEFAULT_PRECISION
 from autocnn.nn.backend import Array, Backend, KernelProblem
 from autocnn.nn.layer_base import (Shape, WeightedLayer, check_activation, check_int, check_pair, check_padding,
                                    check_precision, init_weights)
@@ -104,7 +105,7 @@ class Conv2d(WeightedLayer):
         text += self._epilogue_text()
         if self.separable_override is not None:
             text += f", separable={self.separable_override.value()!r}"
-        return text + (f", precision={self.precision_override!r}" if self.precision_override else "")
+        return text + (f", precision={self.precision_override.name!r}" if self.precision_override else "")
 
     @property
     def precision(self) -> str:

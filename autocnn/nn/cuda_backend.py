@@ -374,7 +374,7 @@ class CudaBackend(Backend):
     def tuned_faster(self, alternative: Sequence[Any], replaced: Sequence[Any]) -> bool:
         """Yes where this GPU's tuning records say so: a usable record (exact, or of the same
         architecture) of every problem on both sides, all tuned on one GPU model, and the
-        alternative's times summed below the replaced ones' (the issue's rule: tuned faster than the
+        alternative's times summed below the replaced ones' (the rule: tuned faster than the
         kernels it replaces; work without a record, such as an element-wise pass the alternative
         also saves, or two kernels overlapping on two streams, is left out of the sums)."""
         records = []

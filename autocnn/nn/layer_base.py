@@ -23,7 +23,8 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels.problem import ACTIVATIONS, PRECISIONS
+from autocnn.kernels.problem import ACTIVATIONS
+from autocnn.precision import PRECISION_NAMES, Precision, precision_named
 from autocnn.nn.backend import Array, Backend, KernelProblem, activation_grad
 
 Shape = tuple[int, ...]
@@ -65,14 +66,17 @@ def check_activation(owner: str, name: Any) -> str:
     return name.lower()
 
 
-def check_precision(owner: str, value: Any, inherit: bool = False) -> str | None:
-    """A precision name ("fp32" or "tf32"); with ``inherit``, None (take the model's) is allowed too."""
+def check_precision(owner: str, value: Any, inherit: bool = False) -> Precision | None:
+    """The Precision a name ("fp32" or "tf32", any case) or a Precision stands for; with
+    ``inherit``, None (take the model's) is allowed too."""
     if inherit and value is None:
         return None
-    if not isinstance(value, str) or value.lower() not in PRECISIONS:
-        allowed = ", ".join(PRECISIONS) + (" or None (the model's)" if inherit else "")
+    if isinstance(value, Precision):
+        return value
+    if not isinstance(value, str) or value.lower() not in PRECISION_NAMES:
+        allowed = ", ".join(PRECISION_NAMES) + (" or None (the model's)" if inherit else "")
         raise ValueError(f"{owner}: precision must be one of {allowed}, got {value!r}")
-    return value.lower()
+    return precision_named(value.lower())
 
 
 def shape_text(shape: Sequence[Any]) -> str:

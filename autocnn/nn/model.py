@@ -28,7 +28,7 @@ from autocnn.nn.arena import ParameterArena
 from autocnn.nn.backend import Array, Backend, CapturedStep, KernelDispatch
 from autocnn.nn.backend_choice import get_backend
 from autocnn.nn.fitting import FitLoop
-from autocnn.kernels.problem import DEFAULT_PRECISION
+from autocnn.precision import DEFAULT_PRECISION
 from autocnn.nn.layer_base import check_precision
 from autocnn.nn.layer_fusion import choose_fusions
 from autocnn.nn.layers import Layer
@@ -176,7 +176,7 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
 
     def __repr__(self) -> str:
         return (f"Sequential({len(self.layers)} layers, input {self.input_shape}, {self.num_classes} classes, "
-                f"backend={self.backend.name}, dtype={self.dtype.name}, precision={self.precision!r})")
+                f"backend={self.backend.name}, dtype={self.dtype.name}, precision={self.precision.name!r})")
 
     @property
     def precision(self) -> str:

@@ -84,7 +84,7 @@ class ModelKernels:
         for i, layer in enumerate(self.layers):
             for p in layer.problems():
                 d = by_problem[p]
-                rows.append((str(layer.name), p.op, getattr(p, "precision", "-"), p.shape_string(), d.source,
+                rows.append((str(layer.name), p.op, str(getattr(p, "precision", "-")), p.shape_string(), d.source,
                              d.detail))
             if isinstance(layer, Dense):
                 head = i == len(self.layers) - 1 and layer.can_end_with_loss

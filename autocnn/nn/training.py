@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -101,7 +102,8 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
           autotune: str | None = None, separable: Any = None, fuse: bool | None = None) -> TrainingReport:
     """Train ``network`` (a seed network name, a .json file or a Sequential) on ``dataset``.
 
-    ``limit`` keeps the first ``limit`` samples of each split (quick runs). The fitted images
+    ``limit`` keeps the first ``limit`` samples of each split (quick runs). A ``batch_size`` larger
+    than the training split is clipped to it, with a warning. The fitted images
     are held in memory; a run that would need more than ``memory_limit_gib`` (scherer10's
     256x256 inputs: 256 KiB per image) is refused with the number, so pass ``limit``.
     ``backend`` and ``seed`` apply when the network is given by name or file.
@@ -146,6 +148,12 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
         raise ValueError(f"{data.name} fitted to {network_name}'s input {model.input_shape} needs {needed:.1f} GiB "
                          f"for {samples} images, over memory_limit_gib={memory_limit_gib}; pass limit= (e.g. "
                          f"limit={int(len(data.x_train) * memory_limit_gib / needed)}) or raise the limit")
+    if batch_size > len(data.x_train):
+        # A batch past the data set would build every buffer at that size and run each step on
+        # padded rows: the whole training split is one batch instead.
+        warnings.warn(f"batch size {batch_size} is larger than the {len(data.x_train)} training images; "
+                      f"training with batches of {len(data.x_train)}", UserWarning, stacklevel=2)
+        batch_size = len(data.x_train)
     data = data.fit_to(model.input_shape)
     if standardize:
         # Zero-mean, unit-variance inputs (training-split statistics): Adam and SGD converge faster.
@@ -161,7 +169,7 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
         network=network_name, dataset=data.name, backend=model.backend.name, optimizer=repr(opt),
         epochs=epochs, batch_size=batch_size, train_samples=len(data.x_train), test_samples=len(data.x_test),
         history=history, test_accuracy=[float(a) for a in history.val_accuracy],  # type: ignore[arg-type]
-        seconds=seconds, dispatch_report=model.dispatch_report(), precision=model.precision,
+        seconds=seconds, dispatch_report=model.dispatch_report(), precision=model.precision.name,
         precision_text=describe_precision(model), model=model)
 
 
@@ -169,4 +177,4 @@ def describe_precision(model: Sequential) -> str:
     """The model's precision, and the layers that differ from it: "tf32 (conv2d_1 fp32)"."""
     own = [f"{layer.name} {layer.precision}" for layer in model.layers
            if getattr(layer, "precision", model.precision) != model.precision]
-    return model.precision + (f" ({', '.join(own)})" if own else "")
+    return model.precision.name + (f" ({', '.join(own)})" if own else "")

@@ -9,7 +9,7 @@ import warnings
 from typing import Any
 
 from autocnn.reports.inputs import open_database, problems_of_network, read_bench
-from autocnn.reports.labels import op_order, precision_of, precision_suffix, problem_key, seed_name
+from autocnn.reports.labels import op_order, precision_of, precision_suffix, problem_key, seed_name, shown_precision
 from autocnn.reports.model import (Ceilings, Fallback, Group, KernelRow, ReportData, ReportError, StudyView,
                                    first_line)
 from autocnn.reports.studies import absolute_sqlite, open_storage_for_report, read_studies
@@ -195,7 +195,7 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
             notes.append(f"no GPU in the database or the storage to look up the kernels of {args.network} on")
         for gk in gpu_keys:
             device = _device_for(gk, study_devices, bench_device)
-            tf32 = ", tf32" if args.precision == "tf32" else ""   # fp32, the default, goes unsaid
+            tf32 = f", {args.precision}" if shown_precision(args.precision).tf32 else ""   # fp32, the default, goes unsaid
             group = Group(f"g{len(groups) + 1}", f"{args.network} (batch {args.batch}{tf32}) on {_gpu_title(gk)}",
                           gk, [],
                           ceilings_for(gk), network=args.network)
@@ -228,7 +228,7 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
         filters.append(f"operation in {args.op}")
     if args.network:
         filters.append(f"network {args.network} at batch {args.batch}"
-                       + (" in tf32" if args.precision == "tf32" else ""))
+                       + (f" in {args.precision}" if shown_precision(args.precision).tf32 else ""))
     return ReportData(
         made_at=made_at, version=__version__, db_sources=db_sources, db_files=db_files,
         storage_url=shown_url, storage_opened=storage is not None, storage_note=storage_note,

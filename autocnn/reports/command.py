@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES
 from autocnn.reports.collect import collect
 from autocnn.reports.html_page import render_html
 from autocnn.reports.inputs import parse_ceilings
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--network", default=None,
                     help="report the kernels of this zoo network (or network JSON file), and those on a fallback")
     ap.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")
-    ap.add_argument("--precision", choices=("fp32", "tf32"), default="fp32",
+    ap.add_argument("--precision", choices=PRECISION_NAMES, default=DEFAULT_PRECISION.name,
                     help="with --network: the model's precision, whose records its convolutions look up "
                          "(default fp32)")
     ap.add_argument("--gpu", default=None, help="only GPUs whose name contains this text (case-insensitive)")
@@ -84,6 +85,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         print("autocnn report: needs plotly: pip install 'autocnn[report]' (or pip install plotly)", file=sys.stderr)
         return 1
+    md_path = args.markdown if args.markdown is not None else args.out.with_suffix(".md")
+    problem = _inputs_and_outputs(args, md_path)   # before anything is read or drawn
+    if problem is not None:
+        print(f"autocnn report: {problem}; no report written", file=sys.stderr)
+        return 1
+    for path in (args.out, md_path):
+        if not path.parent.exists():   # made, and said: a mistyped folder is not made silently
+            print(f"autocnn report: note: creating the directory {path.parent} for {path.name}", file=sys.stderr)
     with contextlib.ExitStack() as stack:
         try:
             data = collect(args, stack)
@@ -101,7 +110,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("autocnn report: nothing to report (no tuning record and no Optuna study); no report written",
               file=sys.stderr)
         return 1
-    md_path = args.markdown if args.markdown is not None else args.out.with_suffix(".md")
     markdown = render_markdown(data)
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -125,6 +133,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cmd:
         print(f"browse the studies: {cmd}")
     return 1 if data.errors else 0
+
+
+def _inputs_and_outputs(args: argparse.Namespace, md_path: Path) -> str | None:
+    """Why the report cannot be made as asked, before any work: a --bench file that cannot be read
+    (its ceilings and cuDNN times were asked for), an output that cannot be written."""
+    from autocnn.errors import EnvironmentCheckError
+    from autocnn.preflight import writable_directory
+
+    if args.bench is not None:
+        from autocnn.reports.inputs import read_bench
+
+        error = read_bench(args.bench)[3]
+        if error is not None:
+            return error
+    for flag, path in (("--out", args.out), ("--markdown", md_path)):
+        if path.is_dir():
+            return f"{flag} {path} is a directory; give a file name"
+        try:
+            writable_directory(path.parent, f"{flag} {path}: the directory", "give a path you can write")
+        except EnvironmentCheckError as exc:
+            return str(exc)
+    return None
 
 
 if __name__ == "__main__":

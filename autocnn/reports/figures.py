@@ -4,7 +4,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from autocnn.reports.labels import op_order
+from autocnn.precision import TF32
+from autocnn.reports.labels import op_order, shows_tf32
 from autocnn.reports.model import Group, KernelRow, StudyView
 from autocnn.reports.summaries import fmt_number, roof_percent
 
@@ -80,7 +81,7 @@ def roofline_figure(group: Group) -> str | None:
     fig = go.Figure()
     for op, precision in sorted({(r.op, r.precision) for r in rows}, key=lambda k: (op_order(k[0]), k[1])):
         mine = [r for r in rows if (r.op, r.precision) == (op, precision)]
-        tf32 = precision == "tf32"   # diamonds: placed against the TF32 GEMM line
+        tf32 = shows_tf32(precision)   # diamonds: placed against the TF32 GEMM line
         fig.add_trace(go.Scatter(
             name=f"{op} tuned" + (" tf32" if tf32 else ""), x=[r.intensity for r in mine], y=[r.gflops for r in mine],
             mode="markers", marker=dict(size=10, color=_OP_COLOURS.get(op, "#333"), symbol="diamond" if tf32 else "circle"),
@@ -105,7 +106,7 @@ def roofline_figure(group: Group) -> str | None:
     if c is not None:
         ridge = c.peak_gflops / c.copy_gbps
         x0, x1 = min(x0, ridge / 2), max(x1, ridge * 2)
-        tf32_peak = c.peak_gflops_for("tf32") if any(r.precision == "tf32" for r in rows) else None
+        tf32_peak = c.peak_gflops_for(TF32.name) if any(shows_tf32(r.precision) for r in rows) else None
         y0, y1 = min(y0, c.copy_gbps * x0), max(y1, c.peak_gflops * 2, (tf32_peak or 0.0) * 2)
         xm = min(x1, y1 / c.copy_gbps)   # the bandwidth line, drawn to the top of the plot
         fig.add_trace(go.Scatter(name=f"copy bandwidth {c.copy_gbps:.0f} GB/s", x=[x0, xm],

@@ -21,15 +21,28 @@ _SEED_NAMES: dict[tuple[str, str], tuple[int, str]] | None = None
 
 def precision_of(problem: Any) -> str:
     """A problem's precision as the report shows it: fp32 or tf32, "-" for pooling (it has none)."""
-    return getattr(problem, "precision", "-")
+    return str(getattr(problem, "precision", "-"))
+
+
+def shown_precision(label: str) -> Any:
+    """The Precision a report row's label names; None for pooling's "-"."""
+    from autocnn.precision import precision_named
+
+    return None if label == "-" else precision_named(label)
+
+
+def shows_tf32(label: str) -> bool:
+    """Whether a row's precision label names a precision of TF32 products ("" and "-" name none)."""
+    shown = shown_precision(label) if label else None
+    return shown is not None and shown.tf32
 
 
 def precision_suffix(problem: Any) -> str:
     """What a label adds for a problem that is not at the default precision: " · tf32"."""
-    from autocnn.kernels.problem import DEFAULT_PRECISION
+    from autocnn.precision import DEFAULT_PRECISION
 
-    precision = precision_of(problem)
-    return "" if precision in ("-", DEFAULT_PRECISION) else f" · {precision}"
+    precision = getattr(problem, "precision", DEFAULT_PRECISION)
+    return "" if precision is DEFAULT_PRECISION else f" · {precision}"
 
 
 def seed_name(op: str, problem: Any) -> tuple[int, str] | None:
@@ -38,7 +51,7 @@ def seed_name(op: str, problem: Any) -> tuple[int, str] | None:
     if precision_suffix(problem):
         import dataclasses
 
-        from autocnn.kernels.problem import DEFAULT_PRECISION
+        from autocnn.precision import DEFAULT_PRECISION
 
         problem = dataclasses.replace(problem, precision=DEFAULT_PRECISION)
     if _SEED_NAMES is None:

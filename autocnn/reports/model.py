@@ -38,9 +38,12 @@ class Ceilings:
         return self.sgemm_tflops * 1000.0
 
     def peak_gflops_for(self, precision: str) -> float | None:
-        """The compute ceiling of a kernel of this precision: the SGEMM rate for fp32 (and pooling),
-        the TF32 GEMM rate for tf32 (None where that is unknown)."""
-        if precision == "tf32":
+        """The compute ceiling of a kernel of this precision (a report row's label): the SGEMM rate
+        for fp32 (and pooling's "-"), the TF32 GEMM rate for tf32 (None where that is unknown)."""
+        from autocnn.reports.labels import shown_precision
+
+        shown = shown_precision(precision)
+        if shown is not None and shown.tf32:
             return None if self.tf32_tflops is None else self.tf32_tflops * 1000.0
         return self.peak_gflops
 

@@ -127,7 +127,8 @@ def read_studies(storage: Any, gpu_filter: str | None, ops: set[str] | None,
             if t.state.name == "COMPLETE" and t.value is not None:
                 complete.append((t.number, float(t.value), bool(result.get("reused"))))
             elif t.state.name == "FAIL":
-                failures[str(result.get("failure") or "unrecorded")] += 1
+                # A replay file's miss is no failure of the config: counted under its own name.
+                failures[str(result.get("failure") or ("replay_miss" if result.get("replay_miss") else "unrecorded"))] += 1
         complete.sort()
         view = StudyView("", frozen.study_name, op, shape, label, gpu, stale, states, complete, failures)
         _importances(storage, view)

@@ -7,7 +7,7 @@ import shlex
 from collections import Counter
 from typing import Any, Iterable
 
-from autocnn.reports.labels import op_order
+from autocnn.reports.labels import op_order, shows_tf32
 from autocnn.reports.model import Ceilings, Group, KernelRow, ReportData
 
 # At most this many skipped-record warnings are listed one by one (the rest are counted).
@@ -34,10 +34,10 @@ def op_summary(group: Group) -> list[dict[str, Any]]:
     """Per operation and precision: kernels, geometric-mean speed-ups over the default and over
     cuDNN (each row against cuDNN at its own precision). A tf32 line is named "conv_fwd · tf32"."""
     out = []
-    kinds = sorted({(r.op, r.precision) for r in group.rows}, key=lambda k: (op_order(k[0]), k[1] == "tf32"))
+    kinds = sorted({(r.op, r.precision) for r in group.rows}, key=lambda k: (op_order(k[0]), shows_tf32(k[1])))
     for op, precision in kinds + ([("all", "")] if len(kinds) > 1 else []):
         rows = [r for r in group.rows if op == "all" or (r.op, r.precision) == (op, precision)]
-        name = op + (f" · {precision}" if precision == "tf32" else "")
+        name = op + (f" · {precision}" if shows_tf32(precision) else "")
         out.append({"op": name, "precision": precision, "kernels": len(rows),
                     "vs_default": geomean(r.speedup_default for r in rows),
                     "n_default": sum(1 for r in rows if r.speedup_default is not None),

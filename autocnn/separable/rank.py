@@ -1,4 +1,4 @@
-"""Choosing a layer's rank from its filters' energy (issue 16: the seed's future work).
+"""Choosing a layer's rank from its filters' energy (the future work seed 002 names).
 
 The energy of a layer's filters is sum over filters of ||F||_F^2 = sum of all their squared singular
 values. The energy-chosen rank is the smallest r whose r leading singular values of every filter

@@ -22,7 +22,7 @@ from autocnn.store.files import (Entry, FileScan, Origin, as_loaded, canonical_i
                                  scan_file)
 from autocnn.store.lookup import RecordLookup
 from autocnn.store.records import DatabaseError, RecordError, RecordKey, TuningRecord, validate_record
-from autocnn.store.transfer import RecordExchange, faster_records
+from autocnn.store.transfer import RecordExchange, faster_records, fastest_of_each_key
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,10 @@ class SummaryRow:
 class TuningDatabase(RecordLookup, RecordExchange):
     """Shipped (read-only) and user records, validated on load, written atomically under a lock."""
 
+    # Hears a sentence when a write waits for a file's lock held by another process (the command
+    # line says it on stderr, so that a wait of up to LOCK_TIMEOUT_S is not silent).
+    on_lock_wait: Callable[[str], None] | None = None
+
     def __init__(self, user_dir: Path | None = None, shipped_dir: Path | None = None,
                  resource_check: ResourceCheck | None = None):
         if resource_check is not None:   # default: ptxas_check (see RecordLookup.lookup)
@@ -52,6 +56,7 @@ class TuningDatabase(RecordLookup, RecordExchange):
         self.shipped_dir = Path(shipped_dir) if shipped_dir is not None else default_shipped_dir()
         # path -> (stat signature, scan): a file is validated again only when it changed
         self._scans: dict[Path, tuple[tuple[int, int, int], FileScan]] = {}
+        self._merged: tuple[Any, list[Entry], list[FileScan]] | None = None   # (files' scans, merged entries, scans)
 
     # -- paths --
     def path_for(self, device: DeviceInfo | RecordKey) -> Path:
@@ -81,12 +86,21 @@ class TuningDatabase(RecordLookup, RecordExchange):
         return scan
 
     def _entries(self) -> list[Entry]:
-        """Every valid record; a user record replaces a shipped one with the same key."""
+        """Every valid record; a user record replaces a shipped one with the same key. Merged again
+        only when a file changed (a lookup asks several times a problem, and keying thousands of
+        shipped records each time was most of a small search's time)."""
+        scans = [(path, self._scan(path, origin, warn=True)) for path, origin in self._files()]
+        signature = tuple((path, id(scan)) for path, scan in scans)
+        if self._merged is not None and self._merged[0] == signature:
+            return self._merged[1]
         by_key: dict[str, Entry] = {}
-        for path, origin in self._files():
-            for entry in self._scan(path, origin, warn=True).entries:
+        for _, scan in scans:
+            for entry in scan.entries:
                 by_key[entry.record.key.identity()] = entry
-        return list(by_key.values())
+        entries = list(by_key.values())
+        # The scans themselves are held in the signature's place, so no id is reused while cached.
+        self._merged = (signature, entries, [scan for _, scan in scans])
+        return entries
 
     def records(self, device: DeviceInfo | None = None, op: str | None = None, *,
                 gpu: str | None = None, arch: str | None = None) -> list[TuningRecord]:
@@ -107,10 +121,17 @@ class TuningDatabase(RecordLookup, RecordExchange):
         return out
 
     def check(self) -> list[str]:
-        """Every problem in every file (shipped and user), without warnings; empty when all is well."""
+        """Every problem in every file (shipped and user), without warnings; empty when all is well:
+        records skipped on load, and records whose times or plan digests cannot be true
+        (``evidence``)."""
+        from autocnn.store.evidence import file_evidence
+
         problems: list[str] = []
         for path, origin in self._files():
             problems += [message for message, _ in scan_file(path, origin).problems]
+            # Records that load but whose numbers cannot be true: a time under the physical floor,
+            # a plan digest that is not their config's.
+            problems += file_evidence(path)
         if self.user_dir.is_dir():
             for aside in sorted(self.user_dir.glob("*.json.corrupt-*")):
                 problems.append(f"{aside}: a corrupted database file moved aside; inspect or delete it")
@@ -146,17 +167,25 @@ class TuningDatabase(RecordLookup, RecordExchange):
         """Store a record (replacing one with the same key) in the user file of its GPU kind."""
         self.put_many([record])
 
-    def put_many(self, records: Sequence[TuningRecord], keep_faster: bool = False) -> list[TuningRecord]:
+    def put_many(self, records: Sequence[TuningRecord], keep_faster: bool = False,
+                 superseded: Sequence[TuningRecord] = ()) -> list[TuningRecord]:
         """Store several records, one locked rewrite per file; returns the records stored. Every
         record is validated first (RecordError), so nothing is written that loading would skip.
+        Of records with one key, the last is stored, or with ``keep_faster`` the one that
+        ``transfer.replaces`` prefers (the faster, a full one over a quick one).
 
         ``keep_faster``: a record replaces one with the same key (user or shipped) only when it is
         faster, except that a full tuning always replaces a quick record and a quick one never
         replaces a full record (``transfer.replaces``); the cuDNN time of the record it replaces is kept when the new one has none. The
         user file is compared under its lock, so of tuners storing the same key at once the
-        fastest record stays, whichever writes last.
+        fastest record stays, whichever writes last. ``superseded``: records the caller measured
+        again (the tuner's confirmation runs the stored record's config beside its winner): one of
+        them still stored is replaced whatever its time, since what was measured now decides; a
+        record stored meanwhile by someone else is compared as above.
         """
         valid = [validate_record(r).record for r in records]
+        if keep_faster:
+            valid = fastest_of_each_key(valid)
         shipped = [e.record for e in self._entries() if e.origin == "shipped"] if keep_faster else []
         by_file: dict[Path, list[TuningRecord]] = {}
         for r in valid:
@@ -168,7 +197,8 @@ class TuningDatabase(RecordLookup, RecordExchange):
                 if keep_faster:
                     current = [as_loaded(TuningRecord.from_dict(raw)) for raw in raws
                                if raw_identity(raw) in new]   # user over shipped
-                    new = {r.key.identity(): r for r in faster_records(list(new.values()), shipped + current)}
+                    new = {r.key.identity(): r for r in faster_records(list(new.values()), shipped + current,
+                                                                       superseded)}
                 stored.extend(new.values())
                 return [raw for raw in raws if raw_identity(raw) not in new] + [r.to_dict() for r in new.values()]
             self._rewrite(path, change)
@@ -215,7 +245,7 @@ class TuningDatabase(RecordLookup, RecordExchange):
         """Read-modify-write of one user file under its lock, atomically."""
         if self.shipped_dir.resolve() == path.parent.resolve():
             raise DatabaseError(f"{path} is in the shipped (read-only) tuning database")
-        rewrite_locked(path, change, create)
+        rewrite_locked(path, change, create, on_wait=self.on_lock_wait)
 
     # -- listing --
     def summary_rows(self) -> list[SummaryRow]:

@@ -200,11 +200,25 @@ def move_aside(path: Path) -> Path:
     return aside
 
 
-def rewrite_locked(path: Path, change: Callable[[list[Any]], list[Any]], create: bool = True) -> None:
-    """Read-modify-write of one user file under its lock, atomically."""
+def rewrite_locked(path: Path, change: Callable[[list[Any]], list[Any]], create: bool = True,
+                   on_wait: Callable[[str], None] | None = None) -> None:
+    """Read-modify-write of one user file under its lock, atomically. ``on_wait`` hears a sentence
+    when the lock is held elsewhere (another tuner or import), before this one waits for it; a lock
+    held past LOCK_TIMEOUT_S is a DatabaseError naming the lock file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
-    with lock:
+    lock_path = str(path) + ".lock"
+    lock = filelock.FileLock(lock_path, timeout=LOCK_TIMEOUT_S)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        if on_wait is not None:
+            on_wait(f"waiting for {lock_path}, held by another autocnn process (up to {LOCK_TIMEOUT_S:.0f} s)")
+        try:
+            lock.acquire(timeout=LOCK_TIMEOUT_S)
+        except filelock.Timeout:
+            raise DatabaseError(f"{lock_path} was held by another process for {LOCK_TIMEOUT_S:.0f} s; if no autocnn "
+                                f"process is running, delete it and run the command again") from None
+    try:
         raws: list[Any] = []
         if path.exists():
             try:
@@ -222,6 +236,8 @@ def rewrite_locked(path: Path, change: Callable[[list[Any]], list[Any]], create:
         if updated == raws and path.exists():
             return
         atomic_write_json(path, file_document(updated))
+    finally:
+        lock.release()
 
 
 # -- loaded state -----------------------------------------------------------------------------------

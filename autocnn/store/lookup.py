@@ -19,8 +19,9 @@ from autocnn.device import DeviceInfo
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation, problem_from_dict
 from autocnn.kernels.space import Config, SearchSpace
+from autocnn.precision import precision_of
 from autocnn.store.feasibility import ResourceCheck, ptxas_check
-from autocnn.store.files import CorruptFile, Entry, ForeignFormat, Origin, read_raw
+from autocnn.store.files import CorruptFile, Entry, ForeignFormat, Origin, file_signature, read_raw
 from autocnn.store.records import RecordError, RecordKey, StaleRecordError, TuningRecord, validate_record
 
 # A tuned config is borrowed for another shape only this close (see shape_distance): e.g. H and W
@@ -62,9 +63,9 @@ def shape_distance(a: Any, b: Any) -> float:
     if a.op != b.op or a.dtype != b.dtype:
         return math.inf
     d = 0.0
-    pa, pb = getattr(a, "precision", "fp32"), getattr(b, "precision", "fp32")
-    if pa != pb:
-        if (pa, pb) != ("tf32", "fp32"):
+    pa, pb = precision_of(a), precision_of(b)
+    if pa is not pb:
+        if not pb.can_serve(pa):
             return math.inf
         d += PRECISION_DISTANCE
     ga, gb = a.geometry(), b.geometry()
@@ -231,11 +232,11 @@ class RecordLookup:
             if d <= NEAREST_SHAPE_MAX_DISTANCE:
                 ranked.append((d, e.record.time_us, e.record.key.identity(), e))
         ranked.sort(key=lambda t: t[:3])
-        precision = getattr(problem, "precision", "fp32")
+        precision = precision_of(problem)
         known = {p.name for p in space.params}   # the parameters a borrowed config may keep
         for d, _, _, e in ranked:
             try:
-                if getattr(e.valid.problem, "precision", "fp32") != precision:
+                if precision_of(e.valid.problem) is not precision:
                     # An fp32 config for a tf32 problem: parameters only tf32 has (TF32_ROUND) at
                     # their first choice, the conservative one; those only fp32 has (how the 3xTF32
                     # split is made, e.g. A_REGS or a formulation's CROSS) dropped, as tf32 has no split.
@@ -265,21 +266,19 @@ class RecordLookup:
     def stale_records(self) -> list[tuple[TuningRecord, Any]]:
         """Every record (shipped and user) skipped only because its template fingerprint is old
         (and its plan digest, where it has one, is not its config's now), with its parsed problem.
-        They are never run; they say which shapes to tune again."""
-        out = []
+        They are never run; they say which shapes to tune again. A file is read again only when it
+        changed: the tuner asks once a problem, and validating thousands of shipped records each
+        time cost more than the search of a small problem."""
+        cache: dict[Path, tuple[Any, list[tuple[TuningRecord, Any]]]] = self.__dict__.setdefault("_stale_scans", {})
+        out: list[tuple[TuningRecord, Any]] = []
         for path, _origin in self._files():
-            try:
-                raws = read_raw(path)
-            except (CorruptFile, ForeignFormat, OSError):
-                continue
-            for raw in raws:
-                try:
-                    validate_record(TuningRecord.from_dict(raw))
-                except StaleRecordError:
-                    record = TuningRecord.from_dict(raw)
-                    out.append((record, problem_from_dict(record.key.problem)))
-                except RecordError:
-                    continue
+            sig = file_signature(path)
+            hit = cache.get(path)
+            if sig is None or hit is None or hit[0] != sig:
+                hit = (sig, _stale_in(path))
+                if sig is not None:
+                    cache[path] = hit
+            out += hit[1]
         return out
 
     def stale_problems(self, device: DeviceInfo, ops: Sequence[str] | None = None) -> list[Any]:
@@ -316,3 +315,21 @@ class RecordLookup:
             if all(config.key() != c.key() for c in out):
                 out.append(config)
         return out
+
+
+def _stale_in(path: Path) -> list[tuple[TuningRecord, Any]]:
+    """The stale records of one file (``RecordLookup.stale_records``); none of an unreadable one."""
+    try:
+        raws = read_raw(path)
+    except (CorruptFile, ForeignFormat, OSError):
+        return []
+    out = []
+    for raw in raws:
+        try:
+            validate_record(TuningRecord.from_dict(raw))
+        except StaleRecordError:
+            record = TuningRecord.from_dict(raw)
+            out.append((record, problem_from_dict(record.key.problem)))
+        except RecordError:
+            continue
+    return out

@@ -30,18 +30,30 @@ class ImportReport:
     rejected: tuple[ImportRejection, ...]
     # Valid records not stored because the database already had a record as fast (keep_faster).
     kept_existing: tuple[RecordKey, ...] = ()
+    # Valid records left out for another record of the same key in the same file: the faster one
+    # (keep_faster) or the last one.
+    duplicates: tuple[RecordKey, ...] = ()
+    keep_faster: bool = False
 
     @property
     def failed(self) -> bool:
         """True when any record was rejected: ``autocnn db import`` then exits non-zero."""
         return bool(self.rejected)
 
+    @property
+    def stored(self) -> int:
+        """How many records the database holds now from the file."""
+        return len(self.accepted) - len(self.duplicates) - len(self.kept_existing)
+
     def sentences(self, path: Path) -> list[str]:
         """What the import did, one plain sentence a line."""
-        stored = len(self.accepted) - len(self.kept_existing)
-        lines = [f"imported {stored} of the {len(self.accepted) + len(self.rejected)} records in {path}"
+        lines = [f"imported {self.stored} of the {len(self.accepted) + len(self.rejected)} records in {path}"
                  + (f"; kept {len(self.kept_existing)} existing records that are as fast or faster"
                     if self.kept_existing else "")]
+        if self.duplicates:
+            which = "the fastest" if self.keep_faster else "the last in the file"
+            lines.append(f"left out {len(self.duplicates)} records whose key another record of the file has "
+                         f"({which} of each key is the one imported)")
         lines += [str(r) for r in self.rejected]
         if self.rejected and not self.accepted:
             lines.append(f"no record of {path} was imported")
@@ -62,19 +74,38 @@ def replaces(new: TuningRecord, old: TuningRecord | None) -> bool:
     return new.time_us < old.time_us
 
 
-def faster_records(records: Sequence[TuningRecord], stored: Sequence[TuningRecord]) -> list[TuningRecord]:
-    """The records that replace a ``stored`` one of the same key (``keep_faster``: see ``replaces``);
-    the cuDNN time of the record replaced is kept when the new one has none."""
+def same_record(a: TuningRecord, b: TuningRecord) -> bool:
+    """The very record (its key, config, time and tuning time), not only one of the same key."""
+    return (a.key == b.key and a.config == b.config and a.time_us == b.time_us and a.tuned_at == b.tuned_at)
+
+
+def faster_records(records: Sequence[TuningRecord], stored: Sequence[TuningRecord],
+                   superseded: Sequence[TuningRecord] = ()) -> list[TuningRecord]:
+    """The records that replace a ``stored`` one of the same key (``keep_faster``: see ``replaces``;
+    a stored record that is one of ``superseded``, measured again by the caller, is replaced whatever
+    its time); the cuDNN time of the record replaced is kept when the new one has none."""
     existing = {r.key.identity(): r for r in stored}
     chosen = []
     for r in records:
         old = existing.get(r.key.identity())
-        if not replaces(r, old):
+        measured_again = old is not None and any(same_record(old, s) for s in superseded)
+        if not measured_again and not replaces(r, old):
             continue
         if old is not None and r.cudnn_time_us is None and old.cudnn_time_us is not None:
             r = dataclasses.replace(r, cudnn_time_us=old.cudnn_time_us)
         chosen.append(r)
     return chosen
+
+
+def fastest_of_each_key(records: Sequence[TuningRecord]) -> list[TuningRecord]:
+    """One record per key, the one ``replaces`` prefers (a full record over a quick one, else the
+    faster; of equal ones the first), in the order of the keys' first records."""
+    best: dict[str, TuningRecord] = {}
+    for r in records:
+        identity = r.key.identity()
+        if identity not in best or replaces(r, best[identity]):
+            best[identity] = r
+    return list(best.values())
 
 
 class RecordExchange:
@@ -85,7 +116,8 @@ class RecordExchange:
                 gpu: str | None = None, arch: str | None = None) -> list[TuningRecord]:
         raise NotImplementedError
 
-    def put_many(self, records: Sequence[TuningRecord], keep_faster: bool = False) -> list[TuningRecord]:
+    def put_many(self, records: Sequence[TuningRecord], keep_faster: bool = False,
+                 superseded: Sequence[TuningRecord] = ()) -> list[TuningRecord]:
         raise NotImplementedError
 
     def export(self, path: Path, filter: Callable[[TuningRecord], bool] | None = None) -> int:
@@ -95,21 +127,45 @@ class RecordExchange:
         return len(chosen)
 
     def import_file(self, path: Path, keep_faster: bool = False) -> ImportReport:
-        """Validate every record of a file exactly as loading does and store the accepted ones
-        (with ``keep_faster``, only those faster than the database's record of the same key)."""
+        """Validate every record of a file exactly as loading does, and as evidence (no time under
+        the physical floor, a plan digest its config plans to: ``evidence``), and store the
+        accepted ones (with ``keep_faster``, only those faster than the database's record of the
+        same key; of records of one key in the file, the fastest, else the last)."""
+        from autocnn.store.evidence import evidence_problems
+
         path = Path(path)
+        if path.is_dir():
+            raise DatabaseError(f"{path} is a directory; give a file written by `autocnn db export` "
+                                f"(or one of the directory's *.json files)")
+        if not path.exists():
+            raise DatabaseError(f"{path} does not exist; give a file written by `autocnn db export`")
         try:
             raws = read_raw(path)
         except (CorruptFile, ForeignFormat) as exc:
             raise DatabaseError(f"{path}: {exc}") from None
+        except OSError as exc:
+            raise DatabaseError(f"{path} cannot be read: {exc.strerror or exc}") from None
         accepted: list[TuningRecord] = []
         rejected: list[ImportRejection] = []
         for i, raw in enumerate(raws):
             try:
-                accepted.append(validate_record(TuningRecord.from_dict(raw)).record)
+                original = TuningRecord.from_dict(raw)
+                valid = validate_record(original)
             except RecordError as exc:
                 rejected.append(ImportRejection(i, describe_raw(raw).strip(" ()"), str(exc)))
-        stored = self.put_many(accepted, keep_faster=keep_faster) if accepted else []
+                continue
+            why = evidence_problems(valid, original)
+            if why:
+                rejected.append(ImportRejection(i, describe_raw(raw).strip(" ()"), "; ".join(why)))
+                continue
+            accepted.append(valid.record)
+        if keep_faster:
+            chosen = fastest_of_each_key(accepted)
+        else:
+            chosen = list({r.key.identity(): r for r in accepted}.values())   # the last of each key
+        chosen_ids = {id(r) for r in chosen}
+        duplicates = tuple(r.key for r in accepted if id(r) not in chosen_ids)
+        stored = self.put_many(chosen, keep_faster=keep_faster) if chosen else []
         stored_ids = {r.key.identity() for r in stored}
-        kept = tuple(r.key for r in accepted if r.key.identity() not in stored_ids)
-        return ImportReport(tuple(r.key for r in accepted), tuple(rejected), kept)
+        kept = tuple(r.key for r in chosen if r.key.identity() not in stored_ids)
+        return ImportReport(tuple(r.key for r in accepted), tuple(rejected), kept, duplicates, keep_faster)

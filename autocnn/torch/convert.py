@@ -17,7 +17,7 @@ from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.modules.pooling import _AdaptiveAvgPoolNd, _AvgPoolNd
 
-from autocnn.kernels.problem import DEFAULT_PRECISION
+from autocnn.precision import DEFAULT_PRECISION
 from autocnn.nn.text_table import format_table
 from autocnn.torch.geometry import check_precision
 from autocnn.torch.modules import AvgPool2d, Conv2d
@@ -66,7 +66,7 @@ class ConversionReport:
         return head + ":\n" + format_table(rows)
 
 
-def convert(model: nn.Module, precision: str = DEFAULT_PRECISION, *, verbose: bool = True) -> ConversionReport:
+def convert(model: nn.Module, precision: str = DEFAULT_PRECISION.name, *, verbose: bool = True) -> ConversionReport:
     """Replace, in place, every supported nn.Conv2d and nn.AvgPool2d of ``model`` (the model itself
     included) by autocnn.torch's; returns the report and, with ``verbose``, prints it.
 

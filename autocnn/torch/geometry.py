@@ -12,8 +12,6 @@ import functools
 from typing import Any, Sequence
 
 from autocnn.kernels.problem import (
-    DEFAULT_PRECISION,
-    PRECISIONS,
     AvgPoolBwdProblem,
     AvgPoolFwdProblem,
     ConvBwdDataProblem,
@@ -24,15 +22,19 @@ from autocnn.kernels.problem import (
     pool_index_extents,
 )
 from autocnn.errors import ProblemTooLargeError
+from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES, Precision
 
 Pair = tuple[int, int]
 Padding = tuple[int, int, int, int]   # top, left, bottom, right
 
 
 def check_precision(where: str, precision: Any) -> str:
-    """The precision, or ValueError naming the allowed ones (as ConvProblem.precision)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"{where}: precision={precision!r} is not one of {', '.join(PRECISIONS)} "
+    """The precision's name, which the torch operators take as an argument (a Precision is taken
+    for its name), or ValueError naming the allowed ones (as ConvProblem.precision)."""
+    if isinstance(precision, Precision):
+        return precision.name
+    if precision not in PRECISION_NAMES:
+        raise ValueError(f"{where}: precision={precision!r} is not one of {', '.join(PRECISION_NAMES)} "
                          f"(fp32: FP32-accurate, the default; tf32: opt-in, one TF32 product per term)")
     return precision
 
@@ -118,7 +120,7 @@ def _conv_geometry(where: str, x_shape: Sequence[int], w_shape: Sequence[int], s
 
 @functools.lru_cache(maxsize=4096)
 def conv_problem(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int, ...],
-                 padding: tuple[int, ...], precision: str = DEFAULT_PRECISION, bias: bool = False) -> Any:
+                 padding: tuple[int, ...], precision: str = DEFAULT_PRECISION.name, bias: bool = False) -> Any:
     """The problem of one convolution operation (conv_fwd, conv_bwd_data or conv_wgrad) of the layer
     with input ``x_shape`` and weight ``w_shape``; InvalidProblemError / ValueError when autocnn
     cannot compute it (cached: the operators ask once per call)."""

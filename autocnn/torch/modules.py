@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autocnn.kernels.problem import DEFAULT_PRECISION
+from autocnn.precision import DEFAULT_PRECISION
 from autocnn.torch.geometry import (check_precision, conv_beyond_index_limit, conv_padding, conv_problem, pair,
                                    pool_beyond_index_limit, pool_padding, pool_problem, size_refusal)
 from autocnn.torch.support import check_arguments, conv_reasons, pool_reasons, runs_on_autocnn
@@ -70,14 +70,14 @@ class Conv2d(nn.Conv2d):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
                  dilation: Any = 1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
-                 device: Any = None, dtype: Any = None, *, precision: str = DEFAULT_PRECISION) -> None:
+                 device: Any = None, dtype: Any = None, *, precision: str = DEFAULT_PRECISION.name) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          padding_mode, device=device, dtype=dtype)
         self.precision = check_precision("autocnn.torch.Conv2d", precision)
         check_arguments("Conv2d", conv_reasons(self))
 
     @classmethod
-    def adopt(cls, module: nn.Conv2d, precision: str = DEFAULT_PRECISION) -> "Conv2d":
+    def adopt(cls, module: nn.Conv2d, precision: str = DEFAULT_PRECISION.name) -> "Conv2d":
         """Turn a supported torch.nn.Conv2d into this class in place (same object, parameters, hooks)."""
         precision = check_precision("autocnn.torch.Conv2d", precision)
         check_arguments("Conv2d", conv_reasons(module))

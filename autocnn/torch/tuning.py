@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from autocnn.precision import DEFAULT_PRECISION
 from autocnn.errors import ProblemTooLargeError
 from autocnn.torch.geometry import conv_padding, conv_problem, pair, pool_padding, pool_problem
 from autocnn.torch.launch import forget, kernels_for
@@ -41,7 +42,7 @@ def _layer_problems(module: nn.Module, x: torch.Tensor, precision: str | None, t
         return []
     shape = tuple(x.shape) if x.dim() == 4 else (1, *x.shape)
     if isinstance(module, nn.Conv2d):
-        prec = precision or getattr(module, "precision", "fp32")
+        prec = precision or getattr(module, "precision", DEFAULT_PRECISION.name)
         stride = pair("stride", module.stride)
         padding = conv_padding(module.padding, module.kernel_size, module.dilation)
         w_shape = tuple(module.weight.shape)

@@ -7,6 +7,15 @@ kernels; for tf32 with both on, PyTorch's own default for convolutions. PyTorch 
 only; an asymmetric padding (the 2009 network's 4/4/3/3) is applied to the input beforehand,
 outside the timed region, which favours cuDNN slightly.
 
+Operations PyTorch has no single operator for are timed as the operators they replace, in the
+order a PyTorch model runs them (``BASELINE_NOTES`` names each such sequence, and the tables show it
+as a footnote): conv_pool_fwd as conv2d, the activation and avg_pool2d; conv_pool_dz as
+avg_pool2d's backward and the activation's backward; conv_bwd_fused as one convolution_backward
+for dx, dw and db. An operation or problem PyTorch cannot express (a separable convolution, a pool
+padded by more than half its window) has no baseline: ``no_baseline_reason`` says why, without
+PyTorch, and its cell stays empty with that reason. A baseline that fails when it runs (PyTorch
+missing, an operator error, out of memory) is a reason too, never an error of the run.
+
 The ceilings: the copy bandwidth, and two large square matrix products, one in FP32 (SGEMM) and
 one with TF32 tensor cores, each timed under the same protocol as the kernels.
 
@@ -17,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
+
+from autocnn.precision import DEFAULT_PRECISION, FP32, TF32, Precision, precision_named, precision_of
 
 
 def torch_available() -> bool:
@@ -29,26 +40,26 @@ def torch_available() -> bool:
         return False
 
 
-def _torch(precision: str = "fp32"):
-    """torch, with cuDNN's benchmark mode on and TF32 allowed exactly for the "tf32" precision."""
-    if precision not in ("fp32", "tf32"):
-        raise ValueError(f"precision {precision!r}: fp32 or tf32")
+def _torch(precision: Precision | str = DEFAULT_PRECISION):
+    """torch, with cuDNN's benchmark mode on and TF32 allowed exactly for a precision of TF32
+    products (a Precision or its name)."""
+    precision = precision_named(precision)
     import torch
 
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision.tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision.tf32
     return torch
 
 
-def problem_precision(problem: Any) -> str:
-    """A problem's precision; "fp32" for pooling, which has none (it computes in FP32)."""
-    return getattr(problem, "precision", "fp32")
+def problem_precision(problem: Any) -> Precision:
+    """A problem's precision; FP32 for pooling, which has none (it computes in FP32)."""
+    return precision_of(problem)
 
 
 @contextlib.contextmanager
-def torch_precision(precision: str) -> Iterator[Any]:
-    """PyTorch's convolutions and matrix products in FP32 ("fp32") or on TF32 tensor cores ("tf32")
+def torch_precision(precision: Precision | str) -> Iterator[Any]:
+    """PyTorch's convolutions and matrix products in FP32 (fp32) or on TF32 tensor cores (tf32)
     inside the block; the flags as they were after it. Yields the torch module."""
     import torch
 
@@ -63,14 +74,78 @@ def torch_precision(precision: str) -> Iterator[Any]:
 
 def time_cudnn(op: str, problem: Any, *, flusher: Any = None, budget_s: float = 0.2) -> float | None:
     """Median microseconds of PyTorch's version of the operation at the problem's precision (the
-    timing protocol of ``time_callable``), or None where PyTorch has none."""
+    timing protocol of ``time_callable``), or None where PyTorch has none. PyTorch's errors pass
+    through: ``time_baseline`` is the form that turns them into a reason."""
     from autocnn.tuning.measure import time_callable
 
+    if no_baseline_reason(op, problem) is not None:
+        return None
     with torch_precision(problem_precision(problem)):
         runner = cudnn_runner(op, problem)
-        if runner is None:
-            return None
         return time_callable(runner, flusher=flusher, budget_s=budget_s).median_us
+
+
+@dataclass(frozen=True)
+class BaselineTime:
+    """PyTorch's time for one problem, or why there is none (one line, for a table's footnote)."""
+
+    us: float | None
+    reason: str | None = None
+
+
+def time_baseline(op: str, problem: Any, *, flusher: Any = None, budget_s: float = 0.2) -> BaselineTime:
+    """``time_cudnn``, with every way it can fail turned into an empty cell and its reason: a
+    baseline is a comparison, and no failure of it may end a run or cost the records it sits beside."""
+    reason = no_baseline_reason(op, problem)
+    if reason is not None:
+        return BaselineTime(None, reason)
+    try:
+        return BaselineTime(time_cudnn(op, problem, flusher=flusher, budget_s=budget_s))
+    except Exception as exc:   # ImportError, a CUDA error, torch.OutOfMemoryError, a RuntimeError of an operator
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        return BaselineTime(None, f"PyTorch failed: {type(exc).__name__}" + (f": {first}" if first else ""))
+
+
+class BaselineProvider(Protocol):
+    """Where a command's cuDNN column comes from (``open_baselines``; the tests give their own)."""
+
+    available: bool   # False: every cell will be empty, for the reason each time gives
+
+    def time(self, op: str, problem: Any) -> BaselineTime:
+        ...
+
+
+@dataclass
+class CudnnBaselines:
+    """cuDNN through PyTorch on the current device, each problem timed by ``time_baseline``."""
+
+    flusher: Any = None
+    budget_s: float = 0.2
+    available: bool = True
+
+    def time(self, op: str, problem: Any) -> BaselineTime:
+        return time_baseline(op, problem, flusher=self.flusher, budget_s=self.budget_s)
+
+
+@dataclass(frozen=True)
+class NoBaselines:
+    """No PyTorch with CUDA here: every cell empty, for one reason."""
+
+    reason: str
+    available: bool = False
+
+    def time(self, op: str, problem: Any) -> BaselineTime:
+        return BaselineTime(None, self.reason)
+
+
+def open_baselines(budget_s: float = 0.2) -> BaselineProvider:
+    """The cuDNN column's provider for the current device, or ``NoBaselines`` saying why there is none."""
+    if not torch_available():
+        return NoBaselines("no PyTorch with CUDA in this environment")
+    from autocnn.device import current_device
+    from autocnn.tuning.measure import L2Flusher
+
+    return CudnnBaselines(L2Flusher(current_device().l2_bytes), budget_s)
 
 
 def cudnn_draw(device: int, l2_bytes: int, jobs: list[tuple[str, dict[str, Any]]], budget_s: float) -> list[float | None]:
@@ -88,14 +163,53 @@ def cudnn_draw(device: int, l2_bytes: int, jobs: list[tuple[str, dict[str, Any]]
 
     torch.cuda.set_device(device)
     flusher = L2Flusher(l2_bytes)
-    return [time_cudnn(op, problem_from_dict(problem), flusher=flusher, budget_s=budget_s) for op, problem in jobs]
+    return [time_baseline(op, problem_from_dict(problem), flusher=flusher, budget_s=budget_s).us
+            for op, problem in jobs]
 
 
-def cudnn_runner(op: str, problem: Any) -> Callable[[], None] | None:
-    """A closure that enqueues PyTorch's version of the operation, or None where it has none.
+CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
+POOL_OPS = ("avgpool_fwd", "avgpool_bwd")
+
+# The operations timed as a sequence of PyTorch operators (the ones they replace), as the tables'
+# footnotes name them.
+BASELINE_NOTES: dict[str, str] = {
+    "conv_pool_fwd": "PyTorch's conv2d, activation and avg_pool2d in sequence",
+    "conv_pool_dz": "PyTorch's avg_pool2d backward, then the activation's backward",
+    "conv_bwd_fused": "PyTorch's convolution_backward computing dx, dw (and db) in one call",
+}
+
+
+def _pool_reason(window: tuple[int, int], padding: tuple[int, int, int, int]) -> str | None:
+    pt, pl, pb, pr = padding
+    if pt != pb or pl != pr or pt * 2 > window[0] or pl * 2 > window[1]:
+        return (f"PyTorch pools pad symmetrically by at most half the window "
+                f"(padding {pt},{pl},{pb},{pr}, window {window[0]}x{window[1]})")
+    return None
+
+
+def no_baseline_reason(op: str, problem: Any) -> str | None:
+    """Why PyTorch has no version of ``op`` for this problem (one line), or None where it has one.
+    Decided without PyTorch, so a table can say it whether or not PyTorch is installed."""
+    if op in CONV_OPS or op == "conv_bwd_fused":
+        return None
+    if op in POOL_OPS or op == "conv_pool_dz":
+        return _pool_reason(problem.window, problem.padding)
+    if op == "conv_pool_fwd":
+        return _pool_reason(problem.pool_window, problem.pool_padding)
+    if op.startswith("sep_conv"):
+        return "PyTorch has no operator for a convolution by rank-r separable filters"
+    return f"PyTorch has no operator for {op}"
+
+
+def cudnn_runner(op: str, problem: Any) -> Callable[[], None]:
+    """A closure that enqueues PyTorch's version of the operation (``no_baseline_reason`` says
+    where there is none; asking for one there is a ValueError).
 
     It sets PyTorch's TF32 flags for the problem's precision, which the closure needs when it runs:
     time it before anything changes them (``time_cudnn`` does, and puts them back after)."""
+    reason = no_baseline_reason(op, problem)
+    if reason is not None:
+        raise ValueError(f"no PyTorch baseline for {op}: {reason}")
     torch = _torch(problem_precision(problem))
     F = torch.nn.functional
     dev = "cuda"
@@ -105,50 +219,76 @@ def cudnn_runner(op: str, problem: Any) -> Callable[[], None] | None:
     def randn(*shape):
         return torch.randn(*shape, device=dev, dtype=torch.float32, generator=g)
 
-    if op in ("conv_fwd", "conv_bwd_data", "conv_wgrad"):
-        p = problem
-        pt, pl, pb, pr = p.padding
-        symmetric = pt == pb and pl == pr
-        x = randn(*p.x_shape)
-        if not symmetric:
-            x = F.pad(x, (pl, pr, pt, pb))
-        pad = [pt, pl] if symmetric else [0, 0]
-        w = randn(*p.w_shape)
-        stride = list(p.stride)
+    activations = {"none": None, "relu": torch.relu, "tanh": torch.tanh, "logistic": torch.sigmoid}
+    if op in ("conv_fwd", "conv_pool_fwd"):
+        x, pad = _conv_input(F, randn, problem)
+        w = randn(*problem.w_shape)
+        bias = randn(problem.K) if getattr(problem, "bias", False) else None
+        act = activations[problem.activation]
+        stride = list(problem.stride)
         if op == "conv_fwd":
-            bias = randn(p.K) if getattr(p, "bias", False) else None
-            act = {"none": None, "relu": torch.relu, "tanh": torch.tanh, "logistic": torch.sigmoid}[p.activation]
-
             def run():
                 y = F.conv2d(x, w, bias, stride, pad)
                 if act is not None:
                     act(y)
             return run
-        dy = randn(*p.y_shape)
-        mask = [True, False, False] if op == "conv_bwd_data" else [False, True, bool(getattr(p, "bias", False))]
-        bias_sizes = [p.K] if mask[2] else None
+        kernel, pool_stride = list(problem.pool_window), list(problem.pool_stride)
+        pool_pad = list(problem.pool_padding[:2])
+
+        def run():
+            a = F.conv2d(x, w, bias, stride, pad)
+            if act is not None:
+                a = act(a)
+            F.avg_pool2d(a, kernel, pool_stride, pool_pad, False, problem.count_pad)
+        return run
+    if op in ("conv_bwd_data", "conv_wgrad", "conv_bwd_fused"):
+        x, pad = _conv_input(F, randn, problem)
+        w = randn(*problem.w_shape)
+        stride = list(problem.stride)
+        dy = randn(*problem.y_shape)
+        bias = bool(getattr(problem, "bias", False))
+        mask = {"conv_bwd_data": [True, False, False], "conv_wgrad": [False, True, bias],
+                "conv_bwd_fused": [True, True, bias]}[op]
+        bias_sizes = [problem.K] if mask[2] else None
 
         def run():
             torch.ops.aten.convolution_backward(dy, x, w, bias_sizes, stride, pad, [1, 1], False, [0, 0], 1, mask)
         return run
-
-    if op in ("avgpool_fwd", "avgpool_bwd"):
-        p = problem
-        pt, pl, pb, pr = p.padding
-        if pt != pb or pl != pr or pt * 2 > p.window[0] or pl * 2 > p.window[1]:
-            return None   # PyTorch pools pad symmetrically, by at most half the window
-        x = randn(*p.x_shape)
-        kernel, stride, pad = list(p.window), list(p.stride), [pt, pl]
-        if op == "avgpool_fwd":
-            def run():
-                F.avg_pool2d(x, kernel, stride, pad, False, p.count_pad)
-            return run
-        dy = randn(*p.y_shape)
-
+    # the pools and conv_pool_dz (a pool's backward, then the activation's)
+    p = problem
+    x = randn(*p.x_shape)
+    kernel, stride, pad = list(p.window), list(p.stride), list(p.padding[:2])
+    if op == "avgpool_fwd":
+        def run():
+            F.avg_pool2d(x, kernel, stride, pad, False, p.count_pad)
+        return run
+    dy = randn(*p.y_shape)
+    if op == "avgpool_bwd":
         def run():
             torch.ops.aten.avg_pool2d_backward(dy, x, kernel, stride, pad, False, p.count_pad, None)
         return run
-    raise ValueError(f"no PyTorch baseline for {op}")
+    activation = getattr(p, "activation", "none")
+    a = torch.sigmoid(x) if activation == "logistic" else torch.tanh(x) if activation == "tanh" else torch.relu(x)
+    grad = {"none": None,
+            "relu": lambda g_: torch.ops.aten.threshold_backward(g_, a, 0.0),
+            "tanh": lambda g_: torch.ops.aten.tanh_backward(g_, a),
+            "logistic": lambda g_: torch.ops.aten.sigmoid_backward(g_, a)}[activation]
+
+    def run():
+        g_ = torch.ops.aten.avg_pool2d_backward(dy, x, kernel, stride, pad, False, p.count_pad, None)
+        if grad is not None:
+            grad(g_)
+    return run
+
+
+def _conv_input(F: Any, randn: Callable[..., Any], problem: Any) -> tuple[Any, list[int]]:
+    """The convolution's input and the padding to give PyTorch: its own where the padding is
+    symmetric, else the input padded beforehand (outside the timed region) and none."""
+    pt, pl, pb, pr = problem.padding
+    x = randn(*problem.x_shape)
+    if pt == pb and pl == pr:
+        return x, [pt, pl]
+    return F.pad(x, (pl, pr, pt, pb)), [0, 0]
 
 
 @dataclass(frozen=True)
@@ -180,11 +320,11 @@ def measure_ceilings(flusher: Any = None, budget_s: float = 0.5) -> Ceilings:
     copy_gbps = 2 * 4 * n / (copy.median_us * 1e-6) / 1e9
     del src, dst
     rates = {}
-    for precision in ("fp32", "tf32"):
+    for precision in (FP32, TF32):
         with torch_precision(precision) as torch:
             a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda")
             b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda")
             timing = time_callable(lambda: torch.matmul(a, b), flusher=flusher, budget_s=budget_s, min_reps=5)
             rates[precision] = gemm_tflops(GEMM_SIZE, timing.median_us)
             del a, b
-    return Ceilings(copy_gbps, rates["fp32"], rates["tf32"])
+    return Ceilings(copy_gbps, rates[FP32], rates[TF32])

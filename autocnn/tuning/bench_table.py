@@ -19,7 +19,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
-CONV_PRECISIONS = ("fp32", "tf32")
+from autocnn.precision import PRECISION_NAMES
+
+CONV_PRECISIONS = PRECISION_NAMES   # the rows name their precision (JSON, tables)
 NO_PRECISION = "-"        # a pooling row's precision: pooling has none
 LOW_SPEEDUP = 0.8         # the summary counts the problems below this many times cuDNN's speed
 
@@ -95,7 +97,7 @@ class BenchRow:
 
     op: str
     shape: str                       # the seed shape's name
-    precision: str                   # fp32 or tf32; "-" for pooling
+    precision: str                   # the precision's name (a Precision is taken for it); "-" for pooling
     flops: int                       # Operation.flops: 2*N*K*C*R*S*P*Q for a convolution
     min_bytes: int                   # Operation.min_bytes: what must cross device memory at least once
     default_us: float | None = None
@@ -105,6 +107,9 @@ class BenchRow:
     best_config: dict[str, Any] | None = None
     measured: int = 0
     failures: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.precision = str(self.precision)   # rows are text (tables, JSON): the name
 
     @property
     def vs_cudnn(self) -> float | None:
@@ -158,7 +163,7 @@ def row_from_results(op: str, name: str, problem: Any, results: Sequence[Any], c
         if not r.ok:
             failures[r.failure.value] = failures.get(r.failure.value, 0) + 1
     return BenchRow(
-        op=op, shape=name, precision=getattr(problem, "precision", NO_PRECISION),
+        op=op, shape=name, precision=str(getattr(problem, "precision", NO_PRECISION)),
         flops=int(operation.flops(problem)), min_bytes=int(operation.min_bytes(problem)),
         default_us=default.time_us if default is not None and default.ok else None,
         default_failure=(None if default is None or default.ok

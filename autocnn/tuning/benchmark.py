@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
 
     from autocnn.gpu import require_cupy
-    from autocnn.tuning.baselines import measure_ceilings, time_cudnn, torch_available
+    from autocnn.tuning.baselines import measure_ceilings, time_baseline, torch_available
     from autocnn.tuning.measure import L2Flusher
     from autocnn.store import TuningDatabase
     from autocnn.tuning.sources import GpuSource
@@ -147,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             configs = [default] + ([looked.config] if looked.config.key() != default.key() else [])
             configs += operation.space(problem, limits).sample(rng, args.samples, exclude=configs)
             results = list(source.measure(op, problem, configs))
-            cudnn_us = time_cudnn(op, problem, flusher=flusher, budget_s=args.budget * 2) if have_torch else None
+            cudnn = time_baseline(op, problem, flusher=flusher, budget_s=args.budget * 2) if have_torch else None
+            cudnn_us = cudnn.us if cudnn is not None else None
+            if cudnn is not None and cudnn.reason is not None:
+                print(f"# {op} {name}: no cuDNN time: {cudnn.reason}", flush=True)
             row = row_from_results(op, name, problem, results, cudnn_us)
             rows.append(row)
             records.append({"op": op, "shape": name, "precision": row.precision, "problem": problem.to_dict(),

@@ -1,6 +1,11 @@
-"""The end of a search: the winner timed again, interleaved with the runner-up and the default, and
-stored in the tuning database only when it is faster than what the database holds for its key (so
-of several tuners sharing a study the fastest confirmed winner stays, whichever finished last)."""
+"""The end of a search: the winner timed again, interleaved with the runner-up, the default, the
+incumbent and the config of the GPU's stored record, and stored in the tuning database only when it
+is faster than what the database holds for its key (so of several tuners sharing a study the fastest
+confirmed winner stays, whichever finished last). The stored record's time is not taken on trust:
+its config measured here is the evidence, so a record whose time was never real (an imported
+1e-9 us) is replaced by what this tune measured. Where the database cannot take the record (a full
+disk, a permission error mid-run), it is written to a file of the database format instead
+(``store.fallback``), named in the outcome, and the run goes on."""
 from __future__ import annotations
 
 import math
@@ -32,26 +37,38 @@ def contenders(known: Mapping[str, TrialResult], *others: Config | None) -> list
 
 def retime(source: MeasurementSource, op: str, problem: Any, configs: list[Config],
            rounds: int) -> tuple[dict[str, float], dict[str, TrialResult]]:
-    """Median times of interleaved rounds (a config that fails once is out), and each config's last result."""
+    """Median times of interleaved rounds (a config that fails once is out), and each config's last
+    result (a failure's too; a replay miss, which says nothing of the config, leaves none)."""
     times: dict[str, list[float]] = {c.key(): [] for c in configs}
     last: dict[str, TrialResult] = {}
     for r in source.measure(op, problem, [c for _ in range(rounds) for c in configs]):
+        if r.replay_miss:
+            continue
         if r.ok and r.time_us is not None:
             times[r.config.key()].append(r.time_us)
             last[r.config.key()] = r
         else:
             times[r.config.key()].append(math.inf)
+            last.setdefault(r.config.key(), r)
     medians = {k: statistics.median(v) for k, v in times.items() if v}
     return {k: v for k, v in medians.items() if math.isfinite(v)}, last
 
 
 def confirm_and_store(source: MeasurementSource, db: Any, settings: TuneSettings, operation: Any, problem: Any,
                       default: Config, known: Mapping[str, TrialResult], study_measured: int,
-                      outcome: TuneOutcome, incumbent: Config | None = None) -> TuneOutcome:
-    """Time the winner again with the runner-up, the default and the incumbent, then store the fastest
-    (keeping a faster record)."""
-    finite, last = retime(source, outcome.op, problem, contenders(known, default, incumbent),
+                      outcome: TuneOutcome, incumbent: Config | None = None, stored: Any = None) -> TuneOutcome:
+    """Time the winner again with the runner-up, the default, the incumbent and the config of
+    ``stored`` (this GPU's own record, a LookupResult), then store the fastest (keeping a faster
+    record, unless that record is ``stored`` and its config was measured here: then what was
+    measured decides)."""
+    stored_config = stored.config if stored is not None else None
+    finite, last = retime(source, outcome.op, problem, contenders(known, default, incumbent, stored_config),
                           settings.confirm_rounds)
+    # Evidence on the stored record: its config measured now (timed, or failed in the search or here).
+    checked = stored_config is not None and (
+        stored_config.key() in last
+        or (stored_config.key() in known and not known[stored_config.key()].ok
+            and not known[stored_config.key()].replay_miss))
     if not finite:
         outcome.best = None
         outcome.stopped_because += "; no contender verified again, nothing stored"
@@ -59,13 +76,13 @@ def confirm_and_store(source: MeasurementSource, db: Any, settings: TuneSettings
     winner_key = min(finite, key=finite.get)
     winner = last[winner_key]
     outcome.best = TrialResult(winner.config, True, finite[winner_key], timing=winner.timing)
-    others = {c.key() for c in (default, incumbent) if c is not None}
+    others = {c.key() for c in (default, incumbent, stored_config) if c is not None}
     runner = [k for k in finite if k != winner_key and k not in others]
     if default.key() in finite:
         outcome.default = TrialResult(default, True, finite[default.key()])
     if db is None:
         return outcome
-    from autocnn.store import RecordKey, TuningRecord, now_utc
+    from autocnn.store import DatabaseError, RecordKey, TuningRecord, now_utc
     from autocnn.tuning.storage import default_storage_url
 
     timing = winner.timing or {}
@@ -86,9 +103,21 @@ def confirm_and_store(source: MeasurementSource, db: Any, settings: TuneSettings
         workspace_bytes=operation.workspace_bytes(problem, winner.config),
         plan_digest=operation.code_digest(problem, winner.config),   # the code measured (records.validate_record)
     )
-    stored = db.put_many([record], keep_faster=True)
-    if stored:
-        outcome.record = stored[0]
+    if checked and stored_config.key() in finite:
+        outcome.stored_retimed_us = finite[stored_config.key()]
+    superseded = [stored.record] if checked else []
+    try:
+        put = db.put_many([record], keep_faster=True, superseded=superseded)
+    except (OSError, DatabaseError) as exc:   # disk full, permissions changed, a lock held too long
+        from autocnn.store.fallback import keep_unstored
+
+        outcome.unsaved_path = keep_unstored(record)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        outcome.stopped_because += (f"; the database could not take the record ({reason}): it was written to "
+                                    f"{outcome.unsaved_path}, which `autocnn db import` adds")
+        return outcome
+    if put:
+        outcome.record = put[0]
     else:
         kept = db.record_for(record.key)
         outcome.stopped_because += (f"; the database keeps its faster record ({kept.time_us:.1f} us)"

@@ -250,4 +250,6 @@ def merge_outcomes(outcomes: Sequence[TuneOutcome]) -> TuneOutcome:
         reused=sum(o.reused for o in outcomes), failures=failures, seconds=max(o.seconds for o in outcomes),
         record=min(stored, key=lambda o: o.record.time_us).record if stored else None,
         stopped_because=last.stopped_because, study_measured=last.study_measured,
-        recovered=sum(o.recovered for o in outcomes), device=", ".join(o.device for o in outcomes))
+        recovered=sum(o.recovered for o in outcomes), device=", ".join(o.device for o in outcomes),
+        replay_misses=sum(o.replay_misses for o in outcomes),
+        unsaved_path=next((o.unsaved_path for o in outcomes if o.unsaved_path is not None), None))

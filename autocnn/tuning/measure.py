@@ -18,28 +18,13 @@ from typing import Any, Callable, Mapping
 from autocnn.errors import WrongResultError
 from autocnn.gpu import require_cupy
 from autocnn.kernels import reference
+from autocnn.precision import DEFAULT_PRECISION, precision_named, precision_of
 
-BASE_BOUND = 1e-5
-BASE_TERMS = 1024
-# TF32 keeps 10 of float32's 23 explicit mantissa bits: rounding an operand to nearest moves it by
-# up to 2**-11 of itself, a product by up to about 2**-10. Over a sum of random-signed products the
-# error relative to the result's norm is of the order of one product's RMS error (about 3e-4,
-# measured on an H100); the bound allows four times the worst single-operand rounding.
-TF32_BASE_BOUND = 4 * 2.0**-11
-
-
-def error_bound(reduction_length: int, precision: str = "fp32") -> float:
-    """The largest relative error a kernel may show against the float64 reference.
-
-    ``fp32``: 1e-5 for reductions of up to 1,024 terms; beyond that the bound grows with the square
-    root of the length, as the rounding error of a float32 sum of random terms does (the weight
-    gradient sums N*P*Q terms per weight). Every fp32 kernel meets it, tensor-core ones included.
-    ``tf32`` (opt-in): TF32_BASE_BOUND (about 1.95e-3), growing the same way beyond 1,024 terms.
-    """
-    if precision not in ("fp32", "tf32"):
-        raise ValueError(f"precision {precision!r}: fp32 or tf32")
-    base = BASE_BOUND if precision == "fp32" else TF32_BASE_BOUND
-    return base * math.sqrt(max(1.0, reduction_length / BASE_TERMS))
+def error_bound(reduction_length: int, precision: Any = DEFAULT_PRECISION) -> float:
+    """The largest relative error a kernel may show against the float64 reference: the precision's
+    own bound (``Precision.error_bound``, where every bound is set) for this reduction length.
+    ``precision`` is a Precision or its name."""
+    return precision_named(precision).error_bound(reduction_length)
 
 
 @dataclass(frozen=True)
@@ -106,7 +91,7 @@ def verify_outputs(problem: Any, inputs: Mapping[str, Any], outputs: Mapping[str
         rel = err_norm / ref_norm if ref_norm > 0 else err_norm
         if nan:
             rel = float("nan")
-        bound = error_bound(reference.reduction_length(problem, name), getattr(problem, "precision", "fp32"))
+        bound = error_bound(reference.reduction_length(problem, name), precision_of(problem))
         errors[name], bounds[name], unwritten[name] = rel, bound, nan
         if nan:
             problems.append(f"{name}: {nan} elements not finite (unwritten or NaN)")

@@ -11,6 +11,7 @@ import math
 import random
 from typing import Any, Iterator
 
+from autocnn.precision import DEFAULT_PRECISION, Precision
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels import problem_from_dict
 
@@ -23,7 +24,7 @@ def _log_uniform(rng: random.Random, low: int, high: int) -> int:
     return int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
 
 
-def draw_conv(rng: random.Random, op: str, precision: str = "fp32") -> Any:
+def draw_conv(rng: random.Random, op: str, precision: Precision | str = DEFAULT_PRECISION) -> Any:
     """One random convolution problem of ``op`` (see the module docstring)."""
     if op not in CONV_OPS:
         raise ValueError(f"op must be one of {', '.join(CONV_OPS)}, not {op!r}")
@@ -47,7 +48,7 @@ def draw_conv(rng: random.Random, op: str, precision: str = "fp32") -> Any:
 
 
 def unseen_problems(db: Any, device: Any, ops: tuple[str, ...], count: int, rng: random.Random,
-                    precision: str = "fp32") -> Iterator[tuple[Any, Any]]:
+                    precision: Precision | str = DEFAULT_PRECISION) -> Iterator[tuple[Any, Any]]:
     """``count`` random problems (ops in turn) that no record of this device's architecture covers
     (the lookup answers "nearest_shape" or "default"), each with its lookup result."""
     found = 0

@@ -49,6 +49,9 @@ class TuneSettings:
             raise ValueError(f"batch must be a whole number of at least 1, not {self.batch!r}")
         if isinstance(self.vary, str) or not all(isinstance(v, str) and v for v in self.vary):
             raise ValueError(f"vary must be a sequence of parameter names, not {self.vary!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**32):
+            raise ValueError(f"seed must be a whole number from 0 to {2**32 - 1}, not {self.seed!r}")
         if self.confirm_rounds < 1:
             raise ValueError(f"confirm_rounds must be at least 1, not {self.confirm_rounds}")
         if self.storage is not None:
@@ -76,6 +79,11 @@ class TuneOutcome:
     study_measured: int = 0              # measured trials in the whole study (every process, every run)
     recovered: int = 0                   # trials of ended tuners this one failed and queued again
     device: str = ""                     # the GPU (or replay source) that measured, for several devices
+    replay_misses: int = 0               # configs proposed that the replay file does not hold
+    # Where the record went when the database could not take it (a full disk, a permission error
+    # mid-run): a file in the database format that `autocnn db import` adds later; None otherwise.
+    unsaved_path: Any = None
+    stored_retimed_us: float | None = None   # the GPU's stored record's config, measured again here
 
     @property
     def speedup(self) -> float | None:
@@ -98,5 +106,7 @@ class TuneOutcome:
         classes = ", ".join(f"{name} {n}" for name, n in sorted(self.failures.items()))
         return (f"{self.op} {shape}: {result}; {self.measured} trials measured{where}"
                 + (f", {failed} failed ({classes})" if failed else "")
+                + (f", {self.replay_misses} not in the replay file" if self.replay_misses else "")
                 + f", {self.seconds:.1f} s; stopped after {self.stopped_because}"
-                + ("" if self.record is not None or self.best is None else "; not stored"))
+                + ("" if self.record is not None or self.best is None or self.unsaved_path is not None
+                   else "; not stored"))

@@ -28,6 +28,9 @@ class TrialResult:
     message: str = ""
     timing: dict[str, Any] | None = None   # median, quartiles, min, reps
     resources: dict[str, Any] = field(default_factory=dict)   # registers, spills per kernel
+    # A replay file holds no measurement of this config: nothing is known of the config itself, so
+    # it is neither a result nor a failure (not ok, no failure class, not measured).
+    replay_miss: bool = False
 
     @property
     def measured(self) -> bool:
@@ -43,6 +46,9 @@ class TrialResult:
 
 class MeasurementSource(Protocol):
     device: DeviceInfo
+    # Recorded answers rather than measurements: the tuner keeps such studies apart
+    # (``study_tag``) and applies the parameters the recording held (``held_for``).
+    replayed: bool
 
     def measure(self, op: str, problem: Any, configs: Sequence[Config]) -> Iterator[TrialResult]:
         """Results in the order of ``configs``; a failure is a result, never an exception."""
@@ -54,6 +60,8 @@ class MeasurementSource(Protocol):
 
 class GpuSource:
     """Measures on a CUDA device: nvcc in a compile pool, verification and timing in a worker process."""
+
+    replayed = False
 
     def __init__(self, device_id: int = 0, timeout_s: float = 60.0, budget_s: float = 0.1,
                  compile_workers: int | None = None, allow_spills: bool = False,
@@ -124,9 +132,17 @@ class GpuSource:
 REPLAY_FORMAT = 1
 
 
+class ReplayFileError(ValueError):
+    """A replay file that cannot be read, or that does not serve the run it is given to; names the file."""
+
+
 @dataclass
 class ReplayFile:
-    """Recorded measurements of one problem on one GPU: config -> time or failure class."""
+    """Recorded measurements of one problem on one GPU: config -> time or failure class.
+
+    ``space_filter`` holds the parameters that were held at one value while recording (what
+    ``autocnn tune --fix`` holds): the file answers only configs with those values, so a tune that
+    replays it holds them too (``held``); a config outside it is a replay miss, not a failure."""
 
     device: DeviceInfo
     op: str
@@ -135,6 +151,24 @@ class ReplayFile:
     space_filter: dict[str, Any]             # parameters held fixed when recording (empty: whole space)
     exhaustive: bool
     results: dict[str, TrialResult]          # by Config.key()
+    path: Path | None = None                 # where it was read from, for messages
+
+    @property
+    def held(self) -> dict[str, Any]:
+        """The held parameters (--fix) this file serves."""
+        return dict(self.space_filter)
+
+    @property
+    def digest(self) -> str:
+        """A short hash of what the file answers: replayed studies of different files stay apart."""
+        import hashlib
+
+        text = json.dumps([self.op, self.problem.to_dict(), self.fingerprint, self.device.to_dict(),
+                           sorted(self.results)], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def name(self) -> str:
+        return str(self.path) if self.path is not None else f"the replay file of {self.op} {self.problem.shape_string()}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": REPLAY_FORMAT, "device": self.device.to_dict(), "op": self.op,
@@ -147,26 +181,43 @@ class ReplayFile:
 
     @staticmethod
     def load(path: Path) -> "ReplayFile":
+        """Read a replay file; ReplayFileError naming the file where it is missing, not a replay file
+        or of another format."""
         path = Path(path)
-        if path.suffix == ".gz":
-            import gzip
+        try:
+            if path.suffix == ".gz":
+                import gzip
 
-            with gzip.open(path, "rt") as fh:
-                data = json.load(fh)
-        else:
-            data = json.loads(path.read_text())
-        if data.get("format") != REPLAY_FORMAT:
-            raise ValueError(f"{path}: replay format {data.get('format')!r}, expected {REPLAY_FORMAT}")
-        op = data["op"]
-        results = {}
-        for r in data["results"]:
-            config = Config(op, tuple(r["config"].items()))
-            failure = FailureClass(r["failure"]) if r.get("failure") else None
-            results[config.key()] = TrialResult(config, bool(r["ok"]), r.get("time_us"), failure,
-                                                r.get("message", ""), r.get("timing"), r.get("resources", {}))
-        return ReplayFile(DeviceInfo.from_dict(data["device"]), op, problem_from_dict(data["problem"]),
-                          data["fingerprint"], data.get("space_filter", {}), bool(data.get("exhaustive")),
-                          results)
+                with gzip.open(path, "rt", encoding="utf-8") as fh:
+                    data = json.load(fh)
+            else:
+                data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ReplayFileError(f"replay file {path} does not exist") from None
+        except IsADirectoryError:
+            raise ReplayFileError(f"replay file {path} is a directory; give the recorded files themselves") from None
+        except (OSError, EOFError, UnicodeDecodeError, ValueError) as exc:   # gzip, JSON, text
+            raise ReplayFileError(f"replay file {path} cannot be read: {type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        if not isinstance(data, dict) or data.get("format") != REPLAY_FORMAT:
+            found = data.get("format") if isinstance(data, dict) else None
+            raise ReplayFileError(f"replay file {path}: replay format {found!r}, expected {REPLAY_FORMAT} "
+                                  f"(files written by scripts/record_replay.py)")
+        try:
+            op = data["op"]
+            results = {}
+            for r in data["results"]:
+                config = Config(op, tuple(r["config"].items()))
+                failure = FailureClass(r["failure"]) if r.get("failure") else None
+                results[config.key()] = TrialResult(config, bool(r["ok"]), r.get("time_us"), failure,
+                                                    r.get("message", ""), r.get("timing"), r.get("resources", {}))
+            held = data.get("space_filter", {})
+            if not isinstance(held, dict):
+                raise TypeError(f"space_filter is {type(held).__name__}, not a mapping")
+            return ReplayFile(DeviceInfo.from_dict(data["device"]), op, problem_from_dict(data["problem"]),
+                              data["fingerprint"], held, bool(data.get("exhaustive")), results, path)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ReplayFileError(f"replay file {path} is malformed: {type(exc).__name__}: {exc}") from None
 
     def best(self) -> TrialResult | None:
         ok = [r for r in self.results.values() if r.ok and r.time_us is not None]
@@ -174,9 +225,10 @@ class ReplayFile:
 
 
 class ReplaySource:
-    """Answers from recorded measurements; a config that was not recorded is reported as such."""
+    """Answers from recorded measurements; a config that was not recorded is a replay miss."""
 
     NOT_RECORDED = "not recorded in the replay file"
+    replayed = True
 
     def __init__(self, files: Iterable[ReplayFile]):
         self.files = list(files)
@@ -186,11 +238,30 @@ class ReplaySource:
         self.calls = 0
         self.measured_keys: list[str] = []
 
-    def file_for(self, op: str, problem: Any) -> ReplayFile:
+    def find(self, op: str, problem: Any) -> ReplayFile | None:
         for f in self.files:
             if f.op == op and f.problem == problem:
                 return f
-        raise KeyError(f"no replay file for {op} {problem.shape_string()}")
+        return None
+
+    def file_for(self, op: str, problem: Any) -> ReplayFile:
+        found = self.find(op, problem)
+        if found is None:
+            have = "; ".join(f"{f.name()}: {f.op} {f.problem.shape_string()}" for f in self.files)
+            raise ReplayFileError(f"no replay file holds {op} {problem.shape_string()} (given: {have})")
+        return found
+
+    def study_tag(self, op: str, problem: Any) -> str:
+        """What a replayed study's name ends in: never the name of a measured study, and apart for
+        each recorded file (a config one file lacks another may hold)."""
+        found = self.find(op, problem)
+        return f"replay:{found.digest}" if found is not None else "replay"
+
+    def held_for(self, op: str, problem: Any) -> dict[str, Any]:
+        """The parameters the recording of this problem held (--fix); {} where no file holds it
+        (measuring it then says so)."""
+        found = self.find(op, problem)
+        return found.held if found is not None else {}
 
     def measure(self, op: str, problem: Any, configs: Sequence[Config]) -> Iterator[TrialResult]:
         f = self.file_for(op, problem)
@@ -199,9 +270,19 @@ class ReplaySource:
             self.measured_keys.append(config.key())
             r = f.results.get(config.key())
             if r is None:
-                yield TrialResult(config, False, failure=FailureClass.INFEASIBLE, message=self.NOT_RECORDED)
+                yield TrialResult(config, False, message=self.NOT_RECORDED, replay_miss=True)
             else:
                 yield r
 
     def close(self) -> None:
         pass
+
+
+def study_tag(source: Any, op: str, problem: Any) -> str | None:
+    """The tag that keeps a replayed study apart from measured ones (None for a measuring source)."""
+    return source.study_tag(op, problem) if getattr(source, "replayed", False) else None
+
+
+def held_for(source: Any, op: str, problem: Any) -> dict[str, Any]:
+    """The parameters a replay source's recording held for this problem ({} for a measuring source)."""
+    return source.held_for(op, problem) if getattr(source, "replayed", False) else {}

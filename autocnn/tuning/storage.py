@@ -31,6 +31,9 @@ ACCEPTED_FORMS = ("sqlite:///PATH (a SQLite file, shared by the processes of one
                   "shared by the processes of one host); memory (nothing kept)")
 # SQLite waits this long for another process's write before giving up.
 SQLITE_BUSY_TIMEOUT_S = 60
+# A PostgreSQL host that drops packets (a firewall, a host that is down) fails the connection after
+# this long, instead of the TCP stack's minutes.
+POSTGRES_CONNECT_TIMEOUT_S = 10
 
 
 class StorageUrlError(ValueError):
@@ -139,7 +142,48 @@ def open_storage(url: str | None) -> Any:
         return optuna.storages.RDBStorage(spec.url, engine_kwargs={"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}})
     _require_driver(spec)
     # pool_pre_ping: a connection the server dropped (restart, idle timeout) is replaced, not failed on.
-    return optuna.storages.RDBStorage(spec.url, engine_kwargs={"pool_pre_ping": True})
+    return optuna.storages.RDBStorage(spec.url, engine_kwargs={
+        "pool_pre_ping": True, "connect_args": {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}})
+
+
+def _driver_reason(exc: BaseException) -> str:
+    """The first line of what the database driver said (SQLAlchemy wraps it in ``orig``), less
+    libpq's "connection to server ... failed:" and "FATAL:" preambles."""
+    inner = getattr(exc, "orig", None) or exc
+    lines = [line.strip() for line in str(inner).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else type(inner).__name__
+    if "failed: " in text:
+        text = text.rsplit("failed: ", 1)[1]
+    for preamble in ("FATAL:", "ERROR:"):
+        if text.startswith(preamble):
+            text = text[len(preamble):].strip()
+    return text.rstrip(".")
+
+
+def storage_failure(spec: StorageSpec, exc: BaseException) -> str:
+    """One sentence on why a storage did not open: the URL (password hidden), what the server or
+    the file said, and what to do."""
+    from autocnn.store import redact_storage_url
+
+    url = redact_storage_url(spec.url)
+    reason = _driver_reason(exc)
+    low = reason.lower()
+    if "no longer compatible with the table schema" in str(exc) or "optuna storage upgrade" in str(exc):
+        return (f"the Optuna storage {url} has tables of another Optuna version; upgrade them with "
+                f"`optuna storage upgrade --storage {url}` or give another --storage")
+    if spec.kind == "postgresql":
+        if "does not exist" in low and "database" in low:
+            return (f"the PostgreSQL server of --storage {url} says: {reason}; create the database (createdb) "
+                    f"or name one that exists")
+        if "role" in low or "password" in low or "authentication" in low or "permission denied" in low:
+            return (f"the PostgreSQL server of --storage {url} refused the connection: {reason}; check the user "
+                    f"and password in the URL and the server's access rules")
+        if "timeout" in low or "timed out" in low or "refused" in low or "could not translate" in low \
+                or "no route" in low or "unreachable" in low or "connect" in low:
+            return (f"cannot reach the PostgreSQL server of --storage {url}: {reason}; start the server or check "
+                    f"the host and port in the URL")
+        return f"the PostgreSQL storage {url} cannot be used: {reason}; check the URL and the server"
+    return f"the Optuna storage {url} cannot be opened: {reason}; give --storage a file you can write"
 
 
 def _require_driver(spec: StorageSpec) -> None:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from autocnn.tuning.storage import StorageSpec, open_storage
+from autocnn.tuning.storage import POSTGRES_CONNECT_TIMEOUT_S, StorageSpec, open_storage
 
 STORAGE_LOCK = "(the storage itself)"   # the name whose lock guards creating a storage's tables
 LOCK_TIMEOUT_S = 600.0   # holders keep it for one proposal (milliseconds); minutes means a stuck process
@@ -106,7 +106,8 @@ def _engine(spec: StorageSpec) -> Any:
     if engine is None:
         from sqlalchemy import create_engine
 
-        engine = _engines[spec.url] = create_engine(spec.url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+        engine = _engines[spec.url] = create_engine(spec.url, pool_pre_ping=True, pool_size=2, max_overflow=4,
+                                                    connect_args={"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S})
     return engine
 
 

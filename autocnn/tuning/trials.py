@@ -47,6 +47,11 @@ def known_results(study: optuna.Study, space: SearchSpace) -> dict[str, TrialRes
             continue
         if t.state == TrialState.COMPLETE:
             known[config.key()] = TrialResult(config, True, t.value, timing=result.get("timing"))
+        elif result.get("replay_miss"):
+            # Asked and not in the replay file: not asked again in this (replayed) study, and no
+            # failure of the config.
+            known.setdefault(config.key(), TrialResult(config, False, message=result.get("message", ""),
+                                                       replay_miss=True))
         elif result.get("failure"):
             known.setdefault(config.key(), TrialResult(config, False, failure=FailureClass(result["failure"]),
                                                        message=result.get("message", "")))
@@ -133,7 +138,10 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, reused: 
         outcome["registers"] = {k: v.get("registers") for k, v in result.resources.items()}
     if reused:
         outcome["reused"] = True
-    if not result.ok:
+    if result.replay_miss:
+        outcome["replay_miss"] = True
+        outcome["message"] = result.message[:500]
+    elif not result.ok:
         outcome["failure"] = result.failure.value if result.failure else "unknown"
         outcome["message"] = result.message[:500]
     trial.set_user_attr(RESULT_ATTR, outcome)

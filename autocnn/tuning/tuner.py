@@ -40,7 +40,7 @@ from autocnn.tuning.leases import HEARTBEATS, OWNER_ATTR, Owner, new_owner, reti
 from autocnn.tuning.samplers import (SAMPLERS, ExhaustiveSampler, enqueue_params, make_sampler,  # noqa: F401
                                      suggest_config)
 from autocnn.tuning.settings import TuneOutcome, TuneSettings, check_timeout  # noqa: F401
-from autocnn.tuning.sources import MeasurementSource, TrialResult
+from autocnn.tuning.sources import MeasurementSource, TrialResult, held_for, study_tag
 from autocnn.tuning.storage import (StorageSpec, StorageUrlError, default_storage_url, open_storage,  # noqa: F401
                                     parse_storage)
 from autocnn.tuning.study_lock import shared_storage, study_lock
@@ -60,10 +60,21 @@ WAIT_FOR_OTHERS_S = 0.25
 FALLBACK_AFTER = 24
 
 
-def study_name(device: DeviceInfo, op: str, problem: Any, fingerprint: str, fixed: Any) -> str:
+# A sampler that keeps proposing configs a replay file lacks stops after this many misses (the
+# file was recorded over a smaller space than the one searched).
+MAX_REPLAY_MISSES = 200
+
+
+def study_name(device: DeviceInfo, op: str, problem: Any, fingerprint: str, fixed: Any,
+               replay: str | None = None) -> str:
+    """``replay``: the tag of a replayed study (``sources.study_tag``), which never shares a study
+    with measurements of the same GPU and shape: a replay file's misses, or its recorded times
+    of another run, are no measurement of this host's GPU."""
     text = f"{device.slug()}|{op}|{problem.shape_string()}|{fingerprint}"
     if fixed:
         text += "|fixed:" + fixed_text(fixed)
+    if replay:
+        text += "|" + replay
     return text
 
 
@@ -100,9 +111,22 @@ class Tuner:
             self._storage = shared_storage(self.spec)
         return self._storage
 
+    def fixed_for(self, op: str, problem: Any) -> dict[str, Any]:
+        """The parameters held for this problem: --fix, and what a replay file's recording held
+        (it answers nothing else). InvalidConfigError where the two disagree."""
+        held = held_for(self.source, op, problem)
+        fixed = dict(self.settings.fixed)
+        for name, value in held.items():
+            if name in fixed and fixed[name] != value:
+                raise InvalidConfigError(op, name, fixed[name], f"the replay file of {problem.shape_string()} "
+                                                                f"was recorded with {fixed_text(held)} held")
+            fixed[name] = value
+        return fixed
+
     def space_for(self, op: str, problem: Any) -> SearchSpace:
         space = get_operation(op).space(problem, self.source.device.limits())
-        return space.restrict(self.settings.fixed) if self.settings.fixed else space
+        fixed = self.fixed_for(op, problem)
+        return space.restrict(fixed) if fixed else space
 
     def tune(self, op: str, problem: Any, trials: int | None = None, timeout_s: float | None = None) -> TuneOutcome:
         s = self.settings
@@ -111,7 +135,13 @@ class Tuner:
         operation = get_operation(op)
         operation.check_problem(problem)
         device = self.source.device
-        name = study_name(device, op, problem, operation.fingerprint(), s.fixed)
+        try:
+            fixed = self.fixed_for(op, problem)
+        except InvalidConfigError as exc:
+            outcome = TuneOutcome(op, problem, "", None, None, device=device.name)
+            outcome.stopped_because = f"finding that --fix and the replay file disagree: {exc}"
+            return outcome
+        name = study_name(device, op, problem, operation.fingerprint(), fixed, study_tag(self.source, op, problem))
         try:
             space = self.space_for(op, problem)
         except InvalidConfigError as exc:
@@ -119,15 +149,16 @@ class Tuner:
             # formulation=wgmma): this problem is left out, the run goes on (the command line leaves
             # such problems out before it starts: problems_offering).
             outcome = TuneOutcome(op, problem, name, None, None, device=device.name)
-            outcome.stopped_because = f"finding that {op} has no config with {fixed_text(s.fixed)}: {exc}"
+            outcome.stopped_because = f"finding that {op} has no config with {fixed_text(fixed)}: {exc}"
             return outcome
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         default = self._default(operation, problem)
         outcome = TuneOutcome(op, problem, name, None, None, device=device.name)
-        if s.fixed and not space.sample(random.Random(0), 1, max_attempts=1000):
+        if fixed and not space.sample(random.Random(0), 1, max_attempts=1000):
             # The held parameters rule out every config (a formulation that cannot serve this shape
             # or this GPU): say why, before a study is opened or anything measured.
-            outcome.stopped_because = f"finding that no config of this shape satisfies {fixed_text(s.fixed)}: {_why_empty(space, s.fixed)}"
+            outcome.stopped_because = (f"finding that no config of this shape satisfies {fixed_text(fixed)}: "
+                                       f"{_why_empty(space, fixed)}")
             return outcome
         owner = new_owner()
         try:
@@ -143,7 +174,8 @@ class Tuner:
         outcome.study_measured = measured_count(known)
         if outcome.best is not None:
             outcome = confirm_and_store(self.source, self.db, s, operation, problem, default, known,
-                                        outcome.study_measured, outcome, self._incumbent(problem))
+                                        outcome.study_measured, outcome, self._incumbent(problem),
+                                        self._stored(problem))
         return outcome
 
     # -- the pieces ---------------------------------------------------------------------------
@@ -196,6 +228,10 @@ class Tuner:
                 if outcome.infeasible > max(1000, 50 * trials):
                     outcome.stopped_because = f"the sampler proposed {outcome.infeasible} infeasible configs"
                     break
+                if outcome.replay_misses > max(MAX_REPLAY_MISSES, trials):
+                    outcome.stopped_because = (f"{outcome.replay_misses} configs proposed that the replay file "
+                                               f"does not hold (it was recorded over a smaller space)")
+                    break
                 p = self._propose(study, space, trials, owner, outcome, rng)
                 known = p.known
                 if p.study_measured >= trials:
@@ -239,7 +275,9 @@ class Tuner:
                 continue
             if result.measured:
                 outcome.measured += 1
-            if not result.ok:
+            if result.replay_miss:
+                outcome.replay_misses += 1
+            elif not result.ok:
                 outcome.failures[result.failure.value if result.failure else "unknown"] += 1
             if bar:
                 bar.update(1 if result.measured else 0)
@@ -361,6 +399,17 @@ class Tuner:
             return None
         quick = found.record is not None and found.record.quick
         return found.config if found.source == "same_arch" or quick else None
+
+    def _stored(self, problem: Any) -> Any:
+        """This GPU's own full record of the problem (user or shipped), whose config the confirmation
+        measures again beside the winner: a stored time is evidence to be checked, not truth, so a
+        record whose time was never real (imported, or of other code) cannot keep a real winner out."""
+        if self.db is None or not hasattr(self.db, "tuned"):
+            return None
+        found = self.db.tuned(self.source.device, problem)
+        if found is None or found.source != "exact" or found.record is None or found.record.quick:
+            return None
+        return found
 
     def _current_winner(self, problem: Any, space: SearchSpace) -> list[Config]:
         # The config this shape's current record runs (this GPU's, or another of its architecture),

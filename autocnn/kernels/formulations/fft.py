@@ -101,7 +101,7 @@ sub-filters. conv_wgrad: the sub-filter (a, b) of dW is the correlation of X's p
 so A has SH*SW*C planes per image and O K*SH*SW*C. The products are as many as with spreading, and
 the planes are SH*SW times smaller (the spread planes' spectra repeat SH*SW times over).
 
-FFT tiling (FFT_TILE = F > 0; 0, whole planes, is what the plans were first). The op's output plane is
+FFT tiling (FFT_TILE = F, 16 to 128; 0, whole planes, first). The op's output plane is
 cut into tiles of TY x TX outputs, each computed from the window of the input that it reads, placed
 in an F x F plane: conv_fwd and conv_wgrad tile Y's (dY's) P x Q positions, TY = (F - R) div SH + 1,
 the window (TY - 1)*SH + R rows of X; conv_bwd_data tiles dX, TY = F - R + 1, the window
@@ -112,6 +112,11 @@ inverse) puts each tile's outputs in place. Images whose whole padded planes exc
 served this way only; smaller ones may gain too, from planes of a fast size near the window's (as
 cuDNN's FFT_TILING, with 32 x 32 tiles). Every tiled operand is found by Op::load at the plane's
 origin, as with the stride's phases apart (which tiling does not combine with).
+
+The direct transforms' twiddles (dft, fdft, the factorised inverse) are computed here in double
+precision, rounded once and rendered into the source as tables, never evaluated per block; the
+template checks them against its own placement. An operand transformed directly has no placed
+planes in its workspace.
 """
 from __future__ import annotations
 
@@ -258,7 +263,7 @@ class _Fft(OpFormulation):
                 *phases, *inverse, *vec, *tiling,
                 # 0 first: the three TF32 mmas a real product, the code of configs written before the parameter
                 *([Param("MAC_CROSS", (0, 1), "MAC mma: 3xTF32's cross products as one BF16 mma a real product "
-                         "(0: two TF32 mmas)", (("MAC", ("mma",)),))] if problem.precision == "fp32" else [])]
+                         "(0: two TF32 mmas)", (("MAC", ("mma",)),))] if problem.precision.tf32x3 else [])]
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         p = problem
@@ -303,7 +308,7 @@ class _Fft(OpFormulation):
             return None if ok else (f"the tiled multiply-accumulate (MAC={mac}) needs cp.async "
                                     f"(sm_{MIN_BLOCK_ARCH} or later), not {limits.arch}")
 
-        split3 = p.precision == "fp32"
+        split3 = p.precision.tf32x3
 
         def mma_shape(mac, threads, it, jt, fb, bl):
             if mac != "mma":
@@ -441,7 +446,7 @@ class _Fft(OpFormulation):
                 "fft_radix_lead": radix_lead(fh), "fft_radix_threads": radix_threads_of(config),
                 "fft_radix_rows": kept_rows(problem, is_phased(config), tile),
                 "fft_h1": split_factor(fh), "fft_w1": split_factor(fw),
-                "fft_split3": problem.precision == "fp32", "fft_phased": is_phased(config),
+                "fft_split3": problem.precision.tf32x3, "fft_phased": is_phased(config),
                 "fft_cross": config.get("MAC_CROSS", 0),
                 "fft_fdft_o": inverse_of(config) == "fdft", "fft_vec": config["FFT_VEC"],
                 "fft_radix_o": inverse_of(config) == "radix", "fft_kept_o": inverse_of(config) != "cufft",
@@ -503,7 +508,7 @@ class _Fft(OpFormulation):
             # cuFFT's C2R has meanwhile overwritten the previous block's spectra anyway.
             accumulate = int(f.op == "conv_wgrad" and n0 > 0)
             if c["MAC"] == "cublas":
-                return mac_gemm(f, nb, spec, bool(accumulate), problem.precision == "tf32")
+                return mac_gemm(f, nb, spec, bool(accumulate), problem.precision.tf32)
             if c["MAC"] in ("block", "mma"):
                 fb, bi, bj = mac_block(c)
                 return Launch("fft_mac", (cdiv(spec, fb), cdiv(rows, bi), cdiv(cols, bj)), (threads, 1, 1),

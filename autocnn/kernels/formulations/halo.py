@@ -31,6 +31,10 @@ TPS taps per step (a divisor of every phase's taps), MT row tiles per block (one
 them: a block's first copies wait for L2 once per MT tiles), INFLIGHT (tf32: a step's wgmmas run on
 through the next step's barrier, as in the wgmma formulation). conv_fwd takes stride 1 only (a strided
 forward's taps are not shifts of one grid).
+
+It trades the per-tap gathers for the grid's dropped positions: it wins where the A operand is most
+of the copies (few GEMM columns, many taps: scherer10_l2's backward-data) and loses on 3x3 layers
+with many channels, where the weights are most of the copies.
 """
 from __future__ import annotations
 
@@ -54,7 +58,7 @@ TILE_CHOICES = (1, 2, 4, 8)
 
 def split(problem: Any) -> bool:
     """3xTF32 for fp32 problems (the wgmma formulation's scheme)."""
-    return problem.precision == "fp32"
+    return problem.precision.tf32x3
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ error; both must pass their precision's bound), SPLIT_X (each read of the band c
 split at every one of the R*S taps that read it, or the band converted and split once a slab in
 shared memory, the remainders in a buffer of their own beside it). The kernel is
 tc_rows_conv_wgrad.cu.j2.
+
+Where it wins: it took every small-image and few-channel weight gradient of the seed suite on both
+GPUs, and loses to winograd and fft on the 3x3 and 7x7 layers with 64 channels (MEASUREMENTS.md).
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ def slab_geometry(p: ConvWgradProblem, ROWS: int, PAD_X: int) -> tuple[int, int,
 def smem_bytes(p: ConvWgradProblem, KB: int, CB: int, ROWS: int, PAD_X: int, SPLIT_X: str = "registers") -> int:
     """The double-buffered slabs, and for fp32 with SPLIT_X "smem" one band of remainders."""
     _, bandh, ldx, ldy = slab_geometry(p, ROWS, PAD_X)
-    small = CB * bandh * ldx if SPLIT_X == "smem" and p.precision == "fp32" else 0
+    small = CB * bandh * ldx if SPLIT_X == "smem" and p.precision.tf32x3 else 0
     return 4 * (STAGE_BUFFERS * (KB * ldy + CB * bandh * ldx) + small)
 
 
@@ -101,7 +104,7 @@ class TcRowsConvWgrad(OpFormulation):
         ]
 
     def constraints(self, p: ConvWgradProblem, limits: DeviceLimits) -> list[Constraint]:
-        split3 = p.precision == "fp32"
+        split3 = p.precision.tf32x3
 
         def warp_rows(kb, wm):
             return None if kb % (16 * wm) == 0 else f"KB={kb} filters do not split into 16-row mma tiles over WM={wm} warps"
@@ -156,7 +159,7 @@ class TcRowsConvWgrad(OpFormulation):
 
     def context(self, problem: ConvWgradProblem, config: Config) -> dict[str, Any]:
         q8, bandh, ldx, ldy = slab_geometry(problem, config["ROWS"], config["PAD_X"])
-        return {"split3": problem.precision == "fp32", "Q8": q8, "BANDH": bandh, "LDX": ldx, "LDY": ldy,
+        return {"split3": problem.precision.tf32x3, "Q8": q8, "BANDH": bandh, "LDX": ldx, "LDY": ldy,
                 "NT": column_tiles(problem, config["CB"], config["WN"]), "STAGE_BUFFERS": STAGE_BUFFERS}
 
     def launches(self, p: ConvWgradProblem, c: Config) -> tuple[Launch, ...]:

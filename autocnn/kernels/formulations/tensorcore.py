@@ -11,6 +11,8 @@ nearest), tf32 one product per term, its operands rounded to nearest or truncate
 In fp32, CROSS=1 (with paired or quad fragment reads) runs 3xTF32's two cross products as one
 m16n8k16 BF16 mma per k-step instead of two TF32 ones, each lane forming the BF16 registers from its
 own fragments (_mma_sync.cuh.j2's mma_cross): each product stays within about 2**-17 of itself.
+The same split serves winograd's generated products (MMA_CROSS) and fft's tensor-core
+multiply-accumulate (MAC_CROSS).
 
 Parameters: block tile BM x BN x BK, warps WM x WN (the warp tile is BM/WM x BN/WN), FRAG (how
 fragments are read from shared memory and rounded to TF32: see tcgemm.cuh.j2), pipeline
@@ -23,8 +25,8 @@ the gather's index work per element becomes per float4); and for conv_wgrad SPLI
 splits' partial sums combined by atomics, or written to a workspace and summed in a fixed order by
 igemm's second-pass kernel: deterministic results, no zeroing of the outputs).
 
-The operations do not prefer it for their heuristic defaults yet (its speed against the other
-formulations is for the tuner to find), so registering it changed no default.
+The operations' heuristic defaults do not prefer it (they list the FP32 cores first): its speed
+against the other formulations is for the tuner to find.
 """
 from __future__ import annotations
 
@@ -235,7 +237,7 @@ def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
 
 def gemm_for(problem: Any) -> TcGemm:
     p = problem
-    split3 = p.precision == "fp32"
+    split3 = p.precision.tf32x3
     if p.op == "conv_fwd":
         return TcGemm(p.op, p.N * p.P * p.Q, p.K, p.C * p.R * p.S, 1, split3, C=p.C,
                       staged_floats=sum(n for _, n in nhwc_stage_workspaces(p)))
@@ -272,7 +274,7 @@ class TcConv(OpFormulation):
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         nhwc = config["NHWC"] if "NHWC" in config else 0
         vec_a, vec_b = vector_widths(gemm_for(problem), config["VEC"] if "VEC" in config else 1, nhwc)
-        return {"split3": problem.precision == "fp32", "UNROLL_K": pragma_unroll(config["UNROLL_K"]),
+        return {"split3": problem.precision.tf32x3, "UNROLL_K": pragma_unroll(config["UNROLL_K"]),
                 "TABLE_A": config["TABLE_A"] if "TABLE_A" in config else 0,
                 "NHWC": nhwc, "VEC_A": vec_a, "VEC_B": vec_b,
                 "TF32_ROUND": config["TF32_ROUND"] if "TF32_ROUND" in config else "nearest",

@@ -77,7 +77,7 @@ sampled stall their wait for a tile's wgmmas (20% of samples) and the next its s
 groups of 3 its plan took 175.8 us against 183.7-185.0 (MEASUREMENTS.md, the tma section).
 
 TRANSPOSED blocks (W's 64 channels each wgmma's A, 128-256 of dY's positions its B: fewer shared
-memory reads a multiply-add) were measured in stop 55 and dropped: with one warpgroup's
+memory reads a multiply-add) were measured and dropped: with one warpgroup's
 accumulators as wide as that, a block of one warpgroup and the producer left 1-3 warpgroups an SM,
 and the GEMM took 103-130 us in tf32 against 75 (MEASUREMENTS.md).
 

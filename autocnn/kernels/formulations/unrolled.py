@@ -148,7 +148,7 @@ class _Unrolled(OpFormulation):
         if kernels_when is not None:
             out.append(Param("THREADS", THREADS, "threads per block of the generated element-wise kernels", kernels_when))
             out.append(Param("ITEMS", ITEMS, "elements per thread of the generated element-wise kernels", kernels_when))
-        if problem.precision == "tf32":
+        if problem.precision.tf32:
             out.append(Param("TF32_GEMM", (0, 1), "cuBLAS with TF32 tensor-op math (tf32 problems only)"))
         return out
 

@@ -1,4 +1,4 @@
-"""Hopper's warpgroup tensor cores ("wgmma"): conv_fwd and conv_bwd_data as implicit GEMMs on
+"""Hopper's warpgroup tensor cores ("wgmma"): the three convolutions as implicit GEMMs on
 wgmma.mma_async (sm_90a).
 
 mma.sync (the tc formulation) feeds the tensor cores from registers that every warp fills from
@@ -60,6 +60,38 @@ of a factor, 2**-8, of a term of at most 2**-11): 6.9e-7 relative error on the s
 2.6e-7 for 3xTF32 (H200), inside the FP32 bound with a factor of 14 to spare. modern_56's
 backward-data main loop went from 176.8 to 166.0 us on an H200; not more, because the loop is not
 bound by the tensor cores (54% busy before) but by its copies and waits.
+
+conv_fwd and conv_bwd_data may split their reduction (SPLITK: partial sums added by atomics into
+the zeroed output, the first share adding the bias; layers without a fused activation only), for
+layers with too few output tiles to fill the GPU. Their GEMM may run stream-K (SK_BLOCKS: a grid of
+1-3 blocks an SM, a multiple of the device's SMs checked against DeviceLimits.sm_count, each block an
+equal contiguous run of (output tile, reduction tile) pairs, partial sums added by atomics; one GEMM,
+so conv_bwd_data at stride 1), for grids whose last wave leaves SMs idle (modern_14's tf32 forward:
+98 tiles of 128 x 256 for 132 SMs). The staging in one launch may move whole planes (STAGE_PLANES: a
+block per image and 32 channels, one contiguous run read in 16-byte chunks, and a block per weight
+slice, both through shared memory), for small images, whose 32 x 32 tiles read misaligned rows and
+mostly empty last tiles.
+
+conv_wgrad (WgmmaConvWgrad) is a GEMM over a padded grid on which each filter tap is a constant
+shift (PaddedGrid; a strided layer's X laid on one grid per stride phase, where each tap is a
+constant shift of its phase's grid), its reduction split over SPLITK blocks that meet by atomics and
+tiled over the whole grid or (IMAGE_TILES=1, the only padded-grid staging that lays out phases) over
+each image's P rows only, since the grid's last rows of an image hold no dY. X_UNROLLED=1 (any
+stride) drops the grid: dY's planes side by side and X unrolled, a row per filter tap over the
+N*P*Q output positions, which writes R*S times X but wastes nothing on small images (ResNet-18's
+7x7 layers: 98 reduction tiles against the grid's 192), so the defaults take it where its copy is
+at most 128 MiB (unrolled_pays). DY_IN_PLACE=1 (each image's tiles, tf32, Q a multiple of 4) reads
+dY where it lies, a 16-byte chunk of grid columns wholly inside a row of dY or past it, so that only
+X is staged (ResNet-18's first layer: dY on the grid would not fit the workspace); with a bias, db
+is then a kernel of its own. On a 1x1 stride-1 layer without padding, whose grid is the image, X
+may be read where it lies too (X_IN_PLACE=1, W a multiple of 4): a pointwise layer then stages
+nothing.
+
+The build tests fail on ptxas's wgmma-serialization warning C7514, which would silently turn
+INFLIGHT 1 into INFLIGHT 0. Not offered, since measured slower (MEASUREMENTS.md): the 3xTF32 split
+made in shared memory from one FP32 copy (it halves the staging but adds half again to the main
+loop's shared-memory traffic: 38-41% slower in the main loop, also with the split moved off the
+barrier path), the GEMM transposed, and a producer warpgroup.
 """
 from __future__ import annotations
 

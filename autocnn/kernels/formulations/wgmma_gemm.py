@@ -39,7 +39,7 @@ def smem_bytes(wgs: int, wbn: int, stages: int, split: bool = False, a_regs: int
 def split(problem: Any) -> bool:
     """3xTF32 for fp32 problems: each operand is staged as its TF32 parts and the TF32 parts of the
     remainders, and every product is big*big + big*small + small*big."""
-    return problem.precision == "fp32"
+    return problem.precision.tf32x3
 
 
 @dataclass(frozen=True)

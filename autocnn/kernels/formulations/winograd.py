@@ -47,7 +47,9 @@ times: on an H100 the modern_14 weight gradient's transforms took 37 + 39 us wit
 MMA_WM x MMA_WN warps), pipeline (MMA_STAGES, cp.async), fragment reads (MMA_FRAG) and, in fp32,
 MMA_CROSS (3xTF32's two cross products as one BF16 mma, tc's CROSS) are parameters; conv_wgrad, whose products are few and long (K x C, the reduction over the images'
 tiles), also splits the reduction over MMA_SPLITK blocks that add into M with atomics (M cleared
-first by winograd_clear).
+first by winograd_clear). The core is shared by including its template with the names it reads;
+what this user adds to it (ROW_VECTORS: 16-byte cp.async along an operand stored along its rows, for
+V) renders only where it is set, so the tc formulation's code does not change.
 
 PRODUCTS "wgmma" (Hopper, sm_90a) runs them on the wgmma formulation's block GEMM
 (wgmma_mainloop.cuh.j2, with its core in a namespace of its own), which reads both operands from
@@ -62,7 +64,10 @@ operand copied once, in FP32: each thread splits the chunks it copied into their
 shared memory as soon as its copies land (split_in_smem), so no operand is written twice to
 global memory as the wgmma formulation's staged parts are. Its parameters are the wgmma
 formulation's, prefixed WGMMA_: warpgroups, columns, stages, a group in flight, and conv_wgrad's
-reduction splits.
+reduction splits. Only these configs compile for sm_90a (a config-dependent target,
+OpFormulation.compile_suffix); the rest of winograd keeps the portable one. Measured slower than
+cuBLAS's products on the seed layers: a block's 8 reduction tiles and one block an SM leave its
+split and epilogue unhidden (MEASUREMENTS.md).
 
 WG_OUTPUT (conv_fwd, conv_bwd_data): "tiles" has each thread of the output transform store its own
 m x m tile, a warp's stores 16-byte pieces of rows m floats apart; "rows" has a block transform its
@@ -192,7 +197,7 @@ class _Winograd(OpFormulation):
         out = [Param("TILE", TILES, "output tile m of F(m x m, 3x3)"),
                Param("IMGS", choices_upto(IMGS, next_pow2(problem.N)), "images per block (V and M hold one block)"),
                Param("WG_THREADS", THREADS, "threads per block of the transform kernels")]
-        if problem.precision == "tf32":
+        if problem.precision.tf32:
             out.append(Param("TF32_GEMM", (0, 1), "cuBLAS with TF32 tensor-op math (tf32 problems only)"))
         else:
             out.append(Param("GEMM_3XTF32", (0, 1), "the products as 3xTF32 on the tensor cores, FP32-accurate "
@@ -210,7 +215,7 @@ class _Winograd(OpFormulation):
                 Param("MMA_WN", MMA_WARPS, "mma products: warps along the block's columns", mma),
                 Param("MMA_STAGES", MMA_STAGES, "mma products: cp.async pipeline stages", mma),
                 Param("MMA_FRAG", MMA_FRAGS, "mma products: fragment reads of one or two mma k-steps", mma)]
-        if problem.precision == "fp32":
+        if problem.precision.tf32x3:
             # 0 first: the three TF32 mmas, the code of configs written before the parameter
             out.append(Param("MMA_CROSS", (0, 1), "mma products: 3xTF32's cross products as one BF16 mma per k-step "
                              "(0: two TF32 mmas)", mma))
@@ -237,7 +242,7 @@ class _Winograd(OpFormulation):
             return [Constraint(("TILE",), lambda m: why)]
         v = view(p)
         # GEMM_3XTF32 is a parameter of fp32 problems only; a tf32 problem's products keep one block.
-        params = ("TILE", "IMGS") if p.precision == "tf32" else ("TILE", "IMGS", "GEMM_3XTF32")
+        params = ("TILE", "IMGS") if p.precision.tf32 else ("TILE", "IMGS", "GEMM_3XTF32")
         out = [workspace_rule(limits.workspace_bytes, params, lambda m, imgs, x3=0: 4 * sum(
             workspace_elements(v, m, imgs, splits(p.op, x3)).values())), *products_constraints(p, limits)]
         if p.op != "conv_wgrad":
@@ -259,7 +264,7 @@ class _Winograd(OpFormulation):
         for fp32, FP32 products first, then each tile with 3xTF32 products."""
         v = view(problem)
         imgs_choices = choices_upto(IMGS, next_pow2(problem.N))
-        tf32 = problem.precision == "tf32"
+        tf32 = problem.precision.tf32
         extra = {"TF32_GEMM": 0} if tf32 else {"GEMM_3XTF32": 0}
 
         def largest_block(m: int, parts: int) -> int:

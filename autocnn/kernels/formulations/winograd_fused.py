@@ -53,6 +53,10 @@ within the FP32 bound, and only there is it stored.
 Parameters: TB (output tiles a block), MT (16-row mma tiles of output channels a warp: KB = 16 MT a
 block), WARPS (the points shared among them), CROSS (fp32's cross products as one BF16 mma), ACCUM
 (fp32: fresh registers a k-step, or the mmas' own accumulation).
+
+Where it wins: modern_56's and sweep_3x3's fp32 forward and backward-data on the H100; on the H200
+wgmma (and tma for the backward-data) beat it there but for sweep_3x3's fp32 forward, which it runs
+with WF_CROSS and WF_ACCUM=tensor (MEASUREMENTS.md).
 """
 from __future__ import annotations
 
@@ -84,7 +88,7 @@ def points(m: int) -> int:
 
 def parts(problem: Any) -> int:
     """TF32 parts of each operand: 2 (hi, lo) for fp32's 3xTF32, 1 for tf32."""
-    return 2 if problem.precision == "fp32" else 1
+    return 2 if problem.precision.tf32x3 else 1
 
 
 def padded(v: WinogradView, mt: int) -> tuple[int, int]:
@@ -211,7 +215,7 @@ class _WinogradFused(OpFormulation):
         coutp, cinp = padded(v, mt)
         u, vs, raw, out = smem_floats(problem, m, tb, mt, config["WF_WARPS"])
         return {"wf_m": m, "wf_alpha": m + 2, "wf_pad_t": v.PAD_T, "wf_pad_l": v.PAD_L, "wf_coutp": coutp,
-                "wf_cinp": cinp, "wf_split3": problem.precision == "fp32", "wf_ppt": patches_per_thread(tb, config["WF_WARPS"]),
+                "wf_cinp": cinp, "wf_split3": problem.precision.tf32x3, "wf_ppt": patches_per_thread(tb, config["WF_WARPS"]),
                 "wf_u_floats": u, "wf_v_floats": vs, "wf_raw_floats": raw, "wf_pads": (PAD_B, PAD_M), "wf_chunk": CHUNK,
                 "wf_filter_threads": FILTER_THREADS, "wf_cross": bool(config.get("WF_CROSS", 0)),
                 "wf_accum_fresh": config.get("WF_ACCUM", "fresh") == "fresh",

@@ -68,7 +68,7 @@ def products_gemm(problem: Any, imgs: int, m: int) -> ProductsGemm:
     # Whole float4s along k need row starts at multiples of 4 floats and a reduction of whole
     # float4s in every block (the short last one too: its reduction is its own tiles).
     last = (v.N - (v.N - 1) // b * b) * th * tw
-    split3 = problem.precision == "fp32"
+    split3 = problem.precision.tf32x3
     tiles_vec = 4 if ld % 4 == 0 and last % 4 == 0 else 1
     if problem.op == "conv_wgrad":
         return ProductsGemm(v.COUT, v.CIN, ld, True, tiles_vec, tiles_vec, split3)
@@ -90,7 +90,7 @@ def products_constraints(p: Any, limits: DeviceLimits) -> list[Constraint]:
     """Static feasibility of the mma products (tcgemm.cuh.j2's static_asserts, and the device's
     limits); each rule names MMA_ parameters, so it applies only where PRODUCTS is "mma"."""
     wgrad = p.op == "conv_wgrad"
-    split3 = p.precision == "fp32"
+    split3 = p.precision.tf32x3
     cublas_flag = "GEMM_3XTF32" if split3 else "TF32_GEMM"
 
     @functools.lru_cache(maxsize=None)     # a few (TILE, IMGS) pairs, asked by every rule of every config
@@ -149,7 +149,7 @@ def wgmma_products_constraints(p: Any, limits: DeviceLimits, gemm: Any) -> list[
     the K-major operands' 16-byte chunks); each rule names WGMMA_ parameters, so it applies only
     where PRODUCTS is "wgmma"."""
     wgrad = p.op == "conv_wgrad"
-    split3 = p.precision == "fp32"
+    split3 = p.precision.tf32x3
     rows = view(p).COUT
 
     def chunks(m, imgs, _wgs):
@@ -213,7 +213,7 @@ def wgmma_products_context(problem: Any, config: Config) -> dict[str, Any] | Non
     if c.get("PRODUCTS", "cublas") != "wgmma":
         return None
     g = products_gemm(problem, c["IMGS"], c["TILE"])
-    split3 = problem.precision == "fp32"
+    split3 = problem.precision.tf32x3
     wgs, wbn = c["WGMMA_WGS"], c["WGMMA_BN"]
     return {"WGS": wgs, "WBN": wbn, "BK": hopper.BK, "WSTAGES": c["WGMMA_STAGES"], "INFLIGHT": c["WGMMA_INFLIGHT"],
             "ALIGN_SLACK": hopper.ALIGN_SLACK, "split3": split3, "gemm": g, "points": (c["TILE"] + 2) ** 2,

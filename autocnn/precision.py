@@ -1,0 +1,149 @@
+"""Precisions: what a convolution's elements are stored as, how its products are formed and summed,
+and how accurate its result must be.
+
+A precision is a value of type ``Precision``, one per name (``PRECISIONS``); problems, layers and
+the benchmark hold these values, and every question about a precision is asked of one (its element
+types, its tensor-core arithmetic, its error bound, the ceiling it is compared with) rather than
+answered by comparing names. Names are what people type: ``precision_named`` turns one into its
+Precision at the door (the command line, ``ConvProblem(precision="tf32")``, a stored record), with
+an error naming the allowed ones.
+
+- ``fp32`` (the default): FP32-accurate whatever kernel runs. SIMT kernels compute in FP32 FMA;
+  tensor-core kernels split each FP32 operand into a TF32 part and the TF32 part of its remainder
+  and sum three products a term (3xTF32), which keeps FP32's accuracy.
+- ``tf32`` (opt-in): a kernel may round its operands to TF32 (10 of float32's 23 explicit mantissa
+  bits) and form one tensor-core product a term; FP32 accumulation.
+
+Both store float32 operands and outputs and accumulate in FP32. The error bounds are set here and
+nowhere else (``Precision.error_bound``): verification (``autocnn.tuning.measure``) asks them.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autocnn.errors import InvalidProblemError
+
+
+@dataclass(frozen=True)
+class ElementType:
+    """How one element is stored: numpy's name for it, CUDA C++'s, and its size in bytes."""
+
+    name: str
+    c_type: str
+    size: int
+
+
+FLOAT32 = ElementType("float32", "float", 4)
+
+
+class TensorMath(enum.Enum):
+    """How a tensor-core kernel forms each product of the reduction."""
+
+    TF32X3 = "3xTF32"   # FP32 operands split into TF32 parts and remainders: three products a term
+    TF32 = "TF32"       # operands rounded (or truncated) to TF32: one product a term
+
+
+# Relative error bounds at a reduction of BASE_TERMS terms; longer reductions scale by the square
+# root of their length, as the rounding error of a sum of random-signed terms grows.
+BASE_TERMS = 1024
+FP32_BASE_BOUND = 1e-5
+# TF32 rounding to nearest moves an operand by up to 2**-11 of itself, a product by up to about
+# 2**-10. Over a sum of random-signed products the error relative to the result's norm is of the
+# order of one product's RMS error (about 3e-4, measured on an H100); the bound allows four times
+# the worst single-operand rounding.
+TF32_BASE_BOUND = 4 * 2.0**-11
+
+
+@dataclass(frozen=True, eq=False)
+class Precision:
+    """One precision: storage, arithmetic, accuracy contract and the ceiling it is measured against.
+
+    Precisions compare equal by name, to each other and to their name (so that ``model.precision
+    == "tf32"`` reads as a user expects); autocnn's own code asks the fields instead, and a test
+    keeps names out of its comparisons."""
+
+    name: str
+    x: ElementType             # activations and their gradients (x, dy, dx)
+    w: ElementType             # filters and their gradients
+    y: ElementType             # the convolution's output
+    accumulator: ElementType   # partial sums
+    tensor_math: TensorMath    # what a tensor-core kernel does for a product
+    base_bound: float          # relative error allowed at BASE_TERMS terms
+    peak: str                  # the measured ceiling a benchmark compares with (Ceilings' field)
+    description: str
+
+    @property
+    def tf32x3(self) -> bool:
+        """Tensor-core kernels sum three TF32 products a term (FP32-accurate)."""
+        return self.tensor_math is TensorMath.TF32X3
+
+    @property
+    def tf32(self) -> bool:
+        """Tensor-core kernels (and cuBLAS, cuDNN) may round operands to TF32: one product a term."""
+        return self.tensor_math is TensorMath.TF32
+
+    def error_bound(self, reduction_length: int) -> float:
+        """The largest relative error ||out - ref|| / ||ref|| a kernel may show against the float64
+        reference, for an output whose every element sums ``reduction_length`` terms: the base
+        bound up to BASE_TERMS terms, growing with the square root of the length beyond."""
+        return self.base_bound * math.sqrt(max(1.0, reduction_length / BASE_TERMS))
+
+    def can_serve(self, other: "Precision") -> bool:
+        """Whether a kernel made for ``self`` may run a problem of ``other``: its own, or any whose
+        bound is at least as loose with the same element types (an fp32 config serves tf32)."""
+        return self is other or (self.base_bound <= other.base_bound and
+                                 (self.x, self.w, self.y) == (other.x, other.w, other.y))
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        # As its name's: a problem's repr (which every generated source's header carries) reads
+        # precision='tf32', as it did when the field held the name.
+        return repr(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Precision):
+            return self.name == other.name
+        if isinstance(other, str):
+            return self.name == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __lt__(self, other: "Precision") -> bool:   # the order of PRECISIONS
+        return PRECISIONS.index(self) < PRECISIONS.index(other)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:   # one object per precision, also across processes
+        return (precision_named, (self.name,))
+
+
+FP32 = Precision("fp32", FLOAT32, FLOAT32, FLOAT32, FLOAT32, TensorMath.TF32X3, FP32_BASE_BOUND, "sgemm_tflops",
+                 "FP32-accurate whatever the kernel (tensor-core kernels use 3xTF32)")
+TF32 = Precision("tf32", FLOAT32, FLOAT32, FLOAT32, FLOAT32, TensorMath.TF32, TF32_BASE_BOUND, "tf32_tflops",
+                 "operands may be rounded to TF32, one tensor-core product a term (opt-in)")
+
+PRECISIONS: tuple[Precision, ...] = (FP32, TF32)
+PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in PRECISIONS)
+DEFAULT_PRECISION = FP32
+_BY_NAME = {p.name: p for p in PRECISIONS}
+
+
+def precision_named(value: Any, where: str = "autocnn", field: str = "precision") -> Precision:
+    """The Precision a name (or a Precision) stands for; InvalidProblemError naming the allowed
+    ones otherwise. ``where`` and ``field`` say whose value it was, for the message."""
+    if isinstance(value, Precision):
+        return value
+    found = _BY_NAME.get(value) if isinstance(value, str) else None
+    if found is None:
+        raise InvalidProblemError(where, field, value, f"one of {', '.join(PRECISION_NAMES)}")
+    return found
+
+
+def precision_of(problem: Any) -> Precision:
+    """A problem's precision; FP32 for one that has none (pooling computes in FP32)."""
+    return getattr(problem, "precision", DEFAULT_PRECISION)
