@@ -72,3 +72,8 @@ def divides(a: str, b: str) -> Constraint:
 
 def at_most(param: str, bound: int, why: str) -> Constraint:
     return Constraint((param,), lambda v: None if v <= bound else f"{param}={v} exceeds {bound} ({why})")
+
+
+def arch_number(arch: str) -> int:
+    digits = "".join(ch for ch in arch if ch.isdigit())
+    return int(digits) if digits else 0

@@ -28,7 +28,7 @@ from autocnn.kernels.formulations.sep_geometry import SepCorrelation, correlatio
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import (ACTIVATIONS, PROBLEM_TYPES, ConvBwdDataProblem, ConvFwdProblem,
                                      ConvWgradProblem, register_problem_type)
-from autocnn.kernels.reference import _activate, array_module
+from autocnn.kernels.reference import activation, array_module
 
 # Elements of the reference's largest temporary (images x filters x channels x a map): bounded so
 # that checking a 128-image layer does not need gigabytes of host memory. On the GPU (CuPy) the
@@ -95,7 +95,7 @@ class SepConvFwdProblem(_Separable, ConvFwdProblem):
         out = separable_correlation(inputs["x"], inputs["u"], inputs["v"], correlation(self))
         if self.bias:
             out += inputs["bias"][None, :, None, None]
-        return {"y": out if self.activation == "none" else _activate(out, self.activation)}
+        return {"y": out if self.activation == "none" else activation(out, self.activation)}
 
     def reduction_length(self, output_name: str) -> int:
         return self.C * self.rank * self.R * self.S

@@ -11,6 +11,10 @@ beside its templates:
                                      formulation shares) includes it
     formulations/_<core>.cuh.j2      a core several operations share (e.g. _igemm.cuh.j2), if any
 
+Python that several formulations share (a GEMM core's rules and sizes, the staging of operands,
+transforms) has a module of its own in this folder that each of them imports (wgmma_gemm.py,
+staging.py, mma_rules.py, winograd_transforms.py, ...), not a home in one of them.
+
 An OpFormulation says, for one operation:
 
     names                         the values of the operation's "formulation" parameter that select

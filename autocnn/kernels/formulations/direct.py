@@ -122,7 +122,7 @@ def direct_threads(c: Config) -> int:
     return (c["KB"] // c["KPT"]) * (c["TP"] // c["PPT"]) * (c["TQ"] // c["QPT"])
 
 
-class _Direct(OpFormulation):
+class DirectCorrelation(OpFormulation):
     """What both operations' direct kernels share; each says how its correlation looks."""
 
     formulation = NAME
@@ -147,7 +147,7 @@ class _Direct(OpFormulation):
         return (type(self).envelope, CorrelationEnvelope, direct_smem_bytes, direct_threads, pragma_unroll)
 
 
-class DirectConvFwd(_Direct):
+class DirectConvFwd(DirectCorrelation):
     op = "conv_fwd"
     templates = ("direct_conv_fwd.cu.j2", "_direct.cuh.j2")
 
@@ -162,7 +162,7 @@ class DirectConvFwd(_Direct):
                        ("x", "w", "bias", "y")),)
 
 
-class DirectConvBwdData(_Direct):
+class DirectConvBwdData(DirectCorrelation):
     """Each stride phase is a dense stride-1 correlation of dY with a flipped sub-filter."""
 
     op = "conv_bwd_data"

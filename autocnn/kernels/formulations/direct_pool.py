@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Formulation
-from autocnn.kernels.formulations.direct import (CorrelationEnvelope, _Direct, direct_smem_bytes,
+from autocnn.kernels.formulations.direct import (CorrelationEnvelope, DirectCorrelation, direct_smem_bytes,
                                                  direct_threads)
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.rules import smem_rule
@@ -30,7 +30,7 @@ def tile_smem_bytes(env: CorrelationEnvelope, KB: int, TP: int, TQ: int, CB: int
     return direct_smem_bytes(env, KB, TP, TQ, CB, PAD) + 4 * KB * TP * TQ
 
 
-class DirectPoolFwd(_Direct):
+class DirectPoolFwd(DirectCorrelation):
     formulation = NAME
     op = "conv_pool_fwd"
     summary = "direct tiles of whole windows that do not overlap, averaged in shared memory"

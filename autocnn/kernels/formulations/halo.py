@@ -43,9 +43,8 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation
-from autocnn.kernels.formulations.tensorcore import arch_number
 from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
-from autocnn.kernels.rules import at_most, grid_rule, smem_rule, threads_rule
+from autocnn.kernels.rules import arch_number, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 

@@ -124,7 +124,7 @@ class _Igemm(OpFormulation):
         return {"UNROLL_K": pragma_unroll(config["UNROLL_K"])}
 
 
-class _ConvIgemm(_Igemm):
+class ConvIgemm(_Igemm):
     """conv_fwd and conv_bwd_data: the same tiles over their own GEMM views."""
 
     pad_b = 0    # the default candidates' padding of B
@@ -145,7 +145,7 @@ class _ConvIgemm(_Igemm):
         return (igemm_smem_bytes, igemm_threads, pragma_unroll)
 
 
-class IgemmConvFwd(_ConvIgemm):
+class IgemmConvFwd(ConvIgemm):
     op = "conv_fwd"
     templates = ("igemm_conv_fwd.cu.j2", "_igemm.cuh.j2")
     pad_b = 4
@@ -159,7 +159,7 @@ class IgemmConvFwd(_ConvIgemm):
         return (Launch("conv_fwd", grid, (igemm_threads(c), 1, 1), smem, ("x", "w", "bias", "y")),)
 
 
-class IgemmConvBwdData(_ConvIgemm):
+class IgemmConvBwdData(ConvIgemm):
     """One GEMM per stride phase: the phases are blocks along z of one launch."""
 
     op = "conv_bwd_data"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Formulation, pragma_unroll
-from autocnn.kernels.formulations.igemm import (CONV_BM, GemmEnvelope, _ConvIgemm, igemm_smem_bytes,
+from autocnn.kernels.formulations.igemm import (CONV_BM, ConvIgemm, GemmEnvelope, igemm_smem_bytes,
                                                 igemm_threads)
 from autocnn.kernels.formulations.pool_blocks import block_extent, rectangle
 from autocnn.kernels.geometry import cdiv, next_pow2
@@ -40,7 +40,7 @@ def pool_smem_bytes(p: "ConvPoolFwdProblem", c: Config) -> int:
     return max(igemm_smem_bytes(c["BM"], c["BN"], c["BK"], c["PAD_A"], c["PAD_B"]), 4 * c["BN"] * imgs * ch * cw)
 
 
-class IgemmPoolFwd(_ConvIgemm):
+class IgemmPoolFwd(ConvIgemm):
     formulation = NAME
     op = "conv_pool_fwd"
     summary = "implicit GEMM over whole pooling windows, averaged in shared memory"

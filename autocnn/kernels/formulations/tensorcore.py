@@ -36,6 +36,8 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES, wgrad_reduce_launch
+from autocnn.kernels.formulations.mma_rules import accumulator_violation, arch_violation, warp_tile_violation
+from autocnn.kernels.formulations.staging import nhwc_stage_launches, nhwc_stage_workspaces
 from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
 from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
@@ -46,7 +48,6 @@ TC_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
 # Which operands are contiguous along the reduction in global memory (decides the shared layouts).
 KMAJOR = {"conv_fwd": (False, True), "conv_bwd_data": (False, False), "conv_wgrad": (True, True)}
 TABLE_ENTRY_BYTES = 16
-MIN_ARCH = 80   # mma.sync with TF32 operands: Ampere and later
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Fragment reads (tcgemm.cuh.j2): "pair" and "quad" permute the reduction inside each mma so that
 # a thread's fragment elements of a k-major operand are adjacent (one LDS.64 / LDS.128), and convert
@@ -78,11 +79,6 @@ def vector_widths(gemm: TcGemm, vec: int, nhwc: int) -> tuple[int, int]:
     if gemm.op != "conv_fwd" or vec == 1:
         return 1, 1
     return (vec if nhwc else 1), vec
-
-
-def arch_number(arch: str) -> int:
-    digits = "".join(ch for ch in arch if ch.isdigit())
-    return int(digits) if digits else 0
 
 
 def kmajor(op: str, nhwc: int = 0) -> tuple[bool, bool]:
@@ -131,25 +127,6 @@ def params(gemm: TcGemm) -> list[Param]:
     else:
         out.append(Param("TABLE_A", (0, 1), "the A gather's per-k context tabulated in shared memory"))
     return out
-
-
-def arch_violation(limits: DeviceLimits) -> str | None:
-    """Why the device cannot run the core's TF32 mma.sync, if it cannot."""
-    n = arch_number(limits.arch)
-    return None if n >= MIN_ARCH else f"tensor-core TF32 needs sm_{MIN_ARCH} or later, not {limits.arch}"
-
-
-def warp_tile_violation(bm: int, bn: int, wm: int, wn: int) -> str | None:
-    if bm % (16 * wm) or bn % (8 * wn):
-        return f"a {bm}x{bn} block does not split into whole 16x8 mma tiles over {wm}x{wn} warps"
-    return None
-
-
-def accumulator_violation(bm: int, bn: int, wm: int, wn: int, split3: bool) -> str | None:
-    tiles = (bm // (16 * wm)) * (bn // (8 * wn))
-    # fp32 keeps a second fragment per tile (the per-tile sum) and split operands: half as many.
-    cap = 16 if split3 else 32
-    return None if tiles <= cap else f"{tiles} mma tiles per warp exceed {cap} (registers)"
 
 
 def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
@@ -256,22 +233,6 @@ def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
             cand["SPLITK"] = max(s for s in SPLITS if s <= want)
         out.append(cand)
     return out
-
-
-def nhwc_stage_launches(problem: Any, threads: tuple[int, int, int]) -> tuple[Launch, Launch]:
-    """conv_fwd's staging kernels (nhwc_stage_conv_fwd.cuh.j2: X to NHWC, W to KRSC), run before a
-    GEMM that reads them, with the GEMM's block size."""
-    p = problem
-    stage_x = Launch("conv_fwd_stage_x", (cdiv(p.H * p.W, 32), cdiv(p.C, 32), p.N), threads, 0, ("x", "xt"))
-    stage_w = Launch("conv_fwd_stage_w", (min(1024, cdiv(p.K * p.C * p.R * p.S, threads[0])), 1, 1), threads, 0,
-                     ("w", "wt"))
-    return stage_x, stage_w
-
-
-def nhwc_stage_workspaces(problem: Any) -> tuple[tuple[str, int], ...]:
-    """The staged copies' workspaces (float32 elements): Xt as NHWC, Wt as KRSC."""
-    p = problem
-    return (("xt", p.N * p.C * p.H * p.W), ("wt", p.K * p.C * p.R * p.S))
 
 
 def gemm_for(problem: Any) -> TcGemm:

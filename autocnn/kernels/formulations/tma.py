@@ -90,9 +90,9 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation
-from autocnn.kernels.formulations.wgmma import (
-    ALIGN_SLACK, BK, TMA_PRODUCER_THREADS, WgmmaConvBwdData, _WgmmaGemm, block_rules, bwd_data_stage_launches,
-    bwd_data_stage_workspaces, split, stage_w_blocks)
+from autocnn.kernels.formulations.staging import bwd_data_stage_launches, bwd_data_stage_workspaces, stage_w_blocks
+from autocnn.kernels.formulations.wgmma import WgmmaConvBwdData
+from autocnn.kernels.formulations.wgmma_gemm import ALIGN_SLACK, BK, TMA_PRODUCER_THREADS, WgmmaGemm, block_rules, split
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.rules import smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
@@ -210,7 +210,7 @@ class TmaConvBwdData(WgmmaConvBwdData):
         return workspaces(problem, a_tiles)
 
     def params(self, problem: Any) -> list[Param]:
-        return [*_WgmmaGemm.params(self, problem),
+        return [*WgmmaGemm.params(self, problem),
                 Param("A_TILES", ("halo", "im2col"), "dY's tiles: a halo of the block's positions on a zero-padded "
                       "grid a chunk of channels, each tap a shift of it; or an im2col box a tap"),
                 Param("ASLOTS", (1, 2), "halo buffers (2: the next chunk's halo lands while this one's taps run)",
@@ -283,7 +283,7 @@ class TmaConvBwdData(WgmmaConvBwdData):
         def im2col_smem(wgs, wbn, stages, a_tiles):
             return smem_bytes(p, wgs, wbn, stages, a_tiles) + barrier_bytes(stages) if a_tiles == "im2col" else 0
 
-        return [*_WgmmaGemm.constraints(self, p, limits),
+        return [*WgmmaGemm.constraints(self, p, limits),
                 Constraint(("WGS",), stride), Constraint(("WGS", "WBN", "A_TILES"), maps),
                 Constraint(("INFLIGHT", "WGS", "WBN"), paired_registers),
                 Constraint(("INFLIGHT", "ASLOTS"), slot_in_flight),

@@ -95,246 +95,22 @@ barrier path), the GEMM transposed, and a producer warpgroup.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation
-from autocnn.kernels.formulations.tensorcore import arch_number, nhwc_stage_launches, nhwc_stage_workspaces
-from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
-from autocnn.kernels.rules import at_most, grid_rule, smem_rule, threads_rule
+from autocnn.kernels.formulations.base import Buffers, Formulation
+from autocnn.kernels.formulations.staging import (PLANE_CHANNELS, PLANE_SMEM_LIMIT, PaddedGrid, bwd_data_stage_launches,
+                                                  bwd_data_stage_workspaces, dy_images, fwd_stage_launch,
+                                                  nhwc_stage_launches, nhwc_stage_workspaces, plane_stage_smem,
+                                                  stage_w_blocks, unrolled_length, wgrad_stage_launches,
+                                                  wgrad_stage_workspaces)
+from autocnn.kernels.formulations.wgmma_gemm import (ALIGN_SLACK, ARCH, BK, FORMULATION_WGMMA, WgmmaGemm, smem_bytes,
+                                                     split)
+from autocnn.kernels.geometry import cdiv, stride_phases
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 
-FORMULATION_WGMMA = "wgmma"
-ARCH = 90           # wgmma exists on sm_90a only (Blackwell has other tensor-core instructions)
-BK = 32             # floats of the reduction per stage: one 128-byte swizzle row
-ALIGN_SLACK = 1024  # the swizzle needs 1024-byte aligned stages; the kernel aligns its dynamic smem
 NAMESPACE = "wg"    # wgmma_core.cuh.j2's namespace in these kernels (winograd's products name their own)
-TMA_PRODUCER_THREADS = 32  # the tma formulation's producer warp, beside the warpgroups
-
-
-def smem_bytes(wgs: int, wbn: int, stages: int, split: bool = False, a_regs: int = 0) -> int:
-    """Shared memory of a block: the stages of both operands (twice: with split, their small parts
-    too, except A's where A is split in registers), and the slack that aligns them to 1024 bytes."""
-    a_parts = 2 if split and not a_regs else 1
-    return 4 * stages * (64 * wgs * a_parts + wbn * (2 if split else 1)) * BK + ALIGN_SLACK
-
-
-def split(problem: Any) -> bool:
-    """3xTF32 for fp32 problems: each operand is staged as its TF32 parts and the TF32 parts of the
-    remainders, and every product is big*big + big*small + small*big."""
-    return problem.precision.tf32x3
-
-
-@dataclass(frozen=True)
-class BlockNames:
-    """What the block GEMM's parameters are called where it runs: the wgmma formulation's own
-    names, or another formulation's (winograd's products: WGMMA_*), for the rules' messages."""
-    wgs: str = "WGS"
-    wbn: str = "WBN"
-    stages: str = "WSTAGES"
-    inflight: str = "INFLIGHT"
-
-
-def block_rules(limits: DeviceLimits, split_: bool, names: BlockNames = BlockNames(),
-                a_regs: str = "", tma: bool = False) -> list[Constraint]:
-    """The rules of the block GEMM itself (wgmma_mainloop.cuh.j2), whoever runs it: Hopper; its
-    accumulator registers (3xTF32 keeps each tile's partial sums beside the totals); a stage for a
-    group of wgmmas in flight; stage copies that split evenly over the threads; threads and shared
-    memory within the device's limits. a_regs names the parameter that splits A in registers
-    (A_REGS), where the kernel has one. tma: the tma formulation's block (formulations/tma.py), whose
-    stages a producer warp more fills by bulk copies (no copies to split over the threads; its own
-    rule for its shared memory)."""
-    n = names
-
-    def arch(_):
-        number = arch_number(limits.arch)
-        return None if number == ARCH else f"wgmma runs on sm_{ARCH} (Hopper) only, not {limits.arch}"
-
-    def partial_sums(wbn):
-        return None if not split_ or wbn <= 128 else (
-            f"{n.wbn}={wbn} with 3xTF32 holds {wbn} accumulator registers per thread (at most 128: fp32 keeps "
-            "each tile's partial sums beside the totals)")
-
-    def registers(wgs, wbn):
-        # 512 threads get at most 128 registers each: the totals (and fp32's partial sums) fit in
-        # half of them
-        acc = wbn // 2 * (2 if split_ else 1)
-        return None if wgs < 4 or acc <= 64 else (
-            f"{n.wgs}=4 (512 threads, 128 registers each) with {n.wbn}={wbn} holds {acc} accumulator registers "
-            "per thread (at most 64)")
-
-    def pipelined(stages, inflight):
-        # a group in flight holds one stage beyond the copies ahead, which need one at least
-        return None if not inflight or stages >= 3 else (
-            f"{n.inflight}=1 needs at least 3 stages (one for the copies ahead, one for the wgmmas in flight), "
-            f"not {stages}")
-
-    def even_copies(wgs, wbn):
-        # every thread copies the same number of 16-byte chunks of a stage's B rows
-        return None if (wbn * BK // 4) % (128 * wgs) == 0 else (
-            f"{wbn} columns of {BK} floats do not split evenly over {128 * wgs} threads")
-
-    rules = [Constraint((n.wgs,), arch),   # of the device, not of a parameter: any one carries it
-             Constraint((n.wgs, n.wbn), registers),
-             Constraint((n.stages, n.inflight), pipelined),
-             Constraint((n.wbn,), partial_sums)]
-    if tma:
-        return [*rules, threads_rule(limits, (n.wgs,), lambda wgs: 128 * wgs + TMA_PRODUCER_THREADS)]
-    return [*rules, Constraint((n.wgs, n.wbn), even_copies),
-            threads_rule(limits, (n.wgs,), lambda wgs: 128 * wgs),
-            smem_rule(limits, (n.wgs, n.wbn, n.stages, *((a_regs,) if a_regs else ())),
-                      lambda wgs, wbn, st, a=0: smem_bytes(wgs, wbn, st, split_, a))]
-
-
-def stage_w_blocks(problem: Any, threads: tuple[int, int, int]) -> int:
-    """The blocks that gather W into its staged copy (grid-strided beyond 1,024 of them): as many as
-    W's own staging launch has, in either op."""
-    p = problem
-    return min(1024, cdiv(p.K * p.C * p.R * p.S, threads[0]))
-
-
-def fwd_stage_launch(problem: Any, threads: tuple[int, int, int], planes_smem: int = 0) -> Launch:
-    """conv_fwd's staging in one kernel (STAGE_LAUNCHES 1; nhwc_stage_conv_fwd.cuh.j2): W's gather in
-    the first blocks, then X's 32 x 32 tiles; or (STAGE_PLANES, planes_smem bytes of shared memory a
-    block) a block per filter, then a block per image and 32 channels."""
-    p = problem
-    if planes_smem:
-        blocks = p.K + p.N * cdiv(p.C, PLANE_CHANNELS)
-        return Launch("conv_fwd_stage", (blocks, 1, 1), threads, planes_smem, ("x", "w", "xt", "wt"))
-    tiles = cdiv(p.H * p.W, 32) * cdiv(p.C, 32) * p.N
-    return Launch("conv_fwd_stage", (stage_w_blocks(p, threads) + tiles, 1, 1), threads, 0, ("x", "w", "xt", "wt"))
-
-
-# STAGE_PLANES: a block stages one image's plane of up to 32 channels; shared memory for it (and for
-# one filter's or one input channel's weights) at most this much, so that two blocks fit an SM.
-PLANE_CHANNELS = 32
-PLANE_SMEM_LIMIT = 112 * 1024
-
-
-def plane_stage_smem(plane: int, w_slice_floats: int) -> int:
-    """Bytes of dynamic shared memory of the planes staging kernel: the larger of a plane of 32
-    channels (rows padded to 1 mod 32 floats) and a block's slice of W as the op lays it out."""
-    row = plane + (33 - plane % 32) % 32
-    return 4 * max(PLANE_CHANNELS * row, w_slice_floats)
-
-
-def bwd_data_stage_launches(problem: Any, threads: tuple[int, int, int], launches: int = 2,
-                            planes_smem: int = 0) -> tuple[Launch, ...]:
-    """conv_bwd_data's staging kernels (wgmma_conv_bwd_data.cu.j2: dY to NHWC, W to CRSK), run before
-    the GEMM with its block size; in 1 launch (STAGE_LAUNCHES) one kernel does both (W's blocks
-    first, then dY's 32 x 32 tiles), so that W's small gather runs beside dY's transpose instead of
-    after it; with STAGE_PLANES (planes_smem bytes of shared memory a block) a block per input
-    channel's weights, then a block per image and 32 of dY's channels."""
-    p = problem
-    if planes_smem:
-        blocks = p.C + p.N * cdiv(p.K, PLANE_CHANNELS)
-        return (Launch("conv_bwd_data_stage", (blocks, 1, 1), threads, planes_smem, ("dy", "w", "dyt", "wt")),)
-    w_blocks = stage_w_blocks(p, threads)
-    if launches == 1:
-        tiles = cdiv(p.P * p.Q, 32) * cdiv(p.K, 32) * p.N
-        return (Launch("conv_bwd_data_stage", (w_blocks + tiles, 1, 1), threads, 0, ("dy", "w", "dyt", "wt")),)
-    stage_dy = Launch("conv_bwd_data_stage_dy", (cdiv(p.P * p.Q, 32), cdiv(p.K, 32), p.N), threads, 0, ("dy", "dyt"))
-    stage_w = Launch("conv_bwd_data_stage_w", (w_blocks, 1, 1), threads, 0, ("w", "wt"))
-    return stage_dy, stage_w
-
-
-def bwd_data_stage_workspaces(problem: Any, a_regs: int = 0) -> tuple[tuple[str, int], ...]:
-    """The staged copies' workspaces (float32 elements): dYt as NHWC (its small parts too with 3xTF32,
-    unless A_REGS splits it in registers), Wt as CRSK."""
-    p, parts = problem, 2 if split(problem) else 1
-    return (("dyt", (1 if a_regs else parts) * p.N * p.K * p.P * p.Q), ("wt", parts * p.K * p.C * p.R * p.S))
-
-
-class _WgmmaGemm(OpFormulation):
-    """What the ops' wgmma GEMMs share: the parameters and the rules of the block GEMM
-    (wgmma_mainloop.cuh.j2). Each op says what its GEMM is: rows, columns (the wgmma's N), the
-    channels its operands move in float4s, its staged workspaces and launches."""
-
-    formulation = FORMULATION_WGMMA
-    target_suffix = "a"
-
-    def gemm_rows(self, problem: Any) -> int:        # the most rows one launch's GEMM has
-        raise NotImplementedError
-
-    def gemm_columns(self, problem: Any) -> tuple[int, str]:   # the GEMM's columns, and what they are
-        raise NotImplementedError
-
-    def vector_channels(self, problem: Any) -> tuple[int, str] | None:   # the channels of the float4 runs
-        raise NotImplementedError
-
-    def workspace_params(self, problem: Any) -> tuple[str, ...]:
-        """The parameters the problem's staged workspaces depend on, passed to workspaces() in this
-        order."""
-        return ()
-
-    def workspaces(self, problem: Any, *values: Any) -> tuple[tuple[str, int], ...]:
-        raise NotImplementedError
-
-    def params(self, problem: Any) -> list[Param]:
-        # 32 and 16 columns (after the others: the first choices keep their order) serve GEMMs with
-        # few columns, e.g. the backward-data of a layer with 16 input channels.
-        return [
-            # 4 (256 rows, after the others) halves the B tile's reads from L2 per output against 2:
-            # the copies, not the tensor cores, bound the main loop (modern_14 on an H100: 66 of 74 us
-            # with no wgmma at all)
-            Param("WGS", (1, 2, 4), "warpgroups along the GEMM's rows (64 rows each)"),
-            Param("WBN", (64, 128, 256, 32, 16), "GEMM columns per block: the wgmma's N"),
-            Param("WSTAGES", (3, 4, 2, 5, 6), "shared-memory pipeline stages"),
-            # 0 first: the loop that waits for each tile's wgmmas before the next (the code of configs
-            # written before the parameter)
-            Param("INFLIGHT", (0, 1), "groups of wgmmas left in flight across the next tile's barrier"),
-        ]
-
-    def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
-        p = problem
-        gm = self.gemm_rows(p)
-        gn, columns = self.gemm_columns(p)
-        vector = self.vector_channels(p)
-
-        def channels(_):
-            if vector is None or vector[0] % 4 == 0:
-                return None
-            return f"the NHWC operands move in float4s: {vector[1]} must be a multiple of 4, not {vector[0]}"
-
-        def addressable(_, *values):
-            # the kernels index the staged copies with 32-bit ints
-            need = sum(n for _, n in self.workspaces(p, *values))
-            return None if need < 2 ** 31 else f"the staged copies hold {need} floats, past 32-bit indexing"
-
-        def workspace(_, *values):
-            need = 4 * sum(n for _, n in self.workspaces(p, *values))
-            return None if need <= limits.workspace_bytes else (
-                f"the NHWC staging workspace ({need} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes")
-
-        return [
-            *self.block_constraints(p, limits),
-            Constraint(("WGS",), channels),
-            Constraint(("WBN", *self.workspace_params(p)), workspace),
-            Constraint(("WBN", *self.workspace_params(p)), addressable),
-            at_most("WBN", max(64, next_pow2(gn)), f"only {gn} {columns}"),
-            Constraint(("WGS",), lambda wgs: None if wgs == 1 or 64 * wgs <= max(64, next_pow2(gm))
-                       else f"only {gm} GEMM rows"),
-            grid_rule(("WBN",), lambda wbn: cdiv(gn, wbn)),
-        ]
-
-    def block_constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
-        """The block GEMM's own rules (block_rules) for this op's kernel."""
-        return block_rules(limits, split(problem),
-                           a_regs="A_REGS" if "A_REGS" in {q.name for q in self.params(problem)} else "")
-
-    def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
-        base = {"formulation": FORMULATION_WGMMA, "INFLIGHT": 0}
-        out = [{**base, "WGS": 2, "WBN": 128, "WSTAGES": 3}, {**base, "WGS": 1, "WBN": 128, "WSTAGES": 3},
-               {**base, "WGS": 1, "WBN": 64, "WSTAGES": 3}]
-        narrow = max(16, next_pow2(self.gemm_columns(problem)[0]))
-        if narrow < 64:   # few columns: first, a block as wide as the GEMM
-            out.insert(0, {**base, "WGS": 1, "WBN": narrow, "WSTAGES": 4})
-        return out
-
-    def buffers(self, problem: Any, config: Config) -> Buffers:
-        return (), self.workspaces(problem, *(config[name] for name in self.workspace_params(problem)))
 
 
 # conv_fwd's and conv_bwd_data's splits of the reduction; 1 first: the code of configs written before
@@ -347,7 +123,7 @@ OUTPUT_SPLITS = (1, 2, 4)
 STREAM_K_BLOCKS = (0, 114, 132, 228, 264, 342, 396)
 
 
-class _SplitOutputGemm(_WgmmaGemm):
+class _SplitOutputGemm(WgmmaGemm):
     """conv_fwd's and conv_bwd_data's GEMMs, whose reduction may be split over SPLITK blocks per output
     tile that add into the zeroed output by atomics: a layer with few output pixels leaves SMs idle
     otherwise (ResNet-18's 7x7 layers at batch 64: 3,136 rows, 100 blocks of 128 x 128 for an H100's
@@ -615,104 +391,6 @@ class WgmmaConvBwdData(_SplitOutputGemm):
                 BK, ALIGN_SLACK, ARCH, self.ARGS, OUTPUT_SPLITS, STREAM_K_BLOCKS, plane_stage_smem, PLANE_CHANNELS)
 
 
-@dataclass(frozen=True)
-class PaddedGrid:
-    """conv_wgrad's reduction on wgmma: GK = N * HP * WP positions j = (n, hp, wp) of an HP x WP grid
-    per image, the output's P x Q positions and room for the largest filter tap's shift. With stride
-    1 a tap (r, s) is the shift r*WP + s of X laid on the grid. With stride (SH, SW) X is laid on the
-    grid once per stride phase (a, b), PHASES = SH * SW grids: grid position (hp, wp) of phase (a, b)
-    holds X's row SH*(hp - OH) + a and column SW*(wp - OW) + b, and tap (r, s) reads phase
-    ((r - PT) mod SH, (s - PL) mod SW) at the shift floor((r - PT) / SH) + OH rows and
-    floor((s - PL) / SW) + OW columns (OH, OW make every shift >= 0; with stride 1, OH = PT, OW = PL).
-    WP is a multiple of 4, so a tap's shift is aligned for 16-byte copies when its column shift is;
-    X is staged in XCOPIES copies (as many as column shifts, at most 4), copy d starting d floats
-    later, each LC floats per channel (the grid and the largest shift). dY is zero on the last rows
-    of each image's grid: IMAGE_TILES=1 runs the reduction over TPI tiles of each image's first P
-    rows instead of over the whole grid (modern_14: 7 tiles of 32 per image instead of 8; an H100
-    took its tf32 plan from 207 to 190 us, most of it from staging X's copies in one pass, 38.8 ->
-    26.9 us)."""
-    HP: int
-    WP: int
-    GK: int
-    LC: int
-    XCOPIES: int
-    TPI: int            # IMAGE_TILES=1: the BK tiles of one image's P rows (its last rows hold no dY)
-    OH: int = 0         # the grid rows and columns before X's first (stride phases; PT, PL for stride 1)
-    OW: int = 0
-    PHASES: int = 1     # X's grids, one per stride phase
-
-    @staticmethod
-    def of(problem: Any) -> "PaddedGrid":
-        p = problem
-        (sh, sw), pt, pl = p.stride, p.padding[0], p.padding[1]
-        oh, ow = cdiv(pt, sh), cdiv(pl, sw)
-        dh, dw = (p.R - 1 - pt) // sh + oh, (p.S - 1 - pl) // sw + ow   # the largest row and column shifts
-        hp, wp = p.P + dh, 4 * cdiv(p.Q + dw, 4)
-        gk = p.N * hp * wp
-        return PaddedGrid(hp, wp, gk, gk + 4 * cdiv(dh * wp + dw + 1, 4), min(dw + 1, 4), cdiv(p.P * wp, BK),
-                          oh, ow, sh * sw)
-
-    def tiles(self, problem: Any, image_tiles: int) -> int:
-        """The reduction's BK tiles: of the whole grid, or (IMAGE_TILES=1) of each image's P rows,
-        which skips the R - 1 rows per image where dY is zero but rounds each image up to whole tiles."""
-        return problem.N * self.TPI if image_tiles else cdiv(self.GK, BK)
-
-
-def unrolled_length(problem: Any) -> int:
-    """X_UNROLLED=1: the reduction's length, the N*P*Q output positions rounded up to whole BK tiles.
-    The padded grid runs over (P + R - 1) x (Q + S - 1) rounded up positions per image instead: for
-    ResNet-18's 7x7 layers 108 against 49 (96 with IMAGE_TILES), while their X unrolled is 58 MB."""
-    p = problem
-    return BK * cdiv(p.N * p.P * p.Q, BK)
-
-
-def wgrad_stage_workspaces(problem: Any, x_unrolled: int = 0, dy_in_place: int = 0,
-                           x_in_place: int = 0) -> tuple[tuple[str, int], ...]:
-    """The staged copies' workspaces (float32 elements): dYp on the padded grid (none with
-    DY_IN_PLACE), the copies of Xs (none with X_IN_PLACE); with X_UNROLLED dY as it is and X
-    unrolled, C*R*S rows, each over the unrolled length (twice each for 3xTF32: the small parts
-    follow)."""
-    p, parts = problem, 2 if split(problem) else 1
-    if x_unrolled:
-        lj = unrolled_length(p)
-        return (("dyp", parts * p.K * lj), ("xs", parts * p.C * p.R * p.S * lj))
-    g = PaddedGrid.of(problem)
-    xs = () if x_in_place else (("xs", parts * g.PHASES * g.XCOPIES * p.C * g.LC),)
-    return xs if dy_in_place else (("dyp", parts * p.K * g.GK), *xs)
-
-
-def dy_images(problem: Any) -> int:
-    """Images of one dY plane that a staging block copies (and sums for db): about 2,048 blocks."""
-    return max(1, problem.N // max(1, 2048 // problem.K))
-
-
-def wgrad_stage_launches(problem: Any, threads: tuple[int, int, int], image_tiles: int,
-                         x_unrolled: int = 0, dy_in_place: int = 0, x_in_place: int = 0) -> tuple[Launch, ...]:
-    """conv_wgrad's staging kernels (wgmma_conv_wgrad.cu.j2): dY onto the padded grid (one block per
-    plane, db summed on the way) and X's copies, run before the GEMM with its block size. X's copies
-    are one block per copy and range of a channel (IMAGE_TILES=0), or (1) one pass for all of them,
-    a block per range of 4 * threads floats of a channel, written in float4s. X_UNROLLED: dY's
-    planes side by side, and X unrolled, a block per range of 4 * threads positions of a tap's row.
-    DY_IN_PLACE: X's copies only, and with a bias db's own kernel (a block per range of images of a
-    plane, as dY's staging sums it). X_IN_PLACE: no copies of X."""
-    p, g = problem, PaddedGrid.of(problem)
-    stage_dy = Launch("conv_wgrad_stage_dy", (cdiv(p.N, dy_images(p)), p.K, 1), threads, 0, ("dy", "dyp", "db"))
-    if x_unrolled:
-        stage_x = Launch("conv_wgrad_stage_x", (min(1024, cdiv(unrolled_length(p), 4 * threads[0])),
-                                                p.C * p.R * p.S, 1), threads, 0, ("x", "xs"))
-    elif image_tiles:
-        stage_x = Launch("conv_wgrad_stage_x", (min(1024, cdiv(g.LC, 4 * threads[0])), p.C, g.PHASES), threads, 0,
-                         ("x", "xs"))
-    else:
-        stage_x = Launch("conv_wgrad_stage_x", (min(256, cdiv(g.LC, threads[0])), p.C, g.XCOPIES), threads, 0,
-                         ("x", "xs"))
-    staged_x = () if x_in_place else (stage_x,)
-    if not dy_in_place:
-        return (stage_dy, *staged_x)
-    db = (Launch("conv_wgrad_db", (cdiv(p.N, dy_images(p)), p.K, 1), threads, 0, ("dy", "db")),) if p.bias else ()
-    return (*db, *staged_x)
-
-
 def x_in_place_fits(problem: Any) -> bool:
     """Whether the GEMM can read X where it lies (X_IN_PLACE): a 1x1 stride-1 layer without padding,
     whose padded grid is the image itself, in tf32 (3xTF32 stages X's TF32 parts), with W a multiple
@@ -749,7 +427,7 @@ def unrolled_pays(problem: Any) -> bool:
     return 4 * dict(wgrad_stage_workspaces(problem, 1))["xs"] <= UNROLLED_DEFAULT_BYTES
 
 
-class WgmmaConvWgrad(_WgmmaGemm):
+class WgmmaConvWgrad(WgmmaGemm):
     """conv_wgrad's GEMM (rows: filters, columns: filter taps C*R*S, reduction: the padded grid, split
     over SPLITK blocks) on wgmma; with a stride, each tap a constant shift of its stride phase's grid."""
 
