@@ -88,7 +88,21 @@ def cmd_db_list(args: argparse.Namespace) -> int:
     for r, precision in rows:
         print(f"{r.gpu[:22]:22s} {r.op:14s} {precision:9s} {r.shape:{width}s} {fmt(r.time_us):>9s} "
               f"{fmt(r.default_time_us):>10s} {fmt(r.speedup, '.2f'):>8s}  {'quick' if r.quick else 'full'}")
+    print(cost_model_line())
     return 0
+
+
+def cost_model_line() -> str:
+    """What ranks configs where no record of a problem exists, and how well it ranked held-out problems."""
+    from autocnn.cost_model.model_file import active_model, model_path
+
+    model = active_model()
+    if model is None or model.metadata is None:
+        return ("cost model: none in use ($AUTOCNN_COST_MODEL=off); unseen shapes take the nearest tuned shape's "
+                "config, else the heuristic default" if model_path() is None else
+                "cost model: refused (see the warning); unseen shapes take the nearest tuned shape's config, else "
+                "the heuristic default")
+    return f"cost model {model_path()}: {model.metadata.summary()}"
 
 
 def cmd_db_show(args: argparse.Namespace) -> int:
@@ -180,6 +194,7 @@ def cmd_db_check(args: argparse.Namespace) -> int:
         print(f"{len(rekeyed)} records are current by their plan digest only (used as current; "
               f"`autocnn db check --rekey` writes the user ones with the current fingerprint, "
               f"scripts/stamp_plan_digests.py the shipped ones)")
+    print(cost_model_line())
     problems = db.check()
     for p in problems:
         print(p)

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from autocnn.cost_model.features import Measurement, target
-from autocnn.cost_model.model_file import CostModel, HeldOut
+from autocnn.cost_model.model_file import CostModel, HeldOut, ModelMetadata
 from autocnn.cost_model.training import config_identity, fit
 from autocnn.store.lookup import shape_distance
 
@@ -170,3 +170,20 @@ def leave_shapes_out(measurements: Sequence[Measurement], folds: int = DEFAULT_F
             scores.append(GroupScore(name, tuple(m.time_us for m in g), tuple(float(p) for p in predicted),
                                      tuple(nearest_shape_scores(g, training))))
     return Evaluation(folds, tuple(scores))
+
+
+def train_and_evaluate(measurements: Sequence[Measurement], sources: Sequence[str],
+                       folds: int = DEFAULT_FOLDS) -> tuple[CostModel, Evaluation]:
+    """The model of all ``measurements``, with its held-out figures (``leave_shapes_out``) and
+    the nearest-shape rule's in its metadata."""
+    import datetime
+
+    evaluation = leave_shapes_out(measurements, folds)
+    booster, schema = fit(measurements)
+    model_slowdown, rule_slowdown = evaluation.slowdowns()
+    metadata = ModelMetadata(
+        trained_at=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+        measurements=len(measurements), problems=len({problem_identity(m) for m in measurements}),
+        sources=tuple(sources), model=evaluation.model, nearest_shape=evaluation.nearest_shape, folds=folds,
+        extra={"top_pick_slowdown": {"model": model_slowdown, "nearest_shape": rule_slowdown}})
+    return CostModel(booster, schema, metadata), evaluation
