@@ -88,8 +88,22 @@ def cmd_db_list(args: argparse.Namespace) -> int:
     for r, precision in rows:
         print(f"{r.gpu[:22]:22s} {r.op:14s} {precision:9s} {r.shape:{width}s} {fmt(r.time_us):>9s} "
               f"{fmt(r.default_time_us):>10s} {fmt(r.speedup, '.2f'):>8s}  {'quick' if r.quick else 'full'}")
-    print(cost_model_line())
     return 0
+
+
+def cmd_db_model(args: argparse.Namespace) -> int:
+    """The cost model in use; exit 1 where none is (off, or its file refused)."""
+    from autocnn.cost_model.model_file import active_model
+
+    print(cost_model_line())
+    model = active_model()
+    if model is not None and model.metadata is not None:
+        slow = model.metadata.extra.get("top_pick_slowdown")
+        if slow:
+            print(f"first-ranked config's time over the fastest, held out: model {slow['model']:.3f}x, "
+                  f"nearest-shape rule {slow['nearest_shape']:.3f}x")
+        print(f"trained on: {', '.join(model.metadata.sources)}")
+    return 0 if model is not None else 1
 
 
 def cost_model_line() -> str:

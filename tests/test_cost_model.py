@@ -223,3 +223,22 @@ def test_the_tuner_measures_the_models_favourites_first(tmp_path, monkeypatch, m
     tuner.tune(PROBLEM.op, PROBLEM)
     first = source.measured_keys[:1 + PREDICTED_FIRST_TRIALS]   # the default, then the model's
     assert [c.key() for c in favourites] == first[1:]
+
+
+def test_autocnn_db_says_how_well_the_model_ranked(tmp_path, monkeypatch, capsys, model_file):
+    import autocnn.store.database
+    from autocnn.cli import main
+
+    db = _db(tmp_path)
+    monkeypatch.setenv("AUTOCNN_TUNING_DB", str(db.user_dir))
+    monkeypatch.setattr(autocnn.store.database, "default_shipped_dir", lambda: db.shipped_dir)
+    monkeypatch.setenv(COST_MODEL_ENV, str(SHIPPED_MODEL))
+    assert main(["db", "model"]) == 0
+    last = capsys.readouterr().out.splitlines()[0]
+    metadata = CostModel.load(SHIPPED_MODEL).metadata
+    assert f"model {metadata.model.spearman:.3f}, nearest-shape rule {metadata.nearest_shape.spearman:.3f}" in last
+    monkeypatch.setenv(COST_MODEL_ENV, str(tmp_path / "missing.json.gz"))
+    with pytest.warns(CostModelWarning):
+        assert main(["db", "model"]) == 1
+    assert "cost model: refused" in capsys.readouterr().out
+    assert main(["db", "check"]) == 0   # the database's own state is not the model's
