@@ -242,3 +242,15 @@ def test_autocnn_db_says_how_well_the_model_ranked(tmp_path, monkeypatch, capsys
         assert main(["db", "model"]) == 1
     assert "cost model: refused" in capsys.readouterr().out
     assert main(["db", "check"]) == 0   # the database's own state is not the model's
+
+
+def test_a_tuners_studies_are_measurements_to_learn_from(tmp_path):
+    from autocnn.cost_model.training import study_measurements
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    settings = TuneSettings(storage=url, fixed=WGRAD.space_filter, trials=6, seed=1, sampler="random")
+    Tuner(ReplaySource([WGRAD]), None, settings, progress=False).tune(PROBLEM.op, PROBLEM)
+    found = study_measurements(url)
+    assert len(found) >= 5 and {m.problem for m in found} == {PROBLEM}
+    for m in found:
+        assert m.time_us == WGRAD.results[Config(PROBLEM.op, tuple(m.config.items())).key()].time_us

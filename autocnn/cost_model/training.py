@@ -86,11 +86,13 @@ def replay_measurements(files: Iterable[ReplayFile]) -> list[Measurement]:
 
 
 def study_measurements(storage: Any) -> list[Measurement]:
-    """The completed trials of every study in an Optuna storage that the tuner made (it names the
-    study's operation, problem and device in the study's attributes)."""
+    """The verified trials of every study in an Optuna storage that the tuner made (it names the
+    study's operation, problem and device in the study's attributes, each trial's config in the
+    trial's); a trial that reused an earlier answer is not a measurement of its own."""
     import optuna
 
     from autocnn.device import DeviceInfo
+    from autocnn.tuning.trials import CONFIG_ATTR, RESULT_ATTR
 
     out = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
@@ -105,9 +107,11 @@ def study_measurements(storage: Any) -> list[Measurement]:
         group = group_of(device.slug(), attrs["op"], problem)
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if trial.value is not None and math.isfinite(trial.value) and trial.value > 0:
-                out.append(Measurement(problem, dict(trial.params), float(trial.value), device.arch,
-                                       device.sm_count, group))
+            config = trial.user_attrs.get(CONFIG_ATTR)
+            if (not isinstance(config, dict) or trial.user_attrs.get(RESULT_ATTR, {}).get("reused")
+                    or trial.value is None or not math.isfinite(trial.value) or trial.value <= 0):
+                continue
+            out.append(Measurement(problem, dict(config), float(trial.value), device.arch, device.sm_count, group))
     return out
 
 
