@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autocnn.cost_model.evaluation import DEFAULT_FOLDS, spearman, train_and_evaluate  # noqa: E402
 from autocnn.cost_model.model_file import SHIPPED_MODEL  # noqa: E402
-from autocnn.cost_model.training import (database_file_measurements, distinct, replay_measurements,  # noqa: E402
-                                         study_measurements)
+from autocnn.cost_model.training import (DEFAULT_GAP, database_records, distinct, record_measurements,  # noqa: E402
+                                         replay_measurements, study_measurements, tuned_over_default)
 from autocnn.tuning.sources import ReplayFile  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,10 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.folds < 2:
         p.error("--folds must be 2 or more")
 
-    measurements, sources = [], []
+    measurements, sources, defaults = [], [], []
     for place in args.db or [REPO / "tuning_db"]:
         files = sorted(place.glob("*.json")) if place.is_dir() else [place]
-        measurements += database_file_measurements(files)
+        records = database_records(files)
+        measurements += record_measurements(records)
+        defaults += tuned_over_default(records)
         sources += [_named(f) for f in files]
     replays = [ReplayFile.load(path) for path in args.replay]
     measurements += replay_measurements(replays)
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if not measurements:
         p.error("no verified measurement found in what was given")
 
-    model, evaluation = train_and_evaluate(measurements, sources, args.folds)
+    model, evaluation = train_and_evaluate(measurements, sources, args.folds, defaults)
     assert model.metadata is not None
     if args.groups:
         for g in evaluation.groups:
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     slow = model.metadata.extra["top_pick_slowdown"]
     print(f"first-ranked config's time over the fastest (geometric mean, problems of 3+ configs): "
           f"model {slow['model']:.3f}x, nearest-shape rule {slow['nearest_shape']:.3f}x")
+    right, asked = evaluation.tuned_first
+    print(f"held-out records whose default ran {DEFAULT_GAP:g}x slower or more: the model ranks the tuned config "
+          f"first for {right} of {asked}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     model.save(args.out)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB)")

@@ -254,3 +254,31 @@ def test_a_tuners_studies_are_measurements_to_learn_from(tmp_path):
     assert len(found) >= 5 and {m.problem for m in found} == {PROBLEM}
     for m in found:
         assert m.time_us == WGRAD.results[Config(PROBLEM.op, tuple(m.config.items())).key()].time_us
+
+
+def test_records_whose_default_ran_clearly_slower_check_the_model_against_todays_default():
+    from autocnn.cost_model.training import DEFAULT_GAP, tuned_over_default
+
+    tuned = WGRAD.best().config.as_dict()
+    slower = dataclasses.replace(_record(PROBLEM, tuned, 40.0), default_time_us=40.0 * DEFAULT_GAP * 2)
+    close = dataclasses.replace(_record(PROBLEM, tuned, 40.0), default_time_us=41.0)
+    [pair] = tuned_over_default([slower, close, dataclasses.replace(slower, default_time_us=None)])
+    assert pair.tuned == tuned
+    assert pair.default == get_operation(PROBLEM.op).default_config(PROBLEM, DEVICE.limits()).as_dict()
+
+
+def test_the_training_script_writes_a_model_with_its_held_out_figures(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_cost_model", Path(__file__).parents[1] / "scripts" /
+                                                  "train_cost_model.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    (tmp_path / "db").mkdir()
+    out = tmp_path / "model.json.gz"
+    assert script.main(["--db", str(tmp_path / "db"), "--replay", *map(str, REPLAY.glob("*.json.gz")),
+                        "--folds", str(len(FILES)), "--out", str(out)]) == 0
+    metadata = CostModel.load(out).metadata
+    assert metadata.folds == len(FILES) and metadata.model.groups == len(FILES)
+    assert f"model {metadata.model.spearman:.3f}, nearest-shape rule" in capsys.readouterr().out
+    assert metadata.model.spearman > metadata.nearest_shape.spearman

@@ -21,7 +21,7 @@ import numpy as np
 
 from autocnn.cost_model.features import Measurement, target
 from autocnn.cost_model.model_file import CostModel, HeldOut, ModelMetadata
-from autocnn.cost_model.training import config_identity, fit
+from autocnn.cost_model.training import TunedOverDefault, config_identity, fit
 from autocnn.store.lookup import shape_distance
 
 # Ten folds: the replay files' problems (hundreds of configs each) fall in folds of their own.
@@ -79,10 +79,13 @@ class GroupScore:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Per-group scores of a leave-shapes-out run and their averages."""
+    """Per-group scores of a leave-shapes-out run and their averages; ``tuned_first``: of the
+    held-out records whose default ran clearly slower (``training.tuned_over_default``), how many
+    the model ranks the tuned config first for, and how many were asked."""
 
     folds: int
     groups: tuple[GroupScore, ...]
+    tuned_first: tuple[int, int] = (0, 0)
 
     def held_out(self, which: Callable[[GroupScore], Sequence[float]]) -> HeldOut:
         big = [g for g in self.groups if len(g.times) >= 3]
@@ -135,10 +138,11 @@ def nearest_shape_scores(held: Sequence[Measurement], training: Sequence[Measure
 
 
 def leave_shapes_out(measurements: Sequence[Measurement], folds: int = DEFAULT_FOLDS,
-                     held_out: Callable[[Measurement], bool] = lambda m: True) -> Evaluation:
+                     held_out: Callable[[Measurement], bool] = lambda m: True,
+                     defaults: Sequence[TunedOverDefault] = ()) -> Evaluation:
     """Train one model per fold on the other folds' problems and score both rankings on its groups.
     ``held_out`` picks the measurements whose groups are scored (all by default); every
-    measurement trains the folds it is not in."""
+    measurement trains the folds it is not in. ``defaults`` of the fold's problems are asked of its model."""
     # Problems dealt round the folds, those with the most configs first (then by hash: the same
     # folds on every run): problems measured in depth fall in different folds, so that each is
     # ranked with the others of its kind in training. With as many folds as problems, each is
@@ -152,6 +156,7 @@ def leave_shapes_out(measurements: Sequence[Measurement], folds: int = DEFAULT_F
     for m in measurements:
         by_fold[fold_of[problem_identity(m)]].append(m)
     scores: list[GroupScore] = []
+    right = asked = 0
     for fold in sorted(by_fold):
         held = [m for m in by_fold[fold] if held_out(m)]
         if not held:
@@ -159,6 +164,11 @@ def leave_shapes_out(measurements: Sequence[Measurement], folds: int = DEFAULT_F
         training = [m for f, ms in by_fold.items() if f != fold for m in ms]
         booster, schema = fit(training)
         model = CostModel(booster, schema)
+        for d in defaults:
+            if fold_of.get(d.group.split("|", 1)[1]) == fold:
+                tuned, default = model.predict(d.problem, [d.tuned, d.default], d.arch, d.sm_count)
+                right += int(tuned < default)
+                asked += 1
         groups: dict[str, list[Measurement]] = defaultdict(list)
         for m in held:
             groups[m.group].append(m)
@@ -169,21 +179,22 @@ def leave_shapes_out(measurements: Sequence[Measurement], folds: int = DEFAULT_F
             predicted = model.predict_rows(np.array([schema.row(m.problem, m.config, m.arch, m.sm_count) for m in g]))
             scores.append(GroupScore(name, tuple(m.time_us for m in g), tuple(float(p) for p in predicted),
                                      tuple(nearest_shape_scores(g, training))))
-    return Evaluation(folds, tuple(scores))
+    return Evaluation(folds, tuple(scores), (right, asked))
 
 
-def train_and_evaluate(measurements: Sequence[Measurement], sources: Sequence[str],
-                       folds: int = DEFAULT_FOLDS) -> tuple[CostModel, Evaluation]:
+def train_and_evaluate(measurements: Sequence[Measurement], sources: Sequence[str], folds: int = DEFAULT_FOLDS,
+                       defaults: Sequence[TunedOverDefault] = ()) -> tuple[CostModel, Evaluation]:
     """The model of all ``measurements``, with its held-out figures (``leave_shapes_out``) and
     the nearest-shape rule's in its metadata."""
     import datetime
 
-    evaluation = leave_shapes_out(measurements, folds)
+    evaluation = leave_shapes_out(measurements, folds, defaults=defaults)
     booster, schema = fit(measurements)
     model_slowdown, rule_slowdown = evaluation.slowdowns()
     metadata = ModelMetadata(
         trained_at=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
         measurements=len(measurements), problems=len({problem_identity(m) for m in measurements}),
         sources=tuple(sources), model=evaluation.model, nearest_shape=evaluation.nearest_shape, folds=folds,
-        extra={"top_pick_slowdown": {"model": model_slowdown, "nearest_shape": rule_slowdown}})
+        extra={"top_pick_slowdown": {"model": model_slowdown, "nearest_shape": rule_slowdown},
+               "tuned_over_default": {"right": evaluation.tuned_first[0], "asked": evaluation.tuned_first[1]}})
     return CostModel(booster, schema, metadata), evaluation

@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from autocnn.cost_model.features import FeatureSchema, Measurement, target
-from autocnn.kernels import problem_from_dict
+from autocnn.device import DeviceLimits
+from autocnn.errors import InfeasibleConfigError, InvalidConfigError
+from autocnn.kernels import get_operation, problem_from_dict
 from autocnn.store.files import CorruptFile, ForeignFormat, read_raw
 from autocnn.store.records import RecordError, TuningRecord, validate_record
 from autocnn.tuning.sources import ReplayFile
@@ -57,8 +60,47 @@ def record_measurements(records: Iterable[TuningRecord]) -> list[Measurement]:
     return out
 
 
-def database_file_measurements(paths: Iterable[Path]) -> list[Measurement]:
-    """``record_measurements`` of the records in database files (tuning_db/*.json)."""
+@dataclass(frozen=True)
+class TunedOverDefault:
+    """A record whose config ran clearly faster than its default did (DEFAULT_GAP): which of the
+    two a ranking puts first tells whether it would hand out the tuned config or the default."""
+
+    problem: Any
+    arch: str
+    sm_count: int
+    group: str
+    tuned: Mapping[str, Any]
+    default: Mapping[str, Any]
+
+
+# A default at least this much slower than the record's config: clearly the worse of the two.
+DEFAULT_GAP = 1.1
+
+
+def tuned_over_default(records: Iterable[TuningRecord]) -> list[TunedOverDefault]:
+    """The records whose default time is DEFAULT_GAP over their own, with the operation's first
+    default candidate for the problem now. The record does not name the config its default time
+    is of; the first candidate is what a lookup answers unless it spills, and the defaults of some
+    operations have changed since some records were tuned, so this is a check of the model, never
+    a measurement it learns from."""
+    out = []
+    for record in records:
+        if record.default_time_us is None or record.default_time_us < DEFAULT_GAP * record.time_us:
+            continue
+        try:
+            valid = validate_record(record)
+            default = get_operation(record.key.op).default_config(valid.problem, DeviceLimits.for_arch(record.key.arch))
+        except (RecordError, InvalidConfigError, InfeasibleConfigError, ValueError):
+            continue
+        if default.key() != valid.config.key():
+            out.append(TunedOverDefault(valid.problem, record.key.arch, record.key.sm_count,
+                                        group_of(record.key.slug(), record.key.op, valid.problem),
+                                        valid.config.as_dict(), default.as_dict()))
+    return out
+
+
+def database_records(paths: Iterable[Path]) -> list[TuningRecord]:
+    """The records of database files (tuning_db/*.json) that parse; validity is checked by the users."""
     records = []
     for path in paths:
         try:
@@ -70,7 +112,12 @@ def database_file_measurements(paths: Iterable[Path]) -> list[Measurement]:
                 records.append(TuningRecord.from_dict(raw))
             except RecordError:
                 continue
-    return record_measurements(records)
+    return records
+
+
+def database_file_measurements(paths: Iterable[Path]) -> list[Measurement]:
+    """``record_measurements`` of the records in database files."""
+    return record_measurements(database_records(paths))
 
 
 def replay_measurements(files: Iterable[ReplayFile]) -> list[Measurement]:
