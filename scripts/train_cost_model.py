@@ -4,21 +4,24 @@ studies where given; report its held-out rank correlation beside the nearest-sha
 write the model file (by default the shipped one, autocnn/cost_model/cost_model.json.gz).
 
 Run it again whenever the shipped records change (scripts/ship_records.py); the shipped model is
-trained with the tests' replay files too:
+trained with the tests' replay files too. The model file holds the sha256 of every file it was
+trained on; ``--check`` trains nothing and exits 1 when one of the files given differs from them.
 
-    python scripts/train_cost_model.py --replay tests/data/replay/*.json.gz
+    python scripts/train_cost_model.py --replay tests/data/replay/*.json.gz [--check]
     python scripts/train_cost_model.py --db DIR --storage sqlite:///optuna.db --out model.json.gz --folds 5
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autocnn.cost_model.evaluation import DEFAULT_FOLDS, spearman, train_and_evaluate  # noqa: E402
-from autocnn.cost_model.model_file import SHIPPED_MODEL  # noqa: E402
+from autocnn.cost_model.model_file import SHIPPED_MODEL, CostModel, CostModelRefused  # noqa: E402
 from autocnn.cost_model.training import (DEFAULT_GAP, database_records, distinct, record_measurements,  # noqa: E402
                                          replay_measurements, study_measurements, tuned_over_default)
 from autocnn.tuning.sources import ReplayFile  # noqa: E402
@@ -35,9 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="leave-shapes-out folds (default %(default)s)")
     p.add_argument("--out", type=Path, default=SHIPPED_MODEL, help="the model file (default: the shipped one)")
     p.add_argument("--groups", action="store_true", help="print each held-out problem of 3+ configs")
+    p.add_argument("--check", action="store_true",
+                   help="train nothing: exit 1 unless --out was trained on exactly the files given")
     args = p.parse_args(argv)
     if args.folds < 2:
         p.error("--folds must be 2 or more")
+
+    files_given = [f for place in args.db or [REPO / "tuning_db"]
+                   for f in (sorted(place.glob("*.json")) if place.is_dir() else [place])] + list(args.replay)
+    digests = {_named(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files_given}
+    if args.check:
+        return _check(args.out, digests)
 
     measurements, sources, defaults = [], [], []
     for place in args.db or [REPO / "tuning_db"]:
@@ -58,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
     model, evaluation = train_and_evaluate(measurements, sources, args.folds, defaults)
     assert model.metadata is not None
+    model = CostModel(model.booster, model.schema, dataclasses.replace(
+        model.metadata, extra={**model.metadata.extra, "sources_sha256": digests}))
     if args.groups:
         for g in evaluation.groups:
             if len(g.times) >= 3:
@@ -74,6 +87,27 @@ def main(argv: list[str] | None = None) -> int:
     model.save(args.out)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB)")
     return 0
+
+
+def _check(path: Path, digests: dict[str, str]) -> int:
+    try:
+        trained = CostModel.load(path).metadata
+    except CostModelRefused as exc:
+        print(exc)
+        return 1
+    assert trained is not None
+    before = trained.extra.get("sources_sha256", {})
+    changed = sorted(name for name in set(before) | set(digests) if before.get(name) != digests.get(name))
+    for name in changed:
+        if name in before and name in digests:
+            print(f"{name}: changed since the model was trained")
+        elif name in before:
+            print(f"{name}: trained on, not given now")
+        else:
+            print(f"{name}: given, not trained on")
+    print(f"{path}: " + ("trained on the files given" if not changed else
+                         f"{len(changed)} files differ: run scripts/train_cost_model.py again"))
+    return 1 if changed else 0
 
 
 def _named(path: Path) -> str:
