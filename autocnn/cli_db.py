@@ -93,9 +93,9 @@ def cmd_db_list(args: argparse.Namespace) -> int:
 
 def cmd_db_model(args: argparse.Namespace) -> int:
     """The cost model in use; exit 1 where none is (off, or its file refused)."""
-    from autocnn.cost_model.model_file import active_model
+    from autocnn.cost_model.model_file import active_model, in_use_text
 
-    print(cost_model_line())
+    print(in_use_text())
     model = active_model()
     if model is not None and model.metadata is not None:
         slow = model.metadata.extra.get("top_pick_slowdown")
@@ -108,19 +108,6 @@ def cmd_db_model(args: argparse.Namespace) -> int:
                   f"{versus['right']} of {versus['asked']}")
         print(f"trained on: {', '.join(model.metadata.sources)}")
     return 0 if model is not None else 1
-
-
-def cost_model_line() -> str:
-    """What ranks configs where no record of a problem exists, and how well it ranked held-out problems."""
-    from autocnn.cost_model.model_file import active_model, model_path
-
-    model = active_model()
-    if model is None or model.metadata is None:
-        return ("cost model: none in use ($AUTOCNN_COST_MODEL=off); unseen shapes take the nearest tuned shape's "
-                "config, else the heuristic default" if model_path() is None else
-                "cost model: refused (see the warning); unseen shapes take the nearest tuned shape's config, else "
-                "the heuristic default")
-    return f"cost model {model_path()}: {model.metadata.summary()}"
 
 
 def cmd_db_show(args: argparse.Namespace) -> int:
@@ -212,7 +199,9 @@ def cmd_db_check(args: argparse.Namespace) -> int:
         print(f"{len(rekeyed)} records are current by their plan digest only (used as current; "
               f"`autocnn db check --rekey` writes the user ones with the current fingerprint, "
               f"scripts/stamp_plan_digests.py the shipped ones)")
-    print(cost_model_line())
+    from autocnn.cost_model.model_file import in_use_text
+
+    print(in_use_text())
     problems = db.check()
     for p in problems:
         print(p)

@@ -78,6 +78,9 @@ def test_the_shipped_model_loads_and_says_how_well_it_ranked(monkeypatch):
     held = model.metadata
     assert held.model.groups >= len(FILES) and held.model.spearman > held.nearest_shape.spearman
     assert "nearest-shape rule" in held.summary()
+    from autocnn.cost_model.model_file import in_use_text   # what `autocnn db model` and `report` say
+
+    assert f"model {held.model.spearman:.3f}, nearest-shape rule {held.nearest_shape.spearman:.3f}" in in_use_text()
     # Its columns are its own: a parameter the model never saw is not a column, and reads as missing.
     row = model.schema.row(PROBLEM, {**WGRAD.best().config.as_dict(), "NEW_PARAM": 3}, DEVICE.arch, DEVICE.sm_count)
     assert len(row) == len(model.schema.columns) == model.booster.num_feature()

@@ -193,3 +193,14 @@ def active_model() -> CostModel | None:
         model = None
     _loaded[path] = (sig, model)
     return model
+
+
+def in_use_text() -> str:
+    """One line for people: the model in use and how well it ranked held-out problems, or why none is."""
+    model = active_model()
+    if model is not None and model.metadata is not None:
+        return f"cost model {model_path()}: {model.metadata.summary()}"
+    rule = "unseen shapes take the nearest tuned shape's config, else the heuristic default"
+    if model_path() is None:
+        return f"cost model: none in use (${COST_MODEL_ENV}=off); {rule}"
+    return f"cost model: refused (see the warning); {rule}"
