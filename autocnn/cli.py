@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autocnn.cli_checks import check_seed, plain_warnings, quiet_database, say, train_preflight, tune_preflight
-from autocnn.cli_db import (cmd_db_check, cmd_db_export, cmd_db_import, cmd_db_list, cmd_db_remove, cmd_db_show,
-                            db_filters)
+from autocnn.cli_db import (cmd_db_check, cmd_db_export, cmd_db_import, cmd_db_list, cmd_db_model, cmd_db_remove,
+                            cmd_db_show, db_filters)
 from autocnn.cli_problems import at_precision, fmt, has_precision, precision_text, shape_problem
 from autocnn.device import set_workspace_limit
 from autocnn.errors import AutocnnError
@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the user records that are current by their plan digest only again with the "
                          "current fingerprint (shipped ones: scripts/stamp_plan_digests.py)")
     dc.set_defaults(func=cmd_db_check)
+    dm = dsub.add_parser("model", help="the cost model that ranks configs where no record of a problem exists, and "
+                                       "how well it ranked held-out problems beside the nearest-shape rule")
+    dm.set_defaults(func=cmd_db_model)
 
     b = sub.add_parser("bench", help="benchmark the kernel families on the seed shapes against cuDNN, fp32 and "
                                      "tf32 side by side (--precision fp32|tf32|both), with TFLOP/s and shares "

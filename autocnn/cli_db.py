@@ -91,6 +91,25 @@ def cmd_db_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_db_model(args: argparse.Namespace) -> int:
+    """The cost model in use; exit 1 where none is (off, or its file refused)."""
+    from autocnn.cost_model.model_file import active_model, in_use_text
+
+    print(in_use_text())
+    model = active_model()
+    if model is not None and model.metadata is not None:
+        slow = model.metadata.extra.get("top_pick_slowdown")
+        if slow:
+            print(f"first-ranked config's time over the fastest, held out: model {slow['model']:.3f}x, "
+                  f"nearest-shape rule {slow['nearest_shape']:.3f}x")
+        versus = model.metadata.extra.get("tuned_over_default")
+        if versus and versus.get("asked"):
+            print(f"held-out records whose default ran clearly slower: the tuned config ranked first for "
+                  f"{versus['right']} of {versus['asked']}")
+        print(f"trained on: {', '.join(model.metadata.sources)}")
+    return 0 if model is not None else 1
+
+
 def cmd_db_show(args: argparse.Namespace) -> int:
     from autocnn.store import TuningDatabase
 
@@ -180,6 +199,9 @@ def cmd_db_check(args: argparse.Namespace) -> int:
         print(f"{len(rekeyed)} records are current by their plan digest only (used as current; "
               f"`autocnn db check --rekey` writes the user ones with the current fingerprint, "
               f"scripts/stamp_plan_digests.py the shipped ones)")
+    from autocnn.cost_model.model_file import in_use_text
+
+    print(in_use_text())
     problems = db.check()
     for p in problems:
         print(p)
