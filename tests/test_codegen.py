@@ -16,7 +16,7 @@ from autocnn.kernels import codegen
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path, parse_ptxas_report
 from autocnn.kernels.formulations.halo import FORMULATION_HALO
 from autocnn.kernels.formulations.tma import FORMULATION_TMA
-from autocnn.kernels.formulations.wgmma_gemm import ARCH as WGMMA_ARCH, FORMULATION_WGMMA
+from autocnn.kernels.formulations.cores.wgmma_gemm import ARCH as WGMMA_ARCH, FORMULATION_WGMMA
 from autocnn.device import DeviceLimits
 from autocnn.errors import CompileError
 from autocnn.kernels import OPERATIONS, ConvFwdProblem, operation_for
@@ -275,7 +275,7 @@ def test_code_source_of_a_cached_function_is_its_source():
     import functools
 
     from autocnn.kernels.codegen import code_source
-    from autocnn.kernels.formulations.fft_kernels import dft_tables
+    from autocnn.kernels.formulations.fft.fft_kernels import dft_tables
 
     @functools.lru_cache(maxsize=4)
     def cached(n: int) -> int:

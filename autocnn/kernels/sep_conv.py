@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels.formulations.sep_geometry import SepCorrelation, correlation
+from autocnn.kernels.formulations.cores.sep_geometry import SepCorrelation, correlation
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import (ACTIVATIONS, PROBLEM_TYPES, ConvBwdDataProblem, ConvFwdProblem,
                                      ConvWgradProblem, register_problem_type)
