@@ -1,4 +1,4 @@
-"""The wgmma formulation (formulations/wgmma.py): Hopper's warpgroup tensor cores for conv_fwd,
+"""The wgmma formulation (formulations/wgmma/): Hopper's warpgroup tensor cores for conv_fwd,
 conv_bwd_data and conv_wgrad (stride 1), tf32 and fp32 (3xTF32).
 
 CPU: where it is offered (sm_90, tf32, C a multiple of 4) and why not elsewhere; every config builds
