@@ -19,8 +19,8 @@ from autocnn.kernels.conv_fwd import ConvFwd
 from autocnn.kernels.conv_wgrad import ConvWgrad
 from autocnn.kernels.formulations import REGISTRY
 from autocnn.kernels.formulations.circular import CIRCULAR, NAME, circular_grid, circular_threads
-from autocnn.kernels.formulations.circular_rows import (RowWindow, block_steps, final_rows, flush_rows, phase_len,
-                                                        row_schedule, strip_width)
+from autocnn.kernels.formulations.cores.circular_rows import (RowWindow, block_steps, final_rows, flush_rows, phase_len,
+                                                              row_schedule, strip_width)
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import odd_problems, seed_problems

@@ -19,7 +19,7 @@ from autocnn.kernels import get_operation, reference
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.conv_bwd_fused import ConvBwdFusedProblem
 from autocnn.kernels.formulations.circular_bwd import ATOMIC, TWO_PASS, bwd_grid, bwd_parts, bwd_threads
-from autocnn.kernels.formulations.circular_rows import phase_len, strip_width
+from autocnn.kernels.formulations.cores.circular_rows import phase_len, strip_width
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvWgradProblem, parse_shape, problem_from_dict
 from autocnn.kernels.suite import odd_problems, seed_problems

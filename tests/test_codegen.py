@@ -16,7 +16,7 @@ from autocnn.kernels import codegen
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path, parse_ptxas_report
 from autocnn.kernels.formulations.halo import FORMULATION_HALO
 from autocnn.kernels.formulations.tma import FORMULATION_TMA
-from autocnn.kernels.formulations.wgmma_gemm import ARCH as WGMMA_ARCH, FORMULATION_WGMMA
+from autocnn.kernels.formulations.cores.wgmma_gemm import ARCH as WGMMA_ARCH, FORMULATION_WGMMA
 from autocnn.device import DeviceLimits
 from autocnn.errors import CompileError
 from autocnn.kernels import OPERATIONS, ConvFwdProblem, operation_for
@@ -53,17 +53,39 @@ def test_missing_template_variable_is_an_error_not_empty_text():
 
 
 def _copy_templates(tmp_path, monkeypatch):
-    """A copy of both template folders that the fingerprints (not the cached renderer) read."""
-    dirs = []
-    for d in codegen.TEMPLATE_DIRS:
-        copy = tmp_path / d.name
-        copy.mkdir()
-        for path in d.glob("*.j2"):
-            (copy / path.name).write_text(path.read_text())
-        dirs.append(copy)
+    """A copy of the template folders (op templates, formulations' folders) that the fingerprints
+    (not the cached renderer) read."""
+    roots = []
+    for root in codegen.TEMPLATE_ROOTS:
+        copy = tmp_path / root.name
+        for path in root.rglob("*.j2"):
+            target = copy / path.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(path.read_text())
+        roots.append(copy)
+    monkeypatch.setattr(codegen, "TEMPLATE_ROOTS", tuple(roots))
+    codegen.template_index.cache_clear()
     codegen.template_fingerprint.cache_clear()
-    monkeypatch.setattr(codegen, "TEMPLATE_DIRS", tuple(dirs))
-    return dirs
+    return roots
+
+
+def test_a_template_is_found_by_name_in_any_folder_and_a_name_is_one_file(tmp_path, monkeypatch):
+    templates, formulations = _copy_templates(tmp_path, monkeypatch)
+    try:
+        assert codegen.template_path("conv_fwd.cu.j2") == templates / "conv_fwd.cu.j2"
+        with pytest.raises(FileNotFoundError):
+            codegen.template_path("only_nested.cuh.j2")
+        (formulations / "elsewhere").mkdir()
+        (formulations / "elsewhere" / "only_nested.cuh.j2").write_text("// found by its name\n")
+        codegen.template_index.cache_clear()
+        assert codegen.template_path("only_nested.cuh.j2") == formulations / "elsewhere" / "only_nested.cuh.j2"
+        (formulations / "elsewhere" / "conv_fwd.cu.j2").write_text("// a second file of one name\n")
+        codegen.template_index.cache_clear()
+        with pytest.raises(codegen.DuplicateTemplateError, match="conv_fwd.cu.j2"):
+            codegen.template_index()
+    finally:
+        codegen.template_index.cache_clear()
+        codegen.template_fingerprint.cache_clear()
 
 
 def test_a_fingerprint_belongs_to_a_formulation_of_an_operation():
@@ -89,11 +111,11 @@ def test_a_template_change_makes_only_its_formulations_stale(tmp_path, monkeypat
     fwd = OPERATIONS["conv_fwd"]
     before = {name: fwd.fingerprint(name) for name in fwd.formulation_names}
     combined = fwd.fingerprint()
-    templates, formulations = _copy_templates(tmp_path, monkeypatch)
+    templates, _ = _copy_templates(tmp_path, monkeypatch)
     try:
         assert {name: fwd.fingerprint(name) for name in fwd.formulation_names} == before
         # The implicit GEMM's glue changes: its records go stale, the direct formulation's stay current.
-        glue = formulations / "igemm_conv_fwd.cu.j2"
+        glue = codegen.template_path("igemm_conv_fwd.cu.j2")
         glue.write_text(glue.read_text() + "\n// changed\n")
         codegen.template_fingerprint.cache_clear()
         assert fwd.fingerprint("igemm") != before["igemm"]
@@ -104,6 +126,7 @@ def test_a_template_change_makes_only_its_formulations_stale(tmp_path, monkeypat
         codegen.template_fingerprint.cache_clear()
         assert fwd.fingerprint("direct") != before["direct"]
     finally:
+        codegen.template_index.cache_clear()
         codegen.template_fingerprint.cache_clear()
 
 
@@ -252,7 +275,7 @@ def test_code_source_of_a_cached_function_is_its_source():
     import functools
 
     from autocnn.kernels.codegen import code_source
-    from autocnn.kernels.formulations.fft_kernels import dft_tables
+    from autocnn.kernels.formulations.fft.fft_kernels import dft_tables
 
     @functools.lru_cache(maxsize=4)
     def cached(n: int) -> int:

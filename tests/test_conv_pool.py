@@ -14,7 +14,7 @@ from autocnn.errors import InvalidProblemError
 from autocnn.kernels import OPERATIONS, problem_from_dict, reference
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.conv_pool_problems import ConvPoolDzProblem, ConvPoolFwdProblem, odd_pairs, zoo_pairs
-from autocnn.kernels.formulations.pool_blocks import rectangle
+from autocnn.kernels.formulations.cores.pool_blocks import rectangle
 from autocnn.kernels.geometry import cdiv
 from tests.formulation_checks import compile_failures
 

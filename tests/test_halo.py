@@ -1,4 +1,4 @@
-"""The halo formulation (formulations/halo.py): conv_fwd (stride 1) and conv_bwd_data on Hopper's
+"""The halo formulation (formulations/halo/): conv_fwd (stride 1) and conv_bwd_data on Hopper's
 warpgroup tensor cores, each filter tap a shift of one staged halo tile.
 
 CPU: a NumPy model of the GEMM over the staged grid (the grid's geometry, each phase's base and tap

@@ -19,7 +19,7 @@ from autocnn.kernels.problem import ConvFwdProblem, parse_shape, problem_from_di
 from autocnn.tuning.measure import error_bound
 
 import autocnn.kernels.sep_conv as sep
-from autocnn.kernels.formulations.sep_geometry import correlation, tile_threads
+from autocnn.kernels.formulations.cores.sep_geometry import correlation, tile_threads
 from autocnn.kernels.formulations.sep_twopass import z_elements_per_image
 from tests.formulation_checks import build_failures
 

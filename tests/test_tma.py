@@ -1,4 +1,4 @@
-"""The tma formulation (formulations/tma.py): conv_bwd_data (stride 1) on wgmma, its tiles copied by
+"""The tma formulation (formulations/tma/): conv_bwd_data (stride 1) on wgmma, its tiles copied by
 the Tensor Memory Accelerator. CPU: its rules, its tensor maps' geometry (checked against a NumPy
 model of the im2col traversal that gives the implicit GEMM's A rows), every config built for sm_90a
 without spills. GPU (-m gpu): every config verified against float64 on modern_56's layer and on

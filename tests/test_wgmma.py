@@ -1,4 +1,4 @@
-"""The wgmma formulation (formulations/wgmma.py): Hopper's warpgroup tensor cores for conv_fwd,
+"""The wgmma formulation (formulations/wgmma/): Hopper's warpgroup tensor cores for conv_fwd,
 conv_bwd_data and conv_wgrad (stride 1), tf32 and fp32 (3xTF32).
 
 CPU: where it is offered (sm_90, tf32, C a multiple of 4) and why not elsewhere; every config builds
@@ -19,7 +19,7 @@ from autocnn.device import DeviceInfo, DeviceLimits
 from autocnn.errors import CompileError, InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import OPERATIONS
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
-from autocnn.kernels.formulations.wgmma_gemm import FORMULATION_WGMMA
+from autocnn.kernels.formulations.cores.wgmma_gemm import FORMULATION_WGMMA
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from autocnn.kernels.suite import seed_problems
 from tests.formulation_checks import assert_every_config_verifies, target_build_failures
@@ -393,7 +393,7 @@ def _plane_configs(problem, op, widths=(64, 16)):
 
 
 def test_the_staging_by_planes_moves_a_plane_or_a_weight_slice_a_block():
-    from autocnn.kernels.formulations.staging import PLANE_SMEM_LIMIT, plane_stage_smem
+    from autocnn.kernels.formulations.cores.staging import PLANE_SMEM_LIMIT, plane_stage_smem
 
     config = {"formulation": FORMULATION_WGMMA, "WGS": 1, "WBN": 16, "WSTAGES": 3, "INFLIGHT": 0, "SPLITK": 1,
               "SK_BLOCKS": 0, "STAGE_LAUNCHES": 1}
@@ -578,7 +578,7 @@ def _padded_default(problem):
 
 
 def test_wgmma_serves_weight_gradients_on_a_padded_grid():
-    from autocnn.kernels.formulations.staging import PaddedGrid
+    from autocnn.kernels.formulations.cores.staging import PaddedGrid
 
     name, problem = _wgrad_problems()[0]   # modern_14: 64 x 256 x 14 x 14, 3x3, pad 1
     grid = PaddedGrid.of(problem)
@@ -620,7 +620,7 @@ def test_wgmma_serves_weight_gradients_on_a_padded_grid():
         WGRAD.space(ODD_WGRAD[0][1], HOPPER).validate({**config.as_dict(), "WGS": 1, "SPLITK": 32})
     # X unrolled: dY's planes side by side and a row of X per filter tap, over N*P*Q rounded up to
     # whole tiles (modern_14: 12,544 positions, 392 tiles), for any stride; no grid to tile by images
-    from autocnn.kernels.formulations.staging import unrolled_length
+    from autocnn.kernels.formulations.cores.staging import unrolled_length
     unrolled = {**config.as_dict(), "IMAGE_TILES": 0, "X_UNROLLED": 1}
     lj = unrolled_length(problem)
     assert lj == 64 * 14 * 14 and lj % 32 == 0 and unrolled_length(ODD_WGRAD[0][1]) == 32 * 12   # 3 x 12 x 10 = 360
@@ -664,7 +664,7 @@ def _padded_grid_wgrad(problem, x, dy, image_tiles=0):
     copy d = shift % 4 of their tap's phase from shift - d, over the whole grid or (image_tiles) over
     the tiles of each image's P rows, a chunk of 4 past them zero. Also checks the alignment the
     kernel's 16-byte copies rely on."""
-    from autocnn.kernels.formulations.staging import PaddedGrid
+    from autocnn.kernels.formulations.cores.staging import PaddedGrid
 
     p, g = problem, PaddedGrid.of(problem)
     (sh, sw), pt, pl = p.stride, p.padding[0], p.padding[1]
@@ -716,8 +716,8 @@ def _unrolled_wgrad(problem, x, dy, splitk=1):
     """The weight gradient as the wgmma kernel computes it with X_UNROLLED=1, in float64: dY's planes
     side by side and X unrolled (a row per filter tap), both over the unrolled length (zeros past
     N*P*Q), the reduction's whole tiles split over SPLITK blocks as the kernel splits them."""
-    from autocnn.kernels.formulations.staging import unrolled_length
-    from autocnn.kernels.formulations.wgmma_gemm import BK
+    from autocnn.kernels.formulations.cores.staging import unrolled_length
+    from autocnn.kernels.formulations.cores.wgmma_gemm import BK
 
     p, lj = problem, unrolled_length(problem)
     (sh, sw), pt, pl = p.stride, p.padding[0], p.padding[1]
@@ -804,7 +804,7 @@ def _in_place_pointwise_wgrad(problem, x, dy):
     grid position local = (t % TPI) * 32 + v % 32, row local // W (zero past H), column local % W, read
     from dY's and X's own planes. Also checks that every 16-byte chunk the kernel copies is aligned
     and inside one row."""
-    from autocnn.kernels.formulations.staging import PaddedGrid
+    from autocnn.kernels.formulations.cores.staging import PaddedGrid
 
     p, g = problem, PaddedGrid.of(problem)
     assert g.WP == p.W and p.W % 4 == 0

@@ -18,8 +18,8 @@ from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.winograd import NAME, WINOGRAD, config_splits, workspace_elements
-from autocnn.kernels.formulations.winograd_products import products_gemm
-from autocnn.kernels.formulations.winograd_transforms import TRANSFORMS, tiles, view
+from autocnn.kernels.formulations.winograd.winograd_products import products_gemm
+from autocnn.kernels.formulations.cores.winograd_transforms import TRANSFORMS, tiles, view
 from autocnn.kernels.geometry import next_pow2
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import seed_problems

@@ -1,6 +1,6 @@
 """avgpool_fwd (averaging) and avgpool_bwd (supersampling): the problems' operations.
 
-Each has one formulation, formulations/window_gather.py (so their configs name none).
+Each has one formulation, formulations/window_gather/ (so their configs name none).
 """
 from __future__ import annotations
 

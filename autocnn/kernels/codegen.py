@@ -20,23 +20,49 @@ import jinja2
 RENDER_VERSION = 1
 
 
-# The op templates live in templates/; each formulation's templates live beside its module in
-# formulations/. Both travel inside the package, so an installed copy finds them the same way.
+# The op templates live in templates/; each formulation's templates in its folder under
+# formulations/, and those several formulations share in formulations/cores/. Both travel inside the
+# package, so an installed copy finds them the same way.
 KERNELS_DIR = Path(__file__).resolve().parent
-TEMPLATE_DIRS = (KERNELS_DIR / "templates", KERNELS_DIR / "formulations")
+TEMPLATE_ROOTS = (KERNELS_DIR / "templates", KERNELS_DIR / "formulations")
 
 
-def templates_dir() -> Path:
-    """The folder of the op templates (``<family>.cu.j2``)."""
-    return TEMPLATE_DIRS[0]
+class DuplicateTemplateError(RuntimeError):
+    """Two kernel templates share a file name: includes and fingerprints name a template by its file
+    name alone, so which one a name meant would depend on the order folders are read in."""
 
 
-def make_environment(*dirs: Path) -> jinja2.Environment:
-    for d in dirs:
-        if not d.is_dir():
-            raise FileNotFoundError(f"autocnn's templates are missing (looked in {d})")
+@functools.lru_cache(maxsize=1)
+def template_index() -> dict[str, Path]:
+    """Every kernel template, by file name, wherever it lives under TEMPLATE_ROOTS."""
+    index: dict[str, Path] = {}
+    for root in TEMPLATE_ROOTS:
+        if not root.is_dir():
+            raise FileNotFoundError(f"autocnn's templates are missing (looked in {root})")
+        for path in sorted(root.rglob("*.j2")):
+            if path.name in index:
+                raise DuplicateTemplateError(f"template {path.name!r} is both {index[path.name]} and {path}")
+            index[path.name] = path
+    return index
+
+
+class IndexLoader(jinja2.BaseLoader):
+    """Finds a kernel template by its file name in template_index(), whichever folder holds it."""
+
+    def get_source(self, environment: jinja2.Environment, template: str):
+        path = template_index().get(template)
+        if path is None:
+            raise jinja2.TemplateNotFound(template)
+        mtime = path.stat().st_mtime
+        return path.read_text(encoding="utf-8"), str(path), lambda: path.is_file() and path.stat().st_mtime == mtime
+
+    def list_templates(self) -> list[str]:
+        return sorted(template_index())
+
+
+def _environment(loader: jinja2.BaseLoader) -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader([str(d) for d in dirs]),
+        loader=loader,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -45,17 +71,26 @@ def make_environment(*dirs: Path) -> jinja2.Environment:
     )
 
 
+def make_environment(*dirs: Path) -> jinja2.Environment:
+    """An environment over the templates of the given folders (autocnn.nn's, autocnn.separable's)."""
+    for d in dirs:
+        if not d.is_dir():
+            raise FileNotFoundError(f"autocnn's templates are missing (looked in {d})")
+    return _environment(jinja2.FileSystemLoader([str(d) for d in dirs]))
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
-    return make_environment(*TEMPLATE_DIRS)
+    """The kernel templates' environment: op templates and every formulation's, found by name."""
+    return _environment(IndexLoader())
 
 
 def template_path(name: str) -> Path:
-    """Where a template file lives (the op templates' folder first, then the formulations')."""
-    for d in TEMPLATE_DIRS:
-        if (d / name).is_file():
-            return d / name
-    raise FileNotFoundError(f"no template {name!r} in {', '.join(str(d) for d in TEMPLATE_DIRS)}")
+    """Where a kernel template file lives."""
+    try:
+        return template_index()[name]
+    except KeyError:
+        raise FileNotFoundError(f"no template {name!r} under {', '.join(str(d) for d in TEMPLATE_ROOTS)}") from None
 
 
 @functools.lru_cache(maxsize=None)

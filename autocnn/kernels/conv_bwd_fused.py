@@ -7,7 +7,7 @@ bias gradient) and the error pushed back to the source map are computed.
 
 It is a problem type of its own (keyed in the tuning database like any other problem), so a
 training step can use it wherever it is tuned faster than conv_bwd_data and conv_wgrad together.
-Its formulation is "circular_bwd" (formulations/circular_bwd.py); the op template is
+Its formulation is "circular_bwd" (formulations/circular_bwd/); the op template is
 templates/conv_bwd_fused.cu.j2.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Mapping
 
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels import reference
-from autocnn.kernels.formulations.pool_blocks import MAX_BLOCK_CELLS, rectangle
+from autocnn.kernels.formulations.cores.pool_blocks import MAX_BLOCK_CELLS, rectangle
 from autocnn.kernels.problem import (ACTIVATIONS, AvgPoolFwdProblem, ConvFwdProblem, PoolProblem,
                                      register_problem_type)
 

@@ -15,7 +15,7 @@ Three operations, each with its problem type (a ConvProblem of its kind plus ``r
 
 Each problem carries its float64 reference, computed the separable way (1D passes over shifted
 views, in chunks of images and filters so memory stays bounded); tests check it against W_eff and
-the 2D references of kernels/reference.py. The formulations (formulations/sep_*.py) are the seed's
+the 2D references of kernels/reference.py. The formulations (formulations/sep_*/) are the seed's
 register-based, one-pass and two-pass kernels for fwd and bwd_data, and "sep_tiles" for wgrad.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels.formulations.sep_geometry import SepCorrelation, correlation
+from autocnn.kernels.formulations.cores.sep_geometry import SepCorrelation, correlation
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import (ACTIVATIONS, PROBLEM_TYPES, ConvBwdDataProblem, ConvFwdProblem,
                                      ConvWgradProblem, register_problem_type)

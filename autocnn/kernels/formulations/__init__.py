@@ -1,6 +1,7 @@
-"""Formulations: how an op is computed (direct tiling, implicit GEMM, tensor-core GEMM, ...), each
-with its parameters, constraints, launch geometry and templates beside it (base.py says what a
-formulation provides and how to add one).
+"""Formulations: how an op is computed (direct tiling, implicit GEMM, tensor-core GEMM, ...). Each is a
+package folder, formulations/<name>/, holding its module (__init__.py: its parameters, constraints,
+launch geometry) and the templates only it uses; what several share is in formulations/cores/
+(base.py says what a formulation provides and how to add one).
 
 This is the one place formulations are offered: REGISTRY to the five operations and conv_bwd_fused,
 CONV_POOL to the fused convolution and averaging (kernels/conv_pool.py), SEPARABLE to the separable
@@ -33,15 +34,11 @@ from autocnn.kernels.formulations.window_gather import WINDOW_GATHER
 from autocnn.kernels.formulations.winograd import WINOGRAD
 from autocnn.kernels.formulations.winograd_fused import WINOGRAD_FUSED
 
-# A formulation registered later comes after the ones before it, so that no operation's default and
-# no stored choice index of its "formulation" parameter moves (fft, verified on the GPU in all three
-# ops before it was registered, after winograd; its verification is in MEASUREMENTS.md).
-# circular (Scherer et al. 2010) comes after the others: today's defaults do not change.
-# circular_bwd serves conv_bwd_fused only (kernels/conv_bwd_fused.py), the one-pass backward.
-# wgmma (Hopper only, tf32 conv_fwd) comes last for the same reason as circular, and halo (Hopper only)
-# after it. tc_rows (conv_wgrad on tensor cores over staged rows) came after them all: no default or
-# stored choice index of the operations moved. winograd_fused (conv_fwd and conv_bwd_data, 3x3
-# stride 1) after tc_rows for the same reason, and tma (conv_bwd_data, Hopper only) last.
+# The order of each registry below is part of what is stored: Optuna keeps a trial's "formulation" as
+# the index of its choice among the operation's formulations, in registry order. So a new formulation
+# is appended to the end of its registry, and none is moved, inserted before another or removed: no
+# stored choice index changes meaning and no operation's default moves
+# (tests/test_formulation_order.py pins the order).
 REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, FFT, WINDOW_GATHER,
                                      CIRCULAR, CIRCULAR_BWD, WGMMA, HALO, TC_ROWS, WINOGRAD_FUSED, TMA)
 

@@ -1,19 +1,21 @@
 """What a formulation is, and how to add one.
 
 A formulation is one way of computing operations: a direct tiled correlation, an implicit GEMM, a
-gather per output position... Everything that decides its code lives in its module in this folder,
-beside its templates:
+gather per output position... Everything that decides its code lives in its folder, beside its
+templates:
 
-    formulations/<name>.py           a Formulation: its name, and an OpFormulation per operation it serves
-    formulations/<name>_<op>.cu.j2   the kernels of one operation (the glue between the operation's
-                                     tensors and the formulation's core); the op template
-                                     (templates/<op>.cu.j2, the problem's constants and what every
-                                     formulation shares) includes it
-    formulations/_<core>.cuh.j2      a core several operations share (e.g. _igemm.cuh.j2), if any
+    formulations/<name>/__init__.py         a Formulation: its name, and an OpFormulation per
+                                            operation it serves
+    formulations/<name>/<name>_<op>.cu.j2   the kernels of one operation (the glue between the
+                                            operation's tensors and the formulation's core); the op
+                                            template (templates/<op>.cu.j2, the problem's constants
+                                            and what every formulation shares) includes it
+    formulations/<name>/_<core>.cuh.j2      a core of its own that its operations share, if any
 
-Python that several formulations share (a GEMM core's rules and sizes, the staging of operands,
-transforms) has a module of its own in this folder that each of them imports (wgmma_gemm.py,
-staging.py, mma_rules.py, winograd_transforms.py, ...), not a home in one of them.
+What several formulations share (a GEMM core's rules, sizes and templates, the staging of operands,
+transforms) lives in formulations/cores/, which each of them imports or includes (its __init__.py
+lists what is there), not in one of them. A template is named by its file name alone, wherever it
+lives (kernels/codegen.py finds it; two files of one name are an error).
 
 An OpFormulation says, for one operation:
 
@@ -31,12 +33,16 @@ An OpFormulation says, for one operation:
     code_helpers()                the other functions, classes and constants that decide its code or
                                   launches (their source goes into the fingerprint)
 
-To add a formulation: write its module and templates, then add its Formulation to REGISTRY in
-formulations/__init__.py. Each operation it serves then offers it (after the ones registered
-before it: the defaults of today's shapes do not change unless the operation's preference order
-names it), and records of other formulations stay current: a record's fingerprint hashes only the
-op template, the shared includes, the templates of its config's formulation and the source of that
-formulation's context, launches, buffers and code_helpers (Operation.fingerprint).
+To add a formulation: make its folder, formulations/<name>/, with its module (__init__.py) and its
+templates (a file name no other template has), add its package to pyproject.toml's packages, and
+append its Formulation to the end of REGISTRY (or to the registry of its operations) in
+formulations/__init__.py, and its name to tests/test_formulation_order.py: the order of a registry
+is stored (choice indices), so nothing is inserted before what is there. Each operation it serves
+then offers it after the ones registered before it (the defaults of today's shapes do not change
+unless the operation's preference order names it), and records of other formulations stay current:
+a record's fingerprint hashes only the op template, the shared includes, the templates of its
+config's formulation and the source of that formulation's context, launches, buffers and
+code_helpers (Operation.fingerprint).
 
 Parameter names may repeat across the formulations of one operation (an implicit GEMM on tensor
 cores has tiles BM, BN, BK too): the operation merges them into one parameter with every choice,

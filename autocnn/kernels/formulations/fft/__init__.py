@@ -125,19 +125,20 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
-from autocnn.kernels.formulations.fft_kernels import (DFT_PLANES, RADIX_PLANES, dft_flat_of, dft_smem_bytes, dft_tables,
-                                                      factor_tables, fdft_smem_bytes, fdft_tables, float2_literals,
-                                                      frequency_major_stage_bytes, idft_planes, idft_smem_bytes,
-                                                      idft_tables, mac_block, mac_smem_bytes, mma_accumulators,
-                                                      mma_block, mma_lead, mma_smem_bytes, radix_butterflies,
-                                                      radix_factors, radix_lead, radix_smem_bytes, radix_tables,
-                                                      radix_threads_of, split_factor, twiddle, xform_smem_bytes)
-from autocnn.kernels.formulations.fft_planes import (SHARED_WITH, FftConv, FftTiles, buffer_name, fft_conv, fft_size,
-                                                     fft_tiles, frequency_major, inverse_of, is_phased, kept_columns,
-                                                     kept_outputs, kept_rows, mac_gemm, operand_sizes, placement,
-                                                     shares_buffers, shares_workspace, smooth_size, spectrum,
-                                                     sub_filter, takes_phases, tile_of, whole_planes,
-                                                     workspace_elements)
+from autocnn.kernels.formulations.fft.fft_kernels import (DFT_PLANES, RADIX_PLANES, dft_flat_of, dft_smem_bytes,
+                                                          dft_tables, factor_tables, fdft_smem_bytes, fdft_tables,
+                                                          float2_literals, frequency_major_stage_bytes, idft_planes,
+                                                          idft_smem_bytes, idft_tables, mac_block, mac_smem_bytes,
+                                                          mma_accumulators, mma_block, mma_lead, mma_smem_bytes,
+                                                          radix_butterflies, radix_factors, radix_lead,
+                                                          radix_smem_bytes, radix_tables, radix_threads_of,
+                                                          split_factor, twiddle, xform_smem_bytes)
+from autocnn.kernels.formulations.fft.fft_planes import (SHARED_WITH, FftConv, FftTiles, buffer_name, fft_conv,
+                                                         fft_size, fft_tiles, frequency_major, inverse_of, is_phased,
+                                                         kept_columns, kept_outputs, kept_rows, mac_gemm, operand_sizes,
+                                                         placement, shares_buffers, shares_workspace, smooth_size,
+                                                         spectrum, sub_filter, takes_phases, tile_of, whole_planes,
+                                                         workspace_elements)
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import arch_number, smem_rule, workspace_rule

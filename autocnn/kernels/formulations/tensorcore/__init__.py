@@ -36,8 +36,8 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES, wgrad_reduce_launch
-from autocnn.kernels.formulations.mma_rules import accumulator_violation, arch_violation, warp_tile_violation
-from autocnn.kernels.formulations.staging import nhwc_stage_launches, nhwc_stage_workspaces
+from autocnn.kernels.formulations.cores.mma_rules import accumulator_violation, arch_violation, warp_tile_violation
+from autocnn.kernels.formulations.cores.staging import nhwc_stage_launches, nhwc_stage_workspaces
 from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
 from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param

@@ -35,7 +35,7 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, choices_with_own
-from autocnn.kernels.formulations.mma_rules import accumulator_violation, arch_violation
+from autocnn.kernels.formulations.cores.mma_rules import accumulator_violation, arch_violation
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvWgradProblem
 from autocnn.kernels.rules import GRID_YZ_LIMIT, smem_rule, threads_rule

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.formulations import wgmma_gemm as hopper
-from autocnn.kernels.formulations.mma_rules import accumulator_violation, arch_violation, warp_tile_violation
-from autocnn.kernels.formulations.winograd_transforms import tiles, view
+from autocnn.kernels.formulations.cores import wgmma_gemm as hopper
+from autocnn.kernels.formulations.cores.mma_rules import accumulator_violation, arch_violation, warp_tile_violation
+from autocnn.kernels.formulations.cores.winograd_transforms import tiles, view
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_YZ_LIMIT, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
-from autocnn.kernels.formulations.circular_rows import MINB_CHOICES, minb_rule, phase_len
+from autocnn.kernels.formulations.cores.circular_rows import MINB_CHOICES, minb_rule, phase_len
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, at_most, grid_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param

@@ -9,7 +9,7 @@ import functools
 import math
 import struct
 
-from autocnn.kernels.formulations.fft_planes import spectrum
+from autocnn.kernels.formulations.fft.fft_planes import spectrum
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.space import Config
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
-from autocnn.kernels.formulations.sep_geometry import register_limit
+from autocnn.kernels.formulations.cores.sep_geometry import register_limit
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvWgradProblem
 from autocnn.kernels.rules import GRID_X_LIMIT, at_most, code_size_rule, smem_rule, workspace_rule

@@ -64,8 +64,9 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
-from autocnn.kernels.formulations.mma_rules import arch_violation
-from autocnn.kernels.formulations.winograd_transforms import TRANSFORMS, WinogradView, sandwich, tiles, unserved, view
+from autocnn.kernels.formulations.cores.mma_rules import arch_violation
+from autocnn.kernels.formulations.cores.winograd_transforms import (TRANSFORMS, WinogradView, sandwich, tiles, unserved,
+                                                                    view)
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, smem_rule, threads_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param

@@ -13,10 +13,10 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormulation, pragma_unroll
-from autocnn.kernels.formulations.sep_geometry import (TILE_PARAMS, SepCorrelation, correlation, fallback_tile,
-                                                       fit_registers, io_args, preferred_tiles,
-                                                       register_limit, taps_floats, threads_of, tile_blocks,
-                                                       tile_constraints, tile_params, tile_threads)
+from autocnn.kernels.formulations.cores.sep_geometry import (TILE_PARAMS, SepCorrelation, correlation, fallback_tile,
+                                                             fit_registers, io_args, preferred_tiles,
+                                                             register_limit, taps_floats, threads_of, tile_blocks,
+                                                             tile_constraints, tile_params, tile_threads)
 from autocnn.kernels.rules import code_size_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autocnn.kernels.formulations.wgmma_gemm import BK, split
+from autocnn.kernels.formulations.cores.wgmma_gemm import BK, split
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.steps import Launch
 

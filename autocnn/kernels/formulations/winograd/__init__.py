@@ -85,19 +85,20 @@ from __future__ import annotations
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.formulations import wgmma_gemm as hopper
+from autocnn.kernels.formulations.cores import wgmma_gemm as hopper
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
-from autocnn.kernels.formulations.winograd_products import (MMA_FRAGS, MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR, MMA_SPLITS,
-                                                            MMA_STAGES, MMA_STEPS, MMA_TILES, MMA_WARPS,
-                                                            PRODUCTS_TEMPLATES, WGMMA_BNS, WGMMA_INFLIGHT, WGMMA_SPLITS,
-                                                            WGMMA_STAGES, WGMMA_WGS, ProductsGemm, default_split,
-                                                            generated_products, input_window, products_active,
-                                                            products_constraints, products_context, products_gemm,
-                                                            products_launch, products_smem_bytes,
-                                                            wgmma_products_context)
-from autocnn.kernels.formulations.winograd_transforms import (SANDWICH_CODE, TRANSFORMS, WinogradView, sandwich,
-                                                              serves, tiles, unserved, view)
+from autocnn.kernels.formulations.winograd.winograd_products import (MMA_FRAGS, MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR,
+                                                                     MMA_SPLITS, MMA_STAGES, MMA_STEPS, MMA_TILES,
+                                                                     MMA_WARPS, PRODUCTS_TEMPLATES, WGMMA_BNS,
+                                                                     WGMMA_INFLIGHT, WGMMA_SPLITS, WGMMA_STAGES,
+                                                                     WGMMA_WGS, ProductsGemm, default_split,
+                                                                     generated_products, input_window, products_active,
+                                                                     products_constraints, products_context,
+                                                                     products_gemm, products_launch,
+                                                                     products_smem_bytes, wgmma_products_context)
+from autocnn.kernels.formulations.cores.winograd_transforms import (SANDWICH_CODE, TRANSFORMS, WinogradView, sandwich,
+                                                                    serves, tiles, unserved, view)
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_X_LIMIT, STATIC_SMEM_LIMIT, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param

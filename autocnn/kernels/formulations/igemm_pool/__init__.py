@@ -15,7 +15,7 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Formulation, pragma_unroll
 from autocnn.kernels.formulations.igemm import (CONV_BM, ConvIgemm, GemmEnvelope, igemm_smem_bytes,
                                                 igemm_threads)
-from autocnn.kernels.formulations.pool_blocks import block_extent, rectangle
+from autocnn.kernels.formulations.cores.pool_blocks import block_extent, rectangle
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import smem_rule
 from autocnn.kernels.space import Config, Constraint, Param

@@ -99,13 +99,13 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation
-from autocnn.kernels.formulations.staging import (PLANE_CHANNELS, PLANE_SMEM_LIMIT, PaddedGrid, bwd_data_stage_launches,
-                                                  bwd_data_stage_workspaces, dy_images, fwd_stage_launch,
-                                                  nhwc_stage_launches, nhwc_stage_workspaces, plane_stage_smem,
-                                                  stage_w_blocks, unrolled_length, wgrad_stage_launches,
-                                                  wgrad_stage_workspaces)
-from autocnn.kernels.formulations.wgmma_gemm import (ALIGN_SLACK, ARCH, BK, FORMULATION_WGMMA, WgmmaGemm, smem_bytes,
-                                                     split)
+from autocnn.kernels.formulations.cores.staging import (PLANE_CHANNELS, PLANE_SMEM_LIMIT, PaddedGrid,
+                                                        bwd_data_stage_launches, bwd_data_stage_workspaces, dy_images,
+                                                        fwd_stage_launch, nhwc_stage_launches, nhwc_stage_workspaces,
+                                                        plane_stage_smem, stage_w_blocks, unrolled_length,
+                                                        wgrad_stage_launches, wgrad_stage_workspaces)
+from autocnn.kernels.formulations.cores.wgmma_gemm import (ALIGN_SLACK, ARCH, BK, FORMULATION_WGMMA, WgmmaGemm,
+                                                           smem_bytes, split)
 from autocnn.kernels.geometry import cdiv, stride_phases
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch

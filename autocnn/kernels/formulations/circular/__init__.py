@@ -16,7 +16,7 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormulation, choices_upto, pragma_unroll
-from autocnn.kernels.formulations.circular_rows import MINB_CHOICES, RowWindow, minb_rule, phase_len
+from autocnn.kernels.formulations.cores.circular_rows import MINB_CHOICES, RowWindow, minb_rule, phase_len
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.rules import (GRID_X_LIMIT, GRID_YZ_LIMIT, at_most, code_size_rule, grid_rule, smem_rule,

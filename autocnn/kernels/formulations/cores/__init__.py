@@ -1,0 +1,31 @@
+"""What several formulations share: the public home of their common cores, which each formulation
+imports or includes (never a peer's private names).
+
+A file lives here when more than one formulation (or an operation besides one) uses it; a file only
+one formulation uses lives in that formulation's folder.
+
+Python:
+    wgmma_gemm.py           the wgmma block GEMM: stage sizes, 3xTF32 split, rules, WgmmaGemm
+                            (wgmma, tma, winograd's wgmma products; staging)
+    staging.py              operands staged K-major for a tensor-core GEMM (tc, wgmma, tma)
+    mma_rules.py            the mma.sync core's architecture, warp tiles, accumulators
+                            (tc, tc_rows, winograd, winograd_fused)
+    winograd_transforms.py  Winograd's transforms and tiles (winograd, winograd_fused)
+    circular_rows.py        the circular row buffer (circular, circular_bwd)
+    sep_geometry.py         the separable correlation's tiles (the four sep_* formulations, sep_conv)
+    pool_blocks.py          pooling windows per block (igemm_pool, conv_pool_problems)
+
+Templates (found by file name, kernels/codegen.py):
+    _igemm.cuh.j2, _direct.cuh.j2           the implicit-GEMM and direct cores (igemm, igemm_pool;
+                                            direct, direct_pool)
+    tcgemm.cuh.j2, _mma_sync.cuh.j2         the mma.sync GEMM and its instructions
+    wgmma_core.cuh.j2, wgmma_mainloop.cuh.j2, _wgmma_ops.cuh.j2
+                                            the wgmma GEMM, its main loop and instructions
+    gemm_operands_conv_fwd.cuh.j2, gemm_operands_conv_bwd_data.cuh.j2, nhwc_stage_conv_fwd.cuh.j2,
+    wgmma_stage_conv_bwd_data.cuh.j2        the GEMMs' operand gathers and staging kernels (conv_wgrad's
+                                            gathers serve tc alone: tensorcore/)
+    igemm_conv_wgrad_reduce.cu.j2           conv_wgrad's two-pass reduction (igemm, tc)
+    _bias_grad.cuh.j2                       the bias gradient (fft, sep_tiles, unrolled, winograd)
+    circular_rows.cuh.j2                    the circular row buffer
+    _conv_pool.cuh.j2, _pool_window.cuh.j2  the pooling epilogue and windows (the conv_pool ops)
+"""
