@@ -15,7 +15,7 @@ from autocnn.cli_problems import at_precision, fmt, has_precision, precision_tex
 from autocnn.device import set_workspace_limit
 from autocnn.errors import AutocnnError
 from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES, precision_named
-from autocnn.tuning.quick import AUTOTUNE_MODES
+from autocnn.dispatch.quick import AUTOTUNE_MODES
 from autocnn.nn.zoo import NETWORKS as ZOO_NETWORKS
 
 _ZOO_TEXT = ", ".join(ZOO_NETWORKS)   # the help names every zoo network, conv4 and vgg included
@@ -46,7 +46,7 @@ def _typed_errors() -> tuple[type[BaseException], ...]:
     from autocnn.nn.cublas import CublasUnavailableError
     from autocnn.separable.execution import SeparableUnavailableError
     from autocnn.store import DatabaseError
-    from autocnn.tuning.study_lock import StudyLockTimeout
+    from autocnn.search.study_lock import StudyLockTimeout
 
     return (AutocnnError, DatabaseError, BackendUnavailableError, CublasUnavailableError, SeparableUnavailableError,
             StudyLockTimeout, ValueError, FileNotFoundError, KeyError)
@@ -56,7 +56,7 @@ def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
         if argv[0] == "bench":
-            from autocnn.tuning.benchmark import main as delegate
+            from autocnn.benchmark.kernels import main as delegate
         else:
             from autocnn.reports import main as delegate
         rest = argv[1:]
@@ -282,17 +282,17 @@ def _parse_ops(text: str | None) -> list[str]:
 def _make_source(args: argparse.Namespace):
     """The measurement sources of a run (a GpuSources; ``close()`` ends them): recorded replay
     files, the --devices GPUs (one measuring worker each) or the one --device GPU."""
-    from autocnn.tuning.devices import GpuSources
+    from autocnn.search.devices import GpuSources
 
     if args.replay:
-        from autocnn.tuning.sources import ReplayFile, ReplaySource
+        from autocnn.measurement.sources import ReplayFile, ReplaySource
 
         return GpuSources([ReplaySource([ReplayFile.load(p) for p in args.replay])], {})
     if args.devices is not None:
-        from autocnn.tuning.devices import device_count, open_gpu_sources, parse_devices, resolve_devices
+        from autocnn.search.devices import device_count, open_gpu_sources, parse_devices, resolve_devices
 
         return open_gpu_sources(resolve_devices(parse_devices(args.devices), device_count()))
-    from autocnn.tuning.sources import GpuSource
+    from autocnn.measurement.sources import GpuSource
 
     return GpuSources([GpuSource(args.device)], {})
 
@@ -345,7 +345,7 @@ def _tune_problems(args: argparse.Namespace, precision: str, op_problem: Any, to
 
 def _offering(fixed: dict[str, Any], problems: list[Any]) -> list[Any]:
     """The problems whose ops offer the held parameters; says how many are left out."""
-    from autocnn.tuning.tuner import fixed_text, problems_offering
+    from autocnn.search.tuner import fixed_text, problems_offering
 
     offering = problems_offering(fixed, problems)
     if len(offering) < len(problems):   # said even with --json (on stderr): work this run leaves undone
@@ -357,10 +357,10 @@ def _offering(fixed: dict[str, Any], problems: list[Any]) -> list[Any]:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from autocnn.store import TuningDatabase
-    from autocnn.tuning.devices import each_problem, parse_devices, tune_on_devices
-    from autocnn.tuning.network import plan_budgets
-    from autocnn.tuning.settings import check_timeout
-    from autocnn.tuning.tuner import TuneSettings, Tuner
+    from autocnn.search.devices import each_problem, parse_devices, tune_on_devices
+    from autocnn.search.network import plan_budgets
+    from autocnn.search.settings import check_timeout
+    from autocnn.search.tuner import TuneSettings, Tuner
 
     if args.op and not args.shape:
         raise ValueError("--op needs --shape, e.g. --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3")
@@ -458,7 +458,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         opened.close()
     notes: dict[str, str] = {}
     if not args.replay and args.cudnn is not False:
-        from autocnn.tuning.baselines import open_baselines
+        from autocnn.benchmark.baselines import open_baselines
 
         baselines = open_baselines()
         if args.cudnn or baselines.available:
@@ -496,7 +496,7 @@ def _add_cudnn_times(outcomes: list[Any], db: Any, baselines: Any) -> dict[str, 
     in the stored record. A shape with no time keeps an empty cell: the footnotes returned (by op)
     say why, and those of ops timed as a sequence of PyTorch operators say which."""
     from autocnn.store import DatabaseError
-    from autocnn.tuning.baselines import BASELINE_NOTES
+    from autocnn.benchmark.baselines import BASELINE_NOTES
 
     notes: dict[str, str] = {}
     for o in outcomes:
@@ -547,7 +547,7 @@ def _outcome_table(rows: list[dict[str, Any]], notes: dict[str, str] | None = No
 # -- bench, train, report ------------------------------------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from autocnn.tuning.benchmark import main as bench_main
+    from autocnn.benchmark.kernels import main as bench_main
 
     return bench_main(args.args)
 

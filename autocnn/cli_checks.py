@@ -55,8 +55,8 @@ def replay_notes(paths: Sequence[Any], problems: Sequence[Any] | None, fixed: di
     """Check the --replay files against the run (ReplayFileError or ValueError naming the file) and
     say which held parameters they bring: each was recorded over a space with some parameters
     held (its ``space_filter``), answers nothing outside it, and the tuner holds them too."""
-    from autocnn.tuning.sources import ReplayFile, ReplayFileError
-    from autocnn.tuning.tuner import fixed_text
+    from autocnn.measurement.sources import ReplayFile, ReplayFileError
+    from autocnn.search.tuner import fixed_text
 
     files = [ReplayFile.load(p) for p in paths]
     used = files

@@ -15,7 +15,7 @@ an error naming the allowed ones.
   bits) and form one tensor-core product a term; FP32 accumulation.
 
 Both store float32 operands and outputs and accumulate in FP32. The error bounds are set here and
-nowhere else (``Precision.error_bound``): verification (``autocnn.tuning.measure``) asks them.
+nowhere else (``Precision.error_bound``): verification (``autocnn.measurement.measure``) asks them.
 """
 from __future__ import annotations
 

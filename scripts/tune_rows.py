@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     args, ops, precisions, rows = parse_args(argv)
     from autocnn.cli import _parse_fixed
     from autocnn.store import TuningDatabase
-    from autocnn.tuning.sources import GpuSource
-    from autocnn.tuning.tuner import TuneSettings, Tuner
+    from autocnn.measurement.sources import GpuSource
+    from autocnn.search.tuner import TuneSettings, Tuner
 
     problems = [(op, name, dataclasses.replace(p, precision=precision))
                 for precision in precisions for op in ops for name, p in named_problems(op) if name in rows]

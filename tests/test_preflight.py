@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from autocnn import cli
-from autocnn.tuning.sources import ReplayFile
+from autocnn.measurement.sources import ReplayFile
 
 REPLAY = Path(__file__).parent / "data" / "replay"
 POOL_FILE = REPLAY / "avgpool_fwd__kriz09_pool.json.gz"

@@ -45,7 +45,7 @@ def configs(op: str, name: str, problem, limits, rng: random.Random, samples: in
 
 
 def verify(op: str, problem, config, gpu) -> str | None:
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     limits, loader = gpu
     plan = OPERATIONS[op].plan(problem, config)
@@ -112,7 +112,7 @@ def test_wgrad_splits_and_combines_verify(gpu):
 def test_ordered_combine_is_deterministic(gpu):
     import cupy as cp
 
-    from autocnn.tuning.measure import random_inputs
+    from autocnn.measurement.measure import random_inputs
 
     limits, loader = gpu
     op = "sep_conv_wgrad"

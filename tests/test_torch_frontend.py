@@ -375,7 +375,7 @@ def test_split_trials_follows_time_share_and_counts():
 
 
 class RecordingTuner:
-    """Stands in for autocnn.tuning.tuner.Tuner: records what it was asked to tune."""
+    """Stands in for autocnn.search.tuner.Tuner: records what it was asked to tune."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []

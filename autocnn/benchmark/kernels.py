@@ -8,7 +8,7 @@ in FP32 (``allow_tf32`` off), tf32 against cuDNN with TF32 on. Convolutions run 
 by default (``--precision`` chooses one); pooling has no precision and runs once. The GPU's SGEMM
 and TF32 GEMM rates and its copy bandwidth are measured first, under the same timing protocol, and
 each convolution's achieved TFLOP/s is shown as a share of both GEMM rates. Every measurement is
-written as JSON as it comes; the tables are printed last (``autocnn.tuning.bench_table``).
+written as JSON as it comes; the tables are printed last (``autocnn.benchmark.table``).
 
 cuDNN's benchmark mode picks an algorithm per shape once per process, and on small layers it does
 not always pick the same one: two runs minutes apart have differed by up to 2x on a row and by 2% on
@@ -32,7 +32,7 @@ from typing import Any
 from autocnn.device import set_workspace_limit
 from autocnn.kernels import OPERATIONS, operation_for
 from autocnn.kernels.suite import CONV_OPS, POOL_OPS, TARGET_SHAPES, named_problems, seed_shapes
-from autocnn.tuning.bench_table import (CONV_PRECISIONS, GpuRates, fastest_draws, progress_line, row_from_results,
+from autocnn.benchmark.table import (CONV_PRECISIONS, GpuRates, fastest_draws, progress_line, row_from_results,
                                          tables)
 
 PRECISION_CHOICES = {"both": CONV_PRECISIONS, **{p: (p,) for p in CONV_PRECISIONS}}
@@ -109,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
 
     from autocnn.gpu import require_cupy
-    from autocnn.tuning.baselines import measure_ceilings, time_baseline, torch_available
-    from autocnn.tuning.measure import L2Flusher
+    from autocnn.benchmark.baselines import measure_ceilings, time_baseline, torch_available
+    from autocnn.measurement.measure import L2Flusher
     from autocnn.store import TuningDatabase
-    from autocnn.tuning.sources import GpuSource
+    from autocnn.measurement.sources import GpuSource
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     rng = random.Random(seed)
@@ -177,7 +177,7 @@ def _cudnn_in_fresh_processes(args: argparse.Namespace, device: Any, work: Bench
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from autocnn.tuning.baselines import cudnn_draw
+    from autocnn.benchmark.baselines import cudnn_draw
 
     jobs = [(op, problem.to_dict()) for op, _, problem in work.problems][:len(rows)]
     draws = [[r.cudnn_us for r in rows]]

@@ -27,10 +27,10 @@ from autocnn import __version__
 from autocnn.errors import DeviceError, InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation
 from autocnn.kernels.space import Config
-from autocnn.tuning.sources import MeasurementSource, TrialResult
+from autocnn.measurement.sources import MeasurementSource, TrialResult
 
 if TYPE_CHECKING:   # the tuner's modules import Optuna: only "full" needs them
-    from autocnn.tuning.settings import TuneSettings
+    from autocnn.search.settings import TuneSettings
 
 AutotuneMode = Literal["off", "quick", "full"]
 AUTOTUNE_MODES: tuple[str, ...] = ("off", "quick", "full")
@@ -245,7 +245,7 @@ class Autotuner:
             if outcome.best is None:
                 return AutotuneChoice(found.config, found.source, f"{found.detail}; {outcome.summary()}", outcome)
             return AutotuneChoice(outcome.config, "quick", outcome.summary(), outcome)
-        from autocnn.tuning.tuner import Tuner, TuneSettings
+        from autocnn.search.tuner import Tuner, TuneSettings
 
         settings = self.full_settings or TuneSettings(trials=FULL_AUTOTUNE_TRIALS)
         outcome = Tuner(source, self.db, settings, progress=False).tune(problem.op, problem)

@@ -23,7 +23,7 @@ from autocnn.errors import DeviceError
 from autocnn.nn import fused
 from autocnn.nn.backend import Backend, CapturedStep, KernelDispatch
 from autocnn.nn.workspace_arena import WorkspaceArenas
-from autocnn.tuning.quick import QUICK_BUDGET_S, autotune_mode
+from autocnn.dispatch.quick import QUICK_BUDGET_S, autotune_mode
 
 # What the training library says about where a kernel's config came from.
 SOURCE_LABELS = {
@@ -61,7 +61,7 @@ class CudaBackend(Backend):
         """``autotune``: what ``prepare`` does for a problem that no record of this problem covers
         (the lookup borrowed a nearest shape's config or fell back to the default): "quick"
         measures a handful of candidates in about 2 s and keeps the fastest verified one as a quick
-        record (autocnn.tuning.quick), "full" runs the tuner with a small trial budget, "off" runs
+        record (autocnn.dispatch.quick), "full" runs the tuner with a small trial budget, "off" runs
         the lookup's config untuned. None: $AUTOCNN_AUTOTUNE, else "quick". May be changed later
         (``backend.autotune = "off"``); it applies to the problems prepared after."""
         from autocnn.device import current_device
@@ -293,7 +293,7 @@ class CudaBackend(Backend):
 
     def prepare(self, problems: Sequence[Any]) -> list[KernelDispatch]:
         from autocnn.kernels import get_operation
-        from autocnn.tuning.quick import Autotuner
+        from autocnn.dispatch.quick import Autotuner
 
         out = []
         # The measuring worker starts only when some problem is tuned, and stops when all are ready.
@@ -314,7 +314,7 @@ class CudaBackend(Backend):
         return out
 
     def _measurement_source(self) -> Any:
-        from autocnn.tuning.sources import GpuSource
+        from autocnn.measurement.sources import GpuSource
 
         return GpuSource(self.device_id)
 

@@ -41,7 +41,7 @@ from autocnn.nn.text_table import format_table
 from autocnn.nn.training_step import TrainingStep, metric_views
 from autocnn.nn.validation import check_batch_size
 from autocnn.separable.setting import SeparableSetting, parse_separable
-from autocnn.tuning.quick import check_autotune
+from autocnn.dispatch.quick import check_autotune
 
 
 class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFiles):

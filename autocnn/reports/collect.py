@@ -80,7 +80,7 @@ def _row_sort_key(row: KernelRow, problem_order: dict[str, int] | None = None) -
 def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData:
     from autocnn import __version__
     from autocnn.store import redact_storage_url
-    from autocnn.tuning.tuner import default_storage_url
+    from autocnn.search.tuner import default_storage_url
 
     errors: list[str] = []
     notes: list[str] = []

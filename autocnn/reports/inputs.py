@@ -37,7 +37,7 @@ def read_bench(path: Path) -> tuple[dict[str, Any] | None, Ceilings | None, dict
     ceilings = None
     c = data.get("ceilings")
     if isinstance(c, dict):
-        from autocnn.tuning.bench_table import GpuRates
+        from autocnn.benchmark.table import GpuRates
 
         rates = GpuRates.from_dict(c)   # unmeasured or unusable numbers come back as None
         if rates.copy_gbps is not None and rates.sgemm_tflops is not None:

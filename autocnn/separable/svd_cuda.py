@@ -125,7 +125,7 @@ class CudaPowerSvd:
         key = (self.cp.cuda.Device().id, filters, R, S, rank)
         if key in self.choices:
             return self.choices[key]
-        from autocnn.tuning.measure import time_callable
+        from autocnn.measurement.measure import time_callable
 
         cp = self.cp
         variants = candidate_variants(R, S, rank)

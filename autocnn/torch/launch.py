@@ -128,7 +128,7 @@ def kernels_for(device: torch.device) -> DeviceKernels:
             import os
 
             from autocnn.nn.cuda_backend import CudaBackend
-            from autocnn.tuning.quick import AUTOTUNE_ENV
+            from autocnn.dispatch.quick import AUTOTUNE_ENV
 
             cp = _cupy()
             # Inside a PyTorch model, kernels are what the tuning database hands out unless the user
