@@ -515,7 +515,7 @@ def test_each_pytorch_stream_keeps_one_cupy_view():
             return View(handle)
 
     cp = SimpleNamespace(cuda=SimpleNamespace(Stream=Stream))
-    kernels = DeviceKernels(index=0, backend=None)
+    kernels = DeviceKernels(index=0, kernels=None)
     first = kernels.cupy_stream(cp, SimpleNamespace(cuda_stream=0x1000))
     assert first.ptr == 0x1000 and kernels.cupy_stream(cp, SimpleNamespace(cuda_stream=0x1000)) is first
     other = kernels.cupy_stream(cp, SimpleNamespace(cuda_stream=0x2000))

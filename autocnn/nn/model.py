@@ -24,8 +24,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from autocnn.dispatch.kernels import KernelDispatch
 from autocnn.nn.arena import ParameterArena
-from autocnn.nn.backend import Array, Backend, CapturedStep, KernelDispatch
+from autocnn.nn.backend import Array, Backend, CapturedStep
 from autocnn.nn.backend_choice import get_backend
 from autocnn.nn.fitting import FitLoop
 from autocnn.precision import DEFAULT_PRECISION

@@ -208,7 +208,7 @@ def tune(model: nn.Module, example_input: Any, trials: int = 200, *, timeout_s: 
 def prepare(model: nn.Module, example_input: Any, *, training: bool = True) -> list[Any]:
     """Look up and compile every kernel a step of ``model`` on ``example_input`` runs, on the input's
     CUDA device, so that the first step (or a CUDA-graph capture) compiles nothing. Returns one
-    autocnn.nn KernelDispatch (source and config) per problem."""
+    KernelDispatch (autocnn.dispatch.kernels: source and config) per problem."""
     args = _as_args(example_input)
     if args[0].device.type != "cuda":
         raise ValueError(f"prepare needs the example input on the CUDA device the model will run on, "
