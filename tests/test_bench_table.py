@@ -138,9 +138,10 @@ def test_pooling_is_placed_against_the_copy_bandwidth():
 # -- the plan and the command line ---------------------------------------------------------------------
 
 def _plan(*argv: str):
-    from autocnn.benchmark.kernels import build_parser, plan
+    from autocnn.benchmark.kernels import plan
+    from autocnn.cli.bench import bench_settings, build_parser
 
-    return plan(build_parser().parse_args(list(argv)))
+    return plan(bench_settings(build_parser().parse_args(list(argv))))
 
 
 def test_bench_runs_both_precisions_unless_told_one():
@@ -221,7 +222,7 @@ def test_cudnn_is_timed_with_tf32_exactly_for_tf32_problems(monkeypatch):
 
 @pytest.mark.gpu
 def test_bench_end_to_end_on_one_shape(tmp_path, capsys):
-    from autocnn.benchmark.kernels import main
+    from autocnn.cli.bench import main
 
     out = tmp_path / "bench.json"
     assert main(["--ops", "conv_fwd,avgpool_fwd", "--shapes", "kriz09,kriz09_pool", "--samples", "3",

@@ -36,9 +36,9 @@ def asked(monkeypatch, tmp_path):
     monkeypatch.setattr(Tuner, "tune", fake_tune)
     monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
     # The replay file only names a device here: the fake tuner measures nothing from it.
-    import autocnn.cli_checks
+    import autocnn.cli.checks
 
-    monkeypatch.setattr(autocnn.cli_checks, "replay_notes", lambda paths, problems, fixed: [])
+    monkeypatch.setattr(autocnn.cli.checks, "replay_notes", lambda paths, problems, fixed: [])
     return calls
 
 

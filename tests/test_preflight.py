@@ -273,7 +273,7 @@ def test_a_batch_larger_than_the_data_set_is_clipped_with_a_warning(home, tmp_pa
 
 def test_report_stops_on_a_missing_bench_and_names_a_new_out_directory(home, tmp_path, capsys):
     pytest.importorskip("plotly")
-    from autocnn.reports import main as report_main
+    from autocnn.cli.report import main as report_main
 
     out = tmp_path / "r.html"
     assert report_main(["--bench", str(tmp_path / "missing.json"), "--out", str(out)]) == 1

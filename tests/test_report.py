@@ -22,7 +22,8 @@ from autocnn import __version__  # noqa: E402
 from autocnn.store import RecordKey, TuningDatabase, TuningRecord, now_utc  # noqa: E402
 from autocnn.device import DeviceInfo, DeviceLimits  # noqa: E402
 from autocnn.kernels import get_operation  # noqa: E402
-from autocnn.reports import TITLE, main  # noqa: E402
+from autocnn.cli.report import main  # noqa: E402
+from autocnn.reports import TITLE  # noqa: E402
 from autocnn.kernels.suite import seed_problems  # noqa: E402
 from autocnn.search.tuner import study_name  # noqa: E402
 

@@ -60,7 +60,7 @@ def scripted_run(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
     monkeypatch.setenv("AUTOCNN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(cli, "_make_source", lambda args: GpuSources([ScriptedGpu()], {}))
+    monkeypatch.setattr(cli.tune, "open_sources", lambda choice: GpuSources([ScriptedGpu()], {}))
     pytorch = ScriptedPyTorch()
     monkeypatch.setattr(baselines, "open_baselines", lambda budget_s=0.2: pytorch)
     return pytorch

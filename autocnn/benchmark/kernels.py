@@ -21,7 +21,6 @@ row keeps every draw in the JSON (``cudnn_draws_us``).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
@@ -38,26 +37,20 @@ from autocnn.benchmark.table import (CONV_PRECISIONS, GpuRates, fastest_draws, p
 PRECISION_CHOICES = {"both": CONV_PRECISIONS, **{p: (p,) for p in CONV_PRECISIONS}}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="autocnn bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=64, help="random valid configs per family and shape")
-    ap.add_argument("--ops", default=",".join(CONV_OPS + POOL_OPS), help="comma-separated operations")
-    ap.add_argument("--shapes", default="", help="comma-separated shape names: the seed suite's, or pointwise_s1 / pointwise_s2 "
-                         "(today's 1x1 layers, 256->512 channels on 28x28, batch 64; default: the seed suite)")
-    ap.add_argument("--precision", choices=tuple(PRECISION_CHOICES), default="both",
-                    help="the convolutions' precision: fp32 (against cuDNN FP32), tf32 (against cuDNN TF32) or "
-                         "both, side by side (default)")
-    ap.add_argument("--budget", type=float, default=0.08, help="seconds of timed repetitions per variant")
-    ap.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, printed)")
-    ap.add_argument("--out", type=Path, default=Path("bench_kernels.json"), help="JSON results")
-    ap.add_argument("--device", type=int, default=0)
-    ap.add_argument("--cudnn-processes", type=int, default=1, metavar="N",
-                    help="time cuDNN in N processes and compare with its fastest (default 1: the run's own)")
-    ap.add_argument("--workspace-limit", default=None, metavar="SIZE",
-                    help="the most scratch memory one kernel may use, e.g. 64MiB (default: "
-                         "$AUTOCNN_WORKSPACE_LIMIT, else 256MiB); sampled and looked-up configs stay within it")
-    return ap
+@dataclasses.dataclass(frozen=True)
+class BenchSettings:
+    """What ``autocnn bench`` was asked for (autocnn.cli.bench reads it from the command line)."""
+
+    ops: str = ",".join(CONV_OPS + POOL_OPS)   # comma-separated operations
+    shapes: str = ""                  # comma-separated shape names; empty: the seed suite
+    precision: str = "both"           # a key of PRECISION_CHOICES
+    samples: int = 64                 # random valid configs per family and shape
+    budget: float = 0.08              # seconds of timed repetitions per variant
+    seed: int | None = None           # sampling seed; None: random, printed
+    out: Path = Path("bench_kernels.json")
+    device: int = 0
+    cudnn_processes: int = 1
+    workspace_limit: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +61,8 @@ class BenchPlan:
     precisions: tuple[str, ...]
 
 
-def plan(args: argparse.Namespace) -> BenchPlan:
+def plan(args: BenchSettings) -> BenchPlan:
+    """The run's problems and precisions, every input checked before any GPU work."""
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = [o for o in ops if o not in OPERATIONS]
     if unknown:
@@ -100,14 +94,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     return BenchPlan(problems, precisions)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    try:
-        work = plan(args)   # every input checked before the GPU starts
-    except ValueError as exc:
-        ap.error(str(exc))
-
+def run(args: BenchSettings, work: BenchPlan) -> int:
+    """Measure ``work`` on the GPU, writing the JSON as it comes; the tables printed last."""
     from autocnn.gpu import require_cupy
     from autocnn.benchmark.baselines import measure_ceilings, time_baseline, torch_available
     from autocnn.measurement.measure import L2Flusher
@@ -170,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cudnn_in_fresh_processes(args: argparse.Namespace, device: Any, work: BenchPlan, rows: list,
+def _cudnn_in_fresh_processes(args: BenchSettings, device: Any, work: BenchPlan, rows: list,
                               records: list) -> list:
     """The rows with cuDNN's fastest time over this run's draw and ``args.cudnn_processes - 1``
     more, each timed in a fresh process, one after another; every draw kept in ``records``."""
