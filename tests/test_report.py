@@ -450,7 +450,7 @@ def test_tf32_records_are_labelled_and_compared_with_cudnn_tf32(tmp_path, capsys
 
 
 def test_ceilings_take_an_optional_tf32_rate():
-    from autocnn.reports.inputs import parse_ceilings
+    from autocnn.cli.report import parse_ceilings
 
     c = parse_ceilings("4227,51.1,378")
     assert (c.copy_gbps, c.sgemm_tflops, c.tf32_tflops) == (4227.0, 51.1, 378.0)

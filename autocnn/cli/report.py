@@ -3,11 +3,15 @@ sees them), read once into a ReportRequest, which autocnn.reports writes."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES
+
+if TYPE_CHECKING:   # the report's modules are read only when a report is made
+    from autocnn.reports.model import Ceilings
 
 
 def add_parser(sub: Any) -> None:
@@ -18,8 +22,6 @@ def add_parser(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autocnn.reports.inputs import parse_ceilings
-
     ap = argparse.ArgumentParser(
         prog="autocnn report", description="Write an HTML report (self-contained, opens offline) and a Markdown "
         "summary of the tuning database and the Optuna studies.",
@@ -49,6 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--markdown", type=Path, default=None,
                     help="the Markdown summary (default: next to the HTML, with .md)")
     return ap
+
+
+def parse_ceilings(text: str) -> Ceilings:
+    """``COPY_GBPS,SGEMM_TFLOPS[,TF32_TFLOPS]`` as given to ``--ceilings``."""
+    from autocnn.reports.model import Ceilings
+
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        numbers = [float(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) not in (2, 3):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not COPY_GBPS,SGEMM_TFLOPS[,TF32_TFLOPS] (two or three positive numbers, e.g. "
+            f"4227,51.1 or 4227,51.1,378)")
+    if not all(v > 0 and math.isfinite(v) for v in numbers):
+        raise argparse.ArgumentTypeError(f"{text!r}: every ceiling must be a positive number")
+    return Ceilings(numbers[0], numbers[1], "given with --ceilings", numbers[2] if len(numbers) == 3 else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,7 +35,7 @@ class ReportRequest:
     db: Path | None = None              # a database directory or file; None: the user's and the shipped one
     storage: str | None = None          # an Optuna storage URL or journal file; None: the tuner's default
     bench: Path | None = None           # a benchmark JSON of autocnn bench: ceilings and cuDNN times
-    ceilings: "Ceilings | None" = None  # given ceilings, over those of ``bench``
+    ceilings: Ceilings | None = None    # given ceilings, over those of ``bench``
     network: str | None = None          # report this network's kernels, and those on a fallback
     batch: int = 128
     precision: str = DEFAULT_PRECISION.name   # the network's precision
