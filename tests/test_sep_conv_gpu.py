@@ -1,5 +1,5 @@
 """The separable kernels on the GPU (-m gpu): every formulation of every operation verified against
-float64 (tuning.measure.check_candidate: fresh inputs, poisoned outputs, every element within the
+float64 (measurement.measure.check_candidate: fresh inputs, poisoned outputs, every element within the
 problem's bound, a second check after repeated runs) on the seed's 64 -> 64 maps at filter sizes
 3, 5, 7, 9 and 11, ranks 1 and 2, and on odd shapes; the two-pass blocks of images, the weight
 gradient's splits and combines, tf32 problems, and the ordered combine's determinism."""
