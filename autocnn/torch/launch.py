@@ -148,8 +148,8 @@ def forget(problems: Iterable[Any]) -> None:
 def dispatch_rows() -> list[tuple[str, str, str, str, str]]:
     """(device, op, shape, source, detail) of every problem prepared so far."""
     rows = []
-    for index, kernels in sorted(_DEVICES.items()):
-        for problem, found in kernels.kernels.dispatch.items():
+    for index, on_device in sorted(_DEVICES.items()):
+        for problem, found in on_device.kernels.dispatch.items():
             rows.append((f"cuda:{index}", problem.op, problem.shape_string(), found.source, found.detail))
     return rows
 
@@ -158,7 +158,7 @@ def launch_counts() -> dict[str, int]:
     """Generated-kernel launches per op, over every device, since the process started (graph replays
     are not counted: a replay does not pass through Python)."""
     total: dict[str, int] = {}
-    for kernels in _DEVICES.values():
-        for op, n in kernels.kernels.generated_launches.items():
+    for on_device in _DEVICES.values():
+        for op, n in on_device.kernels.generated_launches.items():
             total[op] = total.get(op, 0) + n
     return total
