@@ -14,8 +14,18 @@ an error naming the allowed ones.
 - ``tf32`` (opt-in): a kernel may round its operands to TF32 (10 of float32's 23 explicit mantissa
   bits) and form one tensor-core product a term; FP32 accumulation.
 
-Both store float32 operands and outputs and accumulate in FP32. The error bounds are set here and
-nowhere else (``Precision.error_bound``): verification (``autocnn.measurement.measure``) asks them.
+Both store float32 operands and outputs and accumulate in FP32.
+
+- ``bf16`` and ``fp16`` (``BF16``, ``FP16``): 16-bit operands and outputs (bfloat16: 8 bits of
+  significand, float16: 11), products on the tensor cores, FP32 accumulation. Their inputs are
+  exact in the float64 reference (it is computed from the 16-bit values themselves), and a product
+  of two 16-bit values is exact in FP32, so what a kernel may lose is its FP32 sums and the one
+  rounding of each output to 16 bits (``sixteen_bit_rounding``). They are defined here with their
+  bounds and join ``PRECISIONS`` (what problems and the command line accept) with the first kernels
+  that serve them.
+
+The error bounds are set here and nowhere else (``Precision.error_bound``): verification
+(``autocnn.measurement.measure``) asks them.
 """
 from __future__ import annotations
 
@@ -37,6 +47,8 @@ class ElementType:
 
 
 FLOAT32 = ElementType("float32", "float", 4)
+BFLOAT16 = ElementType("bfloat16", "__nv_bfloat16", 2)
+FLOAT16 = ElementType("float16", "__half", 2)
 
 
 class TensorMath(enum.Enum):
@@ -44,6 +56,8 @@ class TensorMath(enum.Enum):
 
     TF32X3 = "3xTF32"   # FP32 operands split into TF32 parts and remainders: three products a term
     TF32 = "TF32"       # operands rounded (or truncated) to TF32: one product a term
+    BF16 = "BF16"       # bfloat16 operands as stored: one product a term, exact in FP32
+    FP16 = "FP16"       # float16 operands as stored: one product a term, exact in FP32
 
 
 # Relative error bounds at a reduction of BASE_TERMS terms; longer reductions scale by the square
@@ -55,6 +69,20 @@ FP32_BASE_BOUND = 1e-5
 # order of one product's RMS error (about 3e-4, measured on an H100); the bound allows four times
 # the worst single-operand rounding.
 TF32_BASE_BOUND = 4 * 2.0**-11
+# Unit roundoff of round-to-nearest: half the distance from 1 to the next value.
+BF16_UNIT_ROUNDOFF = 2.0**-8
+FP16_UNIT_ROUNDOFF = 2.0**-11
+
+
+def sixteen_bit_rounding(unit_roundoff: float) -> float:
+    """What the 16-bit outputs of a precision of this unit roundoff u may lose to their rounding.
+
+    Rounding an output to nearest moves it by at most u of itself, so the normwise error of the
+    rounded outputs is at most u (about u / sqrt(3) on random data). A kernel that rounds one
+    intermediate to 16 bits as well (a staged partial sum, a transformed tile) may lose about u
+    more; twice u allows that and no more. It does not grow with the reduction: the sums run in
+    FP32, whose own error (``base_bound``, FP32's) is what grows."""
+    return 2 * unit_roundoff
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,9 +99,10 @@ class Precision:
     y: ElementType             # the convolution's output
     accumulator: ElementType   # partial sums
     tensor_math: TensorMath    # what a tensor-core kernel does for a product
-    base_bound: float          # relative error allowed at BASE_TERMS terms
+    base_bound: float          # relative error the sums may show at BASE_TERMS terms
     peak: str                  # the measured ceiling a benchmark compares with (Ceilings' field)
     description: str
+    output_rounding: float = 0.0   # relative error of storing the outputs (16-bit), whatever the length
 
     @property
     def tf32x3(self) -> bool:
@@ -88,14 +117,15 @@ class Precision:
     def error_bound(self, reduction_length: int) -> float:
         """The largest relative error ||out - ref|| / ||ref|| a kernel may show against the float64
         reference, for an output whose every element sums ``reduction_length`` terms: the base
-        bound up to BASE_TERMS terms, growing with the square root of the length beyond."""
-        return self.base_bound * math.sqrt(max(1.0, reduction_length / BASE_TERMS))
+        bound up to BASE_TERMS terms, growing with the square root of the length beyond, plus what
+        storing the outputs loses (16-bit outputs), which does not grow."""
+        return self.output_rounding + self.base_bound * math.sqrt(max(1.0, reduction_length / BASE_TERMS))
 
     def can_serve(self, other: "Precision") -> bool:
         """Whether a kernel made for ``self`` may run a problem of ``other``: its own, or any whose
         bound is at least as loose with the same element types (an fp32 config serves tf32)."""
-        return self is other or (self.base_bound <= other.base_bound and
-                                 (self.x, self.w, self.y) == (other.x, other.w, other.y))
+        return self is other or (self.base_bound <= other.base_bound and self.output_rounding <= other.output_rounding
+                                 and (self.x, self.w, self.y) == (other.x, other.w, other.y))
 
     def __str__(self) -> str:
         return self.name
@@ -115,11 +145,11 @@ class Precision:
     def __hash__(self) -> int:
         return hash(self.name)
 
-    def __lt__(self, other: "Precision") -> bool:   # the order of PRECISIONS
-        return PRECISIONS.index(self) < PRECISIONS.index(other)
+    def __lt__(self, other: "Precision") -> bool:   # the order of PRECISIONS, then the 16-bit ones
+        return _ORDER.index(self) < _ORDER.index(other)
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:   # one object per precision, also across processes
-        return (precision_named, (self.name,))
+        return (_defined, (self.name,))
 
 
 FP32 = Precision("fp32", FLOAT32, FLOAT32, FLOAT32, FLOAT32, TensorMath.TF32X3, FP32_BASE_BOUND, "sgemm_tflops",
@@ -127,9 +157,17 @@ FP32 = Precision("fp32", FLOAT32, FLOAT32, FLOAT32, FLOAT32, TensorMath.TF32X3, 
 TF32 = Precision("tf32", FLOAT32, FLOAT32, FLOAT32, FLOAT32, TensorMath.TF32, TF32_BASE_BOUND, "tf32_tflops",
                  "operands may be rounded to TF32, one tensor-core product a term (opt-in)")
 
+BF16 = Precision("bf16", BFLOAT16, BFLOAT16, BFLOAT16, FLOAT32, TensorMath.BF16, FP32_BASE_BOUND, "bf16_tflops",
+                 "bfloat16 operands and outputs on tensor cores, FP32 accumulation",
+                 output_rounding=sixteen_bit_rounding(BF16_UNIT_ROUNDOFF))
+FP16 = Precision("fp16", FLOAT16, FLOAT16, FLOAT16, FLOAT32, TensorMath.FP16, FP32_BASE_BOUND, "fp16_tflops",
+                 "float16 operands and outputs on tensor cores, FP32 accumulation",
+                 output_rounding=sixteen_bit_rounding(FP16_UNIT_ROUNDOFF))
+
 PRECISIONS: tuple[Precision, ...] = (FP32, TF32)
 PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in PRECISIONS)
 DEFAULT_PRECISION = FP32
+_ORDER = (*PRECISIONS, BF16, FP16)
 _BY_NAME = {p.name: p for p in PRECISIONS}
 
 
@@ -142,6 +180,11 @@ def precision_named(value: Any, where: str = "autocnn", field: str = "precision"
     if found is None:
         raise InvalidProblemError(where, field, value, f"one of {', '.join(PRECISION_NAMES)}")
     return found
+
+
+def _defined(name: str) -> Precision:
+    """The one object of a defined precision, offered or not (what unpickling asks for)."""
+    return {p.name: p for p in _ORDER}[name]
 
 
 def precision_of(problem: Any) -> Precision:

@@ -83,3 +83,15 @@ def _gpu_tests_run_the_kernels_the_lookup_hands_out(request, monkeypatch):
 
     if request.node.get_closest_marker("gpu") and "AUTOCNN_AUTOTUNE" not in os.environ:
         monkeypatch.setenv("AUTOCNN_AUTOTUNE", "off")
+
+
+@pytest.fixture(autouse=True)
+def _the_rule_without_a_cost_model(monkeypatch):
+    """The lookup's, quick tuning's and the tuner's tests assert what the rule without a cost model
+    answers (the nearest shape's config, the heuristic default, the order of first trials), which
+    is also what runs wherever the model file is refused; tests/test_cost_model.py names a model
+    file where it tests the model. ``$AUTOCNN_COST_MODEL`` set for the run keeps its value."""
+    import os
+
+    if "AUTOCNN_COST_MODEL" not in os.environ:
+        monkeypatch.setenv("AUTOCNN_COST_MODEL", "off")

@@ -50,6 +50,9 @@ def add_parser(sub: Any) -> None:
                     help="write the user records that are current by their plan digest only again with the "
                          "current fingerprint (shipped ones: scripts/stamp_plan_digests.py)")
     dc.set_defaults(func=lambda a: db_check(a.rekey))
+    dm = dsub.add_parser("model", help="the cost model that ranks configs where no record of a problem exists, and "
+                                       "how well it ranked held-out problems beside the nearest-shape rule")
+    dm.set_defaults(func=lambda a: db_model())
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,25 @@ def db_list(filters: RecordFilter, as_json: bool) -> int:
     return 0
 
 
+def db_model() -> int:
+    """The cost model in use; exit 1 where none is (off, or its file refused)."""
+    from autocnn.cost_model.model_file import active_model, in_use_text
+
+    print(in_use_text())
+    model = active_model()
+    if model is not None and model.metadata is not None:
+        slow = model.metadata.extra.get("top_pick_slowdown")
+        if slow:
+            print(f"first-ranked config's time over the fastest, held out: model {slow['model']:.3f}x, "
+                  f"nearest-shape rule {slow['nearest_shape']:.3f}x")
+        versus = model.metadata.extra.get("tuned_over_default")
+        if versus and versus.get("asked"):
+            print(f"held-out records whose default ran clearly slower: the tuned config ranked first for "
+                  f"{versus['right']} of {versus['asked']}")
+        print(f"trained on: {', '.join(model.metadata.sources)}")
+    return 0 if model is not None else 1
+
+
 def db_show(filters: RecordFilter) -> int:
     from autocnn.store import TuningDatabase
 
@@ -232,6 +254,9 @@ def db_check(rekey: bool) -> int:
         print(f"{len(rekeyed)} records are current by their plan digest only (used as current; "
               f"`autocnn db check --rekey` writes the user ones with the current fingerprint, "
               f"scripts/stamp_plan_digests.py the shipped ones)")
+    from autocnn.cost_model.model_file import in_use_text
+
+    print(in_use_text())
     problems = db.check()
     for p in problems:
         print(p)

@@ -2,7 +2,8 @@
 measured once each within a time budget, the fastest verified one kept as a record marked quick.
 
 The candidates are the lookup's answer, the config of the nearest tuned shape of every
-formulation, and each formulation's default (``quick_candidates``). They are measured through a
+formulation, and each formulation's default (``quick_candidates``), after the lookup's answer in
+the cost model's order where one is in use. They are measured through a
 MeasurementSource (``GpuSource``: compiled ahead in a pool, verified against float64 in the worker
 process before timing), in that order, until the budget is spent (``quick_tune``). A candidate
 that fails (compile error, spills, wrong result) is skipped. The winner is stored with
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from autocnn import __version__
+from autocnn.cost_model.ranking import predicted_order
 from autocnn.errors import DeviceError, InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation
 from autocnn.kernels.space import Config
@@ -139,7 +141,14 @@ def quick_candidates(problem: Any, device: Any, db: Any, lookup: Any) -> list[Qu
     distinct: dict[str, QuickCandidate] = {}
     for c in out:
         distinct.setdefault(c.config.key(), c)
-    return list(distinct.values())[:MAX_QUICK_CANDIDATES]
+    return predicted_candidates(problem, device, list(distinct.values()))[:MAX_QUICK_CANDIDATES]
+
+
+def predicted_candidates(problem: Any, device: Any, candidates: list[QuickCandidate]) -> list[QuickCandidate]:
+    """The lookup's answer first, then the others in the cost model's order (where one is in use):
+    the budget may end before the last are measured."""
+    ranked = predicted_order(problem, device, candidates[1:], lambda c: c.config)
+    return candidates if ranked is None else [candidates[0], *ranked]
 
 
 def quick_tune(problem: Any, device: Any, db: Any, source: MeasurementSource, budget_s: float = QUICK_BUDGET_S,

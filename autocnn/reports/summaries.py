@@ -7,6 +7,7 @@ import shlex
 from collections import Counter
 from typing import Any, Iterable
 
+from autocnn.cost_model.model_file import in_use_text
 from autocnn.reports.labels import op_order, shows_tf32
 from autocnn.reports.model import Ceilings, Group, KernelRow, ReportData
 
@@ -67,7 +68,8 @@ def meta_rows(data: ReportData) -> list[tuple[str, str]]:
             ("records", str(data.record_count)),
             ("Optuna storage", f"{data.storage_url or '—'} ({len(data.studies)} studies shown)"),
             ("benchmark", data.bench_path or "none"),
-            ("GPU ceilings", data.ceilings_text)]
+            ("GPU ceilings", data.ceilings_text),
+            ("ranking of unseen shapes", in_use_text())]
     if data.filters:
         rows.append(("filters", "; ".join(data.filters)))
     return rows

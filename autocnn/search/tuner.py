@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import optuna
 
+from autocnn.cost_model.ranking import model_in_use, predicted_order
 from autocnn.device import DeviceInfo, DeviceLimits
 from autocnn.errors import FailureClass, InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation
@@ -63,6 +64,9 @@ FALLBACK_AFTER = 24
 # A sampler that keeps proposing configs a replay file lacks stops after this many misses (the
 # file was recorded over a smaller space than the one searched).
 MAX_REPLAY_MISSES = 200
+# Where a cost model is in use, its best few of a sample of the space join the first trials.
+PREDICTED_FIRST_TRIALS = 3
+PREDICTED_SAMPLE = 64
 
 
 def study_name(device: DeviceInfo, op: str, problem: Any, fingerprint: str, fixed: Any,
@@ -199,7 +203,8 @@ class Tuner:
             if s.warm_start:
                 earlier = [*self._current_winner(problem, space), *self._stale_winners(problem, space),
                            *self._neighbour_winners(op, problem, space)]
-                first += [default, *earlier, *_variants(space, earlier, s.vary)]
+                first += [default, *earlier, *self._predicted_firsts(problem, space),
+                          *_variants(space, earlier, s.vary)]
             if s.sampler in ("tpe", "cmaes", "gp") and sum(1 for r in known.values() if r.ok) < STARTUP_TRIALS:
                 # Model-based samplers begin with independent random draws, which on a small layer
                 # are almost all infeasible; feasible random configs from the space's walk start them.
@@ -432,6 +437,16 @@ class Tuner:
         if self.db is None or not hasattr(self.db, "stale_configs"):
             return []
         return self.db.stale_configs(self.source.device, problem, space)
+
+    def _predicted_firsts(self, problem: Any, space: SearchSpace) -> list[Config]:
+        # No record of this shape says where to start; the cost model's favourites of a sample of
+        # the space (the formulation drawn first, so every one is in it) are better guesses than
+        # the sampler's first random draws.
+        if not model_in_use():
+            return []
+        pool = space.sample(random.Random(self.settings.seed), PREDICTED_SAMPLE)
+        ranked = predicted_order(problem, self.source.device, pool)
+        return [] if ranked is None else ranked[:PREDICTED_FIRST_TRIALS]
 
     def _neighbour_winners(self, op: str, problem: Any, space: SearchSpace, limit: int = 3) -> list[Config]:
         if self.db is None or not hasattr(self.db, "neighbour_configs"):

@@ -3,7 +3,9 @@
 Lookup falls back in a fixed chain and says which step answered:
 exact GPU identity -> same compute capability -> nearest tuned shape -> the heuristic default.
 A config borrowed from a nearest shape is handed out only when its ptxas report shows it can run
-on the device (``feasibility``). A record whose template fingerprint is old and whose config no longer
+on the device (``feasibility``). Where a cost model is in use (``autocnn.cost_model``), the two
+last steps are one: the nearest shapes' configs and each formulation's default, in the model's
+order of predicted time. A record whose template fingerprint is old and whose config no longer
 generates the code it was tuned with (its plan digest) is stale and never run; it names a shape to
 tune again and offers its config as a first guess.
 """
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
+from autocnn.cost_model.ranking import predicted_order
 from autocnn.device import DeviceInfo
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation, problem_from_dict
@@ -33,6 +36,8 @@ NEAREST_SHAPE_MAX_DISTANCE = 8.0
 PRECISION_DISTANCE = 1.0
 # Borrowed configs checked (each compiled once per host, then cached) before the default answers.
 MAX_CHECKED_NEIGHBOURS = 4
+# The nearest shapes' distinct configs the cost model ranks beside the formulations' defaults.
+MAX_RANKED_NEIGHBOURS = 8
 
 LookupSource = Literal["exact", "same_arch", "nearest_shape", "default"]
 
@@ -167,6 +172,9 @@ class RecordLookup:
         found = self._tuned(device, problem, space, entries)
         if found is not None:
             return found
+        predicted = self._predicted(device, problem, space, entries)
+        if predicted is not None:
+            return predicted
         arch = device.arch
 
         # A borrowed config runs code generated for this shape, which no one has compiled: its ptxas
@@ -191,6 +199,48 @@ class RecordLookup:
 
         return self.heuristic_default(device, problem,
                                       [f"nearest shapes that cannot run here: {'; '.join(skipped)}"] if skipped else [])
+
+    def _predicted(self, device: DeviceInfo, problem: Any, space: SearchSpace,
+                   entries: list[Entry]) -> LookupResult | None:
+        """Where a cost model is in use: the nearest shapes' configs and each formulation's default
+        in its order, the first whose ptxas report shows it runs here (MAX_CHECKED_NEIGHBOURS
+        checked); None without a model, or when none of those checked can run (the rule's chain
+        answers then)."""
+        operation = get_operation(problem.op)
+        candidates: list[tuple[Config, Entry | None, float]] = []
+        seen: set[str] = set()
+        for distance, e, config in self._nearest(entries, problem, device.arch, space):
+            if config.key() not in seen:
+                seen.add(config.key())
+                candidates.append((config, e, distance))
+            if len(candidates) >= MAX_RANKED_NEIGHBOURS:
+                break
+        borrowed = len(candidates)
+        for _, config in formulation_defaults(operation, problem, device):
+            if config.key() not in seen:
+                seen.add(config.key())
+                candidates.append((config, None, math.inf))
+        ranked = predicted_order(problem, device, candidates, lambda c: c[0])
+        if ranked is None:
+            return None
+        pool = f"ranked first by the cost model of {borrowed} nearest shapes' configs and {len(candidates) - borrowed} " \
+               f"formulations' defaults"
+        passed_over: list[str] = []
+        for config, e, distance in ranked[:MAX_CHECKED_NEIGHBOURS]:
+            reasons = self.resource_check(operation.plan(problem, config), device)
+            if reasons:
+                passed_over.append(reasons[0])
+                continue
+            after = f"; {len(passed_over)} ranked higher cannot run here" if passed_over else ""
+            if e is None:
+                form = operation.formulation_of(config)
+                return LookupResult(config, "default", None,
+                                    f"no tuned {problem.op} record of {problem.shape_string()} on {device.arch}: "
+                                    f"the {form.formulation if form else problem.op} default, {pool}{after}")
+            return LookupResult(config, "nearest_shape", e.record,
+                                f"borrowed from the tuned {problem.op} shape {e.valid.problem.shape_string()} on "
+                                f"{_gpu_text(e.record.key)} (distance {distance:.2f}; {e.origin} record), {pool}{after}")
+        return None
 
     def heuristic_default(self, device: DeviceInfo, problem: Any, notes: Sequence[str] = ()) -> LookupResult:
         """The operation's heuristic default for ``problem`` on ``device``: the first default
@@ -315,6 +365,21 @@ class RecordLookup:
             if all(config.key() != c.key() for c in out):
                 out.append(config)
         return out
+
+
+def formulation_defaults(operation: Any, problem: Any, device: DeviceInfo) -> list[tuple[str, Config]]:
+    """Each formulation's first default candidate for ``problem``, in the operation's order; a
+    formulation that cannot serve the problem (winograd for a 5x3 filter) has none."""
+    limits = device.limits()
+    out = []
+    for name in operation.formulation_names:
+        try:
+            config = next(iter(operation.default_configs(problem, limits, name)), None)
+        except (InfeasibleConfigError, InvalidConfigError, KeyError):
+            continue
+        if config is not None:
+            out.append((name, config))
+    return out
 
 
 def _stale_in(path: Path) -> list[tuple[TuningRecord, Any]]:
