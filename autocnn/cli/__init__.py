@@ -2,10 +2,11 @@
 
 A module per command (tune, db, bench, train, report) adds its parser and turns the parsed
 arguments once into its typed settings (``tune.TuneCommand``, ``train.TrainCommand``,
-``db.RecordFilter``, ``autocnn.benchmark.kernels.BenchSettings``), which is all that the code
-below the command line is given. ``checks`` holds what is checked before a command starts work and
-how warnings are shown, ``problems`` how problems, precisions and numbers are read and printed.
-This module is the door: the parser of every command, and each failure told on one line.
+``db.RecordFilter``, ``autocnn.benchmark.kernels.BenchSettings``,
+``autocnn.reports.ReportRequest``), which is all that the code below the command line is given.
+``checks`` holds what is checked before a command starts work and how warnings are shown,
+``problems`` how problems, precisions and numbers are read and printed. This module is the door:
+the parser of every command, and each failure told on one line.
 """
 from __future__ import annotations
 
