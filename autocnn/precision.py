@@ -25,7 +25,7 @@ Both store float32 operands and outputs and accumulate in FP32.
   that serve them.
 
 The error bounds are set here and nowhere else (``Precision.error_bound``): verification
-(``autocnn.tuning.measure``) asks them.
+(``autocnn.measurement.measure``) asks them.
 """
 from __future__ import annotations
 

@@ -86,8 +86,8 @@ def check_database(db) -> None:   # noqa: ANN001 - a TuningDatabase (imported la
 def check_storage(url: str | None) -> None:
     """Open the Optuna storage the tuner will use (kept open for the run) or say in one sentence why
     it cannot be; for a SQLite or journal file, its directory must take files first."""
-    from autocnn.tuning.storage import parse_storage, storage_failure
-    from autocnn.tuning.study_lock import shared_storage
+    from autocnn.search.storage import parse_storage, storage_failure
+    from autocnn.search.study_lock import shared_storage
 
     if url is None:
         check_cache()   # the default SQLite file lives in the cache directory

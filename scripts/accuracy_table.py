@@ -53,7 +53,7 @@ def measure(device_id: int, shapes: set[str] | None = None, precisions: tuple[st
     from autocnn.kernels.runtime import KernelLoader
     from autocnn.kernels.suite import seed_problems
     from autocnn.store import TuningDatabase
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     device = current_device(device_id)
     limits = device.limits()

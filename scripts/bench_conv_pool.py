@@ -52,7 +52,7 @@ class Bench:
         from autocnn.gpu import require_cupy
         from autocnn.kernels.runtime import KernelLoader
         from autocnn.store import TuningDatabase
-        from autocnn.tuning.measure import L2Flusher
+        from autocnn.measurement.measure import L2Flusher
 
         self.cp = require_cupy()
         self.cp.cuda.Device(device_id).use()
@@ -67,7 +67,7 @@ class Bench:
         """The loaded plan for ``problem`` and what it is: the lookup's config, or with ``searched``
         the fastest verified of the lookup's, the defaults and --search sampled configs."""
         from autocnn.kernels import operation_for
-        from autocnn.tuning.measure import check_candidate
+        from autocnn.measurement.measure import check_candidate
 
         operation = operation_for(problem)
         looked = self.db.lookup(self.device, problem)
@@ -97,7 +97,7 @@ class Bench:
         return {**loaded.workspaces(), **arrays}
 
     def time(self, steps: list[Callable[[], None]]) -> float:
-        from autocnn.tuning.measure import time_callable
+        from autocnn.measurement.measure import time_callable
 
         def run() -> None:
             for step in steps:
@@ -154,8 +154,8 @@ def bench_pair(b: Bench, name: str, fused_train: Any, torch_ok: bool) -> dict[st
 
 def torch_runners(p: Any) -> tuple[Callable[[], None], Callable[[], None]]:
     """PyTorch's forward and backward of the pair (cuDNN; asymmetric convolution padding applied to
-    the input beforehand, outside the timed region, as autocnn.tuning.baselines does)."""
-    from autocnn.tuning.baselines import _torch
+    the input beforehand, outside the timed region, as autocnn.benchmark.baselines does)."""
+    from autocnn.benchmark.baselines import _torch
 
     torch = _torch("fp32")
     F = torch.nn.functional
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--out {args.out} is a file; give a folder")
 
     from autocnn.gpu import gpu_available
-    from autocnn.tuning.baselines import torch_available
+    from autocnn.benchmark.baselines import torch_available
 
     if not gpu_available():
         print("autocnn: this benchmark needs a CUDA GPU with CuPy", file=sys.stderr)

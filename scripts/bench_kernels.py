@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autocnn.tuning.benchmark import main  # noqa: E402
+from autocnn.cli.bench import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

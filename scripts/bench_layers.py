@@ -52,9 +52,9 @@ def main(argv=None) -> int:
 
     from autocnn.gpu import require_cupy
     from autocnn.store import TuningDatabase
-    from autocnn.tuning.baselines import time_cudnn
-    from autocnn.tuning.measure import L2Flusher
-    from autocnn.tuning.sources import GpuSource
+    from autocnn.benchmark.baselines import time_cudnn
+    from autocnn.measurement.measure import L2Flusher
+    from autocnn.measurement.sources import GpuSource
 
     require_cupy().cuda.Device(args.device).use()
     source = GpuSource(args.device, budget_s=args.budget)

@@ -3,7 +3,7 @@
 
 Draws convolution problems at random (seeded; the seed is printed), keeps those that no shipped
 record covers (the lookup borrows a nearest shape's config or falls back to the default), and for
-each one: the lookup's config untuned, quick tuning (autocnn.tuning.quick, the cuda backend's
+each one: the lookup's config untuned, quick tuning (autocnn.dispatch.quick, the cuda backend's
 default, with its budget), the chosen config and the lookup's timed again side by side, and
 PyTorch/cuDNN (``cudnn.benchmark`` on, TF32 off). Prints one line per problem and the geometric
 means of cuDNN's time over ours (above 1: faster than cuDNN); writes every number as JSON.
@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autocnn.tuning.quick import QUICK_BUDGET_S, check_budget  # noqa: E402
-from autocnn.tuning.random_shapes import CONV_OPS  # noqa: E402
+from autocnn.dispatch.quick import QUICK_BUDGET_S, check_budget  # noqa: E402
+from autocnn.benchmark.random_shapes import CONV_OPS  # noqa: E402
 
 
 def geomean(values: list[float]) -> float | None:
@@ -55,12 +55,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from autocnn.gpu import require_cupy
     from autocnn.store import TuningDatabase
-    from autocnn.tuning.baselines import time_cudnn, torch_available
-    from autocnn.tuning.confirm import retime
-    from autocnn.tuning.measure import L2Flusher
-    from autocnn.tuning.quick import quick_tune
-    from autocnn.tuning.random_shapes import unseen_problems
-    from autocnn.tuning.sources import GpuSource
+    from autocnn.benchmark.baselines import time_cudnn, torch_available
+    from autocnn.search.confirm import retime
+    from autocnn.measurement.measure import L2Flusher
+    from autocnn.dispatch.quick import quick_tune
+    from autocnn.benchmark.random_shapes import unseen_problems
+    from autocnn.measurement.sources import GpuSource
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     cp = require_cupy()

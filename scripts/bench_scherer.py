@@ -5,7 +5,7 @@
 paper's 60 patterns and at 128 (--batches).
 
 For each layer and batch, every kernel verified against float64 before it is timed (CUDA events,
-L2 flushed, median; autocnn.tuning.measure):
+L2 flushed, median; autocnn.measurement.measure):
   forward   circular's default and the fastest of --samples sampled circular configs ("searched"),
             every other conv_fwd formulation's default, the tuning database's config for this GPU
             (a record, a borrowed one or the default: the lookup's source is printed), cuDNN;
@@ -100,7 +100,7 @@ class Bench:
         from autocnn.kernels.compiler import NvccCompiler
         from autocnn.kernels.runtime import KernelLoader
         from autocnn.store import TuningDatabase
-        from autocnn.tuning.measure import L2Flusher
+        from autocnn.measurement.measure import L2Flusher
 
         require_cupy().cuda.Device(device_id).use()
         self.device = current_device(device_id)
@@ -113,7 +113,7 @@ class Bench:
 
     def time(self, operation: Any, problem: Any, config: Any) -> tuple[float | None, str]:
         """(median us, "") of a verified, non-spilling kernel, or (None, why not)."""
-        from autocnn.tuning.measure import check_candidate
+        from autocnn.measurement.measure import check_candidate
 
         try:
             plan = operation.plan(problem, config)
@@ -152,7 +152,7 @@ class Bench:
 def cudnn_us(op: str, problem: Any, bench: Bench, enabled: bool) -> float | None:
     if not enabled:
         return None
-    from autocnn.tuning.baselines import time_cudnn, torch_available
+    from autocnn.benchmark.baselines import time_cudnn, torch_available
 
     if not torch_available():
         return None

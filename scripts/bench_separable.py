@@ -51,7 +51,7 @@ def bench_svd(cp: Any, size: int, rank: int, step: float, budget_s: float, seed:
     """Cold and warm batched SVD of ``filters`` random size x size filters at ``rank``."""
     from autocnn.separable.svd import SvdSettings, report_from
     from autocnn.separable.svd_cuda import shared
-    from autocnn.tuning.measure import time_callable
+    from autocnn.measurement.measure import time_callable
 
     svd, settings = shared(), SvdSettings()
     choice = svd.prepare(filters, size, size, rank, settings)
@@ -94,7 +94,7 @@ def bench_conv(bench: Any, size: int, rank: int, batch: int, hw: int, torch_ok: 
     from autocnn.kernels.problem import ConvFwdProblem
     from autocnn.kernels.sep_conv import SepConvFwdProblem
     from autocnn.separable.projection_cuda import tangent_projection
-    from autocnn.tuning.baselines import time_cudnn
+    from autocnn.benchmark.baselines import time_cudnn
 
     geo = dict(N=batch, C=64, H=hw, W=hw, K=64, R=size, S=size, padding=size // 2)
     conv = ConvFwdProblem(**geo, bias=True, activation="relu")
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--batch {args.batch} --hw {args.hw} with {size}x{size} filters: {exc}")
 
     from autocnn.gpu import gpu_available
-    from autocnn.tuning.baselines import torch_available
+    from autocnn.benchmark.baselines import torch_available
 
     if not gpu_available():
         print("autocnn: this benchmark needs a CUDA GPU with CuPy", file=sys.stderr)

@@ -49,10 +49,10 @@ def main(argv=None) -> int:
     os.environ["AUTOCNN_TUNING_DB"] = str(work / "db")
     from autocnn.store import TuningDatabase
     from autocnn.kernels import get_operation
-    from autocnn.tuning.sources import GpuSource
+    from autocnn.measurement.sources import GpuSource
     from autocnn.kernels.suite import seed_shape
-    from autocnn.tuning.tuner import TuneSettings, Tuner, enqueue_params, make_sampler, open_storage, study_name
-    from autocnn.tuning.worker import MeasureJob, MeasureWorker
+    from autocnn.search.tuner import TuneSettings, Tuner, enqueue_params, make_sampler, open_storage, study_name
+    from autocnn.measurement.worker import MeasureJob, MeasureWorker
     import optuna
 
     problem = seed_shape(args.shape).problem(args.op)

@@ -15,7 +15,7 @@ against float64 first: a config that computes the wrong thing is reported, not t
 lookup's answer. Each --config is a JSON object of parameters, checked against the space.
 
 ``--ncu KERNEL`` also runs the script again under Nsight Compute for each config, profiling the
-first launch of that kernel of the plan, and prints what bounds it (autocnn.tuning.nsight): its
+first launch of that kernel of the plan, and prints what bounds it (autocnn.measurement.nsight): its
 throughput at each level of the memory system, the busiest pipe, the warps ready to issue, the
 occupancy and what capped it. ncu locks the clocks (the profiled time is not the timed one).
 """
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 if TYPE_CHECKING:
-    from autocnn.tuning.nsight import NsightSummary
+    from autocnn.measurement.nsight import NsightSummary
 
 # One config under ncu: a few dozen replays of one launch, seconds for the seed layers; a hung
 # profiler is reported, not waited on forever.
@@ -54,7 +54,7 @@ def step_name(step) -> str:
 
 def profile(plan, problem, flusher, budget_s: float) -> dict:
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate, plan_buffers, time_callable
+    from autocnn.measurement.measure import check_candidate, plan_buffers, time_callable
 
     config = plan.config
     loaded = KernelLoader().load(plan)
@@ -76,7 +76,7 @@ def profile_under_ncu(ncu: str, args: argparse.Namespace, config) -> NsightSumma
     """This script again, for this config alone, under ncu (its first launch of args.ncu); the summary
     of ncu's report."""
     from autocnn.errors import DeviceError
-    from autocnn.tuning.nsight import ncu_command, summarize
+    from autocnn.measurement.nsight import ncu_command, summarize
 
     program = [sys.executable, str(Path(__file__).resolve()), "--op", args.op, "--shape", args.shape,
                "--config", json.dumps(config.as_dict()), "--budget", "0.02", "--device", str(args.device)]
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from autocnn.kernels.problem import parse_shape
     from autocnn.kernels import get_operation
-    from autocnn.tuning.nsight import NcuMissingError, find_ncu
+    from autocnn.measurement.nsight import NcuMissingError, find_ncu
 
     try:
         problem = parse_shape(args.op, args.shape)
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     from autocnn.gpu import require_cupy
     from autocnn.store import TuningDatabase
     from autocnn.device import current_device
-    from autocnn.tuning.measure import L2Flusher
+    from autocnn.measurement.measure import L2Flusher
 
     from autocnn.errors import AutocnnError
 

@@ -2,7 +2,7 @@
 """Record replay files: every config of a (restricted) search space measured on this GPU.
 
 The files let the search, the database and the command line run on the CPU with real data
-(autocnn.tuning.sources.ReplaySource). Each file covers one problem; with --fix, parameters are held at
+(autocnn.measurement.sources.ReplaySource). Each file covers one problem; with --fix, parameters are held at
 one value so that the rest of the space can be measured exhaustively.
 
     python scripts/record_replay.py --op conv_wgrad --shapes kriz09,convnet18_c1 \
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from autocnn.kernels import get_operation
-    from autocnn.tuning.sources import GpuSource, ReplayFile
+    from autocnn.measurement.sources import GpuSource, ReplayFile
     from autocnn.kernels.suite import seed_shape
 
     fixed = parse_fixed(args.fix)

@@ -41,8 +41,8 @@ def main(argv=None) -> int:
 
     import optuna
 
-    from autocnn.tuning.sources import ReplayFile, ReplaySource
-    from autocnn.tuning.tuner import TuneSettings, Tuner
+    from autocnn.measurement.sources import ReplayFile, ReplaySource
+    from autocnn.search.tuner import TuneSettings, Tuner
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]

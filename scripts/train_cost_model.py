@@ -24,7 +24,7 @@ from autocnn.cost_model.evaluation import DEFAULT_FOLDS, spearman, train_and_eva
 from autocnn.cost_model.model_file import SHIPPED_MODEL, CostModel, CostModelRefused  # noqa: E402
 from autocnn.cost_model.training import (DEFAULT_GAP, database_records, distinct, record_measurements,  # noqa: E402
                                          replay_measurements, study_measurements, tuned_over_default)
-from autocnn.tuning.sources import ReplayFile  # noqa: E402
+from autocnn.measurement.sources import ReplayFile  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

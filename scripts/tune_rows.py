@@ -87,12 +87,12 @@ def parse_args(argv: list[str] | None):
         if precision not in ("fp32", "tf32"):
             parser.error(f"--precisions: {precision!r} is not fp32 or tf32")
     if args.vary:
-        from autocnn.cli import _parse_vary
+        from autocnn.cli.tune import parse_vary
 
         problems = [dataclasses.replace(p, precision=precision) for op in ops for precision in precisions
                     for name, p in named_problems(op) if name in rows]
         try:
-            args.vary = _parse_vary(args.vary, problems)
+            args.vary = parse_vary(args.vary, problems)
         except ValueError as exc:
             parser.error(str(exc))
     if args.trials is None:
@@ -108,14 +108,14 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args, ops, precisions, rows = parse_args(argv)
-    from autocnn.cli import _parse_fixed
+    from autocnn.cli.tune import parse_fixed
     from autocnn.store import TuningDatabase
-    from autocnn.tuning.sources import GpuSource
-    from autocnn.tuning.tuner import TuneSettings, Tuner
+    from autocnn.measurement.sources import GpuSource
+    from autocnn.search.tuner import TuneSettings, Tuner
 
     problems = [(op, name, dataclasses.replace(p, precision=precision))
                 for precision in precisions for op in ops for name, p in named_problems(op) if name in rows]
-    settings = TuneSettings(trials=args.trials, storage=args.storage, fixed=_parse_fixed(args.fix),
+    settings = TuneSettings(trials=args.trials, storage=args.storage, fixed=parse_fixed(args.fix),
                             vary=tuple(args.vary))
     source = GpuSource(args.device)
     rows_out = []

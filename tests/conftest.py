@@ -55,11 +55,11 @@ class SourceOpened(Exception):
 def no_gpu_source(monkeypatch):
     """Fails `autocnn tune` the moment it would open a measurement source (a GPU), so a test can show
     that a mistake was reported before any device was touched."""
-    from autocnn import cli
+    from autocnn.cli import tune
 
-    def opened(args):
+    def opened(choice):
         raise SourceOpened()
-    monkeypatch.setattr(cli, "_make_source", opened)
+    monkeypatch.setattr(tune, "open_sources", opened)
     return SourceOpened
 
 

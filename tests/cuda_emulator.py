@@ -31,7 +31,7 @@ import numpy as np
 
 from autocnn.kernels import reference
 from autocnn.kernels.steps import Launch
-from autocnn.tuning.measure import verify_outputs
+from autocnn.measurement.measure import verify_outputs
 from tests.plan_numpy import LIBRARY_STEPS, run_library_step
 
 PRELUDE = r"""

@@ -91,7 +91,7 @@ def assert_every_config_verifies(operation: Any, formulation: str, problems: Seq
     from autocnn.device import current_device
     from autocnn.kernels.compiler import CompilePool, nvcc_path
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     device = current_device(0)
     if device.arch != arch:
@@ -125,7 +125,7 @@ def assert_verifies_on_gpu(operation: Any, name: str, problems: Sequence[tuple[s
     bound of float64, and the workspace within the limit."""
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     limits = current_device(0).limits()
     loader = KernelLoader()

@@ -103,7 +103,7 @@ class PostgresServer:
     def create_database(self, name: str) -> str:
         from sqlalchemy import create_engine, text
 
-        from autocnn.tuning.storage import parse_storage
+        from autocnn.search.storage import parse_storage
 
         engine = create_engine(parse_storage(self.url()).url, isolation_level="AUTOCOMMIT")
         try:

@@ -43,10 +43,10 @@ def main(job: dict[str, Any]) -> None:
     os.environ["AUTOCNN_TUNING_DB"] = job["db_dir"]
     import dataclasses
 
-    import autocnn.tuning.tuner as tuner_module
+    import autocnn.search.tuner as tuner_module
     from autocnn.store import TuningDatabase
-    from autocnn.tuning.sources import ReplayFile, ReplaySource
-    from autocnn.tuning.tuner import TuneSettings, Tuner
+    from autocnn.measurement.sources import ReplayFile, ReplaySource
+    from autocnn.search.tuner import TuneSettings, Tuner
 
     rf = ReplayFile.load(Path(job["replay"]))
     if job.get("device_name"):

@@ -12,9 +12,9 @@ from autocnn.errors import FailureClass
 from autocnn.kernels import operation_for
 from autocnn.kernels.space import Config
 from autocnn.kernels.suite import seed_problems, seed_shape
-from autocnn.tuning.bench_table import (BenchRow, GpuRates, conv_table, gemm_tflops, geomean, pool_table,
+from autocnn.benchmark.table import (BenchRow, GpuRates, conv_table, gemm_tflops, geomean, pool_table,
                                         row_from_results, summary_lines, tables, tflops)
-from autocnn.tuning.sources import TrialResult
+from autocnn.measurement.sources import TrialResult
 
 RATES = GpuRates(copy_gbps=3000.0, sgemm_tflops=50.0, tf32_tflops=400.0)
 
@@ -138,9 +138,10 @@ def test_pooling_is_placed_against_the_copy_bandwidth():
 # -- the plan and the command line ---------------------------------------------------------------------
 
 def _plan(*argv: str):
-    from autocnn.tuning.benchmark import build_parser, plan
+    from autocnn.benchmark.kernels import plan
+    from autocnn.cli.bench import bench_settings, build_parser
 
-    return plan(build_parser().parse_args(list(argv)))
+    return plan(bench_settings(build_parser().parse_args(list(argv))))
 
 
 def test_bench_runs_both_precisions_unless_told_one():
@@ -179,7 +180,7 @@ def test_bench_refuses_bad_input_before_touching_a_gpu(argv, message, capsys):
 # -- cuDNN at the problem's precision --------------------------------------------------------------
 
 def test_cudnn_is_compared_at_its_fastest_draw():
-    from autocnn.tuning.bench_table import fastest_draws
+    from autocnn.benchmark.table import fastest_draws
 
     draws = [[10.0, None, 7.5, None], [12.0, 3.0, 7.0, None], [9.5, 4.0, None, None]]
     assert fastest_draws(draws) == [9.5, 3.0, 7.0, None]
@@ -190,8 +191,8 @@ def test_cudnn_is_compared_at_its_fastest_draw():
 
 def test_cudnn_is_timed_with_tf32_exactly_for_tf32_problems(monkeypatch):
     torch = pytest.importorskip("torch")
-    import autocnn.tuning.baselines as baselines
-    import autocnn.tuning.measure as measure
+    import autocnn.benchmark.baselines as baselines
+    import autocnn.measurement.measure as measure
 
     seen = []
 
@@ -221,7 +222,7 @@ def test_cudnn_is_timed_with_tf32_exactly_for_tf32_problems(monkeypatch):
 
 @pytest.mark.gpu
 def test_bench_end_to_end_on_one_shape(tmp_path, capsys):
-    from autocnn.tuning.benchmark import main
+    from autocnn.cli.bench import main
 
     out = tmp_path / "bench.json"
     assert main(["--ops", "conv_fwd,avgpool_fwd", "--shapes", "kriz09,kriz09_pool", "--samples", "3",

@@ -289,7 +289,7 @@ def test_circular_bwd_verifies_against_float64_on_the_gpu(combine):
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     limits = current_device(0).limits()
     loader = KernelLoader()

@@ -54,13 +54,13 @@ def test_ops_and_held_parameters_choose_among_the_models_kernels(no_gpu_source, 
     """--ops keeps the named operations; --fix leaves out the kernels whose operation does not offer
     the held value (the weight gradient has no halo) and says so."""
     seen = {}
-    real = cli._tune_problems
+    real = cli.tune._tune_problems
 
     def spy(args, precision, op_problem, torch_uses):
         seen["ops"] = sorted(u.problem.op for u in torch_uses)
         return real(args, precision, op_problem, torch_uses)
 
-    monkeypatch.setattr(cli, "_tune_problems", spy)
+    monkeypatch.setattr(cli.tune, "_tune_problems", spy)
     with pytest.raises(no_gpu_source):
         cli.main(["tune", "--torch-model", f"{__name__}:small_net", "--input-shape", "3,16,16", "--batch", "4",
                   "--ops", "conv_fwd,conv_wgrad"])

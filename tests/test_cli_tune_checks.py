@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from autocnn import cli
-from autocnn.tuning.sources import ReplayFile
+from autocnn.measurement.sources import ReplayFile
 
 REPLAY = Path(__file__).parent / "data" / "replay"
 POOL_FILE = REPLAY / "avgpool_fwd__kriz09_pool.json.gz"
@@ -70,12 +70,13 @@ def test_cudnn_comparison_is_on_unless_refused():
 def test_vary_takes_the_parameters_of_the_problems_tuned():
     import dataclasses
 
+    from autocnn.cli.tune import parse_vary
     from autocnn.kernels.suite import seed_problems
 
     problem = dict(seed_problems("conv_fwd"))["modern_14"]
     tf32 = dataclasses.replace(problem, precision="tf32")
-    assert cli._parse_vary("TF32_ROUND, FRAG", [tf32]) == ("TF32_ROUND", "FRAG")
-    assert cli._parse_vary("", [problem]) == ()
+    assert parse_vary("TF32_ROUND, FRAG", [tf32]) == ("TF32_ROUND", "FRAG")
+    assert parse_vary("", [problem]) == ()
 
 
 def test_missing_tunes_only_the_kernels_without_a_record_of_their_own(tmp_path, monkeypatch, capsys):

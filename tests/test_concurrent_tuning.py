@@ -20,9 +20,9 @@ import pytest
 from autocnn.errors import FailureClass
 from autocnn.kernels import get_operation
 from autocnn.store import TuningDatabase
-from autocnn.tuning.sources import ReplayFile, TrialResult
-from autocnn.tuning.trials import ABANDONED_ATTR, CONFIG_ATTR, RESULT_ATTR
-from autocnn.tuning.tuner import open_storage, study_name
+from autocnn.measurement.sources import ReplayFile, TrialResult
+from autocnn.search.trials import ABANDONED_ATTR, CONFIG_ATTR, RESULT_ATTR
+from autocnn.search.tuner import open_storage, study_name
 from tests.replay_workers import read_log, spawn
 
 REPLAY = Path(__file__).parent / "data" / "replay"
@@ -135,8 +135,8 @@ def _record(rf: ReplayFile, time_us: float):
 
 
 def test_a_record_is_never_replaced_by_a_slower_one(tmp_path, monkeypatch):
-    from autocnn.tuning.sources import ReplaySource
-    from autocnn.tuning.tuner import TuneSettings, Tuner
+    from autocnn.measurement.sources import ReplaySource
+    from autocnn.search.tuner import TuneSettings, Tuner
 
     rf = ReplayFile.load(WGRAD_FILE)
     db = TuningDatabase(user_dir=tmp_path / "db", shipped_dir=tmp_path / "shipped")

@@ -284,7 +284,7 @@ def _serves(problem, formulation) -> bool:
 @pytest.mark.gpu
 def test_dz_verifies_against_float64():
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     loader = KernelLoader()
     results = {f"{label} {config}": check_candidate(loader.load(DZ.plan(p.dz, config)), p.dz, time_it=False)

@@ -22,9 +22,9 @@ from autocnn.cost_model.training import fit, replay_measurements
 from autocnn.kernels import get_operation
 from autocnn.kernels.space import Config
 from autocnn.store import RecordKey, TuningDatabase, TuningRecord, approve_all, now_utc
-from autocnn.tuning.quick import quick_candidates
-from autocnn.tuning.sources import ReplayFile, ReplaySource
-from autocnn.tuning.tuner import PREDICTED_FIRST_TRIALS, PREDICTED_SAMPLE, TuneSettings, Tuner
+from autocnn.dispatch.quick import quick_candidates
+from autocnn.measurement.sources import ReplayFile, ReplaySource
+from autocnn.search.tuner import PREDICTED_FIRST_TRIALS, PREDICTED_SAMPLE, TuneSettings, Tuner
 
 REPLAY = Path(__file__).parent / "data" / "replay"
 FILES = [ReplayFile.load(p) for p in sorted(REPLAY.glob("*.json.gz"))]

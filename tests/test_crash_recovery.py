@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from autocnn.tuning.leases import OWNER_ATTR
-from autocnn.tuning.sources import ReplayFile
-from autocnn.tuning.trials import ABANDONED_ATTR, CONFIG_ATTR
+from autocnn.search.leases import OWNER_ATTR
+from autocnn.measurement.sources import ReplayFile
+from autocnn.search.trials import ABANDONED_ATTR, CONFIG_ATTR
 from tests.replay_workers import read_log, spawn
 from tests.test_concurrent_tuning import WGRAD_FILE, measured_trials, storage_url, study_trials
 

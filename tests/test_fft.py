@@ -1220,7 +1220,7 @@ def assert_cases_verify_on_the_gpu(op, cases):
     """Each (name, problem, config) case in both precisions (MAC_CROSS, fp32's alone, completed again
     for each) verifies on the GPU against float64 at the bound, every element."""
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     loader, failures = KernelLoader(), []
     for name, problem, config in cases:
@@ -1396,7 +1396,7 @@ def test_varying_the_multiply_accumulate_drops_and_fills_the_parameters_it_turns
     back to "thread", IT and JT take their first choices. A variant the rules refuse as it stands (mma
     with 8 x 8 outputs a thread: more m16 tiles a warp than it takes) is repaired: IT moves to its
     nearest value that works (4 and 2 are refused too, with JT 8), 1, and nothing else changes."""
-    from autocnn.tuning.tuner import _variants
+    from autocnn.search.tuner import _variants
 
     problem = dict(seed_problems("conv_fwd"))["sweep_11x11"]
     sp = space("conv_fwd", problem)

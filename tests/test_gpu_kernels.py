@@ -37,7 +37,7 @@ def device():
 
 @pytest.fixture(scope="session")
 def worker():
-    from autocnn.tuning.worker import MeasureWorker
+    from autocnn.measurement.worker import MeasureWorker
 
     with MeasureWorker(0, timeout_s=120) as w:
         yield w
@@ -94,7 +94,7 @@ def compiled(request, device):
 @pytest.mark.parametrize("op,name", CASES, ids=[f"{op}-{name}" for op, name in CASES])
 def test_family_verifies(op, name, compiled, worker, device):
     from autocnn.kernels.compiler import resource_violations
-    from autocnn.tuning.worker import MeasureJob
+    from autocnn.measurement.worker import MeasureJob
 
     problem = _problem(op, name)
     failures, checked = [], 0
@@ -117,7 +117,7 @@ def test_family_verifies(op, name, compiled, worker, device):
 @pytest.mark.parametrize("op", sorted(OPERATIONS))
 def test_nvrtc_path_runs_the_default_config(op, device):
     """The training library compiles through NVRTC (no nvcc needed): the default config verifies."""
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
     from autocnn.kernels.runtime import KernelLoader
 
     loader = KernelLoader()
@@ -129,7 +129,7 @@ def test_nvrtc_path_runs_the_default_config(op, device):
 
 
 def test_timing_protocol_returns_a_consistent_median(device):
-    from autocnn.tuning.measure import L2Flusher, check_candidate
+    from autocnn.measurement.measure import L2Flusher, check_candidate
     from autocnn.kernels.runtime import KernelLoader
 
     name, problem = seed_problems("conv_fwd")[0]

@@ -1,4 +1,5 @@
-"""No import circles inside autocnn/.
+"""No import circles inside autocnn/, and no module below the command line (autocnn/cli/) that reads
+arguments.
 
 The graph: a module per .py file under autocnn/ (a package is its __init__.py), and an edge from a
 module to each autocnn module it imports by any statement anywhere in it: at module level, inside
@@ -156,3 +157,19 @@ def test_no_import_circles_inside_autocnn():
     graph = import_graph()
     found = circles(graph)
     assert not found, f"{len(found)} import circles:\n" + "\n".join(describe(c, graph) for c in found)
+
+
+def test_only_the_command_line_reads_arguments():
+    """autocnn/cli/ turns arguments into typed settings once; below it no module imports argparse,
+    so none can be handed a Namespace to read options from."""
+    readers = []
+    for name, path in modules().items():
+        if name == "autocnn.cli" or name.startswith("autocnn.cli."):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "argparse" or n.startswith("argparse.") for n in names):
+                readers.append(f"{name} (line {node.lineno})")
+    assert not readers, "argparse imported outside autocnn/cli/: " + ", ".join(readers)

@@ -58,7 +58,7 @@ def test_a_block_too_large_is_refused_and_the_context_still_runs():
     from autocnn.kernels import get_operation
     from autocnn.kernels.problem import parse_shape
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate, plan_buffers
+    from autocnn.measurement.measure import check_candidate, plan_buffers
 
     operation = get_operation("conv_fwd")
     problem = parse_shape("conv_fwd", "N=3,C=5,H=13,W=11,K=7,R=3,S=3,stride=1,pad=1")

@@ -160,7 +160,7 @@ def test_a_plan_warmed_on_one_stream_is_captured_on_another(formulation, change)
     from autocnn.kernels.problem import ConvFwdProblem
     from autocnn.kernels.reference import output_shapes
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import random_inputs
+    from autocnn.measurement.measure import random_inputs
 
     problem = ConvFwdProblem(N=3, C=5, H=13, W=11, K=6, R=5, S=5, padding=2, bias=True, activation="relu")
     operation = OPERATIONS["conv_fwd"]

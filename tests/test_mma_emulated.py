@@ -23,7 +23,7 @@ from autocnn.kernels import OPERATIONS, reference
 from autocnn.kernels.codegen import environment
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import odd_problems
-from autocnn.tuning.measure import verify_outputs
+from autocnn.measurement.measure import verify_outputs
 from tests.cuda_emulator import PRELUDE, compile_library, emulated_failure, run_emulated, translate_ptx
 from tests.test_fft import small_problems as fft_problems
 from tests.test_precision import to_bf16, to_tf32

@@ -1,4 +1,4 @@
-"""Several GPUs on one run (``tuning/devices.py``), with replay sources standing in for GPUs: one
+"""Several GPUs on one run (``search/devices.py``), with replay sources standing in for GPUs: one
 measuring worker per GPU; a network's problems in parallel; one problem's trials across GPUs of
 one kind; GPUs of another kind in studies of their own. On a GPU host (``-m gpu``) with two GPUs
 or more, the same on real GPUs."""
@@ -15,10 +15,10 @@ import pytest
 
 from autocnn.kernels import get_operation
 from autocnn.store import TuningDatabase
-from autocnn.tuning.devices import each_problem, merge_outcomes, parse_devices, resolve_devices, tune_on_devices
-from autocnn.tuning.network import plan_budgets
-from autocnn.tuning.sources import ReplayFile, ReplaySource
-from autocnn.tuning.tuner import TuneSettings, open_storage, study_name
+from autocnn.search.devices import each_problem, merge_outcomes, parse_devices, resolve_devices, tune_on_devices
+from autocnn.search.network import plan_budgets
+from autocnn.measurement.sources import ReplayFile, ReplaySource
+from autocnn.search.tuner import TuneSettings, open_storage, study_name
 from tests.test_concurrent_tuning import measured_trials
 
 REPLAY = Path(__file__).parent / "data" / "replay"
@@ -142,8 +142,8 @@ def test_a_failing_gpu_ends_the_run_with_its_error(tmp_path):
 
 
 def test_merged_outcome_counts_every_gpus_work():
-    from autocnn.tuning.settings import TuneOutcome
-    from autocnn.tuning.sources import TrialResult
+    from autocnn.search.settings import TuneOutcome
+    from autocnn.measurement.sources import TrialResult
 
     config = next(iter(_files()[1].results.values())).config
     a = TuneOutcome("op", None, "s", TrialResult(config, True, 5.0), None, measured=3, study_measured=5,
@@ -181,7 +181,7 @@ def test_every_gpu_of_this_host_tunes_a_network(tmp_path):
     """On a host with two GPUs or more: lenet5's kernels tuned on all of them at once; each GPU
     measures, every problem gets a verified record for its kind."""
     from autocnn.nn.zoo import load_network
-    from autocnn.tuning.devices import device_count, open_gpu_sources
+    from autocnn.search.devices import device_count, open_gpu_sources
 
     count = device_count()
     if count < 2:
@@ -215,7 +215,7 @@ def test_workers_that_cannot_hold_their_gpus_leave_no_process_behind():
     import multiprocessing
 
     from autocnn.errors import DeviceError
-    from autocnn.tuning.devices import open_gpu_sources
+    from autocnn.search.devices import open_gpu_sources
 
     with pytest.raises(DeviceError, match=r"the measurement worker cannot use GPU (0|99)"):
         open_gpu_sources([0, 99], timeout_s=30)

@@ -1,4 +1,4 @@
-"""autocnn.tuning.nsight and profile_plan.py --ncu: ncu's text report read back as the figures that
+"""autocnn.measurement.nsight and profile_plan.py --ncu: ncu's text report read back as the figures that
 say what bounds a kernel (checked against a report ncu wrote on an H200), and a missing ncu refused
 before any device work."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autocnn.errors import AutocnnError
-from autocnn.tuning.nsight import NcuMissingError, find_ncu, ncu_command, parse_sections, summarize
+from autocnn.measurement.nsight import NcuMissingError, find_ncu, ncu_command, parse_sections, summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 

@@ -14,13 +14,13 @@ import pytest
 
 from autocnn.kernels import get_operation
 from autocnn.store import TuningDatabase
-from autocnn.tuning import leases
-from autocnn.tuning.leases import HEARTBEAT_GRACE_S, HEARTBEAT_PREFIX, OWNER_ATTR, Owner, new_owner, retire
-from autocnn.tuning.sources import ReplayFile, ReplaySource
-from autocnn.tuning.storage import StorageUrlError, open_storage, parse_storage
-from autocnn.tuning.study_lock import StudyLockTimeout, study_lock
-from autocnn.tuning.trials import ABANDONED_ATTR, CONFIG_ATTR, in_flight
-from autocnn.tuning.tuner import TuneSettings, Tuner
+from autocnn.search import leases
+from autocnn.search.leases import HEARTBEAT_GRACE_S, HEARTBEAT_PREFIX, OWNER_ATTR, Owner, new_owner, retire
+from autocnn.measurement.sources import ReplayFile, ReplaySource
+from autocnn.search.storage import StorageUrlError, open_storage, parse_storage
+from autocnn.search.study_lock import StudyLockTimeout, study_lock
+from autocnn.search.trials import ABANDONED_ATTR, CONFIG_ATTR, in_flight
+from autocnn.search.tuner import TuneSettings, Tuner
 
 REPO = Path(__file__).resolve().parents[1]
 POOL_FILE = REPO / "tests" / "data" / "replay" / "avgpool_bwd__modern_pool.json.gz"
@@ -84,8 +84,8 @@ def test_a_postgres_study_resumes_without_measuring_again(postgres_url, tmp_path
 
 _HOLDER = """
 import sys, time
-from autocnn.tuning.storage import parse_storage
-from autocnn.tuning.study_lock import study_lock
+from autocnn.search.storage import parse_storage
+from autocnn.search.study_lock import study_lock
 with study_lock(parse_storage(sys.argv[1]), "s"):
     print("held", flush=True)
     time.sleep(600)

@@ -10,7 +10,7 @@ import pytest
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import ConvFwdProblem, ConvWgradProblem, parse_shape, problem_from_dict
 from autocnn.precision import FP32_BASE_BOUND as BASE_BOUND, TF32_BASE_BOUND
-from autocnn.tuning.measure import error_bound
+from autocnn.measurement.measure import error_bound
 
 
 def to_tf32(x: np.ndarray) -> np.ndarray:

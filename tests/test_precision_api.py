@@ -13,8 +13,8 @@ import pytest
 from autocnn.kernels import parse_shape
 from autocnn.kernels.suite import seed_problems
 from autocnn.store import TuningDatabase
-from autocnn.tuning.sources import ReplayFile, ReplaySource
-from autocnn.tuning.tuner import TuneOutcome, TuneSettings, Tuner
+from autocnn.measurement.sources import ReplayFile, ReplaySource
+from autocnn.search.tuner import TuneOutcome, TuneSettings, Tuner
 
 REPLAY = Path(__file__).parent / "data" / "replay"
 WGRAD_FILE = REPLAY / "conv_wgrad__chellapilla06_c2.json.gz"
@@ -36,9 +36,9 @@ def asked(monkeypatch, tmp_path):
     monkeypatch.setattr(Tuner, "tune", fake_tune)
     monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
     # The replay file only names a device here: the fake tuner measures nothing from it.
-    import autocnn.cli_checks
+    import autocnn.cli.checks
 
-    monkeypatch.setattr(autocnn.cli_checks, "replay_notes", lambda paths, problems, fixed: [])
+    monkeypatch.setattr(autocnn.cli.checks, "replay_notes", lambda paths, problems, fixed: [])
     return calls
 
 
@@ -352,7 +352,7 @@ def test_cuda_model_runs_its_layers_at_their_precisions(rng):
     """A tf32 model dispatches tf32 problems (the first layer kept in fp32 dispatches fp32 ones),
     and its logits stay within TF32 rounding of the numpy backend's; switched to fp32, within FP32's."""
     from autocnn.nn import AvgPool2d, Conv2d, Dense, Flatten, Sequential
-    from autocnn.tuning.measure import error_bound
+    from autocnn.measurement.measure import error_bound
 
     def net(backend: str, precision: str) -> Sequential:
         layers = [Conv2d(3, 16, 3, padding=1, activation="relu", precision="fp32"), AvgPool2d(2),

@@ -13,7 +13,7 @@ from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import ConvFwdProblem, problem_from_dict
 from autocnn.precision import (BASE_TERMS, FP32, FP32_BASE_BOUND, PRECISION_NAMES, PRECISIONS, TF32, TF32_BASE_BOUND,
                                Precision, precision_named)
-from autocnn.tuning.measure import error_bound
+from autocnn.measurement.measure import error_bound
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autocnn"
 

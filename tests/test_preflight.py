@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from autocnn import cli
-from autocnn.tuning.sources import ReplayFile
+from autocnn.measurement.sources import ReplayFile
 
 REPLAY = Path(__file__).parent / "data" / "replay"
 POOL_FILE = REPLAY / "avgpool_fwd__kriz09_pool.json.gz"
@@ -273,7 +273,7 @@ def test_a_batch_larger_than_the_data_set_is_clipped_with_a_warning(home, tmp_pa
 
 def test_report_stops_on_a_missing_bench_and_names_a_new_out_directory(home, tmp_path, capsys):
     pytest.importorskip("plotly")
-    from autocnn.reports import main as report_main
+    from autocnn.cli.report import main as report_main
 
     out = tmp_path / "r.html"
     assert report_main(["--bench", str(tmp_path / "missing.json"), "--out", str(out)]) == 1

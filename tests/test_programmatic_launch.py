@@ -105,7 +105,7 @@ def test_a_programmatic_plan_replays_from_a_cuda_graph():
     from autocnn.kernels.formulations.tma import FORMULATION_TMA
     from autocnn.kernels.runtime import KernelLoader
     from autocnn.kernels.suite import seed_problems
-    from autocnn.tuning.measure import check_candidate, plan_buffers
+    from autocnn.measurement.measure import check_candidate, plan_buffers
 
     device = current_device(0)
     if device.arch != "sm_90":

@@ -1,4 +1,4 @@
-"""Quick tuning of shapes no record covers (autocnn.tuning.quick): which candidates are measured,
+"""Quick tuning of shapes no record covers (autocnn.dispatch.quick): which candidates are measured,
 the time budget, the choice of the fastest verified one, the quick record and the rule by which it
 and a full tuning replace each other, the autotune modes and where they are set. CPU tests run on
 recorded GPU measurements (tests/data/replay) or a scripted source; the GPU test at the end quick-
@@ -21,10 +21,10 @@ from autocnn.kernels import ConvFwdProblem, get_operation
 from autocnn.kernels.space import Config
 from autocnn.store import RecordKey, TuningDatabase, TuningRecord, approve_all, now_utc
 from autocnn.store.transfer import replaces
-from autocnn.tuning.quick import (AUTOTUNE_ENV, Autotuner, QuickCandidate, autotune_mode, check_autotune,
+from autocnn.dispatch.quick import (AUTOTUNE_ENV, Autotuner, QuickCandidate, autotune_mode, check_autotune,
                                   quick_candidates, quick_tune)
-from autocnn.tuning.sources import ReplayFile, ReplaySource, TrialResult
-from autocnn.tuning.tuner import TuneSettings, Tuner
+from autocnn.measurement.sources import ReplayFile, ReplaySource, TrialResult
+from autocnn.search.tuner import TuneSettings, Tuner
 
 REPLAY = Path(__file__).parent / "data" / "replay"
 WGRAD = ReplayFile.load(REPLAY / "conv_wgrad__convnet18_c1.json.gz")   # 128x3x32x32, 32 filters of 5x5
@@ -368,7 +368,7 @@ def test_model_train_and_cli_check_the_option(monkeypatch):
 # -- the benchmark's random shapes ------------------------------------------------------------------
 
 def test_random_shapes_are_seeded_valid_and_unseen():
-    from autocnn.tuning.random_shapes import CONV_OPS, MAX_ELEMENTS, draw_conv, unseen_problems
+    from autocnn.benchmark.random_shapes import CONV_OPS, MAX_ELEMENTS, draw_conv, unseen_problems
 
     first = [draw_conv(random.Random(7), "conv_wgrad") for _ in range(2)]
     assert first[0] == first[1]                            # the seed decides

@@ -22,9 +22,10 @@ from autocnn import __version__  # noqa: E402
 from autocnn.store import RecordKey, TuningDatabase, TuningRecord, now_utc  # noqa: E402
 from autocnn.device import DeviceInfo, DeviceLimits  # noqa: E402
 from autocnn.kernels import get_operation  # noqa: E402
-from autocnn.reports import TITLE, main  # noqa: E402
+from autocnn.cli.report import main  # noqa: E402
+from autocnn.reports import TITLE  # noqa: E402
 from autocnn.kernels.suite import seed_problems  # noqa: E402
-from autocnn.tuning.tuner import study_name  # noqa: E402
+from autocnn.search.tuner import study_name  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEVICE = DeviceInfo("NVIDIA H200", "9.0", 132, 13020, 13000)
@@ -403,8 +404,8 @@ def test_tf32_records_are_labelled_and_compared_with_cudnn_tf32(tmp_path, capsys
     cuDNN in FP32 and in TF32 and measured both GEMM rates: each record meets its own."""
     import dataclasses
 
-    from autocnn.tuning.bench_table import BenchRow, GpuRates
-    from autocnn.tuning.benchmark import _write
+    from autocnn.benchmark.table import BenchRow, GpuRates
+    from autocnn.benchmark.kernels import _write
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -449,7 +450,7 @@ def test_tf32_records_are_labelled_and_compared_with_cudnn_tf32(tmp_path, capsys
 
 
 def test_ceilings_take_an_optional_tf32_rate():
-    from autocnn.reports.inputs import parse_ceilings
+    from autocnn.cli.report import parse_ceilings
 
     c = parse_ceilings("4227,51.1,378")
     assert (c.copy_gbps, c.sgemm_tflops, c.tf32_tflops) == (4227.0, 51.1, 378.0)

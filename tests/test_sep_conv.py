@@ -16,7 +16,7 @@ from autocnn.errors import InfeasibleConfigError, InvalidProblemError
 from autocnn.kernels import get_operation, reference
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.problem import ConvFwdProblem, parse_shape, problem_from_dict
-from autocnn.tuning.measure import error_bound
+from autocnn.measurement.measure import error_bound
 
 import autocnn.kernels.sep_conv as sep
 from autocnn.kernels.formulations.cores.sep_geometry import correlation, tile_threads

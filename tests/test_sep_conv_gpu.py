@@ -1,5 +1,5 @@
 """The separable kernels on the GPU (-m gpu): every formulation of every operation verified against
-float64 (tuning.measure.check_candidate: fresh inputs, poisoned outputs, every element within the
+float64 (measurement.measure.check_candidate: fresh inputs, poisoned outputs, every element within the
 problem's bound, a second check after repeated runs) on the seed's 64 -> 64 maps at filter sizes
 3, 5, 7, 9 and 11, ranks 1 and 2, and on odd shapes; the two-pass blocks of images, the weight
 gradient's splits and combines, tf32 problems, and the ordered combine's determinism."""
@@ -45,7 +45,7 @@ def configs(op: str, name: str, problem, limits, rng: random.Random, samples: in
 
 
 def verify(op: str, problem, config, gpu) -> str | None:
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     limits, loader = gpu
     plan = OPERATIONS[op].plan(problem, config)
@@ -112,7 +112,7 @@ def test_wgrad_splits_and_combines_verify(gpu):
 def test_ordered_combine_is_deterministic(gpu):
     import cupy as cp
 
-    from autocnn.tuning.measure import random_inputs
+    from autocnn.measurement.measure import random_inputs
 
     limits, loader = gpu
     op = "sep_conv_wgrad"

@@ -22,7 +22,7 @@ from autocnn.kernels.compiler import (CompiledModule, NvccCompiler, ResourceRepo
                                       resource_violations)
 from autocnn.store import TuningDatabase, default_shipped_dir
 from autocnn.store.feasibility import ptxas_check
-from autocnn.tuning.sources import ReplayFile
+from autocnn.measurement.sources import ReplayFile
 
 REPLAY = Path(__file__).parent / "data" / "replay" / "avgpool_bwd__modern_pool.json.gz"
 H200 = ReplayFile.load(REPLAY).device          # the GPU the shipped records were tuned on

@@ -17,8 +17,8 @@ from autocnn import cli
 from autocnn.kernels import get_operation
 from autocnn.store import TuningDatabase, TuningRecord
 from autocnn.store import files as store_files
-from autocnn.tuning.sources import ReplayFile, ReplaySource, TrialResult
-from autocnn.tuning.tuner import TuneSettings, Tuner
+from autocnn.measurement.sources import ReplayFile, ReplaySource, TrialResult
+from autocnn.search.tuner import TuneSettings, Tuner
 
 REPLAY = Path(__file__).parent / "data" / "replay"
 POOL_FILE = REPLAY / "avgpool_fwd__kriz09_pool.json.gz"
@@ -207,7 +207,7 @@ def full_disk(monkeypatch, directory: Path) -> None:
 
 def test_a_failed_store_keeps_every_winner_and_the_run_goes_on(db, tmp_path, monkeypatch):
     from autocnn.store import fallback
-    from autocnn.tuning.network import tune_problems
+    from autocnn.search.network import tune_problems
 
     monkeypatch.setattr(fallback, "_kept", [])
     monkeypatch.setattr(fallback, "_path", None)

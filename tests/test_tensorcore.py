@@ -116,7 +116,7 @@ def test_tensor_core_kernels_verify_against_float64(op, precision):
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     device = current_device(0)
     limits = device.limits()
@@ -183,7 +183,7 @@ def _failures_on_the_gpu(op, configs_for):
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     configs = configs_for(current_device(0).limits())
     loader = KernelLoader()
@@ -394,7 +394,7 @@ def test_a_nan_in_an_input_is_a_nan_in_every_output_it_reaches(op):
     cp = pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import plan_buffers, reference_outputs
+    from autocnn.measurement.measure import plan_buffers, reference_outputs
 
     limits = current_device(0).limits()
     kernels = TensorCoreKernels(op)

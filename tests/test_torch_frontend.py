@@ -375,7 +375,7 @@ def test_split_trials_follows_time_share_and_counts():
 
 
 class RecordingTuner:
-    """Stands in for autocnn.tuning.tuner.Tuner: records what it was asked to tune."""
+    """Stands in for autocnn.search.tuner.Tuner: records what it was asked to tune."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
@@ -515,7 +515,7 @@ def test_each_pytorch_stream_keeps_one_cupy_view():
             return View(handle)
 
     cp = SimpleNamespace(cuda=SimpleNamespace(Stream=Stream))
-    kernels = DeviceKernels(index=0, backend=None)
+    kernels = DeviceKernels(index=0, kernels=None)
     first = kernels.cupy_stream(cp, SimpleNamespace(cuda_stream=0x1000))
     assert first.ptr == 0x1000 and kernels.cupy_stream(cp, SimpleNamespace(cuda_stream=0x1000)) is first
     other = kernels.cupy_stream(cp, SimpleNamespace(cuda_stream=0x2000))

@@ -18,7 +18,7 @@ from torch import nn  # noqa: E402
 import autocnn.torch as at  # noqa: E402
 from autocnn.kernels import reference  # noqa: E402
 from autocnn.torch.geometry import conv_problem, pool_problem  # noqa: E402
-from autocnn.tuning.measure import verify_outputs  # noqa: E402
+from autocnn.measurement.measure import verify_outputs  # noqa: E402
 from tests.bench_module import load_bench  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -12,10 +12,10 @@ import pytest
 from autocnn import cli
 from autocnn.device import DeviceInfo
 from autocnn.nn.zoo import NETWORKS
-from autocnn.tuning import baselines
-from autocnn.tuning.baselines import BASELINE_NOTES, BaselineTime, no_baseline_reason
-from autocnn.tuning.devices import GpuSources
-from autocnn.tuning.sources import TrialResult
+from autocnn.benchmark import baselines
+from autocnn.benchmark.baselines import BASELINE_NOTES, BaselineTime, no_baseline_reason
+from autocnn.search.devices import GpuSources
+from autocnn.measurement.sources import TrialResult
 
 H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "9.0", 132, 13000, 13000, max_smem_per_block=227 * 1024)
 
@@ -60,7 +60,7 @@ def scripted_run(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("AUTOCNN_TUNING_DB", str(tmp_path / "db"))
     monkeypatch.setenv("AUTOCNN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(cli, "_make_source", lambda args: GpuSources([ScriptedGpu()], {}))
+    monkeypatch.setattr(cli.tune, "open_sources", lambda choice: GpuSources([ScriptedGpu()], {}))
     pytorch = ScriptedPyTorch()
     monkeypatch.setattr(baselines, "open_baselines", lambda budget_s=0.2: pytorch)
     return pytorch
@@ -148,7 +148,7 @@ def test_pytorch_times_every_operation_it_has_a_version_of():
     from autocnn.device import current_device
     from autocnn.kernels.problem import PROBLEM_TYPES
     from autocnn.kernels.suite import named_problems
-    from autocnn.tuning.measure import L2Flusher
+    from autocnn.measurement.measure import L2Flusher
 
     flusher = L2Flusher(current_device().l2_bytes)
     for op in PROBLEM_TYPES:

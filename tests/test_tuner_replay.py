@@ -15,8 +15,8 @@ import pytest
 
 from autocnn.store import TuningDatabase
 from autocnn.errors import FailureClass
-from autocnn.tuning.sources import ReplayFile, ReplaySource, TrialResult
-from autocnn.tuning.tuner import TuneSettings, Tuner
+from autocnn.measurement.sources import ReplayFile, ReplaySource, TrialResult
+from autocnn.search.tuner import TuneSettings, Tuner
 
 REPLAY = Path(__file__).parent / "data" / "replay"
 POOL_FILE = REPLAY / "avgpool_bwd__modern_pool.json.gz"
@@ -310,7 +310,7 @@ class _StuckSampler:
 def test_a_stuck_sampler_still_spends_the_budget_on_new_configs(db, tmp_path, monkeypatch, sampler):
     # Without the tuner's fallback to random unmeasured configs, such a sampler ends a search after
     # the few startup configs, and a tuner says the space is exhausted when it is not.
-    import autocnn.tuning.tuner as tuner_module
+    import autocnn.search.tuner as tuner_module
 
     monkeypatch.setattr(tuner_module, "make_sampler", lambda name, seed: _StuckSampler())
     tuner, source = tuner_for([WGRAD_FILE], db, tmp_path, trials=30, batch=4, sampler=sampler)
@@ -330,7 +330,7 @@ def test_vary_tries_earlier_winners_at_every_other_choice_of_a_parameter():
     from autocnn.device import DeviceLimits
     from autocnn.kernels import get_operation
     from autocnn.kernels.suite import seed_problems
-    from autocnn.tuning.tuner import _variants
+    from autocnn.search.tuner import _variants
 
     operation = get_operation("conv_fwd")
     limits = DeviceLimits.for_arch("sm_90")
@@ -371,7 +371,7 @@ def test_a_held_value_that_an_op_does_not_offer_leaves_that_problem_out(db, tmp_
     a study is opened or anything measured, and the run goes on; a value no problem offers is refused."""
     from autocnn.errors import InvalidConfigError
     from autocnn.kernels.problem import ConvFwdProblem, ConvWgradProblem
-    from autocnn.tuning.tuner import problems_offering
+    from autocnn.search.tuner import problems_offering
 
     source = ReplaySource([ReplayFile.load(WGRAD_FILE)])
     tuner = Tuner(source, db, TuneSettings(storage=storage(tmp_path), fixed={"formulation": "halo"}), progress=False)
@@ -463,7 +463,7 @@ def test_vary_starts_from_this_shapes_current_record(db, tmp_path):
     (FFT_VEC, its first choice keeping every record's code) never measured the record's variants."""
     from autocnn.kernels import get_operation
     from autocnn.store import RecordKey, TuningRecord, now_utc
-    from autocnn.tuning.tuner import _variants
+    from autocnn.search.tuner import _variants
 
     rf = ReplayFile.load(WGRAD_FILE)
     operation = get_operation(rf.op)

@@ -267,7 +267,7 @@ def test_unrolled_tf32_gemms_pass_the_tf32_bound(op):
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     limits = current_device(0).limits()
     loader = KernelLoader()
@@ -285,7 +285,7 @@ def test_library_gemm_steps_replay_in_a_cuda_graph():
     cp = pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import random_inputs, reference_outputs, verify_outputs
+    from autocnn.measurement.measure import random_inputs, reference_outputs, verify_outputs
 
     limits = current_device(0).limits()
     problem = dict(small_problems("conv_wgrad"))["odd_a"]

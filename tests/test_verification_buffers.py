@@ -1,4 +1,4 @@
-"""Verification's buffers (autocnn/tuning/measure.py, plan_buffers): outputs and workspaces are
+"""Verification's buffers (autocnn/measurement/measure.py, plan_buffers): outputs and workspaces are
 filled with NaN before a plan runs. The runtime hands workspaces out uninitialized, so a plan that
 reads a workspace element it never wrote is wrong even where a fresh allocation happens to hold
 zeros; poisoned, it fails verification. NumPy stands in for CuPy (no GPU needed)."""
@@ -7,7 +7,7 @@ import pytest
 
 from autocnn.kernels import reference
 from autocnn.kernels.problem import parse_shape
-from autocnn.tuning import measure
+from autocnn.measurement import measure
 
 PROBLEM = parse_shape("conv_fwd", "N=2,C=3,H=7,W=5,K=4,R=3,S=3,stride=1,pad=1")
 

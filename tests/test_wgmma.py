@@ -1011,7 +1011,7 @@ def _nan_reaches_what_the_reference_says(op, problem, config, source, result, se
     cp = pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import plan_buffers, reference_outputs
+    from autocnn.measurement.measure import plan_buffers, reference_outputs
 
     if current_device(0).arch != "sm_90":
         pytest.skip("wgmma needs a Hopper GPU (sm_90)")

@@ -23,7 +23,7 @@ from autocnn.kernels.formulations.cores.winograd_transforms import TRANSFORMS, t
 from autocnn.kernels.geometry import next_pow2
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import seed_problems
-from autocnn.tuning.measure import error_bound
+from autocnn.measurement.measure import error_bound
 from tests.formulation_checks import assert_verifies_on_gpu, build_failures, compile_failures, operations_with
 from tests.plan_numpy import check_plans, relative_errors, run_plan
 from tests.test_precision import split_tf32
@@ -682,7 +682,7 @@ def test_staged_output_rows_verify_on_every_shape(op):
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     limits = current_device(0).limits()
     loader = KernelLoader()
@@ -723,7 +723,7 @@ def test_each_tile_verifies_on_the_seed_shapes(op, m):
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     limits = current_device(0).limits()
     loader = KernelLoader()
@@ -747,7 +747,7 @@ def test_mma_products_verify_on_every_shape(op, precision):
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     limits = current_device(0).limits()
     loader = KernelLoader()
@@ -780,7 +780,7 @@ def test_fused_bias_gradient_verifies_on_every_shape(precision):
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     limits = current_device(0).limits()
     loader = KernelLoader()
@@ -814,7 +814,7 @@ def test_3xtf32_products_verify_on_every_shape(op, m):
     pytest.importorskip("cupy")
     from autocnn.device import current_device
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     limits = current_device(0).limits()
     loader = KernelLoader()
@@ -842,7 +842,7 @@ def test_wgmma_products_verify_on_every_shape(op, precision):
     from autocnn.device import current_device
     from autocnn.kernels.compiler import CompilePool
     from autocnn.kernels.runtime import KernelLoader
-    from autocnn.tuning.measure import check_candidate
+    from autocnn.measurement.measure import check_candidate
 
     device = current_device(0)
     limits = device.limits()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autocnn.nn.workspace_arena import ALIGN_ELEMENTS, WorkspaceArenas, WorkspaceLayout
+from autocnn.dispatch.workspace_arena import ALIGN_ELEMENTS, WorkspaceArenas, WorkspaceLayout
 
 
 def test_a_layout_aligns_every_workspace():

@@ -22,7 +22,7 @@ from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation, problem_from_dict
 from autocnn.store.files import CorruptFile, ForeignFormat, read_raw
 from autocnn.store.records import RecordError, TuningRecord, validate_record
-from autocnn.tuning.sources import ReplayFile
+from autocnn.measurement.sources import ReplayFile
 
 # Small trees, slowly: a few thousand measurements of a few hundred problems.
 LIGHTGBM_PARAMS: dict[str, Any] = {
@@ -139,7 +139,7 @@ def study_measurements(storage: Any) -> list[Measurement]:
     import optuna
 
     from autocnn.device import DeviceInfo
-    from autocnn.tuning.trials import CONFIG_ATTR, RESULT_ATTR
+    from autocnn.search.trials import CONFIG_ATTR, RESULT_ATTR
 
     out = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):

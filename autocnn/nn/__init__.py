@@ -9,7 +9,8 @@
 """
 from __future__ import annotations
 
-from autocnn.nn.backend import Backend, BackendUnavailableError, KernelDispatch  # noqa: F401
+from autocnn.dispatch.kernels import KernelDispatch  # noqa: F401
+from autocnn.nn.backend import Backend, BackendUnavailableError  # noqa: F401
 from autocnn.nn.backend_choice import get_backend  # noqa: F401
 from autocnn.nn.blas import get_blas_threads, set_blas_threads  # noqa: F401
 from autocnn.nn.data import (  # noqa: F401

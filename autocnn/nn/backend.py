@@ -27,11 +27,11 @@ import abc
 import collections
 import contextlib
 import importlib
-from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
+from autocnn.dispatch.kernels import KernelDispatch
 from autocnn.kernels.problem import (
     AvgPoolBwdProblem,
     AvgPoolFwdProblem,
@@ -47,19 +47,6 @@ KernelProblem = Any  # one of the five frozen problem dataclasses of autocnn.ker
 
 class BackendUnavailableError(RuntimeError):
     """The requested backend cannot run here (no CuPy, no GPU, backend not installed)."""
-
-
-@dataclass(frozen=True)
-class KernelDispatch:
-    """Which implementation a backend will run for one kernel problem.
-
-    ``source`` is a short category ("numpy reference (CPU)", "tuned", "default config", ...);
-    ``detail`` says more (the function, the tuned config, the database record).
-    """
-
-    problem: KernelProblem
-    source: str
-    detail: str = ""
 
 
 class CapturedStep(abc.ABC):

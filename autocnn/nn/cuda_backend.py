@@ -1,9 +1,9 @@
 """The cuda backend: CuPy arrays, and every convolution and pooling run by a generated kernel.
 
-``prepare`` (called when a model is built for a batch size) looks each kernel problem up in the
-tuning database (exact record, same architecture, nearest tuned shape, or the heuristic default),
-compiles it through NVRTC and reserves its workspaces (one buffer per operation, shared by its
-plans: autocnn.nn.workspace_arena), so the training step only launches and allocates nothing.
+``prepare`` (called when a model is built for a batch size) hands the kernel problems to
+autocnn.dispatch (``GpuKernels``: lookup in the tuning database, quick tuning where no record
+covers a problem, plan, compile and load, workspaces reserved), so the training step only launches
+and allocates nothing.
 
 Activations, the Dense epilogue and their gradients run as fused kernels (autocnn.nn.fused), and
 ``capture`` records a training step as a CUDA graph. Memory the step allocates while it is
@@ -19,21 +19,11 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
+from autocnn.dispatch.kernels import GpuKernels, KernelDispatch
+from autocnn.dispatch.quick import autotune_mode
 from autocnn.errors import DeviceError
 from autocnn.nn import fused
-from autocnn.nn.backend import Backend, CapturedStep, KernelDispatch
-from autocnn.nn.workspace_arena import WorkspaceArenas
-from autocnn.tuning.quick import QUICK_BUDGET_S, autotune_mode
-
-# What the training library says about where a kernel's config came from.
-SOURCE_LABELS = {
-    "exact": "tuned",
-    "same_arch": "tuned on another GPU of this architecture",
-    "nearest_shape": "tuned config of the nearest shape",
-    "default": "heuristic default (not tuned)",
-    "quick": "quick-tuned",
-    "full": "tuned",
-}
+from autocnn.nn.backend import Backend, CapturedStep
 
 
 class CudaGraphStep(CapturedStep):
@@ -61,36 +51,28 @@ class CudaBackend(Backend):
         """``autotune``: what ``prepare`` does for a problem that no record of this problem covers
         (the lookup borrowed a nearest shape's config or fell back to the default): "quick"
         measures a handful of candidates in about 2 s and keeps the fastest verified one as a quick
-        record (autocnn.tuning.quick), "full" runs the tuner with a small trial budget, "off" runs
+        record (autocnn.dispatch.quick), "full" runs the tuner with a small trial budget, "off" runs
         the lookup's config untuned. None: $AUTOCNN_AUTOTUNE, else "quick". May be changed later
         (``backend.autotune = "off"``); it applies to the problems prepared after."""
         from autocnn.device import current_device
         from autocnn.gpu import require_cupy
-        from autocnn.kernels.runtime import KernelLoader
 
         if np.dtype(dtype) != np.float32:
             raise ValueError(f"the cuda backend runs float32 kernels; dtype {np.dtype(dtype).name} is not "
                              f"supported (use the numpy backend for float64 gradient checks)")
-        self.autotune = autotune   # checked (and $AUTOCNN_AUTOTUNE read) before the GPU is touched
+        autotune = autotune_mode(autotune)   # checked (and $AUTOCNN_AUTOTUNE read) before the GPU is touched
         cp = require_cupy()
         cp.cuda.Device(device_id).use()
         super().__init__(cp, np.float32)
         self.cp = cp
         self.device = current_device(device_id)
         self.device_id = device_id
-        self.quick_budget_s = QUICK_BUDGET_S
         if database is None:
             from autocnn.store import TuningDatabase
 
             database = TuningDatabase()
         self.db = database
-        self.loader = KernelLoader()
-        self._plans: dict[Any, Any] = {}
-        # Scratch memory, allocated when plans are prepared: one buffer per operation (workspace_arena).
-        self._workspaces = WorkspaceArenas(cp)
-        self._dispatch: dict[Any, KernelDispatch] = {}
-        # Launches of generated kernels per op: the tests compare it with kernel_calls.
-        self.generated_launches: collections.Counter[str] = collections.Counter()
+        self.kernels = GpuKernels(cp, device_id, self.device, database, autotune)
         self._graph_pool: Any = None
         self._sgemm: Any = None  # autocnn.nn.cublas.Sgemm once made; False when cuBLAS cannot be loaded
         # The stream weight gradients run on beside the backward pass, and the events to join.
@@ -182,7 +164,7 @@ class CudaBackend(Backend):
         The kernel-call counters are put back as they were: the work counts when it is replayed.
         """
         cp = self.cp
-        self._workspaces.captured = True   # from now on a grown workspace buffer keeps the old one alive
+        self.kernels.workspaces.captured = True   # from now on a grown workspace buffer keeps the old one alive
         if self._graph_pool is None:
             self._graph_pool = cp.cuda.MemoryPool()
             self._capture_stream = cp.cuda.Stream(non_blocking=True)
@@ -193,7 +175,7 @@ class CudaBackend(Backend):
         # capture they cannot. The weight gradients' side stream is captured too.
         if self._side_stream is None:
             self._side_stream = cp.cuda.Stream(non_blocking=True)
-        for loaded in self._plans.values():
+        for loaded in self.kernels.plans.values():
             for s in (stream, self._side_stream):
                 loaded.prepare_stream(s)
         calls_before = collections.Counter(self.kernel_calls)
@@ -285,57 +267,34 @@ class CudaBackend(Backend):
     @property
     def autotune(self) -> str:
         """"off", "quick" or "full": see ``__init__``."""
-        return self._autotune
+        return self.kernels.autotune
 
     @autotune.setter
     def autotune(self, value: str | None) -> None:
-        self._autotune = autotune_mode(value)
+        self.kernels.autotune = value
+
+    @property
+    def quick_budget_s(self) -> float:
+        return self.kernels.quick_budget_s
+
+    @quick_budget_s.setter
+    def quick_budget_s(self, seconds: float) -> None:
+        self.kernels.quick_budget_s = seconds
+
+    @property
+    def generated_launches(self) -> collections.Counter[str]:
+        """Launches of generated kernels per op: the tests compare it with kernel_calls."""
+        return self.kernels.generated_launches
 
     def prepare(self, problems: Sequence[Any]) -> list[KernelDispatch]:
-        from autocnn.kernels import get_operation
-        from autocnn.tuning.quick import Autotuner
-
-        out = []
-        # The measuring worker starts only when some problem is tuned, and stops when all are ready.
-        tuner = Autotuner(self.autotune, self.db, self.device, self._measurement_source, self.quick_budget_s)
-        try:
-            for problem in problems:
-                if problem not in self._plans:
-                    chosen = tuner.choose(problem)
-                    plan = get_operation(problem.op).plan(problem, chosen.config)
-                    loaded = self.loader.load(plan)
-                    self._plans[problem] = loaded
-                    self._workspaces.reserve(problem, problem.op, loaded.plan.workspaces)
-                    self._dispatch[problem] = KernelDispatch(problem, SOURCE_LABELS.get(chosen.source, chosen.source),
-                                                             f"{chosen.config} ({chosen.detail})")
-                out.append(self._dispatch[problem])
-        finally:
-            tuner.close()
-        return out
-
-    def _measurement_source(self) -> Any:
-        from autocnn.tuning.sources import GpuSource
-
-        return GpuSource(self.device_id)
+        return self.kernels.prepare(problems)
 
     def forget(self, problems: Sequence[Any]) -> None:
         """Drop the kernels chosen for these problems (after tuning, so the next prepare looks again)."""
-        for problem in problems:
-            self._plans.pop(problem, None)
-            self._workspaces.forget(problem)
-            self._dispatch.pop(problem, None)
+        self.kernels.forget(problems)
 
     def _run(self, problem: Any, buffers: dict[str, Any], prezeroed: frozenset[str] = frozenset()) -> None:
-        loaded = self._plans.get(problem)
-        if loaded is None:
-            # A problem the model did not announce at build time (e.g. an ad-hoc call).
-            self.prepare([problem])
-            loaded = self._plans[problem]
-        for name, array in buffers.items():
-            if array is not None and not array.flags.c_contiguous:
-                raise ValueError(f"{problem.op}: {name} must be C-contiguous for a generated kernel")
-        loaded({**buffers, **self._workspaces.views(problem)}, skip_zero=prezeroed)
-        self.generated_launches[problem.op] += 1
+        self.kernels.run(problem, buffers, prezeroed)
 
     def run_operation(self, problem: Any, buffers: dict[str, Any]) -> None:
         """Run the prepared plan of any registered operation's problem (e.g. sep_conv_fwd) on named

@@ -24,8 +24,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from autocnn.dispatch.kernels import KernelDispatch
 from autocnn.nn.arena import ParameterArena
-from autocnn.nn.backend import Array, Backend, CapturedStep, KernelDispatch
+from autocnn.nn.backend import Array, Backend, CapturedStep
 from autocnn.nn.backend_choice import get_backend
 from autocnn.nn.fitting import FitLoop
 from autocnn.precision import DEFAULT_PRECISION
@@ -41,7 +42,7 @@ from autocnn.nn.text_table import format_table
 from autocnn.nn.training_step import TrainingStep, metric_views
 from autocnn.nn.validation import check_batch_size
 from autocnn.separable.setting import SeparableSetting, parse_separable
-from autocnn.tuning.quick import check_autotune
+from autocnn.dispatch.quick import check_autotune
 
 
 class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFiles):

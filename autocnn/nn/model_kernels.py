@@ -51,12 +51,12 @@ class ModelKernels:
         ``trials`` is the budget for the whole model, spent where the model spends its time. Each
         convolution is tuned at its layer's precision (set the model's first: ``model.precision``). The
         winners go to the tuning database; a model built on the cuda backend picks them up at once.
-        Returns one ``autocnn.tuning.tuner.TuneOutcome`` per kernel problem.
+        Returns one ``autocnn.search.tuner.TuneOutcome`` per kernel problem.
         """
         from autocnn.store.database import TuningDatabase
-        from autocnn.tuning.sources import GpuSource
-        from autocnn.tuning.network import tune_problems
-        from autocnn.tuning.tuner import TuneSettings, Tuner
+        from autocnn.measurement.sources import GpuSource
+        from autocnn.search.network import tune_problems
+        from autocnn.search.tuner import TuneSettings, Tuner
 
         problems = self.problems(batch_size, alternatives=True)
         source = GpuSource(device)

@@ -9,7 +9,8 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from autocnn.nn.backend import Backend, KernelDispatch, KernelProblem
+from autocnn.dispatch.kernels import KernelDispatch
+from autocnn.nn.backend import Backend, KernelProblem
 from autocnn.nn.blas import set_blas_threads
 
 NUMPY_SOURCE = "numpy reference (CPU)"

@@ -20,7 +20,7 @@ from autocnn.nn.layer_base import check_precision
 from autocnn.nn.model import Sequential
 from autocnn.nn.optim import Optimizer, get_optimizer
 from autocnn.nn.zoo import load_network
-from autocnn.tuning.quick import check_autotune
+from autocnn.dispatch.quick import check_autotune
 
 
 def _fashion(root: str | Path | None) -> ImageDataset:

@@ -2,7 +2,6 @@
 network), the studies, the ceilings, and every problem met on the way as an error or a note."""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as _dt
 import warnings
@@ -10,8 +9,8 @@ from typing import Any
 
 from autocnn.reports.inputs import open_database, problems_of_network, read_bench
 from autocnn.reports.labels import op_order, precision_of, precision_suffix, problem_key, seed_name, shown_precision
-from autocnn.reports.model import (Ceilings, Fallback, Group, KernelRow, ReportData, ReportError, StudyView,
-                                   first_line)
+from autocnn.reports.model import (Ceilings, Fallback, Group, KernelRow, ReportData, ReportError, ReportRequest,
+                                   StudyView, first_line)
 from autocnn.reports.studies import absolute_sqlite, open_storage_for_report, read_studies
 
 
@@ -77,27 +76,27 @@ def _row_sort_key(row: KernelRow, problem_order: dict[str, int] | None = None) -
     return (op_order(row.op), row.seed_index if row.seed_index is not None else 10**6, row.precision, row.shape)
 
 
-def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData:
+def collect(request: ReportRequest, stack: contextlib.ExitStack) -> ReportData:
     from autocnn import __version__
     from autocnn.store import redact_storage_url
-    from autocnn.tuning.tuner import default_storage_url
+    from autocnn.search.tuner import default_storage_url
 
     errors: list[str] = []
     notes: list[str] = []
     made_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     ops: set[str] | None = None
-    if args.op:
+    if request.op:
         from autocnn.kernels import OPERATIONS
 
-        ops = {o.strip() for o in args.op.split(",") if o.strip()}
+        ops = {o.strip() for o in request.op.split(",") if o.strip()}
         unknown = sorted(ops - set(OPERATIONS))
         if unknown:
             raise ReportError(f"--op: unknown operation(s) {', '.join(unknown)}; choose from {', '.join(OPERATIONS)}")
 
     # the network, first: a misspelt name should fail before anything is read
     network_problems: list[tuple[Any, str]] | None = None
-    if args.network:
-        network_problems = problems_of_network(args.network, args.batch, args.precision)
+    if request.network:
+        network_problems = problems_of_network(request.network, request.batch, request.precision)
         if ops is not None:
             network_problems = [(p, layer) for p, layer in network_problems if p.op in ops]
 
@@ -108,7 +107,7 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
     records: list[Any] = []
     db = None
     try:
-        db, db_sources, db_files = open_database(args.db, stack)
+        db, db_sources, db_files = open_database(request.db, stack)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             records = db.records()
@@ -121,38 +120,38 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
     elif db is not None and not records:
         notes.append(f"the tuning database has no valid records (read {len(db_files)} file(s))")
     all_records = len(records)
-    records = [r for r in records if (not args.gpu or args.gpu.lower() in r.key.gpu.lower())
+    records = [r for r in records if (not request.gpu or request.gpu.lower() in r.key.gpu.lower())
                and (ops is None or r.key.op in ops)]
     if all_records and not records:
         notes.append(f"none of the {all_records} records matches the filters")
 
     # the benchmark and the ceilings
     bench_device, bench_ceilings, cudnn_bench = None, None, {}
-    if args.bench is not None:
-        bench_device, bench_ceilings, cudnn_bench, err = read_bench(args.bench)
+    if request.bench is not None:
+        bench_device, bench_ceilings, cudnn_bench, err = read_bench(request.bench)
         if err:
             errors.append(err)
-        elif bench_ceilings is None and args.ceilings is None:
-            notes.append(f"benchmark {args.bench} has no measured ceilings (it ran without PyTorch)")
+        elif bench_ceilings is None and request.ceilings is None:
+            notes.append(f"benchmark {request.bench} has no measured ceilings (it ran without PyTorch)")
     bench_gpu = bench_device.get("name") if bench_device else None
 
     def ceilings_for(gpu_key: tuple) -> Ceilings | None:
-        if args.ceilings is not None:
-            return args.ceilings
+        if request.ceilings is not None:
+            return request.ceilings
         if bench_ceilings is not None and bench_gpu == gpu_key[0]:
             return bench_ceilings
         return None
 
-    if args.ceilings is not None:
-        ceilings_text = f"{args.ceilings.text()} (given with --ceilings, used for every GPU)"
+    if request.ceilings is not None:
+        ceilings_text = f"{request.ceilings.text()} (given with --ceilings, used for every GPU)"
     elif bench_ceilings is not None:
         ceilings_text = f"{bench_ceilings.text()} (measured on {bench_gpu} by autocnn bench)"
     else:
         ceilings_text = "unknown (give --bench bench_kernels.json or --ceilings COPY_GBPS,SGEMM_TFLOPS[,TF32_TFLOPS])"
 
     # the Optuna storage
-    explicit = args.storage is not None
-    url = absolute_sqlite(args.storage or default_storage_url())
+    explicit = request.storage is not None
+    url = absolute_sqlite(request.storage or default_storage_url())
     shown_url = redact_storage_url(url)
     storage, err, storage_note = open_storage_for_report(url, explicit)
     if err:
@@ -166,7 +165,7 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
         if network_problems is not None:
             wanted = {(p.op, p.shape_string()) for p, _ in network_problems}
         try:
-            studies, study_devices = read_studies(storage, args.gpu, ops, wanted)
+            studies, study_devices = read_studies(storage, request.gpu, ops, wanted)
         except Exception as exc:  # noqa: BLE001 - a storage that opened but cannot be read
             errors.append(f"storage {shown_url} could not be read: {first_line(exc)}")
         if not studies:
@@ -190,15 +189,16 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
             groups.append(Group(f"g{len(groups) + 1}", _gpu_title(gk), gk, rows, ceilings_for(gk)))
     else:
         gpu_keys = sorted(by_gpu) or sorted(k for k in study_devices
-                                            if not args.gpu or args.gpu.lower() in k[0].lower())
+                                            if not request.gpu or request.gpu.lower() in k[0].lower())
         if not gpu_keys:
-            notes.append(f"no GPU in the database or the storage to look up the kernels of {args.network} on")
+            notes.append(f"no GPU in the database or the storage to look up the kernels of {request.network} on")
         for gk in gpu_keys:
             device = _device_for(gk, study_devices, bench_device)
-            tf32 = f", {args.precision}" if shown_precision(args.precision).tf32 else ""   # fp32, the default, goes unsaid
-            group = Group(f"g{len(groups) + 1}", f"{args.network} (batch {args.batch}{tf32}) on {_gpu_title(gk)}",
+            # fp32, the default, goes unsaid
+            tf32 = f", {request.precision}" if shown_precision(request.precision).tf32 else ""
+            group = Group(f"g{len(groups) + 1}", f"{request.network} (batch {request.batch}{tf32}) on {_gpu_title(gk)}",
                           gk, [],
-                          ceilings_for(gk), network=args.network)
+                          ceilings_for(gk), network=request.network)
             order = {}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -222,16 +222,16 @@ def collect(args: argparse.Namespace, stack: contextlib.ExitStack) -> ReportData
             groups.append(group)
 
     filters = []
-    if args.gpu:
-        filters.append(f"GPU name contains {args.gpu!r}")
-    if args.op:
-        filters.append(f"operation in {args.op}")
-    if args.network:
-        filters.append(f"network {args.network} at batch {args.batch}"
-                       + (f" in {args.precision}" if shown_precision(args.precision).tf32 else ""))
+    if request.gpu:
+        filters.append(f"GPU name contains {request.gpu!r}")
+    if request.op:
+        filters.append(f"operation in {request.op}")
+    if request.network:
+        filters.append(f"network {request.network} at batch {request.batch}"
+                       + (f" in {request.precision}" if shown_precision(request.precision).tf32 else ""))
     return ReportData(
         made_at=made_at, version=__version__, db_sources=db_sources, db_files=db_files,
         storage_url=shown_url, storage_opened=storage is not None, storage_note=storage_note,
-        bench_path=str(args.bench) if args.bench is not None else None, ceilings_text=ceilings_text,
+        bench_path=str(request.bench) if request.bench is not None else None, ceilings_text=ceilings_text,
         filters=filters, groups=groups, studies=studies, record_count=len(records), errors=errors, notes=notes,
-        db_warnings=db_warnings, network=args.network)
+        db_warnings=db_warnings, network=request.network)

@@ -20,82 +20,41 @@ spread of trial times.
 The HTML carries plotly.js once, inline, so it opens offline. Nothing here needs a GPU.
 
 The modules beside this one do the work: studies and inputs read, collect gathers the data model,
-figures, html_page and markdown draw it; this one is the command line.
+figures, html_page and markdown draw it; this one writes the report a ReportRequest asks for (the
+command line, autocnn.cli.report, makes the request).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 from pathlib import Path
-from typing import Sequence
 
-from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES
 from autocnn.reports.collect import collect
 from autocnn.reports.html_page import render_html
-from autocnn.reports.inputs import parse_ceilings
 from autocnn.reports.markdown import render_markdown
-from autocnn.reports.model import ReportError
+from autocnn.reports.model import ReportError, ReportRequest
 from autocnn.reports.summaries import dashboard_command, fmt_speedup, op_summary
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="autocnn report", description="Write an HTML report (self-contained, opens offline) and a Markdown "
-        "summary of the tuning database and the Optuna studies.",
-        epilog="examples:\n  autocnn report --bench bench_kernels.json\n"
-               "  autocnn report --db tuning_db --storage sqlite:///optuna.db --network kriz09 --batch 128\n"
-               "  autocnn report --ceilings 4227,51.1 --gpu h200 --op conv_fwd --out h200.html",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--db", type=Path, default=None,
-                    help="a tuning database directory or file (default: the user's and the shipped database)")
-    ap.add_argument("--storage", default=None,
-                    help="Optuna storage URL (sqlite:///path, postgresql://...) or journal file (default: the "
-                         "tuner's default, SQLite in the autocnn cache directory)")
-    ap.add_argument("--bench", type=Path, default=None,
-                    help="a benchmark JSON of autocnn bench: the GPU's measured ceilings and cuDNN times")
-    ap.add_argument("--ceilings", type=parse_ceilings, default=None, metavar="COPY_GBPS,SGEMM_TFLOPS[,TF32_TFLOPS]",
-                    help="the GPU's ceilings, e.g. 4227,51.1 or, with the TF32 GEMM rate that tf32 kernels are "
-                         "placed against, 4227,51.1,378 (overrides those of --bench)")
-    ap.add_argument("--network", default=None,
-                    help="report the kernels of this zoo network (or network JSON file), and those on a fallback")
-    ap.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")
-    ap.add_argument("--precision", choices=PRECISION_NAMES, default=DEFAULT_PRECISION.name,
-                    help="with --network: the model's precision, whose records its convolutions look up "
-                         "(default fp32)")
-    ap.add_argument("--gpu", default=None, help="only GPUs whose name contains this text (case-insensitive)")
-    ap.add_argument("--op", default=None, help="only these operations (comma-separated)")
-    ap.add_argument("--out", type=Path, default=Path("report.html"), help="the HTML file (default report.html)")
-    ap.add_argument("--markdown", type=Path, default=None,
-                    help="the Markdown summary (default: next to the HTML, with .md)")
-    return ap
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--"]:   # autocnn report -- --out x.html: the separator reaches us
-        argv = argv[1:]
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as exc:   # --help, or a usage error argparse already explained
-        return int(exc.code or 0)
+def write_report(request: ReportRequest) -> int:
+    """Collect what ``request`` asks for, write the HTML page and the Markdown summary, and say on the
+    console what they hold; 1 where nothing could be reported or an input failed."""
     try:
         import plotly  # noqa: F401
     except ImportError:
         print("autocnn report: needs plotly: pip install 'autocnn[report]' (or pip install plotly)", file=sys.stderr)
         return 1
-    md_path = args.markdown if args.markdown is not None else args.out.with_suffix(".md")
-    problem = _inputs_and_outputs(args, md_path)   # before anything is read or drawn
+    md_path = request.markdown if request.markdown is not None else request.out.with_suffix(".md")
+    problem = _inputs_and_outputs(request, md_path)   # before anything is read or drawn
     if problem is not None:
         print(f"autocnn report: {problem}; no report written", file=sys.stderr)
         return 1
-    for path in (args.out, md_path):
+    for path in (request.out, md_path):
         if not path.parent.exists():   # made, and said: a mistyped folder is not made silently
             print(f"autocnn report: note: creating the directory {path.parent} for {path.name}", file=sys.stderr)
     with contextlib.ExitStack() as stack:
         try:
-            data = collect(args, stack)
+            data = collect(request, stack)
         except ReportError as exc:
             print(f"autocnn report: {exc}", file=sys.stderr)
             return 1
@@ -112,8 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     markdown = render_markdown(data)
     try:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(render_html(data), encoding="utf-8")
+        request.out.parent.mkdir(parents=True, exist_ok=True)
+        request.out.write_text(render_html(data), encoding="utf-8")
         md_path.parent.mkdir(parents=True, exist_ok=True)
         md_path.write_text(markdown, encoding="utf-8")
     except OSError as exc:
@@ -128,26 +87,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{g.title}: {len(g.fallbacks)} kernels on a fallback")
     print(f"{len(data.studies)} Optuna studies; "
           f"{sum(1 for s in data.studies if not s.complete)} without a completed trial")
-    print(f"wrote {args.out} and {md_path}")
+    print(f"wrote {request.out} and {md_path}")
     cmd = dashboard_command(data)
     if cmd:
         print(f"browse the studies: {cmd}")
     return 1 if data.errors else 0
 
 
-def _inputs_and_outputs(args: argparse.Namespace, md_path: Path) -> str | None:
+def _inputs_and_outputs(request: ReportRequest, md_path: Path) -> str | None:
     """Why the report cannot be made as asked, before any work: a --bench file that cannot be read
     (its ceilings and cuDNN times were asked for), an output that cannot be written."""
     from autocnn.errors import EnvironmentCheckError
     from autocnn.preflight import writable_directory
 
-    if args.bench is not None:
+    if request.bench is not None:
         from autocnn.reports.inputs import read_bench
 
-        error = read_bench(args.bench)[3]
+        error = read_bench(request.bench)[3]
         if error is not None:
             return error
-    for flag, path in (("--out", args.out), ("--markdown", md_path)):
+    for flag, path in (("--out", request.out), ("--markdown", md_path)):
         if path.is_dir():
             return f"{flag} {path} is a directory; give a file name"
         try:
@@ -155,7 +114,3 @@ def _inputs_and_outputs(args: argparse.Namespace, md_path: Path) -> str | None:
         except EnvironmentCheckError as exc:
             return str(exc)
     return None
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -2,11 +2,9 @@
 ceilings given on the command line and the kernels of a network."""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
-import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,7 @@ def read_bench(path: Path) -> tuple[dict[str, Any] | None, Ceilings | None, dict
     ceilings = None
     c = data.get("ceilings")
     if isinstance(c, dict):
-        from autocnn.tuning.bench_table import GpuRates
+        from autocnn.benchmark.table import GpuRates
 
         rates = GpuRates.from_dict(c)   # unmeasured or unusable numbers come back as None
         if rates.copy_gbps is not None and rates.sgemm_tflops is not None:
@@ -68,22 +66,6 @@ def read_bench(path: Path) -> tuple[dict[str, Any] | None, Ceilings | None, dict
             continue
         cudnn[(problem.op, problem_key(problem.to_dict()))] = float(us)
     return device, ceilings, cudnn, None
-
-
-def parse_ceilings(text: str) -> Ceilings:
-    """``COPY_GBPS,SGEMM_TFLOPS[,TF32_TFLOPS]`` as given to ``--ceilings``."""
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        numbers = [float(p) for p in parts]
-    except ValueError:
-        numbers = []
-    if len(numbers) not in (2, 3):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not COPY_GBPS,SGEMM_TFLOPS[,TF32_TFLOPS] (two or three positive numbers, e.g. "
-            f"4227,51.1 or 4227,51.1,378)")
-    if not all(v > 0 and math.isfinite(v) for v in numbers):
-        raise argparse.ArgumentTypeError(f"{text!r}: every ceiling must be a positive number")
-    return Ceilings(numbers[0], numbers[1], "given with --ceilings", numbers[2] if len(numbers) == 3 else None)
 
 
 def open_database(db_arg: Path | None, stack: contextlib.ExitStack) -> tuple[Any, list[str], list[str]]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from autocnn.precision import DEFAULT_PRECISION
 
 TITLE = "autocnn tuning report"
 
@@ -22,6 +25,24 @@ def first_line(exc: BaseException) -> str:
     if cause is not None and cause is not exc and str(cause).strip():
         out += f" ({type(cause).__name__}: {str(cause).strip().splitlines()[0]})"
     return out
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """What a report is asked to show and where it goes (autocnn.cli.report reads it from the
+    command line): the inputs, the filters and the two output files."""
+
+    db: Path | None = None              # a database directory or file; None: the user's and the shipped one
+    storage: str | None = None          # an Optuna storage URL or journal file; None: the tuner's default
+    bench: Path | None = None           # a benchmark JSON of autocnn bench: ceilings and cuDNN times
+    ceilings: Ceilings | None = None    # given ceilings, over those of ``bench``
+    network: str | None = None          # report this network's kernels, and those on a fallback
+    batch: int = 128
+    precision: str = DEFAULT_PRECISION.name   # the network's precision
+    gpu: str | None = None              # only GPUs whose name contains this text
+    op: str | None = None               # only these operations (comma-separated)
+    out: Path = Path("report.html")
+    markdown: Path | None = None        # None: next to ``out``, with .md
 
 
 # -- collected data -------------------------------------------------------------------------------

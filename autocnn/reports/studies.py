@@ -42,7 +42,7 @@ def absolute_sqlite(url: str) -> str:
 def open_storage_for_report(url: str, explicit: bool) -> tuple[Any | None, str | None, str]:
     """(storage, error, note). Reading a report never creates a storage: a missing file is named."""
     from autocnn.store import redact_storage_url
-    from autocnn.tuning.tuner import open_storage
+    from autocnn.search.tuner import open_storage
 
     shown = redact_storage_url(url)
     path = _storage_file(url)

@@ -136,7 +136,7 @@ class CudaSeparable:
     def _measure_routes(self) -> str:
         """Time both update routes once on scratch data (the kernels the backend prepares for the two
         weight-gradient problems) and return the faster."""
-        from autocnn.tuning.measure import time_callable
+        from autocnn.measurement.measure import time_callable
 
         sep = self.problems["sep_conv_wgrad"]
         self.backend.prepare([sep, self.problems["conv_wgrad"]])

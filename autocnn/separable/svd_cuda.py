@@ -6,7 +6,7 @@ filter needs in shared memory. Those two are its only parameters. On the first c
 (filters, R, S, rank) every variant that fits is compiled (one NVRTC module), run on fresh random
 filters of that shape and verified (svd_check: finite, orthonormal v, the approximation's error
 within the tolerance-derived allowance over the float64 truncated SVD), then timed
-(tuning.measure.time_callable, from a cold start); the fastest verified variant serves the shape
+(measurement.measure.time_callable, from a cold start); the fastest verified variant serves the shape
 for the rest of the process.
 
 Why not an Operation of the tuner (kernels/registry.py)? Its machinery judges a kernel by
@@ -125,7 +125,7 @@ class CudaPowerSvd:
         key = (self.cp.cuda.Device().id, filters, R, S, rank)
         if key in self.choices:
             return self.choices[key]
-        from autocnn.tuning.measure import time_callable
+        from autocnn.measurement.measure import time_callable
 
         cp = self.cp
         variants = candidate_variants(R, S, rank)

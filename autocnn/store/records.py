@@ -214,7 +214,7 @@ class TuningRecord:
     study: str | None = None         # Optuna study name
     storage: str | None = None       # Optuna storage URL, password redacted
     runner_up: dict[str, Any] | None = None   # {"config": {...}, "time_us": float}
-    # Chosen by quick tuning (a handful of candidates, autocnn.tuning.quick), not by a search: any
+    # Chosen by quick tuning (a handful of candidates, autocnn.dispatch.quick), not by a search: any
     # full tuning of the key replaces it, and it never replaces a full record (transfer.faster_records).
     quick: bool = False
     # Scratch memory the config's plan allocates (Operation.workspace_bytes); None in records made

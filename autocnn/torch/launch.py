@@ -1,16 +1,17 @@
 """Running autocnn's kernels on PyTorch tensors: zero-copy views, PyTorch's stream, one backend a GPU.
 
-The kernels are those of autocnn's cuda backend (``autocnn.nn.cuda_backend.CudaBackend``): its
-``prepare`` looks each problem up in the tuning database (exact record, same architecture,
-nearest tuned shape, heuristic default), compiles it through NVRTC and allocates its workspaces;
-its ``conv_fwd`` ... ``avgpool_bwd`` check the buffers and launch on CuPy's current stream.
-Here the buffers are PyTorch's own memory seen through CuPy arrays (the pointer, shape and device
-the CUDA array interface carries, wrapped without a copy), and CuPy's current stream is made
-PyTorch's current stream for the launch, so autocnn's kernels are ordered with PyTorch's work,
-follow ``torch.cuda.stream(...)`` and are recorded by a CUDA-graph capture.
+The kernels are those the training library's cuda backend runs, from the same path
+(``autocnn.dispatch.kernels.GpuKernels``): ``prepare`` looks each problem up in the tuning
+database (exact record, same architecture, nearest tuned shape, heuristic default), compiles it
+through NVRTC and allocates its workspaces; ``run`` launches it on CuPy's current stream over
+named buffers. Here the buffers are PyTorch's own memory seen through CuPy arrays (the pointer,
+shape and device the CUDA array interface carries, wrapped without a copy), and CuPy's current
+stream is made PyTorch's current stream for the launch, so autocnn's kernels are ordered with
+PyTorch's work, follow ``torch.cuda.stream(...)`` and are recorded by a CUDA-graph capture. The
+operators (autocnn.torch.ops) check their tensors before they get here.
 
 Capture: nothing here allocates or waits while a kernel runs (outputs are PyTorch tensors; the
-backend's workspaces are made when a problem is prepared). A problem met for the first time
+workspaces are made when a problem is prepared). A problem met for the first time
 during a capture cannot be compiled there, and says so: run the step once before capturing,
 as PyTorch's own capture recipe does.
 """
@@ -42,11 +43,10 @@ def as_cupy(cp: Any, t: torch.Tensor) -> Any:
 
 @dataclass
 class DeviceKernels:
-    """autocnn's cuda backend for one GPU, and the problems it has prepared."""
+    """autocnn's kernels of one GPU (autocnn.dispatch's GpuKernels), and the CuPy views of its streams."""
 
     index: int
-    backend: Any
-    dispatch: dict[Any, Any] = field(default_factory=dict)   # problem -> KernelDispatch
+    kernels: Any
     lock: threading.Lock = field(default_factory=threading.Lock)
     # CuPy's view of each PyTorch stream met, kept: the library steps' resources are bound to the
     # view (StreamBound), which must live as long as the stream (PyTorch's live as the process).
@@ -60,7 +60,7 @@ class DeviceKernels:
 
     def prepare(self, problems: Sequence[Any]) -> list[Any]:
         """Look up, compile and load these problems' kernels (before a capture, or ahead of a step)."""
-        missing = [p for p in problems if p not in self.dispatch]
+        missing = [p for p in problems if p not in self.kernels.dispatch]
         if missing:
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(
@@ -69,28 +69,23 @@ class DeviceKernels:
                     f"capturing (PyTorch's warm-up), or call autocnn.torch.prepare(model, example_input)")
             cp = _cupy()
             with self.lock, cp.cuda.Device(self.index):
-                for problem, found in zip(missing, self.backend.prepare(missing)):
-                    self.dispatch[problem] = found
-        return [self.dispatch[p] for p in problems]
+                self.kernels.prepare(missing)
+        return [self.kernels.dispatch[p] for p in problems]
 
-    def run(self, problem: Any, *tensors: torch.Tensor | None) -> None:
-        """Launch ``problem``'s kernel on PyTorch's current stream of this device, over these tensors
-        in the order of the backend's method for the op (e.g. x, w, bias, y for conv_fwd)."""
+    def run(self, problem: Any, **tensors: torch.Tensor | None) -> None:
+        """Launch ``problem``'s kernel on PyTorch's current stream of this device, over its buffers
+        by name (e.g. x, w, bias, y for conv_fwd; an absent optional one as None)."""
         cp = _cupy()
         stream = torch.cuda.current_stream(self.index)
         with cp.cuda.Device(self.index), self.cupy_stream(cp, stream):
-            if problem not in self.dispatch:
+            if problem not in self.kernels.dispatch:
                 # On PyTorch's stream: what loading a plan queues (and a library GEMM's handle) is for it.
                 self.prepare([problem])
-            arrays = [None if t is None else as_cupy(cp, t) for t in tensors]
-            getattr(self.backend, problem.op)(problem, *arrays)
+            self.kernels.run(problem, {name: None if t is None else as_cupy(cp, t) for name, t in tensors.items()})
 
     def forget(self, problems: Iterable[Any]) -> None:
-        problems = list(problems)
         with self.lock:
-            self.backend.forget(problems)
-            for p in problems:
-                self.dispatch.pop(p, None)
+            self.kernels.forget(list(problems))
 
 
 class _StreamHandle:
@@ -127,16 +122,19 @@ def kernels_for(device: torch.device) -> DeviceKernels:
         if index not in _DEVICES:
             import os
 
-            from autocnn.nn.cuda_backend import CudaBackend
-            from autocnn.tuning.quick import AUTOTUNE_ENV
+            from autocnn.device import current_device
+            from autocnn.dispatch.kernels import GpuKernels
+            from autocnn.dispatch.quick import AUTOTUNE_ENV
+            from autocnn.store import TuningDatabase
 
-            cp = _cupy()
             # Inside a PyTorch model, kernels are what the tuning database hands out unless the user
             # asks for more: AUTOCNN_AUTOTUNE=quick|full (or autocnn.torch.tune ahead of training).
             # Quick tuning here would measure in worker processes on a model's first step.
             autotune = os.environ.get(AUTOTUNE_ENV) or "off"
+            cp = _cupy()
             with cp.cuda.Device(index):
-                _DEVICES[index] = DeviceKernels(index, CudaBackend(device_id=index, autotune=autotune))
+                kernels = GpuKernels(cp, index, current_device(index), TuningDatabase(), autotune)
+                _DEVICES[index] = DeviceKernels(index, kernels)
         return _DEVICES[index]
 
 
@@ -150,8 +148,8 @@ def forget(problems: Iterable[Any]) -> None:
 def dispatch_rows() -> list[tuple[str, str, str, str, str]]:
     """(device, op, shape, source, detail) of every problem prepared so far."""
     rows = []
-    for index, kernels in sorted(_DEVICES.items()):
-        for problem, found in kernels.dispatch.items():
+    for index, on_device in sorted(_DEVICES.items()):
+        for problem, found in on_device.kernels.dispatch.items():
             rows.append((f"cuda:{index}", problem.op, problem.shape_string(), found.source, found.detail))
     return rows
 
@@ -160,7 +158,7 @@ def launch_counts() -> dict[str, int]:
     """Generated-kernel launches per op, over every device, since the process started (graph replays
     are not counted: a replay does not pass through Python)."""
     total: dict[str, int] = {}
-    for kernels in _DEVICES.values():
-        for op, n in kernels.backend.generated_launches.items():
+    for on_device in _DEVICES.values():
+        for op, n in on_device.kernels.generated_launches.items():
             total[op] = total.get(op, 0) + n
     return total

@@ -57,8 +57,10 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[i
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         if t is not None:
             _check("conv2d", name, t, x.device)
+    if bias is not None and tuple(bias.shape) != (problem.K,):
+        raise ValueError(f"autocnn::conv2d: bias has shape {tuple(bias.shape)}, the layer has {problem.K} filters")
     y = x.new_empty(problem.y_shape)
-    kernels_for(x.device).run(problem, x, weight, bias, y)
+    kernels_for(x.device).run(problem, x=x, w=weight, bias=bias, y=y)
     return y
 
 
@@ -79,7 +81,7 @@ def conv2d_backward_data(dy: Tensor, weight: Tensor, input_size: Sequence[int], 
     _expect_dy("conv2d_backward_data", dy, problem.y_shape)
     _check("conv2d_backward_data", "weight", weight, dy.device)
     dx = dy.new_empty(problem.x_shape)
-    kernels_for(dy.device).run(problem, dy, weight, dx)
+    kernels_for(dy.device).run(problem, dy=dy, w=weight, dx=dx)
     return dx
 
 
@@ -97,7 +99,7 @@ def conv2d_weight_grad(x: Tensor, dy: Tensor, kernel_size: Sequence[int], stride
     _expect_dy("conv2d_weight_grad", dy, problem.y_shape, x.device)
     dw = x.new_empty(problem.w_shape)
     db = x.new_empty((problem.K,) if bias else (0,))
-    kernels_for(x.device).run(problem, x, dy, dw, db if bias else None)
+    kernels_for(x.device).run(problem, x=x, dy=dy, dw=dw, db=db if bias else None)
     return dw, db
 
 
@@ -147,7 +149,7 @@ def avg_pool2d(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int], pad
                            count_include_pad)
     _check("avg_pool2d", "x", x, x.device)
     y = x.new_empty(problem.y_shape)
-    kernels_for(x.device).run(problem, x, y)
+    kernels_for(x.device).run(problem, x=x, y=y)
     return y
 
 
@@ -167,7 +169,7 @@ def avg_pool2d_backward(dy: Tensor, input_size: Sequence[int], kernel_size: Sequ
                            count_include_pad)
     _expect_dy("avg_pool2d_backward", dy, problem.y_shape)
     dx = dy.new_empty(problem.x_shape)
-    kernels_for(dy.device).run(problem, dy, dx)
+    kernels_for(dy.device).run(problem, dy=dy, dx=dx)
     return dx
 
 

@@ -6,7 +6,7 @@ both directions: the forward of every such layer, the backward-data where the la
 a gradient, the weight gradient where its parameters do. A shape met by several layers counts
 once per layer. ``tune`` spends one trial budget over them in proportion to each problem's
 expected share of the step (its count times autocnn's expected time for it), with the tuner of
-autocnn.tuning, and makes the layers look their kernels up again afterwards.
+autocnn.search, and makes the layers look their kernels up again afterwards.
 """
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def collect_problems(model: nn.Module, example_input: Any, *, precision: str | N
 
 def split_trials(uses: Sequence[ProblemUse], total: int, minimum: int = 8) -> list[int]:
     """Trials per problem: ``minimum`` each, the rest in proportion to count x expected time."""
-    from autocnn.tuning.network import expected_seconds
+    from autocnn.search.network import expected_seconds
 
     weights = [u.count * expected_seconds(u.problem.op, u.problem) for u in uses]
     spare = max(0, total - minimum * len(uses))
@@ -139,9 +139,9 @@ def split_trials(uses: Sequence[ProblemUse], total: int, minimum: int = 8) -> li
 
 def tune_uses(tuner: Any, uses: Sequence[ProblemUse], trials: int, timeout_s: float | None = None,
               log: Callable[[str], None] | None = None) -> list[Any]:
-    """Tune each problem with ``tuner`` (autocnn.tuning.tuner.Tuner) under one budget of trials (and
+    """Tune each problem with ``tuner`` (autocnn.search.tuner.Tuner) under one budget of trials (and
     of seconds, when given), split by time share; one TuneOutcome per problem."""
-    from autocnn.tuning.network import expected_seconds
+    from autocnn.search.network import expected_seconds
 
     weights = [u.count * expected_seconds(u.problem.op, u.problem) for u in uses]
     whole = sum(weights) or 1.0
@@ -175,10 +175,10 @@ def tune(model: nn.Module, example_input: Any, trials: int = 200, *, timeout_s: 
     the winners in the tuning database (the model's layers use them from their next call).
 
     ``trials`` is the budget for the whole model (``timeout_s`` too, when given). ``precision``
-    overrides the layers' own. ``tuner``: an autocnn.tuning.tuner.Tuner to use instead of one on
+    overrides the layers' own. ``tuner``: an autocnn.search.tuner.Tuner to use instead of one on
     ``device`` (default: the model's CUDA device, else 0). One TuneOutcome per problem.
     """
-    from autocnn.tuning.tuner import TuneSettings
+    from autocnn.search.tuner import TuneSettings
 
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise ValueError(f"trials must be a positive integer (the budget for the whole model), not {trials!r}")
@@ -194,8 +194,8 @@ def tune(model: nn.Module, example_input: Any, trials: int = 200, *, timeout_s: 
     if tuner is not None:
         return tune_uses(tuner, uses, trials, timeout_s, log)
     from autocnn.store import TuningDatabase
-    from autocnn.tuning.sources import GpuSource
-    from autocnn.tuning.tuner import Tuner
+    from autocnn.measurement.sources import GpuSource
+    from autocnn.search.tuner import Tuner
 
     source = GpuSource(index)
     try:
@@ -208,7 +208,7 @@ def tune(model: nn.Module, example_input: Any, trials: int = 200, *, timeout_s: 
 def prepare(model: nn.Module, example_input: Any, *, training: bool = True) -> list[Any]:
     """Look up and compile every kernel a step of ``model`` on ``example_input`` runs, on the input's
     CUDA device, so that the first step (or a CUDA-graph capture) compiles nothing. Returns one
-    autocnn.nn KernelDispatch (source and config) per problem."""
+    KernelDispatch (autocnn.dispatch.kernels: source and config) per problem."""
     args = _as_args(example_input)
     if args[0].device.type != "cuda":
         raise ValueError(f"prepare needs the example input on the CUDA device the model will run on, "

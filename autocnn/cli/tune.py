@@ -1,24 +1,24 @@
-"""The command line: ``autocnn tune | db | bench | train | report``."""
+"""``autocnn tune``: its arguments turned once into a TuneCommand (the problems, the search's
+settings, where measurements come from, what is printed), checked before any GPU is touched,
+then the run: sources opened, each problem tuned under its budget, cuDNN timed beside, a table."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from autocnn.cli_checks import check_seed, plain_warnings, quiet_database, say, train_preflight, tune_preflight
-from autocnn.cli_db import (cmd_db_check, cmd_db_export, cmd_db_import, cmd_db_list, cmd_db_model, cmd_db_remove,
-                            cmd_db_show, db_filters)
-from autocnn.cli_problems import at_precision, fmt, has_precision, precision_text, shape_problem
+from autocnn.cli.checks import check_seed, quiet_database, say, tune_preflight
+from autocnn.cli.problems import (WORKSPACE_HELP, at_precision, fmt, has_precision, precision_text, shape_problem,
+                                  zoo_text)
 from autocnn.device import set_workspace_limit
-from autocnn.errors import AutocnnError
-from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES, precision_named
-from autocnn.tuning.quick import AUTOTUNE_MODES
-from autocnn.nn.zoo import NETWORKS as ZOO_NETWORKS
+from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES, Precision, precision_named
 
-_ZOO_TEXT = ", ".join(ZOO_NETWORKS)   # the help names every zoo network, conv4 and vgg included
+if TYPE_CHECKING:   # the search's modules import Optuna: only a run needs them
+    from autocnn.search.settings import TuneSettings
 
 EXAMPLES = """examples:
   autocnn tune --op conv_fwd --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3 --trials 100
@@ -30,77 +30,8 @@ EXAMPLES = """examples:
 """
 
 
-# Commands whose options belong to another module's parser: handed over before argparse sees them
-# (argparse.REMAINDER would drop a first argument that looks like an option).
-DELEGATED = ("bench", "report")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    with plain_warnings():
-        return _main(argv)
-
-
-def _typed_errors() -> tuple[type[BaseException], ...]:
-    """The failures the library raises on purpose, each told in its own words on one line."""
-    from autocnn.nn.backend import BackendUnavailableError
-    from autocnn.nn.cublas import CublasUnavailableError
-    from autocnn.separable.execution import SeparableUnavailableError
-    from autocnn.store import DatabaseError
-    from autocnn.tuning.study_lock import StudyLockTimeout
-
-    return (AutocnnError, DatabaseError, BackendUnavailableError, CublasUnavailableError, SeparableUnavailableError,
-            StudyLockTimeout, ValueError, FileNotFoundError, KeyError)
-
-
-def _main(argv: Sequence[str] | None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in DELEGATED:
-        if argv[0] == "bench":
-            from autocnn.tuning.benchmark import main as delegate
-        else:
-            from autocnn.reports import main as delegate
-        rest = argv[1:]
-        if rest[:1] == ["--"]:
-            rest = rest[1:]
-        try:
-            return int(delegate(rest) or 0)
-        except AutocnnError as exc:
-            print(f"autocnn: {exc}", file=sys.stderr)
-            return 1
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except _typed_errors() as exc:   # a corrupt or foreign file, a lock held too long, no CuPy, ...
-        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc   # KeyError's str quotes it
-        print(f"autocnn: {text}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:
-        # The reader went away (autocnn db list | head): nothing left to say.
-        sys.stderr.close()
-        return 0
-    except OSError as exc:   # a write the checks before the work could not foresee (a disk filling up)
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"autocnn: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("autocnn: interrupted; finished trials are kept in the study, re-run the same command to resume",
-              file=sys.stderr)
-        return 130
-
-
-WORKSPACE_HELP = ("the most scratch memory one kernel may use, e.g. 64MiB or 1GiB (default: "
-                  "$AUTOCNN_WORKSPACE_LIMIT, else 256MiB; 0 allows only formulations without a workspace)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autocnn", description="Generated, tuned CUDA kernels for CNNs.",
-                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(title="commands")
-
+def add_parser(sub: Any) -> None:
+    """The ``tune`` command's parser, under the top-level ``sub``parsers."""
     t = sub.add_parser("tune", help="search the fastest verified kernel for a layer shape or a network",
                        description="Search each kernel's parameters with Optuna on this GPU and store the "
                                    "fastest verified variant in the tuning database.",
@@ -109,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--op", help="operation: conv_fwd, conv_bwd_data, conv_wgrad, avgpool_fwd, avgpool_bwd")
     what.add_argument("--suite", choices=("seed",),
                       help="every seed shape of the five source documents (with --ops to choose operations)")
-    what.add_argument("--network", help=f"a zoo network ({_ZOO_TEXT}) "
+    what.add_argument("--network", help=f"a zoo network ({zoo_text()}) "
                                         "or a network JSON file: tunes every kernel it needs, forward and backward")
     what.add_argument("--stale", action="store_true",
                       help="every shape whose record for this GPU kind (shipped or user) was tuned with "
@@ -169,99 +100,40 @@ def build_parser() -> argparse.ArgumentParser:
                         "is importable")
     t.add_argument("--json", action="store_true", help="print the results as JSON")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    t.set_defaults(func=cmd_tune)
-
-    d = sub.add_parser("db", help="list, show, export, import or remove tuned records")
-    dsub = d.add_subparsers(title="database commands")
-    dl = dsub.add_parser("list", help="one line per tuned kernel")
-    db_filters(dl)
-    dl.add_argument("--json", action="store_true")
-    dl.set_defaults(func=cmd_db_list)
-    ds = dsub.add_parser("show", help="every field of the matching records")
-    db_filters(ds)
-    ds.add_argument("--shape", help="shape string of the problem (with --op)")
-    ds.set_defaults(func=cmd_db_show)
-    de = dsub.add_parser("export", help="write matching records to a JSON file")
-    de.add_argument("path", type=Path)
-    db_filters(de)
-    de.set_defaults(func=cmd_db_export)
-    di = dsub.add_parser("import", help="validate and add the records of a JSON file")
-    di.add_argument("path", type=Path)
-    di.add_argument("--keep-faster", action="store_true",
-                    help="replace a record of the same problem only when the imported one is faster "
-                         "(keeping its cuDNN time); default: the imported record replaces it")
-    di.set_defaults(func=cmd_db_import)
-    dr = dsub.add_parser("remove", help="remove matching user records (shipped records stay)")
-    db_filters(dr)
-    dr.add_argument("--shape", help="shape string of the problem (with --op)")
-    dr.add_argument("--stale", action="store_true",
-                    help="match the stale records (tuned with templates that have changed since) instead")
-    dr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    dr.set_defaults(func=cmd_db_remove)
-    dc = dsub.add_parser("check", help="report unreadable files, records that are skipped, and records current by "
-                                       "their plan digest only (old fingerprint, same code)")
-    dc.add_argument("--rekey", action="store_true",
-                    help="write the user records that are current by their plan digest only again with the "
-                         "current fingerprint (shipped ones: scripts/stamp_plan_digests.py)")
-    dc.set_defaults(func=cmd_db_check)
-    dm = dsub.add_parser("model", help="the cost model that ranks configs where no record of a problem exists, and "
-                                       "how well it ranked held-out problems beside the nearest-shape rule")
-    dm.set_defaults(func=cmd_db_model)
-
-    b = sub.add_parser("bench", help="benchmark the kernel families on the seed shapes against cuDNN, fp32 and "
-                                     "tf32 side by side (--precision fp32|tf32|both), with TFLOP/s and shares "
-                                     "of the measured SGEMM and TF32 GEMM rates")
-    b.add_argument("args", nargs=argparse.REMAINDER, help="arguments of scripts/bench_kernels.py")
-    b.set_defaults(func=cmd_bench)
-
-    tr = sub.add_parser("train", help="train a zoo network on tuned kernels")
-    tr.add_argument("--network", required=True, help=f"{_ZOO_TEXT} or a JSON file")
-    tr.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist (default), mnist or cifar10")
-    tr.add_argument("--data-root", default=None, help="folder of the data set files")
-    tr.add_argument("--epochs", type=int, default=10)
-    tr.add_argument("--batch-size", type=int, default=64,
-                    help="mini-batch size (default 64: lenet5 reaches 90%% on Fashion-MNIST in 10 epochs)")
-    tr.add_argument("--backend", default="cuda", choices=("cuda", "numpy"))
-    tr.add_argument("--optimizer", default="adam", help="sgd, adam or rprop")
-    tr.add_argument("--lr", type=float, default=None)
-    tr.add_argument("--lr-schedule", default="cosine", choices=("cosine", "none"),
-                    help="learning-rate schedule over the epochs (default cosine; RPROP ignores it)")
-    tr.add_argument("--no-standardize", action="store_true",
-                    help="keep pixel values in [0, 1] instead of zero mean and unit variance")
-    tr.add_argument("--precision", choices=PRECISION_NAMES, default=DEFAULT_PRECISION.name,
-                    help="the convolutions' precision on the cuda backend: fp32 (default, FP32-accurate) or "
-                         "tf32 (tensor cores round operands to TF32). The numpy backend computes in float32 "
-                         "either way. The dispatch table shows each layer's")
-    tr.add_argument("--autotune", choices=AUTOTUNE_MODES, default=None,
-                    help="on the cuda backend, for kernel problems that no tuning record covers: quick "
-                         "(measure a handful of candidates, about 2 s each, and keep the fastest as a quick "
-                         "record that a later full tuning replaces), full (tune with a small trial budget) "
-                         "or off (run the nearest shape's or the default config untuned); default: "
-                         "$AUTOCNN_AUTOTUNE, else quick")
-    tr.add_argument("--workspace-limit", default=None, metavar="SIZE",
-                    help=WORKSPACE_HELP + "; lookups and quick tuning hand out no config that needs more")
-    tr.add_argument("--separable", default="off", metavar="RANK|energy[:SHARE]|off",
-                    help="separable filters (seed 002) on every stride-1 convolution with a filter of at least "
-                         "2x2: an integer rank (1 is the seed's), 'energy' (the smallest rank per layer keeping "
-                         "90%% of its filters' energy), 'energy:SHARE' or a share such as 0.95, or off (default)")
-    tr.add_argument("--seed", type=int, default=None)
-    tr.add_argument("--limit", type=int, default=None, help="use only this many training images")
-    tr.add_argument("--save", type=Path, default=None, help="write the trained weights (.npz)")
-    tr.add_argument("--no-fuse", action="store_true",
-                    help="keep every layer on its own kernels: no fused kernel (conv_bwd_fused, conv_pool_fwd, "
-                         "conv_pool_dz), even where the tuning records show one faster")
-    tr.add_argument("--json", action="store_true")
-    tr.set_defaults(func=cmd_train)
-
-    r = sub.add_parser("report", help="an HTML and Markdown report of tuning results")
-    r.add_argument("args", nargs=argparse.REMAINDER, help="arguments of scripts/tuning_report.py")
-    r.set_defaults(func=cmd_report)
-    return parser
+    t.set_defaults(func=lambda args: run_tune(tune_command(args)))
 
 
-# -- tune -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SourceChoice:
+    """Where a run's measurements come from: recorded replay files, several GPUs of this host
+    (--devices, as given: "all" or indices), or the one --device GPU."""
 
-def _parse_fixed(text: str) -> dict[str, Any]:
+    replay: tuple[Path, ...] | None
+    devices: str | None
+    device: int
+
+
+@dataclass(frozen=True)
+class TuneCommand:
+    """``autocnn tune`` as checked at the door, before any measurement source opens."""
+
+    problems: tuple[Any, ...] | None      # None: --stale, asked of the database once the device is known
+    torch_uses: tuple[Any, ...] | None    # --torch-model: its problems with their call counts (ProblemUse)
+    stale_ops: tuple[str, ...]            # --stale: the operations whose stale records are tuned
+    precision: Precision
+    missing: bool                         # only the problems without a full record of their own
+    whole_budget: bool                    # --network, --torch-model: --trials and --timeout for all kernels
+    trials: int
+    timeout_s: float | None
+    settings: TuneSettings
+    sources: SourceChoice
+    cudnn: bool | None                    # None: time cuDNN where PyTorch with CUDA is importable
+    json: bool
+    progress: bool
+
+
+def parse_fixed(text: str) -> dict[str, Any]:
+    """--fix's name=value pairs; a value of digits as an int."""
     fixed: dict[str, Any] = {}
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, sep, value = item.partition("=")
@@ -272,7 +144,8 @@ def _parse_fixed(text: str) -> dict[str, Any]:
     return fixed
 
 
-def _parse_ops(text: str | None) -> list[str]:
+def parse_ops(text: str | None) -> list[str]:
+    """--ops's operations (default: every one), each checked by name."""
     from autocnn.kernels import OPERATIONS
 
     ops = [o.strip() for o in (text or ",".join(OPERATIONS)).split(",") if o.strip()]
@@ -282,25 +155,25 @@ def _parse_ops(text: str | None) -> list[str]:
     return ops
 
 
-def _make_source(args: argparse.Namespace):
+def open_sources(choice: SourceChoice):
     """The measurement sources of a run (a GpuSources; ``close()`` ends them): recorded replay
     files, the --devices GPUs (one measuring worker each) or the one --device GPU."""
-    from autocnn.tuning.devices import GpuSources
+    from autocnn.search.devices import GpuSources
 
-    if args.replay:
-        from autocnn.tuning.sources import ReplayFile, ReplaySource
+    if choice.replay:
+        from autocnn.measurement.sources import ReplayFile, ReplaySource
 
-        return GpuSources([ReplaySource([ReplayFile.load(p) for p in args.replay])], {})
-    if args.devices is not None:
-        from autocnn.tuning.devices import device_count, open_gpu_sources, parse_devices, resolve_devices
+        return GpuSources([ReplaySource([ReplayFile.load(p) for p in choice.replay])], {})
+    if choice.devices is not None:
+        from autocnn.search.devices import device_count, open_gpu_sources, parse_devices, resolve_devices
 
-        return open_gpu_sources(resolve_devices(parse_devices(args.devices), device_count()))
-    from autocnn.tuning.sources import GpuSource
+        return open_gpu_sources(resolve_devices(parse_devices(choice.devices), device_count()))
+    from autocnn.measurement.sources import GpuSource
 
-    return GpuSources([GpuSource(args.device)], {})
+    return GpuSources([GpuSource(choice.device)], {})
 
 
-def _parse_vary(text: str, problems: Sequence[Any] | None) -> tuple[str, ...]:
+def parse_vary(text: str, problems: Sequence[Any] | None) -> tuple[str, ...]:
     """--vary's names, each a parameter of at least one problem's search space (checked before any
     device is touched, with sm_90's static limits: the names do not depend on the device)."""
     names = tuple(n for n in (t.strip() for t in text.split(",")) if n)
@@ -318,7 +191,8 @@ def _parse_vary(text: str, problems: Sequence[Any] | None) -> tuple[str, ...]:
     return names
 
 
-def _tune_problems(args: argparse.Namespace, precision: str, op_problem: Any, torch_uses: Any) -> list[Any]:
+def _tune_problems(args: argparse.Namespace, precision: Precision, op_problem: Any,
+                   torch_uses: Any) -> list[Any] | None:
     """The problems of the run, known before any device is touched (None for --stale, which asks
     the database about the device's kind)."""
     if args.op:
@@ -328,7 +202,7 @@ def _tune_problems(args: argparse.Namespace, precision: str, op_problem: Any, to
     if args.suite:
         from autocnn.kernels.suite import seed_problems
 
-        return [at_precision(problem, precision) for op in _parse_ops(args.ops) for _, problem in seed_problems(op)]
+        return [at_precision(problem, precision) for op in parse_ops(args.ops) for _, problem in seed_problems(op)]
     if args.network:
         from autocnn.nn.zoo import load_network
 
@@ -338,7 +212,7 @@ def _tune_problems(args: argparse.Namespace, precision: str, op_problem: Any, to
         model.precision = precision
         problems = model.problems(args.batch, alternatives=True)
         if args.ops:
-            ops = _parse_ops(args.ops)
+            ops = parse_ops(args.ops)
             problems = [p for p in problems if p.op in ops]
             if not problems:
                 raise ValueError(f"--ops: {args.network} runs no {', '.join(ops)} kernel")
@@ -348,7 +222,7 @@ def _tune_problems(args: argparse.Namespace, precision: str, op_problem: Any, to
 
 def _offering(fixed: dict[str, Any], problems: list[Any]) -> list[Any]:
     """The problems whose ops offer the held parameters; says how many are left out."""
-    from autocnn.tuning.tuner import fixed_text, problems_offering
+    from autocnn.search.tuner import fixed_text, problems_offering
 
     offering = problems_offering(fixed, problems)
     if len(offering) < len(problems):   # said even with --json (on stderr): work this run leaves undone
@@ -358,12 +232,12 @@ def _offering(fixed: dict[str, Any], problems: list[Any]) -> list[Any]:
     return offering
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    from autocnn.store import TuningDatabase
-    from autocnn.tuning.devices import each_problem, parse_devices, tune_on_devices
-    from autocnn.tuning.network import plan_budgets
-    from autocnn.tuning.settings import check_timeout
-    from autocnn.tuning.tuner import TuneSettings, Tuner
+def tune_command(args: argparse.Namespace) -> TuneCommand:
+    """The parsed arguments as a TuneCommand. Everything is checked here, before a source is
+    opened: a mistake costs no GPU start (the run's directories, storage and replay files are
+    checked by ``run_tune`` before it opens one)."""
+    from autocnn.search.devices import parse_devices
+    from autocnn.search.settings import TuneSettings, check_timeout
 
     if args.op and not args.shape:
         raise ValueError("--op needs --shape, e.g. --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3")
@@ -375,7 +249,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if bool(args.torch_model) != bool(args.input_shape):
         raise ValueError("--torch-model and --input-shape go together, e.g. "
                          "--torch-model torchvision.models:resnet18 --input-shape 3,224,224 --batch 64")
-    # Everything is checked before a source is opened: a mistake costs no GPU start.
     check_timeout(args.timeout)
     if args.workspace_limit is not None:
         set_workspace_limit(args.workspace_limit)   # the workers inherit it
@@ -392,11 +265,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         # The model is built and traced on meta tensors.
         torch_uses = autocnn_torch.factory_problems(args.torch_model, args.input_shape, args.batch, precision)
     check_seed(args.seed)
-    fixed = _parse_fixed(args.fix)
+    fixed = parse_fixed(args.fix)
     if torch_uses is not None:
         # --ops and --fix choose among the model's kernels as among a network's.
         if args.ops:
-            ops = _parse_ops(args.ops)
+            ops = parse_ops(args.ops)
             torch_uses = [u for u in torch_uses if u.problem.op in ops]
             if not torch_uses:
                 raise ValueError(f"--ops: {args.torch_model} runs no {', '.join(ops)} kernel")
@@ -408,10 +281,28 @@ def cmd_tune(args: argparse.Namespace) -> int:
     whole_budget = bool(args.network or args.torch_model)   # --timeout is for all kernels together
     settings = TuneSettings(trials=args.trials, timeout_s=args.timeout if not whole_budget else None,
                             sampler=args.sampler, seed=args.seed, storage=args.storage,
-                            fixed=fixed, vary=_parse_vary(args.vary, problems))
-    log = (lambda text: print(text, file=sys.stderr)) if not args.json else None
+                            fixed=fixed, vary=parse_vary(args.vary, problems))
+    return TuneCommand(
+        problems=None if problems is None else tuple(problems),
+        torch_uses=None if torch_uses is None else tuple(torch_uses),
+        stale_ops=tuple(parse_ops(args.ops)) if args.stale else (), precision=precision, missing=args.missing,
+        whole_budget=whole_budget, trials=args.trials, timeout_s=args.timeout, settings=settings,
+        sources=SourceChoice(tuple(args.replay) if args.replay else None, args.devices, args.device),
+        cudnn=args.cudnn, json=args.json, progress=not args.no_progress)
+
+
+def run_tune(command: TuneCommand) -> int:
+    from autocnn.search.devices import each_problem, tune_on_devices
+    from autocnn.search.network import plan_budgets
+    from autocnn.search.tuner import Tuner
+    from autocnn.store import TuningDatabase
+
+    settings, fixed, precision = command.settings, dict(command.settings.fixed), command.precision
+    problems = None if command.problems is None else list(command.problems)
+    torch_uses = None if command.torch_uses is None else list(command.torch_uses)
+    log = (lambda text: print(text, file=sys.stderr)) if not command.json else None
     # Not a terminal (a log file, CI): one line per finished problem instead of a redrawn bar.
-    bar = not (args.no_progress or args.json) and sys.stderr.isatty()
+    bar = command.progress and not command.json and sys.stderr.isatty()
     lines = log is not None and not bar
 
     def finished(outcome: Any) -> None:
@@ -420,11 +311,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     db = quiet_database()
     # What the run needs at its end (directories, the storage, the replay files), before a source opens.
-    tune_preflight(args, db, settings.storage, problems, fixed)
-    opened = _make_source(args)
+    tune_preflight(db, settings.storage, command.sources.replay, problems, fixed)
+    opened = open_sources(command.sources)
     try:
         if problems is None:   # --stale
-            stale = db.stale_problems(opened.device, _parse_ops(args.ops))
+            stale = db.stale_problems(opened.device, list(command.stale_ops))
             problems = _offering(fixed, [p for p in stale if has_precision(p, precision)])
             if log:
                 log(f"{len(problems)} shapes with stale records for {opened.device.name}")
@@ -432,21 +323,23 @@ def cmd_tune(args: argparse.Namespace) -> int:
             if others:   # said even with --json (on stderr): work this run leaves undone
                 print(f"autocnn: {len(stale) - len(problems)} more stale shapes are {'/'.join(map(str, others))}: "
                       f"tune them with --precision {others[0]}", file=sys.stderr)
-        if args.missing:
+        if command.missing:
             problems, torch_uses = _missing_only(db, opened.device, problems, torch_uses)
         if not problems:   # --missing or --stale left nothing to tune (said on stderr)
-            if args.json:
+            if command.json:
                 print(json.dumps({"device": opened.device.to_dict(), "results": []}, indent=2))
             return 0
-        if whole_budget:
-            budgets = plan_budgets(problems, args.trials, args.timeout)
+        if command.whole_budget:
+            budgets = plan_budgets(problems, command.trials, command.timeout_s)
         else:
-            budgets = each_problem(problems, args.trials, args.timeout)
+            budgets = each_problem(problems, command.trials, command.timeout_s)
         if len(opened.sources) > 1:
             outcomes = tune_on_devices(opened.sources, budgets, settings, db, log=log, on_outcome=finished)
         elif torch_uses is not None:   # its own split of the budget: by call count x expected time
+            import autocnn.torch as autocnn_torch
+
             tuner = Tuner(opened.sources[0], db, settings, progress=bar, log=log)
-            outcomes = autocnn_torch.tune_uses(tuner, torch_uses, args.trials, args.timeout, log)
+            outcomes = autocnn_torch.tune_uses(tuner, torch_uses, command.trials, command.timeout_s, log)
             for outcome in outcomes:
                 finished(outcome)
         else:
@@ -460,14 +353,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     finally:
         opened.close()
     notes: dict[str, str] = {}
-    if not args.replay and args.cudnn is not False:
-        from autocnn.tuning.baselines import open_baselines
+    if not command.sources.replay and command.cudnn is not False:
+        from autocnn.benchmark.baselines import open_baselines
 
         baselines = open_baselines()
-        if args.cudnn or baselines.available:
+        if command.cudnn or baselines.available:
             notes = _add_cudnn_times(outcomes, TuningDatabase(), baselines)
     rows = [_outcome_row(o) for o in outcomes]
-    if args.json:
+    if command.json:
         print(json.dumps({"device": opened.device.to_dict(), "results": rows, "cudnn_notes": notes}, indent=2))
     else:
         print(_outcome_table(rows, notes))
@@ -499,7 +392,7 @@ def _add_cudnn_times(outcomes: list[Any], db: Any, baselines: Any) -> dict[str, 
     in the stored record. A shape with no time keeps an empty cell: the footnotes returned (by op)
     say why, and those of ops timed as a sequence of PyTorch operators say which."""
     from autocnn.store import DatabaseError
-    from autocnn.tuning.baselines import BASELINE_NOTES
+    from autocnn.benchmark.baselines import BASELINE_NOTES
 
     notes: dict[str, str] = {}
     for o in outcomes:
@@ -545,59 +438,3 @@ def _outcome_table(rows: list[dict[str, Any]], notes: dict[str, str] | None = No
                      f"{r['measured']:6d} {failed:6d} {r['seconds']:7.1f}  {r['stopped']}")
     lines += [f"{marks[op]} cuDNN column, {op}: {note}" for op, note in (notes or {}).items()]
     return "\n".join(lines)
-
-
-# -- bench, train, report ------------------------------------------------------------------------
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from autocnn.tuning.benchmark import main as bench_main
-
-    return bench_main(args.args)
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    from autocnn.nn.training import train
-
-    train_preflight(args)   # --seed, --batch-size, --save and the directories, before any data is read
-    if args.workspace_limit is not None:
-        set_workspace_limit(args.workspace_limit)
-    report = train(args.network, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
-                   backend=args.backend, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
-                   data_root=args.data_root, limit=args.limit, verbose=not args.json,
-                   standardize=not args.no_standardize, precision=args.precision, autotune=args.autotune,
-                   separable=args.separable, fuse=False if args.no_fuse else None,
-                   lr_schedule=None if args.lr_schedule == "none" else args.lr_schedule)
-    saved = _save_weights(report.model, args.save) if args.save else None
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2, default=str))
-    else:
-        print(report.summary())
-        print(report.dispatch_report)
-        if saved is not None:
-            print(f"weights written to {saved}")
-    return 0 if saved is None or saved == args.save else 1
-
-
-def _save_weights(model: Any, path: Path) -> Path:
-    """Write the trained weights to ``path``; where that fails anyway (checked before training, but
-    a disk may fill meanwhile), to a file in the temporary directory, said on stderr."""
-    import tempfile
-
-    try:
-        model.save(path)
-        return path
-    except OSError as exc:
-        fallback = Path(tempfile.mkstemp(prefix="autocnn-weights-", suffix=".npz")[1])
-        model.save(fallback)
-        say(f"--save {path}: {exc.strerror or exc}; the trained weights were written to {fallback} instead")
-        return fallback
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from autocnn.reports import main as report_main
-
-    return report_main(args.args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,5 +1,6 @@
 """Problems, precisions and numbers as the command line reads and prints them: ``--shape`` with
-``--precision``, a problem moved to a precision, and table cells."""
+``--precision``, a problem moved to a precision, table cells, and the help texts that name
+networks and the workspace limit for several commands."""
 from __future__ import annotations
 
 import dataclasses
@@ -46,3 +47,14 @@ def precision_text(problem: Any) -> str:
 
 def fmt(v: Any, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
+
+
+WORKSPACE_HELP = ("the most scratch memory one kernel may use, e.g. 64MiB or 1GiB (default: "
+                  "$AUTOCNN_WORKSPACE_LIMIT, else 256MiB; 0 allows only formulations without a workspace)")
+
+
+def zoo_text() -> str:
+    """The zoo's networks as --network's help names them (conv4 and vgg included)."""
+    from autocnn.nn.zoo import NETWORKS
+
+    return ", ".join(NETWORKS)

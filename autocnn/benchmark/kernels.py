@@ -8,7 +8,7 @@ in FP32 (``allow_tf32`` off), tf32 against cuDNN with TF32 on. Convolutions run 
 by default (``--precision`` chooses one); pooling has no precision and runs once. The GPU's SGEMM
 and TF32 GEMM rates and its copy bandwidth are measured first, under the same timing protocol, and
 each convolution's achieved TFLOP/s is shown as a share of both GEMM rates. Every measurement is
-written as JSON as it comes; the tables are printed last (``autocnn.tuning.bench_table``).
+written as JSON as it comes; the tables are printed last (``autocnn.benchmark.table``).
 
 cuDNN's benchmark mode picks an algorithm per shape once per process, and on small layers it does
 not always pick the same one: two runs minutes apart have differed by up to 2x on a row and by 2% on
@@ -21,7 +21,6 @@ row keeps every draw in the JSON (``cudnn_draws_us``).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
@@ -32,32 +31,26 @@ from typing import Any
 from autocnn.device import set_workspace_limit
 from autocnn.kernels import OPERATIONS, operation_for
 from autocnn.kernels.suite import CONV_OPS, POOL_OPS, TARGET_SHAPES, named_problems, seed_shapes
-from autocnn.tuning.bench_table import (CONV_PRECISIONS, GpuRates, fastest_draws, progress_line, row_from_results,
+from autocnn.benchmark.table import (CONV_PRECISIONS, GpuRates, fastest_draws, progress_line, row_from_results,
                                          tables)
 
 PRECISION_CHOICES = {"both": CONV_PRECISIONS, **{p: (p,) for p in CONV_PRECISIONS}}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="autocnn bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=64, help="random valid configs per family and shape")
-    ap.add_argument("--ops", default=",".join(CONV_OPS + POOL_OPS), help="comma-separated operations")
-    ap.add_argument("--shapes", default="", help="comma-separated shape names: the seed suite's, or pointwise_s1 / pointwise_s2 "
-                         "(today's 1x1 layers, 256->512 channels on 28x28, batch 64; default: the seed suite)")
-    ap.add_argument("--precision", choices=tuple(PRECISION_CHOICES), default="both",
-                    help="the convolutions' precision: fp32 (against cuDNN FP32), tf32 (against cuDNN TF32) or "
-                         "both, side by side (default)")
-    ap.add_argument("--budget", type=float, default=0.08, help="seconds of timed repetitions per variant")
-    ap.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, printed)")
-    ap.add_argument("--out", type=Path, default=Path("bench_kernels.json"), help="JSON results")
-    ap.add_argument("--device", type=int, default=0)
-    ap.add_argument("--cudnn-processes", type=int, default=1, metavar="N",
-                    help="time cuDNN in N processes and compare with its fastest (default 1: the run's own)")
-    ap.add_argument("--workspace-limit", default=None, metavar="SIZE",
-                    help="the most scratch memory one kernel may use, e.g. 64MiB (default: "
-                         "$AUTOCNN_WORKSPACE_LIMIT, else 256MiB); sampled and looked-up configs stay within it")
-    return ap
+@dataclasses.dataclass(frozen=True)
+class BenchSettings:
+    """What ``autocnn bench`` was asked for (autocnn.cli.bench reads it from the command line)."""
+
+    ops: str = ",".join(CONV_OPS + POOL_OPS)   # comma-separated operations
+    shapes: str = ""                  # comma-separated shape names; empty: the seed suite
+    precision: str = "both"           # a key of PRECISION_CHOICES
+    samples: int = 64                 # random valid configs per family and shape
+    budget: float = 0.08              # seconds of timed repetitions per variant
+    seed: int | None = None           # sampling seed; None: random, printed
+    out: Path = Path("bench_kernels.json")
+    device: int = 0
+    cudnn_processes: int = 1
+    workspace_limit: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +61,8 @@ class BenchPlan:
     precisions: tuple[str, ...]
 
 
-def plan(args: argparse.Namespace) -> BenchPlan:
+def plan(args: BenchSettings) -> BenchPlan:
+    """The run's problems and precisions, every input checked before any GPU work."""
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = [o for o in ops if o not in OPERATIONS]
     if unknown:
@@ -100,19 +94,13 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     return BenchPlan(problems, precisions)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    try:
-        work = plan(args)   # every input checked before the GPU starts
-    except ValueError as exc:
-        ap.error(str(exc))
-
+def run(args: BenchSettings, work: BenchPlan) -> int:
+    """Measure ``work`` on the GPU, writing the JSON as it comes; the tables printed last."""
     from autocnn.gpu import require_cupy
-    from autocnn.tuning.baselines import measure_ceilings, time_baseline, torch_available
-    from autocnn.tuning.measure import L2Flusher
+    from autocnn.benchmark.baselines import measure_ceilings, time_baseline, torch_available
+    from autocnn.measurement.measure import L2Flusher
     from autocnn.store import TuningDatabase
-    from autocnn.tuning.sources import GpuSource
+    from autocnn.measurement.sources import GpuSource
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     rng = random.Random(seed)
@@ -170,14 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cudnn_in_fresh_processes(args: argparse.Namespace, device: Any, work: BenchPlan, rows: list,
+def _cudnn_in_fresh_processes(args: BenchSettings, device: Any, work: BenchPlan, rows: list,
                               records: list) -> list:
     """The rows with cuDNN's fastest time over this run's draw and ``args.cudnn_processes - 1``
     more, each timed in a fresh process, one after another; every draw kept in ``records``."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from autocnn.tuning.baselines import cudnn_draw
+    from autocnn.benchmark.baselines import cudnn_draw
 
     jobs = [(op, problem.to_dict()) for op, _, problem in work.problems][:len(rows)]
     draws = [[r.cudnn_us for r in rows]]

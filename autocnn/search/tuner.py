@@ -36,16 +36,16 @@ from autocnn.device import DeviceInfo, DeviceLimits
 from autocnn.errors import FailureClass, InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation
 from autocnn.kernels.space import Config, SearchSpace
-from autocnn.tuning.confirm import confirm_and_store
-from autocnn.tuning.leases import HEARTBEATS, OWNER_ATTR, Owner, new_owner, retire
-from autocnn.tuning.samplers import (SAMPLERS, ExhaustiveSampler, enqueue_params, make_sampler,  # noqa: F401
+from autocnn.search.confirm import confirm_and_store
+from autocnn.search.leases import HEARTBEATS, OWNER_ATTR, Owner, new_owner, retire
+from autocnn.search.samplers import (SAMPLERS, ExhaustiveSampler, enqueue_params, make_sampler,  # noqa: F401
                                      suggest_config)
-from autocnn.tuning.settings import TuneOutcome, TuneSettings, check_timeout  # noqa: F401
-from autocnn.tuning.sources import MeasurementSource, TrialResult, held_for, study_tag
-from autocnn.tuning.storage import (StorageSpec, StorageUrlError, default_storage_url, open_storage,  # noqa: F401
+from autocnn.search.settings import TuneOutcome, TuneSettings, check_timeout  # noqa: F401
+from autocnn.measurement.sources import MeasurementSource, TrialResult, held_for, study_tag
+from autocnn.search.storage import (StorageSpec, StorageUrlError, default_storage_url, open_storage,  # noqa: F401
                                     parse_storage)
-from autocnn.tuning.study_lock import shared_storage, study_lock
-from autocnn.tuning.trials import (ABANDONED_ATTR, CONFIG_ATTR, RESULT_ATTR, in_flight, known_results,  # noqa: F401
+from autocnn.search.study_lock import shared_storage, study_lock
+from autocnn.search.trials import (ABANDONED_ATTR, CONFIG_ATTR, RESULT_ATTR, in_flight, known_results,  # noqa: F401
                                    measured_count, queued_keys, tell)
 
 # Stop asking when this many proposals in a row brought nothing new to measure (space exhausted).

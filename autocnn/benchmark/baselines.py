@@ -20,7 +20,7 @@ The ceilings: the copy bandwidth, and two large square matrix products, one in F
 one with TF32 tensor cores, each timed under the same protocol as the kernels.
 
 Everything here needs a GPU and PyTorch; what is made of the numbers (tables, rates, shares) is
-in ``autocnn.tuning.bench_table``, which needs neither.
+in ``autocnn.benchmark.table``, which needs neither.
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def time_cudnn(op: str, problem: Any, *, flusher: Any = None, budget_s: float = 
     """Median microseconds of PyTorch's version of the operation at the problem's precision (the
     timing protocol of ``time_callable``), or None where PyTorch has none. PyTorch's errors pass
     through: ``time_baseline`` is the form that turns them into a reason."""
-    from autocnn.tuning.measure import time_callable
+    from autocnn.measurement.measure import time_callable
 
     if no_baseline_reason(op, problem) is not None:
         return None
@@ -143,7 +143,7 @@ def open_baselines(budget_s: float = 0.2) -> BaselineProvider:
     if not torch_available():
         return NoBaselines("no PyTorch with CUDA in this environment")
     from autocnn.device import current_device
-    from autocnn.tuning.measure import L2Flusher
+    from autocnn.measurement.measure import L2Flusher
 
     return CudnnBaselines(L2Flusher(current_device().l2_bytes), budget_s)
 
@@ -156,7 +156,7 @@ def cudnn_draw(device: int, l2_bytes: int, jobs: list[tuple[str, dict[str, Any]]
     layers it does not always choose the same one, so one process's time is one draw of that choice."""
     from autocnn.gpu import require_cupy
     from autocnn.kernels.problem import problem_from_dict
-    from autocnn.tuning.measure import L2Flusher
+    from autocnn.measurement.measure import L2Flusher
 
     require_cupy().cuda.Device(device).use()
     import torch
@@ -309,8 +309,8 @@ def measure_ceilings(flusher: Any = None, budget_s: float = 0.5) -> Ceilings:
     """The numbers every kernel is placed against, measured on this device now, each timed like the
     kernels (``time_callable``, with the L2 flusher given)."""
     from autocnn.gpu import require_cupy
-    from autocnn.tuning.bench_table import gemm_tflops
-    from autocnn.tuning.measure import time_callable
+    from autocnn.benchmark.table import gemm_tflops
+    from autocnn.measurement.measure import time_callable
 
     cp = require_cupy()
     n = 256 * 1024 * 1024   # 1 GiB of float32: far larger than any L2, so no flush is needed

@@ -15,10 +15,10 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from autocnn.tuning.network import ProblemBudget
-from autocnn.tuning.settings import TuneOutcome, TuneSettings, check_timeout
-from autocnn.tuning.sources import MeasurementSource
-from autocnn.tuning.study_lock import shared_storage
+from autocnn.search.network import ProblemBudget
+from autocnn.search.settings import TuneOutcome, TuneSettings, check_timeout
+from autocnn.measurement.sources import MeasurementSource
+from autocnn.search.study_lock import shared_storage
 
 
 def parse_devices(text: str | None) -> list[int] | str:
@@ -92,8 +92,8 @@ class GpuSources:
 def open_gpu_sources(device_ids: Sequence[int], timeout_s: float = 60.0, budget_s: float = 0.1) -> GpuSources:
     """One GpuSource (measuring worker) per GPU; GPUs of one architecture share one nvcc pool,
     which has the host's cores. The workers start together: each takes seconds to hold its GPU."""
-    from autocnn.tuning.sources import GpuSource
-    from autocnn.tuning.worker import MeasureWorker
+    from autocnn.measurement.sources import GpuSource
+    from autocnn.measurement.worker import MeasureWorker
 
     opened = GpuSources([], {})
     workers = [MeasureWorker(device_id, timeout_s=timeout_s) for device_id in device_ids]
@@ -119,7 +119,7 @@ def kind_of(source: MeasurementSource) -> tuple:
 
 def each_problem(problems: Sequence[Any], trials: int, timeout_s: float | None = None) -> list[ProblemBudget]:
     """Every distinct problem with the full budget (a shape, a suite, stale shapes)."""
-    from autocnn.tuning.network import expected_seconds
+    from autocnn.search.network import expected_seconds
 
     check_timeout(timeout_s)
     unique: list[Any] = []
@@ -178,7 +178,7 @@ def tune_on_devices(sources: Sequence[MeasurementSource], budgets: Sequence[Prob
     """Tune every problem on every kind of GPU among ``sources``, each GPU one measuring worker.
     One outcome per (kind, problem), in the order of the kinds' first GPUs and of ``budgets``;
     ``on_outcome`` hears of each as soon as its last GPU is done with it (one line per problem)."""
-    from autocnn.tuning.tuner import Tuner
+    from autocnn.search.tuner import Tuner
 
     if not sources:
         raise ValueError("tuning on devices needs at least one measurement source")

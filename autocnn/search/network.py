@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from autocnn.kernels import get_operation
-from autocnn.tuning.settings import TuneOutcome, check_timeout
+from autocnn.search.settings import TuneOutcome, check_timeout
 
 if TYPE_CHECKING:
-    from autocnn.tuning.tuner import Tuner
+    from autocnn.search.tuner import Tuner
 
 # Rough rates that turn a problem into an expected share of a training step's time.
 _EXPECTED_FLOPS = 25e12

@@ -29,10 +29,10 @@ from autocnn.cost_model.ranking import predicted_order
 from autocnn.errors import DeviceError, InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation
 from autocnn.kernels.space import Config
-from autocnn.tuning.sources import MeasurementSource, TrialResult
+from autocnn.measurement.sources import MeasurementSource, TrialResult
 
 if TYPE_CHECKING:   # the tuner's modules import Optuna: only "full" needs them
-    from autocnn.tuning.settings import TuneSettings
+    from autocnn.search.settings import TuneSettings
 
 AutotuneMode = Literal["off", "quick", "full"]
 AUTOTUNE_MODES: tuple[str, ...] = ("off", "quick", "full")
@@ -254,7 +254,7 @@ class Autotuner:
             if outcome.best is None:
                 return AutotuneChoice(found.config, found.source, f"{found.detail}; {outcome.summary()}", outcome)
             return AutotuneChoice(outcome.config, "quick", outcome.summary(), outcome)
-        from autocnn.tuning.tuner import Tuner, TuneSettings
+        from autocnn.search.tuner import Tuner, TuneSettings
 
         settings = self.full_settings or TuneSettings(trials=FULL_AUTOTUNE_TRIALS)
         outcome = Tuner(source, self.db, settings, progress=False).tune(problem.op, problem)

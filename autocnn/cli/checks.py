@@ -10,10 +10,10 @@ into. Each failure is one sentence naming the path, the URL or the value.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import warnings
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from autocnn.preflight import check_cache, check_database, check_storage, writable_file
@@ -40,14 +40,14 @@ def quiet_database(**kwargs: Any) -> Any:
     return db
 
 
-def tune_preflight(args: argparse.Namespace, db: Any, storage: str | None, problems: Sequence[Any] | None,
+def tune_preflight(db: Any, storage: str | None, replay: Sequence[Path] | None, problems: Sequence[Any] | None,
                    fixed: dict[str, Any]) -> None:
     """Everything ``autocnn tune`` needs at its end, before a source opens (see the module's text)."""
     check_cache()
     check_database(db)
     check_storage(storage)
-    if args.replay:
-        for note in replay_notes(args.replay, problems, fixed):
+    if replay:
+        for note in replay_notes(replay, problems, fixed):
             say(note)
 
 
@@ -55,8 +55,8 @@ def replay_notes(paths: Sequence[Any], problems: Sequence[Any] | None, fixed: di
     """Check the --replay files against the run (ReplayFileError or ValueError naming the file) and
     say which held parameters they bring: each was recorded over a space with some parameters
     held (its ``space_filter``), answers nothing outside it, and the tuner holds them too."""
-    from autocnn.tuning.sources import ReplayFile, ReplayFileError
-    from autocnn.tuning.tuner import fixed_text
+    from autocnn.measurement.sources import ReplayFile, ReplayFileError
+    from autocnn.search.tuner import fixed_text
 
     files = [ReplayFile.load(p) for p in paths]
     used = files
@@ -82,20 +82,21 @@ def replay_notes(paths: Sequence[Any], problems: Sequence[Any] | None, fixed: di
     return notes
 
 
-def train_preflight(args: argparse.Namespace) -> None:
+def train_preflight(seed: int | None, batch_size: int, epochs: int, limit: int | None, save: Path | None,
+                    backend: str, autotune: str | None) -> None:
     """``autocnn train``'s values and the places it writes into, before any data is read."""
-    check_seed(args.seed)
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, not {args.batch_size}")
-    if args.epochs < 1:
-        raise ValueError(f"--epochs must be at least 1, not {args.epochs}")
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be at least 1, not {args.limit}")
-    if args.save is not None:
-        writable_file(args.save, "--save")
-    if args.backend == "cuda":
+    check_seed(seed)
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, not {batch_size}")
+    if epochs < 1:
+        raise ValueError(f"--epochs must be at least 1, not {epochs}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be at least 1, not {limit}")
+    if save is not None:
+        writable_file(save, "--save")
+    if backend == "cuda":
         check_cache()   # compiled kernels
-        if args.autotune != "off":
+        if autotune != "off":
             from autocnn.store import TuningDatabase
 
             check_database(TuningDatabase())   # quick tuning stores its records

@@ -58,7 +58,7 @@ def _serve(conn: Any, device_id: int) -> None:
         cp = require_cupy()
         cp.cuda.Device(device_id).use()
         from autocnn.device import current_device
-        from autocnn.tuning.measure import L2Flusher, check_candidate
+        from autocnn.measurement.measure import L2Flusher, check_candidate
         from autocnn.kernels import get_operation, problem_from_dict
         from autocnn.kernels.runtime import KernelLoader
 

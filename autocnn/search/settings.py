@@ -7,9 +7,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from autocnn.tuning.samplers import SAMPLERS
-from autocnn.tuning.sources import TrialResult
-from autocnn.tuning.storage import StorageSpec, parse_storage
+from autocnn.search.samplers import SAMPLERS
+from autocnn.measurement.sources import TrialResult
+from autocnn.search.storage import StorageSpec, parse_storage
 
 
 def check_timeout(seconds: float | None, what: str = "--timeout") -> float | None:
@@ -29,7 +29,7 @@ class TuneSettings:
     timeout_s: float | None = None       # wall-clock budget per study
     sampler: str = "tpe"
     seed: int | None = None
-    storage: str | None = None           # see tuning/storage.py; None: SQLite in the cache
+    storage: str | None = None           # see search/storage.py; None: SQLite in the cache
     batch: int = 16                      # configs proposed at once (compiled in parallel)
     fixed: Mapping[str, Any] = field(default_factory=dict)   # parameters held at one value
     warm_start: bool = True              # enqueue the default, old winners of the shape, nearest shapes' winners

@@ -15,8 +15,8 @@ import optuna
 
 from autocnn.errors import FailureClass, InvalidConfigError
 from autocnn.kernels.space import Config, SearchSpace
-from autocnn.tuning.leases import OWNER_ATTR, Liveness, Owner
-from autocnn.tuning.sources import TrialResult
+from autocnn.search.leases import OWNER_ATTR, Liveness, Owner
+from autocnn.measurement.sources import TrialResult
 
 CONFIG_ATTR = "config"
 RESULT_ATTR = "result"          # timing, registers, failure class and message of a told trial

@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 from autocnn import __version__
 from autocnn.kernels.space import Config
-from autocnn.tuning.settings import TuneOutcome, TuneSettings
-from autocnn.tuning.sources import MeasurementSource, TrialResult
+from autocnn.search.settings import TuneOutcome, TuneSettings
+from autocnn.measurement.sources import MeasurementSource, TrialResult
 
 
 def contenders(known: Mapping[str, TrialResult], *others: Config | None) -> list[Config]:
@@ -83,7 +83,7 @@ def confirm_and_store(source: MeasurementSource, db: Any, settings: TuneSettings
     if db is None:
         return outcome
     from autocnn.store import DatabaseError, RecordKey, TuningRecord, now_utc
-    from autocnn.tuning.storage import default_storage_url
+    from autocnn.search.storage import default_storage_url
 
     timing = winner.timing or {}
     record = TuningRecord(

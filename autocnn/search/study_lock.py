@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from autocnn.tuning.storage import POSTGRES_CONNECT_TIMEOUT_S, StorageSpec, open_storage
+from autocnn.search.storage import POSTGRES_CONNECT_TIMEOUT_S, StorageSpec, open_storage
 
 STORAGE_LOCK = "(the storage itself)"   # the name whose lock guards creating a storage's tables
 LOCK_TIMEOUT_S = 600.0   # holders keep it for one proposal (milliseconds); minutes means a stuck process

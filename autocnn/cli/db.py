@@ -5,11 +5,70 @@ import argparse
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from autocnn.cli_problems import fmt, precision_text, shape_problem
+from autocnn.cli.checks import quiet_database
+from autocnn.cli.problems import fmt, precision_text, shape_problem
 from autocnn.errors import InvalidProblemError
 from autocnn.precision import PRECISION_NAMES
+
+
+def add_parser(sub: Any) -> None:
+    """The ``db`` command's parsers, under the top-level ``sub``parsers."""
+    d = sub.add_parser("db", help="list, show, export, import or remove tuned records")
+    dsub = d.add_subparsers(title="database commands")
+    dl = dsub.add_parser("list", help="one line per tuned kernel")
+    db_filters(dl)
+    dl.add_argument("--json", action="store_true")
+    dl.set_defaults(func=lambda a: db_list(RecordFilter.of(a), a.json))
+    ds = dsub.add_parser("show", help="every field of the matching records")
+    db_filters(ds)
+    ds.add_argument("--shape", help="shape string of the problem (with --op)")
+    ds.set_defaults(func=lambda a: db_show(RecordFilter.of(a, a.shape)))
+    de = dsub.add_parser("export", help="write matching records to a JSON file")
+    de.add_argument("path", type=Path)
+    db_filters(de)
+    de.set_defaults(func=lambda a: db_export(a.path, RecordFilter.of(a)))
+    di = dsub.add_parser("import", help="validate and add the records of a JSON file")
+    di.add_argument("path", type=Path)
+    di.add_argument("--keep-faster", action="store_true",
+                    help="replace a record of the same problem only when the imported one is faster "
+                         "(keeping its cuDNN time); default: the imported record replaces it")
+    di.set_defaults(func=lambda a: db_import(a.path, a.keep_faster))
+    dr = dsub.add_parser("remove", help="remove matching user records (shipped records stay)")
+    db_filters(dr)
+    dr.add_argument("--shape", help="shape string of the problem (with --op)")
+    dr.add_argument("--stale", action="store_true",
+                    help="match the stale records (tuned with templates that have changed since) instead")
+    dr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    dr.set_defaults(func=lambda a: db_remove(RecordFilter.of(a, a.shape, a.stale), a.yes))
+    dc = dsub.add_parser("check", help="report unreadable files, records that are skipped, and records current by "
+                                       "their plan digest only (old fingerprint, same code)")
+    dc.add_argument("--rekey", action="store_true",
+                    help="write the user records that are current by their plan digest only again with the "
+                         "current fingerprint (shipped ones: scripts/stamp_plan_digests.py)")
+    dc.set_defaults(func=lambda a: db_check(a.rekey))
+    dm = dsub.add_parser("model", help="the cost model that ranks configs where no record of a problem exists, and "
+                                       "how well it ranked held-out problems beside the nearest-shape rule")
+    dm.set_defaults(func=lambda a: db_model())
+
+
+@dataclass(frozen=True)
+class RecordFilter:
+    """Which records a db command is about: --gpu (a part of the name), --op, --precision, and for
+    show and remove the problem --shape names and whether the stale records are meant."""
+
+    gpu: str | None = None
+    op: str | None = None
+    precision: str | None = None
+    shape: str | None = None
+    stale: bool = False
+
+    @staticmethod
+    def of(args: argparse.Namespace, shape: str | None = None, stale: bool = False) -> "RecordFilter":
+        return RecordFilter(args.gpu, args.op, args.precision, shape, stale)
 
 
 def db_filters(p: argparse.ArgumentParser) -> None:
@@ -20,65 +79,64 @@ def db_filters(p: argparse.ArgumentParser) -> None:
                         "left out)")
 
 
-def check_filters(args: argparse.Namespace) -> None:
+def check_filters(wanted: RecordFilter) -> None:
     """A filter that can match nothing by its spelling is named, not answered with "no record"."""
     from autocnn.kernels import OPERATIONS
 
-    if args.op is not None and args.op not in OPERATIONS:
-        raise ValueError(f"--op {args.op!r} is not an operation; choose from {', '.join(OPERATIONS)}")
+    if wanted.op is not None and wanted.op not in OPERATIONS:
+        raise ValueError(f"--op {wanted.op!r} is not an operation; choose from {', '.join(OPERATIONS)}")
 
 
-def _matching(db, args: argparse.Namespace, shape: str | None = None, stale: bool = False):
+def _matching(db, filters: RecordFilter):
     from autocnn.kernels import problem_from_dict
 
-    check_filters(args)
+    check_filters(filters)
 
     wanted: dict[str, Any] = {}   # op -> the problem --shape (and --precision) names for it
 
     def named(op: str) -> Any:
         if op not in wanted:
             try:
-                wanted[op] = shape_problem(op, shape, args.precision)
+                wanted[op] = shape_problem(op, filters.shape, filters.precision)
             except InvalidProblemError:
                 wanted[op] = None   # a shape of another kind of operation: no record of this op matches
         return wanted[op]
 
     out = []
-    for rec in ([r for r, _ in db.stale_records()] if stale else db.records()):
-        if args.gpu and args.gpu.lower() not in rec.key.gpu.lower():
+    for rec in ([r for r, _ in db.stale_records()] if filters.stale else db.records()):
+        if filters.gpu and filters.gpu.lower() not in rec.key.gpu.lower():
             continue
-        if args.op and rec.key.op != args.op:
+        if filters.op and rec.key.op != filters.op:
             continue
         problem = problem_from_dict(rec.key.problem)
-        if args.precision and precision_text(problem) != args.precision:
+        if filters.precision and precision_text(problem) != filters.precision:
             continue
-        if shape is not None and named(rec.key.op) != problem:
+        if filters.shape is not None and named(rec.key.op) != problem:
             continue
         out.append(rec)
     return out
 
 
-def cmd_db_list(args: argparse.Namespace) -> int:
+def db_list(filters: RecordFilter, as_json: bool) -> int:
+    from autocnn.kernels import parse_shape
     from autocnn.store import TuningDatabase
 
-    from autocnn.kernels import parse_shape
-
-    check_filters(args)
+    check_filters(filters)
     db = TuningDatabase()
     rows = []
     for r in db.summary_rows():
         # The shape string is the problem's canonical text (a tf32 one ends in precision=tf32), so
         # parsing it back gives the precision without a second pass over the records.
         precision = precision_text(parse_shape(r.op, r.shape))
-        if ((not args.gpu or args.gpu.lower() in r.gpu.lower()) and (not args.op or r.op == args.op)
-                and (not args.precision or precision == args.precision)):
+        if ((not filters.gpu or filters.gpu.lower() in r.gpu.lower()) and (not filters.op or r.op == filters.op)
+                and (not filters.precision or precision == filters.precision)):
             rows.append((r, precision))
     # Nothing found exits 1, as `db show` and `db remove` do for the same filters.
-    if args.json:
+    if as_json:
         print(json.dumps([{**dataclasses.asdict(r), "precision": precision} for r, precision in rows], indent=2))
         return 0 if rows else 1
     if not rows:
-        print("no tuned records (run autocnn tune first)" if not (args.gpu or args.op or args.precision)
+        print("no tuned records (run autocnn tune first)" if not (filters.gpu or filters.op or filters.precision)
               else "no tuned record matches the filters")
         return 1
     # Shapes are never cut: their ends (epilogue, precision) tell records apart.
@@ -91,7 +149,7 @@ def cmd_db_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_db_model(args: argparse.Namespace) -> int:
+def db_model() -> int:
     """The cost model in use; exit 1 where none is (off, or its file refused)."""
     from autocnn.cost_model.model_file import active_model, in_use_text
 
@@ -110,10 +168,10 @@ def cmd_db_model(args: argparse.Namespace) -> int:
     return 0 if model is not None else 1
 
 
-def cmd_db_show(args: argparse.Namespace) -> int:
+def db_show(filters: RecordFilter) -> int:
     from autocnn.store import TuningDatabase
 
-    recs = _matching(TuningDatabase(), args, args.shape)
+    recs = _matching(TuningDatabase(), filters)
     if not recs:
         print("no matching record")
         return 1
@@ -133,44 +191,41 @@ def cmd_db_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_db_export(args: argparse.Namespace) -> int:
+def db_export(path: Path, filters: RecordFilter) -> int:
+    from autocnn.preflight import writable_directory
     from autocnn.store import TuningDatabase
 
-    from autocnn.preflight import writable_directory
-
-    if args.path.is_dir():
-        raise ValueError(f"db export {args.path}: is a directory; give a file name")
-    writable_directory(args.path.parent, f"db export {args.path}: the directory", "give a path you can write")
+    if path.is_dir():
+        raise ValueError(f"db export {path}: is a directory; give a file name")
+    writable_directory(path.parent, f"db export {path}: the directory", "give a path you can write")
     db = TuningDatabase()
-    keys = {r.key for r in _matching(db, args)}
-    count = db.export(args.path, lambda rec: rec.key in keys)
-    print(f"wrote {count} records to {args.path}")
+    keys = {r.key for r in _matching(db, filters)}
+    count = db.export(path, lambda rec: rec.key in keys)
+    print(f"wrote {count} records to {path}")
     return 0
 
 
-def cmd_db_import(args: argparse.Namespace) -> int:
-    from autocnn.cli_checks import quiet_database
+def db_import(path: Path, keep_faster: bool) -> int:
     from autocnn.preflight import check_database
 
     db = quiet_database()
     check_database(db)   # before the file is read and validated
-    report = db.import_file(args.path, keep_faster=args.keep_faster)
-    for line in report.sentences(args.path):
+    report = db.import_file(path, keep_faster=keep_faster)
+    for line in report.sentences(path):
         print(line)
     return 1 if report.failed else 0
 
 
-def cmd_db_remove(args: argparse.Namespace) -> int:
-    from autocnn.cli_checks import quiet_database
+def db_remove(filters: RecordFilter, yes: bool) -> int:
     from autocnn.preflight import check_database
 
     db = quiet_database()
     check_database(db)   # before anything is matched or asked
-    recs = _matching(db, args, args.shape, stale=args.stale)
+    recs = _matching(db, filters)
     if not recs:
-        print("no matching stale record" if args.stale else "no matching record")
+        print("no matching stale record" if filters.stale else "no matching record")
         return 1
-    if not args.yes:
+    if not yes:
         if not sys.stdin.isatty():
             raise ValueError(f"{len(recs)} records match; add --yes to remove them without a prompt")
         answer = input(f"remove {len(recs)} records? [y/N] ")
@@ -181,11 +236,11 @@ def cmd_db_remove(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_db_check(args: argparse.Namespace) -> int:
+def db_check(rekey: bool) -> int:
     from autocnn.store import TuningDatabase
 
     db = TuningDatabase()
-    if getattr(args, "rekey", False):
+    if rekey:
         from autocnn.preflight import check_database
 
         check_database(db)

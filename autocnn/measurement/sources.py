@@ -71,7 +71,7 @@ class GpuSource:
         ``worker``: a MeasureWorker of ``device_id`` already launched (``open_gpu_sources`` starts
         several GPUs' workers at once); by default this source starts its own."""
         from autocnn.kernels.compiler import CompilePool
-        from autocnn.tuning.worker import MeasureWorker
+        from autocnn.measurement.worker import MeasureWorker
 
         if worker is None:
             self.worker = MeasureWorker(device_id, timeout_s=timeout_s)
@@ -94,7 +94,7 @@ class GpuSource:
 
     def measure(self, op: str, problem: Any, configs: Sequence[Config]) -> Iterator[TrialResult]:
         from autocnn.kernels.compiler import resource_violations
-        from autocnn.tuning.worker import MeasureJob
+        from autocnn.measurement.worker import MeasureJob
 
         operation = get_operation(op)
         plans = [self.plan_for(operation, problem, c) for c in configs]

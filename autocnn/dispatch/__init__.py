@@ -1,0 +1,8 @@
+"""Dispatch: from a kernel problem to a loaded kernel that runs, for the training library
+(autocnn.nn.cuda_backend) and the PyTorch front end (autocnn.torch.launch) alike.
+
+Modules: ``kernels`` (GpuKernels: lookup -> quick tuning where no record covers a problem ->
+plan -> compile and load -> launch on named buffers; KernelDispatch, what a backend says it
+runs), ``quick`` (quick tuning and the autotune modes) and ``workspace_arena`` (the workspaces
+of one operation's plans in one buffer).
+"""

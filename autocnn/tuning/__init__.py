@@ -1,1 +1,0 @@
-"""The tuning machinery: search, measurement workers, measurement sources, baselines."""
