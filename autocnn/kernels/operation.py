@@ -17,6 +17,7 @@ from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels.codegen import code_source, render_family, template_fingerprint
 from autocnn.kernels.plan import KernelPlan
 from autocnn.kernels.space import Config, Constraint, Param, SearchSpace
+from autocnn.precision import KernelTypes, precision_of
 
 if TYPE_CHECKING:
     from autocnn.kernels.formulations.base import Formulation, OpFormulation
@@ -152,7 +153,7 @@ class Operation:
         # source does not change under a running process, and lookups ask for it per record).
         key = formulation.formulation
         if key not in self._code_sources:
-            parts = [Operation.plan, self._problem_context, *self._codegen_helpers(),
+            parts = [Operation.plan, KernelTypes.of, self._problem_context, *self._codegen_helpers(),
                      formulation.context, formulation.launches, formulation.buffers, *formulation.code_helpers()]
             self._code_sources[key] = tuple(code_source(p) for p in parts)
         return self._code_sources[key]
@@ -209,6 +210,7 @@ class Operation:
         context = {
             "op": self.name, "family": self.family, "shape": problem.shape_string(),
             "config_text": str(config), "p": problem, "c": config.as_dict(),
+            "t": KernelTypes.of(precision_of(problem)),
         }
         # Config values are also top-level names: the shared cores are written in terms of them.
         context.update(config.as_dict())
