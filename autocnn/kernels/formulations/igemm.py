@@ -198,6 +198,7 @@ class IgemmConvWgrad(_Igemm):
 
     def constraints(self, problem: ConvWgradProblem, limits: DeviceLimits) -> list[Constraint]:
         env = self.envelope(problem)
+        split_bytes = problem.precision.accumulator.size * (env.GM * env.GN + env.GM)   # one split's partial sums
         return igemm_constraints(env, limits, min_bm=16, min_bn=16, min_bk=8) + [
             Constraint(("formulation", "SPLITK"),
                        lambda f, s: None if f == ATOMIC or s >= 2 else "two_pass needs SPLITK >= 2"),
@@ -206,7 +207,7 @@ class IgemmConvWgrad(_Igemm):
                        else f"SPLITK={s} exceeds the {cdiv(env.GK, bk)} reduction steps"),
             Constraint(("SPLITK",), lambda s: None if s <= GRID_YZ_LIMIT else "too many splits"),
             Constraint(("formulation", "SPLITK"),
-                       lambda f, s: None if f == ATOMIC or 4 * s * (env.GM * env.GN + env.GM) <= limits.workspace_bytes
+                       lambda f, s: None if f == ATOMIC or s * split_bytes <= limits.workspace_bytes
                        else f"the two-pass workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
         ]
 
