@@ -27,7 +27,7 @@ NAME = "sep_onepass"
 def onepass_smem_bytes(g: SepCorrelation, KB: int, TP: int, TQ: int, CB: int, MC: int, PAD: int) -> int:
     ld = TQ + g.S - 1 + PAD
     xs = (CB * (TP + g.R - 1) * ld + 3) // 4 * 4
-    return 4 * (xs + taps_floats(g, CB, KB, g.R + g.S) + MC * g.RANK * KB * TP * ld)
+    return g.stage_size * (xs + taps_floats(g, CB, KB, g.R + g.S) + MC * g.RANK * KB * TP * ld)
 
 
 def horizontal_registers(S: int, KPT: int, PPT: int, QPT: int) -> int:
