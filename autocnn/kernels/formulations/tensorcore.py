@@ -42,6 +42,7 @@ from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
 from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
+from autocnn.precision import FLOAT32
 
 FORMULATION_TC = "tc"
 TC_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
@@ -93,7 +94,7 @@ def smem_bytes(op: str, BM: int, BN: int, BK: int, STAGES: int, PAD_A: int, PAD_
     fa = BM * (BK + PAD_A) if a_kmajor else BK * (BM + PAD_A)
     fb = BN * (BK + PAD_B) if b_kmajor else BK * (BN + PAD_B)
     table = TABLE_ENTRY_BYTES * cdiv(table_k, BK) * BK if TABLE_A else 0
-    return 4 * STAGES * (fa + fb) + table
+    return FLOAT32.size * STAGES * (fa + fb) + table   # the TF32 core stages FP32 values, whatever the tensors
 
 
 def params(gemm: TcGemm) -> list[Param]:

@@ -168,7 +168,8 @@ def output_rows(problem: Any, m: int, imgs: int, threads: int) -> dict[str, int]
         planes, band = max(1, min(threads // (th * tw), imgs, v.N)), th
     else:
         planes, band = 1, max(1, min(th, threads // tw))
-    return {"planes": planes, "band": band, "bands": cdiv(th, band), "smem": 4 * planes * band * m * v.WO}
+    return {"planes": planes, "band": band, "bands": cdiv(th, band),
+            "smem": problem.precision.accumulator.size * planes * band * m * v.WO}
 
 
 def output_blocks(problem: Any, rows: dict[str, int], nb: int) -> int:

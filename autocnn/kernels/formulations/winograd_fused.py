@@ -70,6 +70,7 @@ from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, smem_rule, threads_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
+from autocnn.precision import FLOAT32
 
 NAME = "winograd_fused"
 M = 2                  # F(2x2,3x3): 16 points (F(4x4) is not served: see the module's docstring)
@@ -122,7 +123,7 @@ def smem_floats(problem: Any, m: int, tb: int, mt: int, warps: int) -> tuple[int
 
 def smem_bytes(problem: Any, m: int, tb: int, mt: int, warps: int) -> int:
     u, v, raw, out = smem_floats(problem, m, tb, mt, warps)
-    return 4 * max(u + v + raw, out)
+    return FLOAT32.size * max(u + v + raw, out)   # the TF32 pipeline's stages and outputs: FP32 values
 
 
 def patches_per_thread(tb: int, warps: int) -> int:
