@@ -164,7 +164,7 @@ class IgemmConvBwdData(ConvIgemm):
     """One GEMM per stride phase: the phases are blocks along z of one launch."""
 
     op = "conv_bwd_data"
-    templates = ("igemm_conv_bwd_data.cu.j2", "_igemm.cuh.j2")
+    templates = ("igemm_conv_bwd_data.cu.j2", "_igemm.cuh.j2", "_bwd_data_phases.cuh.j2")
 
     def envelope(self, p: ConvBwdDataProblem) -> GemmEnvelope:
         phases = stride_phases(p)
