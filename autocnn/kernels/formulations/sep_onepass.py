@@ -43,7 +43,7 @@ def onepass_registers(g: SepCorrelation, KPT: int, PPT: int, QPT: int, VPT: int)
 class _SepOnepass(OpFormulation):
     formulation = NAME
     summary = "one-pass separable convolution (tile, halo and intermediate in shared memory)"
-    templates = ("sep_onepass.cu.j2",)
+    templates = ("sep_onepass.cu.j2", "_sep_tile.cuh.j2")
 
     def params(self, problem: Any) -> list[Param]:
         return [*tile_params(correlation(problem)),

@@ -32,7 +32,7 @@ def register_floats(R: int, S: int, KPT: int, PPT: int, QPT: int) -> int:
 class _SepRegister(OpFormulation):
     formulation = NAME
     summary = "register-based separable convolution (tile and halo in registers)"
-    templates = ("sep_register.cu.j2",)
+    templates = ("sep_register.cu.j2", "_sep_tile.cuh.j2")
 
     def params(self, problem: Any) -> list[Param]:
         return [*tile_params(correlation(problem)),

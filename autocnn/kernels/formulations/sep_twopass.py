@@ -61,7 +61,7 @@ def image_blocks(g: SepCorrelation, NB: int) -> list[tuple[int, int]]:
 class _SepTwopass(OpFormulation):
     formulation = NAME
     summary = "two-pass separable convolution (two kernels, the intermediate in a workspace)"
-    templates = ("sep_twopass.cu.j2",)
+    templates = ("sep_twopass.cu.j2", "_sep_tile.cuh.j2")
 
     def params(self, problem: Any) -> list[Param]:
         g = correlation(problem)
