@@ -1,5 +1,7 @@
 """Kernel templates take element types from the problem's Precision (``t`` in their context), never
-``float`` where a tensor's or the accumulator's type belongs.
+``float`` where a tensor's or the accumulator's type belongs (every template of the package: those
+rendered without a problem, the training library's and the separable factorisation's, say in a note
+why they are float32).
 
 A template keeps ``float`` only where a ``{# float: why #}`` note says why (arithmetic that stays
 FP32 whatever the storage: TF32 splits, FFT spectra, an instruction's registers): a note on a
@@ -20,6 +22,7 @@ from autocnn.kernels.codegen import TEMPLATE_DIRS
 from autocnn.precision import FP32, ElementType, KernelTypes
 
 DIGESTS = Path(__file__).resolve().parent / "data" / "render_digests.json"
+PACKAGE = Path(__file__).resolve().parent.parent / "autocnn"
 NOTE = re.compile(r"^\s*\{#\s*float:.*#\}\s*$")
 FLOAT = re.compile(r"\bfloat\b")
 
@@ -49,12 +52,10 @@ def floats_without_a_note(text: str) -> list[int]:
     return found
 
 
-def kernel_templates() -> list[Path]:
-    return sorted(p for d in TEMPLATE_DIRS for p in d.glob("*.j2"))
-
-
 def test_no_kernel_template_spells_float_where_an_element_type_belongs():
-    found = {p.name: lines for p in kernel_templates() if (lines := floats_without_a_note(p.read_text()))}
+    templates = sorted(PACKAGE.rglob("*.j2"))
+    assert set(TEMPLATE_DIRS) <= {p.parent for p in templates}
+    found = {str(p.relative_to(PACKAGE)): lines for p in templates if (lines := floats_without_a_note(p.read_text()))}
     assert not found, f"write {{{{ t.x }}}}, {{{{ t.acc }}}} ... or say why in a {{# float: #}} note: {found}"
 
 
