@@ -17,6 +17,7 @@ from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels.codegen import code_source, render_family, template_fingerprint
 from autocnn.kernels.plan import KernelPlan
 from autocnn.kernels.space import Config, Constraint, Param, SearchSpace
+from autocnn.kernels.steps import WORKSPACE_ELEMENT
 from autocnn.precision import KernelTypes, precision_of
 
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ class Operation:
     def workspace_bytes(self, problem: Any, config: Config) -> int:
         """The scratch memory a config's plan allocates (KernelPlan.workspace_bytes), without rendering."""
         _zero, workspaces = self.formulation_of(config).buffers(problem, config)
-        return 4 * sum(n for _, n in workspaces)
+        return WORKSPACE_ELEMENT.size * sum(n for _, n in workspaces)
 
     def code_digest(self, problem: Any, config: Config) -> str:
         """``plan(problem, config).code_digest``, computed once per process for each problem,

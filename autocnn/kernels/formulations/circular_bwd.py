@@ -24,7 +24,7 @@ from autocnn.kernels.formulations.circular_rows import MINB_CHOICES, minb_rule, 
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, at_most, grid_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
 if TYPE_CHECKING:
     from autocnn.kernels.conv_bwd_fused import ConvBwdFusedProblem
@@ -102,7 +102,7 @@ class CircularBwdConvBwdFused(OpFormulation):
             if combine != TWO_PASS:
                 return None
             parts = p.N * cdiv(p.P, pblk) * cdiv(p.Q, tq)
-            b = p.precision.accumulator.size * parts * (p.K * p.C * p.R * p.S + p.K)
+            b = WORKSPACE_ELEMENT.size * parts * (p.K * p.C * p.R * p.S + p.K)
             return None if b <= limits.workspace_bytes else \
                 f"the two-pass workspace ({b} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes"
 

@@ -21,7 +21,7 @@ from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
 NAME = "igemm"
 ATOMIC = "atomic"
@@ -200,7 +200,7 @@ class IgemmConvWgrad(_Igemm):
 
     def constraints(self, problem: ConvWgradProblem, limits: DeviceLimits) -> list[Constraint]:
         env = self.envelope(problem)
-        split_bytes = problem.precision.accumulator.size * (env.GM * env.GN + env.GM)   # one split's partial sums
+        split_bytes = WORKSPACE_ELEMENT.size * (env.GM * env.GN + env.GM)   # one split's partial sums
         return igemm_constraints(env, limits, min_bm=16, min_bn=16, min_bk=8) + [
             Constraint(("formulation", "SPLITK"),
                        lambda f, s: None if f == ATOMIC or s >= 2 else "two_pass needs SPLITK >= 2"),

@@ -17,7 +17,7 @@ from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvWgradProblem
 from autocnn.kernels.rules import GRID_X_LIMIT, at_most, code_size_rule, smem_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
 NAME = "sep_tiles"
 ATOMIC, ORDERED = "atomic", "ordered"
@@ -91,7 +91,7 @@ class SepTilesWgrad(OpFormulation):
             Constraint(("SPLIT", "COMBINE"), lambda s, comb: None if comb == ATOMIC or s >= 2
                        else "COMBINE=ordered needs SPLIT >= 2"),
             workspace_rule(limits.workspace_bytes, ("SPLIT", "COMBINE"),
-                           lambda s, comb: p.precision.accumulator.size * s * factor_elements(p) if comb == ORDERED else 0),
+                           lambda s, comb: WORKSPACE_ELEMENT.size * s * factor_elements(p) if comb == ORDERED else 0),
             register_limit(limits, ("KB", "CB", "RSPLIT", "TQ", "UNROLL_ROWS"),
                            lambda kb, cb, rs, tq, ur: wgrad_registers(p, tq, ur),
                            lambda kb, cb, rs, tq, ur: wgrad_threads(p.rank, kb, cb, rs), "the filtered rows"),

@@ -22,7 +22,7 @@ from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import INDEX_LIMIT
 from autocnn.kernels.rules import code_size_rule, smem_rule, threads_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
 NAME = "sep_twopass"
 WORKSPACE = "sep_z"
@@ -87,7 +87,7 @@ class _SepTwopass(OpFormulation):
             *tile_constraints(g, limits),
             Constraint(("VTP", "VPT"), lambda vtp, vpt: None if vtp % vpt == 0 else f"VPT={vpt} does not divide VTP={vtp}"),
             threads_rule(limits, ("VTHREADS",), lambda n: n),
-            workspace_rule(limits.workspace_bytes, ("NB",), lambda nb: g.stage_size * images_per_block(g, nb) * per_image),
+            workspace_rule(limits.workspace_bytes, ("NB",), lambda nb: WORKSPACE_ELEMENT.size * images_per_block(g, nb) * per_image),
             Constraint(("NB",), lambda nb: None if images_per_block(g, nb) * per_image <= INDEX_LIMIT
                        else "the intermediate exceeds 32-bit indexing"),
             register_limit(limits, TILE_PARAMS,
@@ -101,7 +101,7 @@ class _SepTwopass(OpFormulation):
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         g = correlation(problem)
-        per_image = g.stage_size * z_elements_per_image(g)
+        per_image = WORKSPACE_ELEMENT.size * z_elements_per_image(g)
         fits = [nb for nb in IMAGE_BLOCKS if nb <= next_pow2(g.N) and nb * per_image <= DEFAULT_WORKSPACE_BYTES]
         if not fits:
             return []       # one image's intermediate exceeds the workspace limit

@@ -41,7 +41,7 @@ from autocnn.kernels.formulations.staging import nhwc_stage_launches, nhwc_stage
 from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
 from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 from autocnn.precision import FLOAT32
 
 FORMULATION_TC = "tc"
@@ -185,7 +185,7 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
             Constraint(("NHWC", "VEC"), lambda nhwc, v: None if not (nhwc and v == 4) or gemm.C % 4 == 0
                        else f"float4 loads of NHWC input need C % 4 == 0, not {gemm.C}"),
             Constraint(("BM", "BN", "BK", "WM", "WN", "VEC", "NHWC"), even_vectors),
-            Constraint(("NHWC",), lambda nhwc: None if not nhwc or 4 * gemm.staged_floats <= limits.workspace_bytes
+            Constraint(("NHWC",), lambda nhwc: None if not nhwc or WORKSPACE_ELEMENT.size * gemm.staged_floats <= limits.workspace_bytes
                        else f"the NHWC staging workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
             smem_rule(limits, ("BM", "BN", "BK", "STAGES", "PAD_A", "PAD_B", "TABLE_A", "NHWC"),
                       lambda bm, bn, bk, st, pa, pb, ta, nhwc: smem_bytes(op, bm, bn, bk, st, pa, pb, ta, gemm.GK, nhwc)),
@@ -199,7 +199,7 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
             Constraint(("SPLITK",), lambda s: None if s <= GRID_YZ_LIMIT else "too many splits"),
             Constraint(("TWO_PASS", "SPLITK"), lambda t, s: None if not t or s >= 2 else "a second pass needs SPLITK >= 2"),
             Constraint(("TWO_PASS", "SPLITK"),
-                       lambda t, s: None if not t or 4 * s * (gemm.GM * gemm.GN + gemm.GM) <= limits.workspace_bytes
+                       lambda t, s: None if not t or WORKSPACE_ELEMENT.size * s * (gemm.GM * gemm.GN + gemm.GM) <= limits.workspace_bytes
                        else f"the two-pass workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
         ]
     else:

@@ -20,6 +20,7 @@ from autocnn.kernels.formulations.base import Buffers, OpFormulation
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import arch_number, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import WORKSPACE_ELEMENT
 from autocnn.precision import FLOAT32
 
 
@@ -161,7 +162,7 @@ class WgmmaGemm(OpFormulation):
             return None if need < 2 ** 31 else f"the staged copies hold {need} floats, past 32-bit indexing"
 
         def workspace(_, *values):
-            need = 4 * sum(n for _, n in self.workspaces(p, *values))
+            need = WORKSPACE_ELEMENT.size * sum(n for _, n in self.workspaces(p, *values))
             return None if need <= limits.workspace_bytes else (
                 f"the NHWC staging workspace ({need} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes")
 

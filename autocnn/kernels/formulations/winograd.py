@@ -101,7 +101,7 @@ from autocnn.kernels.formulations.winograd_transforms import (SANDWICH_CODE, TRA
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_X_LIMIT, STATIC_SMEM_LIMIT, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch, LibraryGemm, MatrixView
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch, LibraryGemm, MatrixView
 
 NAME = "winograd"
 TILES = (2, 4)
@@ -244,7 +244,7 @@ class _Winograd(OpFormulation):
         v = view(p)
         # GEMM_3XTF32 is a parameter of fp32 problems only; a tf32 problem's products keep one block.
         params = ("TILE", "IMGS") if p.precision.tf32 else ("TILE", "IMGS", "GEMM_3XTF32")
-        out = [workspace_rule(limits.workspace_bytes, params, lambda m, imgs, x3=0: 4 * sum(
+        out = [workspace_rule(limits.workspace_bytes, params, lambda m, imgs, x3=0: WORKSPACE_ELEMENT.size * sum(
             workspace_elements(v, m, imgs, splits(p.op, x3)).values())), *products_constraints(p, limits)]
         if p.op != "conv_wgrad":
             def staged_rows(kind, m, imgs, threads):
@@ -270,7 +270,7 @@ class _Winograd(OpFormulation):
 
         def largest_block(m: int, parts: int) -> int:
             fits = [i for i in imgs_choices
-                    if 4 * sum(workspace_elements(v, m, i, parts).values()) <= DEFAULT_WORKSPACE_BYTES]
+                    if WORKSPACE_ELEMENT.size * sum(workspace_elements(v, m, i, parts).values()) <= DEFAULT_WORKSPACE_BYTES]
             return max(fits, default=1)
 
         extra["PRODUCTS"] = "cublas"

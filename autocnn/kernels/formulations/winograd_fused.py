@@ -69,7 +69,7 @@ from autocnn.kernels.formulations.winograd_transforms import TRANSFORMS, Winogra
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, smem_rule, threads_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 from autocnn.precision import FLOAT32
 
 NAME = "winograd_fused"
@@ -197,7 +197,7 @@ class _WinogradFused(OpFormulation):
                 Constraint(("WF_MT",), channel_blocks),
                 Constraint(("WF_TB", "WF_MT", "WF_WARPS"), registers),
                 # The filters' transform is the one workspace (--workspace-limit).
-                workspace_rule(limits.workspace_bytes, ("WF_MT",), lambda mt: 4 * u_elements(p, M, mt)),
+                workspace_rule(limits.workspace_bytes, ("WF_MT",), lambda mt: WORKSPACE_ELEMENT.size * u_elements(p, M, mt)),
                 threads_rule(limits, ("WF_WARPS",), lambda warps: 32 * warps),
                 smem_rule(limits, ("WF_TB", "WF_MT", "WF_WARPS"),
                           lambda tb, mt, warps: smem_bytes(p, M, tb, mt, warps))]
