@@ -148,7 +148,7 @@ class ConvIgemm(_Igemm):
 
 class IgemmConvFwd(ConvIgemm):
     op = "conv_fwd"
-    templates = ("igemm_conv_fwd.cu.j2", "_igemm.cuh.j2")
+    templates = ("igemm_conv_fwd.cu.j2", "_igemm.cuh.j2", "_conv_fwd_operands.cuh.j2")
     pad_b = 4
 
     def envelope(self, p: ConvFwdProblem) -> GemmEnvelope:

@@ -289,7 +289,7 @@ class WgmmaConvFwd(_SplitOutputGemm):
     op = "conv_fwd"
     summary = "Hopper warpgroup tensor-core implicit GEMM (sm_90a; fp32 as 3xTF32)"
     templates = ("wgmma_conv_fwd.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2", "gemm_operands_conv_fwd.cuh.j2",
-                 "nhwc_stage_conv_fwd.cuh.j2")
+                 "_conv_fwd_operands.cuh.j2", "nhwc_stage_conv_fwd.cuh.j2")
     ARGS = ("x", "w", "bias", "y", "xt", "wt")
     output = "y"
 
