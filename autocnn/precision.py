@@ -45,6 +45,10 @@ class ElementType:
     c_type: str
     size: int
 
+    def __str__(self) -> str:
+        # Its C type: templates write {{ t.x }} where the element type belongs.
+        return self.c_type
+
 
 FLOAT32 = ElementType("float32", "float", 4)
 BFLOAT16 = ElementType("bfloat16", "__nv_bfloat16", 2)
@@ -169,6 +173,26 @@ PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in PRECISIONS)
 DEFAULT_PRECISION = FP32
 _ORDER = (*PRECISIONS, BF16, FP16)
 _BY_NAME = {p.name: p for p in PRECISIONS}
+
+
+@dataclass(frozen=True)
+class KernelTypes:
+    """The element types a kernel template writes (``t`` in every template's context): each tensor
+    of an operation by its role, and the accumulator. ``{{ t.x }}`` renders the C type,
+    ``{{ t.x.size }}`` its size in bytes. Gradients are stored like what they are the gradients of."""
+
+    x: ElementType      # activations (the convolution's input)
+    w: ElementType      # filters
+    y: ElementType      # the convolution's output
+    dx: ElementType     # the input's gradient
+    dw: ElementType     # the filters' gradient
+    dy: ElementType     # the output's gradient
+    acc: ElementType    # partial sums, and the values products are formed in
+
+    @classmethod
+    def of(cls, precision: "Precision") -> "KernelTypes":
+        return cls(x=precision.x, w=precision.w, y=precision.y, dx=precision.x, dw=precision.w, dy=precision.x,
+                   acc=precision.accumulator)
 
 
 def precision_named(value: Any, where: str = "autocnn", field: str = "precision") -> Precision:

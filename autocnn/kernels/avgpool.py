@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import AvgPoolBwdProblem, AvgPoolFwdProblem
+from autocnn.precision import KernelTypes, precision_of
 
 
 def _pool_flops(p) -> int:
@@ -13,7 +14,8 @@ def _pool_flops(p) -> int:
 
 
 def _pool_bytes(p) -> int:
-    return 4 * (p.N * p.C * p.H * p.W + p.N * p.C * p.P * p.Q)
+    t = KernelTypes.of(precision_of(p))   # x and y (dy and dx: stored alike)
+    return t.x.size * p.N * p.C * p.H * p.W + t.y.size * p.N * p.C * p.P * p.Q
 
 
 class AvgPoolFwd(Operation):

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from autocnn.kernels.geometry import StridePhase, stride_phases
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import ConvBwdDataProblem
+from autocnn.precision import KernelTypes
 
 
 class ConvBwdData(Operation):
@@ -49,4 +50,5 @@ class ConvBwdData(Operation):
         return 2 * p.macs
 
     def min_bytes(self, p: ConvBwdDataProblem) -> int:
-        return 4 * (p.N * p.K * p.P * p.Q + p.K * p.C * p.R * p.S + p.N * p.C * p.H * p.W)
+        t = KernelTypes.of(p.precision)
+        return t.dy.size * p.N * p.K * p.P * p.Q + t.w.size * p.K * p.C * p.R * p.S + t.dx.size * p.N * p.C * p.H * p.W

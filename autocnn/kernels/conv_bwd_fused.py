@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Mapping
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import ConvProblem, register_problem_type
+from autocnn.precision import KernelTypes
 
 
 def _require_bool(op: str, name: str, value: Any) -> None:
@@ -82,5 +83,6 @@ class ConvBwdFused(Operation):
         return 4 * p.macs     # conv_bwd_data's and conv_wgrad's
 
     def min_bytes(self, p: ConvBwdFusedProblem) -> int:
-        n = 2 * p.N * p.C * p.H * p.W + p.N * p.K * p.P * p.Q + 2 * p.K * p.C * p.R * p.S
-        return 4 * (n + (p.K if p.bias else 0))
+        t = KernelTypes.of(p.precision)   # x and dx, dy, w and dw (and db)
+        return ((t.x.size + t.dx.size) * p.N * p.C * p.H * p.W + t.dy.size * p.N * p.K * p.P * p.Q
+                + (t.w.size + t.dw.size) * p.K * p.C * p.R * p.S + (t.dw.size * p.K if p.bias else 0))

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import ACTIVATIONS, ConvFwdProblem
+from autocnn.precision import KernelTypes
 
 
 class ConvFwd(Operation):
@@ -36,5 +37,6 @@ class ConvFwd(Operation):
         return 2 * p.macs
 
     def min_bytes(self, p: ConvFwdProblem) -> int:
-        n = p.N * p.C * p.H * p.W + p.K * p.C * p.R * p.S + p.N * p.K * p.P * p.Q
-        return 4 * (n + (p.K if p.bias else 0))
+        t = KernelTypes.of(p.precision)
+        return (t.x.size * p.N * p.C * p.H * p.W + t.w.size * (p.K * p.C * p.R * p.S + (p.K if p.bias else 0))
+                + t.y.size * p.N * p.K * p.P * p.Q)

@@ -28,6 +28,7 @@ from autocnn.kernels.conv_fwd import ConvFwd
 from autocnn.kernels.conv_pool_problems import ConvPoolDzProblem, ConvPoolFwdProblem
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import ACTIVATIONS
+from autocnn.precision import KernelTypes, precision_of
 
 
 class ConvPoolFwd(ConvFwd):
@@ -56,8 +57,9 @@ class ConvPoolFwd(ConvFwd):
         return 2 * p.macs + p.N * p.K * p.PP * p.QQ * p.pool_window[0] * p.pool_window[1]
 
     def min_bytes(self, p: ConvPoolFwdProblem) -> int:
-        n = p.N * p.C * p.H * p.W + p.K * p.C * p.R * p.S + p.N * p.K * p.PP * p.QQ + (p.K if p.bias else 0)
-        return 4 * (n + (p.N * p.K * p.P * p.Q if p.keep_activation else 0))
+        t = KernelTypes.of(p.precision)   # the kept activation is the convolution's output
+        return (t.x.size * p.N * p.C * p.H * p.W + t.w.size * (p.K * p.C * p.R * p.S + (p.K if p.bias else 0))
+                + t.y.size * (p.N * p.K * p.PP * p.QQ + (p.N * p.K * p.P * p.Q if p.keep_activation else 0)))
 
 
 class ConvPoolDz(Operation):
@@ -80,5 +82,6 @@ class ConvPoolDz(Operation):
         return p.N * p.C * p.P * p.Q * p.window[0] * p.window[1] + 3 * p.N * p.C * p.H * p.W
 
     def min_bytes(self, p: ConvPoolDzProblem) -> int:
+        t = KernelTypes.of(precision_of(p))   # dY of the pooled map, the activation, dZ
         full = p.N * p.C * p.H * p.W
-        return 4 * (p.N * p.C * p.P * p.Q + full * (3 if p.activation != "none" else 2) - full)
+        return t.dy.size * p.N * p.C * p.P * p.Q + (t.y.size if p.activation != "none" else 0) * full + t.dy.size * full

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import ConvWgradProblem
+from autocnn.precision import KernelTypes
 
 
 class ConvWgrad(Operation):
@@ -25,5 +26,6 @@ class ConvWgrad(Operation):
         return 2 * p.macs
 
     def min_bytes(self, p: ConvWgradProblem) -> int:
-        n = p.N * p.C * p.H * p.W + p.N * p.K * p.P * p.Q + p.K * p.C * p.R * p.S
-        return 4 * (n + (p.K if p.bias else 0))
+        t = KernelTypes.of(p.precision)
+        return (t.x.size * p.N * p.C * p.H * p.W + t.dy.size * p.N * p.K * p.P * p.Q
+                + t.dw.size * (p.K * p.C * p.R * p.S + (p.K if p.bias else 0)))

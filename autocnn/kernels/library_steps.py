@@ -39,7 +39,7 @@ def pointers(cp: Any, step: Any, offsets: Mapping[str, int], buffers: Mapping[st
             raise ValueError(f"buffer {name!r} must be a C-contiguous float32 array, not {buf.dtype}")
         if extent > buf.size:
             raise ValueError(f"the {step.kernel} step reaches element {extent} of {name!r}, which has {buf.size}")
-        out[operand] = buf.data.ptr + 4 * offsets[operand]
+        out[operand] = buf.data.ptr + buf.itemsize * offsets[operand]
     return out
 
 

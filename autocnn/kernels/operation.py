@@ -17,6 +17,8 @@ from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels.codegen import code_source, render_family, template_fingerprint
 from autocnn.kernels.plan import KernelPlan
 from autocnn.kernels.space import Config, Constraint, Param, SearchSpace
+from autocnn.kernels.steps import WORKSPACE_ELEMENT
+from autocnn.precision import KernelTypes, precision_of
 
 if TYPE_CHECKING:
     from autocnn.kernels.formulations.base import Formulation, OpFormulation
@@ -152,7 +154,7 @@ class Operation:
         # source does not change under a running process, and lookups ask for it per record).
         key = formulation.formulation
         if key not in self._code_sources:
-            parts = [Operation.plan, self._problem_context, *self._codegen_helpers(),
+            parts = [Operation.plan, KernelTypes.of, self._problem_context, *self._codegen_helpers(),
                      formulation.context, formulation.launches, formulation.buffers, *formulation.code_helpers()]
             self._code_sources[key] = tuple(code_source(p) for p in parts)
         return self._code_sources[key]
@@ -185,7 +187,7 @@ class Operation:
     def workspace_bytes(self, problem: Any, config: Config) -> int:
         """The scratch memory a config's plan allocates (KernelPlan.workspace_bytes), without rendering."""
         _zero, workspaces = self.formulation_of(config).buffers(problem, config)
-        return 4 * sum(n for _, n in workspaces)
+        return WORKSPACE_ELEMENT.size * sum(n for _, n in workspaces)
 
     def code_digest(self, problem: Any, config: Config) -> str:
         """``plan(problem, config).code_digest``, computed once per process for each problem,
@@ -209,6 +211,7 @@ class Operation:
         context = {
             "op": self.name, "family": self.family, "shape": problem.shape_string(),
             "config_text": str(config), "p": problem, "c": config.as_dict(),
+            "t": KernelTypes.of(precision_of(problem)),
         }
         # Config values are also top-level names: the shared cores are written in terms of them.
         context.update(config.as_dict())

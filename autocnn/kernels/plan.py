@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocnn.kernels.space import Config
-from autocnn.kernels.steps import Launch, LibraryComplexGemm, LibraryFft, LibraryGemm, Step
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch, LibraryComplexGemm, LibraryFft, LibraryGemm, Step
 
 # Bumped when what code_digest hashes, or how, changes (every stored plan digest is then stale).
 CODE_DIGEST_VERSION = 1
@@ -83,7 +83,7 @@ class KernelPlan:
     @property
     def workspace_bytes(self) -> int:
         """Device memory the plan needs besides its inputs and outputs."""
-        return 4 * sum(n for _, n in self.workspaces)
+        return WORKSPACE_ELEMENT.size * sum(n for _, n in self.workspaces)
 
     @property
     def max_shared_bytes(self) -> int:

@@ -11,7 +11,7 @@ from autocnn.errors import CompileError, DeviceError, LaunchError
 from autocnn.gpu import require_cupy
 from autocnn.kernels.compiler import NvrtcCompiler
 from autocnn.kernels.plan import KernelPlan
-from autocnn.kernels.steps import LibraryComplexGemm, LibraryFft, LibraryGemm
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, LibraryComplexGemm, LibraryFft, LibraryGemm
 
 # Shared memory a block may use without opting in to more (CUDA's static limit).
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
@@ -69,7 +69,7 @@ class LoadedPlan:
             self._fft.prepare(stream, self.plan.library_ffts)
 
     def workspaces(self) -> dict[str, Any]:
-        return {name: self.cp.empty(max(1, n), dtype=self.cp.float32) for name, n in self.plan.workspaces}
+        return {name: self.cp.empty(max(1, n), dtype=WORKSPACE_ELEMENT.name) for name, n in self.plan.workspaces}
 
     def __call__(self, buffers: Mapping[str, Any], stream: Any = None, skip_zero: Collection[str] = ()) -> None:
         """Run the plan; ``skip_zero`` names outputs the caller has already zeroed (on this stream's

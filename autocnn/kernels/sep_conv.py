@@ -29,6 +29,7 @@ from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import (ACTIVATIONS, PROBLEM_TYPES, ConvBwdDataProblem, ConvFwdProblem,
                                      ConvWgradProblem, register_problem_type)
 from autocnn.kernels.reference import activation, array_module
+from autocnn.precision import KernelTypes
 
 # Elements of the reference's largest temporary (images x filters x channels x a map): bounded so
 # that checking a 128-image layer does not need gigabytes of host memory. On the GPU (CuPy) the
@@ -259,8 +260,9 @@ class SepConvFwd(_SepCorrelationOp):
         return _by_filter_size(self, problem)
 
     def min_bytes(self, p: SepConvFwdProblem) -> int:
-        n = p.N * p.C * p.H * p.W + p.K * p.C * p.rank * (p.R + p.S) + p.N * p.K * p.P * p.Q
-        return 4 * (n + (p.K if p.bias else 0))
+        t = KernelTypes.of(p.precision)
+        return (t.x.size * p.N * p.C * p.H * p.W + t.w.size * (p.K * p.C * p.rank * (p.R + p.S) + (p.K if p.bias else 0))
+                + t.y.size * p.N * p.K * p.P * p.Q)
 
 
 class SepConvBwdData(_SepCorrelationOp):
@@ -274,7 +276,9 @@ class SepConvBwdData(_SepCorrelationOp):
         return _by_filter_size(self, problem)
 
     def min_bytes(self, p: SepConvBwdDataProblem) -> int:
-        return 4 * (p.N * p.K * p.P * p.Q + p.K * p.C * p.rank * (p.R + p.S) + p.N * p.C * p.H * p.W)
+        t = KernelTypes.of(p.precision)
+        return (t.dy.size * p.N * p.K * p.P * p.Q + t.w.size * p.K * p.C * p.rank * (p.R + p.S)
+                + t.dx.size * p.N * p.C * p.H * p.W)
 
 
 def _by_filter_size(op: _SepOperation, problem: Any) -> list[dict[str, Any]]:
@@ -301,8 +305,9 @@ class SepConvWgrad(_SepOperation):
         return 2 * super().separable_macs(p)
 
     def min_bytes(self, p: SepConvWgradProblem) -> int:
-        n = p.N * p.C * p.H * p.W + p.N * p.K * p.P * p.Q + 2 * p.K * p.C * p.rank * (p.R + p.S)
-        return 4 * (n + (p.K if p.bias else 0))
+        t = KernelTypes.of(p.precision)   # u and v read, gu and gv written
+        return (t.x.size * p.N * p.C * p.H * p.W + t.dy.size * p.N * p.K * p.P * p.Q
+                + (t.w.size + t.dw.size) * p.K * p.C * p.rank * (p.R + p.S) + (t.dw.size * p.K if p.bias else 0))
 
 
 # -- shapes for tests and benchmarks -----------------------------------------------------------------

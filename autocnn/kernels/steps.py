@@ -6,6 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from autocnn.precision import FLOAT32
+
+# What a plan's workspaces are made of: the runtime allocates each as an array of these (so a
+# workspace's bytes are this size times its elements, whatever the precision), and the kernels use
+# them for FP32 values (partial sums, TF32 parts, spectra) and staged float32 operands.
+WORKSPACE_ELEMENT = FLOAT32
+
 
 @dataclass(frozen=True)
 class Launch:

@@ -45,7 +45,7 @@ def rows_choices(p: ConvFwdProblem) -> tuple[int, ...]:
 def circular_smem_bytes(p: ConvFwdProblem, KB: int, TQ: int, CB: int, ROWS: int, PAD: int) -> int:
     sw = p.stride[1]
     w_floats = (CB * p.R * p.S * KB + 3) // 4 * 4     # aligned like the template's W_FLOATS
-    return 4 * (w_floats + CB * ROWS * sw * (phase_len(TQ, p.S, sw) + PAD))
+    return p.precision.accumulator.size * (w_floats + CB * ROWS * sw * (phase_len(TQ, p.S, sw) + PAD))
 
 
 def circular_threads(c: Config) -> int:

@@ -24,7 +24,7 @@ from autocnn.kernels.formulations.cores.circular_rows import MINB_CHOICES, minb_
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, at_most, grid_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
 if TYPE_CHECKING:
     from autocnn.kernels.conv_bwd_fused import ConvBwdFusedProblem
@@ -48,7 +48,7 @@ def bwd_smem_bytes(p: "ConvBwdFusedProblem", KB: int, CB: int, TQ: int, ROWS: in
     umax = cdiv(p.S, sw)
     dy = ((TQ + 2 * (umax - 1)) * KB + 3) // 4 * 4      # aligned like the template's DY_FLOATS
     ldm = phase_len(TQ, p.S, sw) + PAD
-    return 4 * (dy + CB * ROWS * sw * ldm + CB * p.R * sw * ldm)
+    return p.precision.accumulator.size * (dy + CB * ROWS * sw * ldm + CB * p.R * sw * ldm)
 
 
 def bwd_grid(p: "ConvBwdFusedProblem", c: Config) -> tuple[int, int, int]:
@@ -102,7 +102,7 @@ class CircularBwdConvBwdFused(OpFormulation):
             if combine != TWO_PASS:
                 return None
             parts = p.N * cdiv(p.P, pblk) * cdiv(p.Q, tq)
-            b = 4 * parts * (p.K * p.C * p.R * p.S + p.K)
+            b = WORKSPACE_ELEMENT.size * parts * (p.K * p.C * p.R * p.S + p.K)
             return None if b <= limits.workspace_bytes else \
                 f"the two-pass workspace ({b} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes"
 

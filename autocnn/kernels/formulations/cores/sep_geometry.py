@@ -53,17 +53,20 @@ class SepCorrelation:
     out_name: str         # the plan buffer written
     bias: bool            # a bias is added to the output (the forward)
     bias_arg: bool        # the kernel takes a bias argument (the forward, with or without one)
+    stage_size: int       # bytes of a staged element or intermediate sum: the accumulator's type
 
 
 def correlation(p: Any) -> SepCorrelation:
     if p.op == "sep_conv_fwd":
         return SepCorrelation(N=p.N, CI=p.C, CO=p.K, IH=p.H, IW=p.W, OH=p.P, OW=p.Q, R=p.R, S=p.S,
                               RANK=p.rank, OFFH=-p.padding[0], OFFW=-p.padding[1], flip=False,
-                              in_name="x", out_name="y", bias=p.bias, bias_arg=True)
+                              in_name="x", out_name="y", bias=p.bias, bias_arg=True,
+                              stage_size=p.precision.accumulator.size)
     if p.op == "sep_conv_bwd_data":
         return SepCorrelation(N=p.N, CI=p.K, CO=p.C, IH=p.P, IW=p.Q, OH=p.H, OW=p.W, R=p.R, S=p.S,
                               RANK=p.rank, OFFH=p.padding[0] - (p.R - 1), OFFW=p.padding[1] - (p.S - 1),
-                              flip=True, in_name="dy", out_name="dx", bias=False, bias_arg=False)
+                              flip=True, in_name="dy", out_name="dx", bias=False, bias_arg=False,
+                              stage_size=p.precision.accumulator.size)
     raise ValueError(f"{p.op} is not a separable correlation (sep_conv_fwd or sep_conv_bwd_data)")
 
 

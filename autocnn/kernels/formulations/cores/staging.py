@@ -15,6 +15,7 @@ from typing import Any
 from autocnn.kernels.formulations.cores.wgmma_gemm import BK, split
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.steps import Launch
+from autocnn.precision import FLOAT32
 
 
 def nhwc_stage_launches(problem: Any, threads: tuple[int, int, int]) -> tuple[Launch, Launch]:
@@ -62,7 +63,7 @@ def plane_stage_smem(plane: int, w_slice_floats: int) -> int:
     """Bytes of dynamic shared memory of the planes staging kernel: the larger of a plane of 32
     channels (rows padded to 1 mod 32 floats) and a block's slice of W as the op lays it out."""
     row = plane + (33 - plane % 32) % 32
-    return 4 * max(PLANE_CHANNELS * row, w_slice_floats)
+    return FLOAT32.size * max(PLANE_CHANNELS * row, w_slice_floats)   # the staging moves FP32 float4s
 
 
 def bwd_data_stage_launches(problem: Any, threads: tuple[int, int, int], launches: int = 2,

@@ -20,6 +20,8 @@ from autocnn.kernels.formulations.base import Buffers, OpFormulation
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import arch_number, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
+from autocnn.kernels.steps import WORKSPACE_ELEMENT
+from autocnn.precision import FLOAT32
 
 
 FORMULATION_WGMMA = "wgmma"
@@ -33,7 +35,7 @@ def smem_bytes(wgs: int, wbn: int, stages: int, split: bool = False, a_regs: int
     """Shared memory of a block: the stages of both operands (twice: with split, their small parts
     too, except A's where A is split in registers), and the slack that aligns them to 1024 bytes."""
     a_parts = 2 if split and not a_regs else 1
-    return 4 * stages * (64 * wgs * a_parts + wbn * (2 if split else 1)) * BK + ALIGN_SLACK
+    return FLOAT32.size * stages * (64 * wgs * a_parts + wbn * (2 if split else 1)) * BK + ALIGN_SLACK
 
 
 def split(problem: Any) -> bool:
@@ -160,7 +162,7 @@ class WgmmaGemm(OpFormulation):
             return None if need < 2 ** 31 else f"the staged copies hold {need} floats, past 32-bit indexing"
 
         def workspace(_, *values):
-            need = 4 * sum(n for _, n in self.workspaces(p, *values))
+            need = WORKSPACE_ELEMENT.size * sum(n for _, n in self.workspaces(p, *values))
             return None if need <= limits.workspace_bytes else (
                 f"the NHWC staging workspace ({need} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes")
 

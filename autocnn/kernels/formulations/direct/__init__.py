@@ -37,6 +37,7 @@ class CorrelationEnvelope:
     STH: int
     STW: int
     grid_z: int          # blocks along z: images (times phases)
+    stage_size: int      # bytes of a staged element: the core stages in the accumulator's type
 
 
 def output_tile_params(kb: tuple[int, ...], tp: tuple[int, ...], tq: tuple[int, ...],
@@ -72,7 +73,7 @@ def direct_smem_bytes(env: CorrelationEnvelope, KB: int, TP: int, TQ: int, CB: i
     iht = (TP - 1) * env.STH + env.R
     iwt = (TQ - 1) * env.STW + env.S
     in_floats = (CB * iht * (iwt + PAD) + 3) // 4 * 4   # aligned like the template's IN_FLOATS
-    return 4 * (in_floats + CB * env.R * env.S * KB)
+    return env.stage_size * (in_floats + CB * env.R * env.S * KB)
 
 
 def direct_constraints(env: CorrelationEnvelope, limits: DeviceLimits) -> list[Constraint]:
@@ -153,7 +154,7 @@ class DirectConvFwd(DirectCorrelation):
 
     def envelope(self, p: ConvFwdProblem) -> CorrelationEnvelope:
         return CorrelationEnvelope(CI=p.C, CO=p.K, OH=p.P, OW=p.Q, R=p.R, S=p.S, STH=p.stride[0],
-                                   STW=p.stride[1], grid_z=p.N)
+                                   STW=p.stride[1], grid_z=p.N, stage_size=p.precision.accumulator.size)
 
     def launches(self, p: ConvFwdProblem, c: Config) -> tuple[Launch, ...]:
         tiles = cdiv(p.P, c["TP"]) * cdiv(p.Q, c["TQ"])
@@ -172,7 +173,7 @@ class DirectConvBwdData(DirectCorrelation):
         phases = stride_phases(p)
         return CorrelationEnvelope(CI=p.K, CO=p.C, OH=max(ph.Ha for ph in phases), OW=max(ph.Wb for ph in phases),
                                    R=max(1, max(ph.Ra for ph in phases)), S=max(1, max(ph.Sb for ph in phases)),
-                                   STH=1, STW=1, grid_z=p.N * len(phases))
+                                   STH=1, STW=1, grid_z=p.N * len(phases), stage_size=p.precision.accumulator.size)
 
     def launches(self, p: ConvBwdDataProblem, c: Config) -> tuple[Launch, ...]:
         phases = stride_phases(p)

@@ -27,7 +27,7 @@ NAME = "direct_pool"
 
 def tile_smem_bytes(env: CorrelationEnvelope, KB: int, TP: int, TQ: int, CB: int, PAD: int) -> int:
     """The core's staging and, behind it, the KB x TP x TQ activation tile."""
-    return direct_smem_bytes(env, KB, TP, TQ, CB, PAD) + 4 * KB * TP * TQ
+    return direct_smem_bytes(env, KB, TP, TQ, CB, PAD) + env.stage_size * KB * TP * TQ
 
 
 class DirectPoolFwd(DirectCorrelation):
@@ -38,7 +38,8 @@ class DirectPoolFwd(DirectCorrelation):
 
     def envelope(self, p: "ConvPoolFwdProblem") -> CorrelationEnvelope:
         return CorrelationEnvelope(CI=p.C, CO=p.K, OH=p.P + p.pool_padding[0], OW=p.Q + p.pool_padding[1],
-                                   R=p.R, S=p.S, STH=p.stride[0], STW=p.stride[1], grid_z=p.N)
+                                   R=p.R, S=p.S, STH=p.stride[0], STW=p.stride[1], grid_z=p.N,
+                                   stage_size=p.precision.accumulator.size)
 
     def constraints(self, p: "ConvPoolFwdProblem", limits: DeviceLimits) -> list[Constraint]:
         (kh, kw), (sh, sw) = p.pool_window, p.pool_stride

@@ -143,7 +143,7 @@ from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import arch_number, smem_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch, LibraryComplexGemm, LibraryFft
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch, LibraryComplexGemm, LibraryFft
 
 NAME = "fft"
 MIN_TAPS = 25
@@ -360,7 +360,7 @@ class _Fft(OpFormulation):
         def workspace(how, imgs, xa, xb, *keys):   # keys: (*s_key, XFORM_O, FFT_TILE, *ph_key)
             share, keys = (bool(keys[0]), keys[1:]) if s_key else (False, keys)
             xo, tph = inverse_and_form(keys)
-            return 4 * sum(workspace_elements(conv(tph), how, imgs, xa, xb, xo, share).values())
+            return WORKSPACE_ELEMENT.size * sum(workspace_elements(conv(tph), how, imgs, xa, xb, xo, share).values())
 
         def something_to_share(share, xa, xo):   # a directly transformed A and O leave no pair
             if share and xa != "cufft" and xo != "cufft":
@@ -410,7 +410,7 @@ class _Fft(OpFormulation):
         phases = {"STRIDE_PHASES": 1} if takes_phases(problem) else {}
         f = fft_conv(problem, bool(phases))
         imgs = choices_upto(IMGS, next_pow2(problem.N))
-        fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
+        fits = [i for i in imgs if WORKSPACE_ELEMENT.size * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
         inverse = {"XFORM_O": "cufft", **({"WS_SHARE": 0} if shares_buffers(problem) else {})}
         base = {"formulation": NAME, "FFT_SIZE": "smooth", "FFT_THREADS": 128, "XFORM_A": "cufft", "XFORM_B": "cufft",
                 **phases, **inverse, "FFT_VEC": 1, "FFT_TILE": 0, "RADIX_THREADS": 0}
@@ -424,7 +424,7 @@ class _Fft(OpFormulation):
             tile = next((t for t in TILES_F if t >= 32 and t >= 2 * max(problem.R, problem.S)), TILES_F[-1])
             base = {**base, **({"STRIDE_PHASES": 0} if phases else {}), "FFT_TILE": tile}
             f = fft_conv(problem, False, tile)
-            fits = [i for i in imgs if 4 * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
+            fits = [i for i in imgs if WORKSPACE_ELEMENT.size * sum(workspace_elements(f, "smooth", i).values()) <= DEFAULT_WORKSPACE_BYTES]
         return [{**base, "IMGS": max(fits, default=1), "IT": 4, "JT": 4, "MAC": "block", "FB": 4, "BL": 8,
                  "MAC_ORDER": "tiles", **filters},
                 {**base, "IMGS": max(fits, default=1), "IT": 2, "JT": 2, "MAC": "thread"},

@@ -25,9 +25,10 @@ def gather_envelope(p: ConvBwdDataProblem, phases: list[StridePhase]) -> tuple[i
     return max(p.N * ph.Ha * ph.Wb for ph in phases), max(ph.Ra * ph.Sb for ph in phases)
 
 
-def gather_smem_bytes(taps: int, POS: int, CPB: int, KSPLIT: int, KSTAGE: int) -> int:
-    # The staged filter channels, and later (the same memory) the groups' partial sums.
-    return 4 * max(KSTAGE * taps * CPB, POS * CPB * KSPLIT if KSPLIT > 1 else 0)
+def gather_smem_bytes(stage_size: int, taps: int, POS: int, CPB: int, KSPLIT: int, KSTAGE: int) -> int:
+    # The staged filter channels, and later (the same memory) the groups' partial sums: both in the
+    # accumulator's type (stage_size bytes an element).
+    return stage_size * max(KSTAGE * taps * CPB, POS * CPB * KSPLIT if KSPLIT > 1 else 0)
 
 
 class GatherConvBwdData(OpFormulation):
@@ -69,7 +70,7 @@ class GatherConvBwdData(OpFormulation):
             code_size_rule(("CPB", "UNROLL_KS"), lambda cpb, u: u * taps * cpb, limit=8192),
             grid_rule(("CPB",), lambda cpb: cdiv(p.C, cpb)),
             smem_rule(limits, ("POS", "CPB", "KSPLIT", "KSTAGE"),
-                      lambda pos, cpb, ks, st: gather_smem_bytes(taps, pos, cpb, ks, st)),
+                      lambda pos, cpb, ks, st: gather_smem_bytes(p.precision.accumulator.size, taps, pos, cpb, ks, st)),
         ]
 
     def default_candidates(self, p: ConvBwdDataProblem) -> list[dict[str, Any]]:
@@ -85,7 +86,7 @@ class GatherConvBwdData(OpFormulation):
         phases = stride_phases(p)
         positions, taps = gather_envelope(p, phases)
         grid = (cdiv(positions, c["POS"]), cdiv(p.C, c["CPB"]), len(phases))
-        smem = gather_smem_bytes(taps, c["POS"], c["CPB"], c["KSPLIT"], c["KSTAGE"])
+        smem = gather_smem_bytes(p.precision.accumulator.size, taps, c["POS"], c["CPB"], c["KSPLIT"], c["KSTAGE"])
         return (Launch("conv_bwd_data", grid, (c["POS"] * c["KSPLIT"], 1, 1), smem, ("dy", "w", "dx")),)
 
     def code_helpers(self) -> tuple:

@@ -46,7 +46,7 @@ from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulatio
 from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
 from autocnn.kernels.rules import arch_number, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
 FORMULATION_HALO = "halo"
 ARCH = 90           # wgmma: sm_90a only
@@ -216,7 +216,7 @@ class _HaloGemm(OpFormulation):
                 f"INFLIGHT=1 needs at least 3 stages (one for the copies ahead, one for the wgmmas in flight), not {stages}")
 
         def workspace(_):
-            need = 4 * sum(n for _, n in stage_workspaces(p))
+            need = WORKSPACE_ELEMENT.size * sum(n for _, n in stage_workspaces(p))
             return None if need <= limits.workspace_bytes else (
                 f"the halo grid's staged copies ({need} bytes) exceed the workspace limit of {limits.workspace_bytes} bytes")
 

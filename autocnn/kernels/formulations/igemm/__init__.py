@@ -21,7 +21,7 @@ from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
 NAME = "igemm"
 ATOMIC = "atomic"
@@ -42,6 +42,7 @@ class GemmEnvelope:
     GM: int
     GN: int
     GK: int
+    stage_size: int      # bytes of a staged element: the core stages in the accumulator's type
     grid_z: int = 1
 
 
@@ -61,8 +62,8 @@ def igemm_params(bm: tuple[int, ...], bn: tuple[int, ...], bk: tuple[int, ...], 
     ]
 
 
-def igemm_smem_bytes(BM: int, BN: int, BK: int, PAD_A: int, PAD_B: int) -> int:
-    return 4 * 2 * BK * (BM + PAD_A + BN + PAD_B)
+def igemm_smem_bytes(stage_size: int, BM: int, BN: int, BK: int, PAD_A: int, PAD_B: int) -> int:
+    return stage_size * 2 * BK * (BM + PAD_A + BN + PAD_B)
 
 
 def igemm_threads(c: Config) -> int:
@@ -97,7 +98,7 @@ def igemm_constraints(env: GemmEnvelope, limits: DeviceLimits, min_bm: int, min_
         Constraint(("TM", "TN"), lambda tm, tn: None if tm * tn <= 64
                    else f"{tm * tn} accumulators per thread exceed 64 (registers)"),
         Constraint(("BM", "TM", "BN", "TN", "BK"), registers),
-        smem_rule(limits, ("BM", "BN", "BK", "PAD_A", "PAD_B"), igemm_smem_bytes),
+        smem_rule(limits, ("BM", "BN", "BK", "PAD_A", "PAD_B"), lambda *v: igemm_smem_bytes(env.stage_size, *v)),
         Constraint(("BK", "UNROLL_K"), lambda bk, u: None if u <= bk else f"UNROLL_K={u} exceeds BK={bk}"),
         grid_rule(("BN",), lambda bn: -(-env.GN // bn)),
     ]
@@ -147,14 +148,14 @@ class ConvIgemm(_Igemm):
 
 class IgemmConvFwd(ConvIgemm):
     op = "conv_fwd"
-    templates = ("igemm_conv_fwd.cu.j2", "_igemm.cuh.j2")
+    templates = ("igemm_conv_fwd.cu.j2", "_igemm.cuh.j2", "_conv_fwd_operands.cuh.j2")
     pad_b = 4
 
     def envelope(self, p: ConvFwdProblem) -> GemmEnvelope:
-        return GemmEnvelope(GM=p.N * p.P * p.Q, GN=p.K, GK=p.C * p.R * p.S)
+        return GemmEnvelope(GM=p.N * p.P * p.Q, GN=p.K, GK=p.C * p.R * p.S, stage_size=p.precision.accumulator.size)
 
     def launches(self, p: ConvFwdProblem, c: Config) -> tuple[Launch, ...]:
-        smem = igemm_smem_bytes(c["BM"], c["BN"], c["BK"], c["PAD_A"], c["PAD_B"])
+        smem = igemm_smem_bytes(p.precision.accumulator.size, c["BM"], c["BN"], c["BK"], c["PAD_A"], c["PAD_B"])
         grid = (cdiv(p.N * p.P * p.Q, c["BM"]), cdiv(p.K, c["BN"]), 1)
         return (Launch("conv_fwd", grid, (igemm_threads(c), 1, 1), smem, ("x", "w", "bias", "y")),)
 
@@ -163,16 +164,17 @@ class IgemmConvBwdData(ConvIgemm):
     """One GEMM per stride phase: the phases are blocks along z of one launch."""
 
     op = "conv_bwd_data"
-    templates = ("igemm_conv_bwd_data.cu.j2", "_igemm.cuh.j2")
+    templates = ("igemm_conv_bwd_data.cu.j2", "_igemm.cuh.j2", "_bwd_data_phases.cuh.j2")
 
     def envelope(self, p: ConvBwdDataProblem) -> GemmEnvelope:
         phases = stride_phases(p)
         return GemmEnvelope(GM=max(p.N * ph.Ha * ph.Wb for ph in phases), GN=p.C,
-                            GK=max(1, max(p.K * ph.Ra * ph.Sb for ph in phases)), grid_z=len(phases))
+                            GK=max(1, max(p.K * ph.Ra * ph.Sb for ph in phases)), stage_size=p.precision.accumulator.size,
+                            grid_z=len(phases))
 
     def launches(self, p: ConvBwdDataProblem, c: Config) -> tuple[Launch, ...]:
         phases = stride_phases(p)
-        smem = igemm_smem_bytes(c["BM"], c["BN"], c["BK"], c["PAD_A"], c["PAD_B"])
+        smem = igemm_smem_bytes(p.precision.accumulator.size, c["BM"], c["BN"], c["BK"], c["PAD_A"], c["PAD_B"])
         grid = (max(cdiv(p.N * ph.Ha * ph.Wb, c["BM"]) for ph in phases), cdiv(p.C, c["BN"]), len(phases))
         return (Launch("conv_bwd_data", grid, (igemm_threads(c), 1, 1), smem, ("dy", "w", "dx")),)
 
@@ -190,7 +192,7 @@ class IgemmConvWgrad(_Igemm):
         return (ATOMIC, TWO_PASS)
 
     def envelope(self, p: ConvWgradProblem) -> GemmEnvelope:
-        return GemmEnvelope(GM=p.K, GN=p.C * p.R * p.S, GK=p.N * p.P * p.Q)
+        return GemmEnvelope(GM=p.K, GN=p.C * p.R * p.S, GK=p.N * p.P * p.Q, stage_size=p.precision.accumulator.size)
 
     def params(self, problem: ConvWgradProblem) -> list[Param]:
         return [Param("SPLITK", SPLITS, "blocks sharing one output tile's reduction"),
@@ -198,6 +200,7 @@ class IgemmConvWgrad(_Igemm):
 
     def constraints(self, problem: ConvWgradProblem, limits: DeviceLimits) -> list[Constraint]:
         env = self.envelope(problem)
+        split_bytes = WORKSPACE_ELEMENT.size * (env.GM * env.GN + env.GM)   # one split's partial sums
         return igemm_constraints(env, limits, min_bm=16, min_bn=16, min_bk=8) + [
             Constraint(("formulation", "SPLITK"),
                        lambda f, s: None if f == ATOMIC or s >= 2 else "two_pass needs SPLITK >= 2"),
@@ -206,7 +209,7 @@ class IgemmConvWgrad(_Igemm):
                        else f"SPLITK={s} exceeds the {cdiv(env.GK, bk)} reduction steps"),
             Constraint(("SPLITK",), lambda s: None if s <= GRID_YZ_LIMIT else "too many splits"),
             Constraint(("formulation", "SPLITK"),
-                       lambda f, s: None if f == ATOMIC or 4 * s * (env.GM * env.GN + env.GM) <= limits.workspace_bytes
+                       lambda f, s: None if f == ATOMIC or s * split_bytes <= limits.workspace_bytes
                        else f"the two-pass workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
         ]
 
@@ -228,7 +231,7 @@ class IgemmConvWgrad(_Igemm):
 
     def launches(self, p: ConvWgradProblem, c: Config) -> tuple[Launch, ...]:
         env = self.envelope(p)
-        smem = igemm_smem_bytes(c["BM"], c["BN"], c["BK"], c["PAD_A"], c["PAD_B"])
+        smem = igemm_smem_bytes(p.precision.accumulator.size, c["BM"], c["BN"], c["BK"], c["PAD_A"], c["PAD_B"])
         grid = (cdiv(env.GM, c["BM"]), cdiv(env.GN, c["BN"]), c["SPLITK"])
         main = Launch("conv_wgrad", grid, (igemm_threads(c), 1, 1), smem, ("x", "dy", "dw", "db", "ws", "ws_bias"))
         if c["formulation"] == TWO_PASS:

@@ -37,19 +37,22 @@ def block_rows(p: "ConvPoolFwdProblem", bm: int, tpp: int, tqq: int) -> tuple[in
 def pool_smem_bytes(p: "ConvPoolFwdProblem", c: Config) -> int:
     """The GEMM's staging, reused afterwards by the BN x rows activation tile: the larger of the two."""
     ch, cw, imgs = block_rows(p, c["BM"], c["TPP"], c["TQQ"])
-    return max(igemm_smem_bytes(c["BM"], c["BN"], c["BK"], c["PAD_A"], c["PAD_B"]), 4 * c["BN"] * imgs * ch * cw)
+    stage = p.precision.accumulator.size
+    return max(igemm_smem_bytes(stage, c["BM"], c["BN"], c["BK"], c["PAD_A"], c["PAD_B"]), stage * c["BN"] * imgs * ch * cw)
 
 
 class IgemmPoolFwd(ConvIgemm):
     formulation = NAME
     op = "conv_pool_fwd"
     summary = "implicit GEMM over whole pooling windows, averaged in shared memory"
-    templates = ("igemm_pool_conv_pool_fwd.cu.j2", "_igemm.cuh.j2", "gemm_operands_conv_fwd.cuh.j2")
+    templates = ("igemm_pool_conv_pool_fwd.cu.j2", "_igemm.cuh.j2", "gemm_operands_conv_fwd.cuh.j2",
+                 "_conv_fwd_operands.cuh.j2")
 
     def envelope(self, p: "ConvPoolFwdProblem") -> GemmEnvelope:
         # A block's rows may exceed a small map's outputs (its rectangle reaches into the padding).
         ch, cw = rectangle(p, 1, 1)
-        return GemmEnvelope(GM=max(p.N * p.P * p.Q, ch * cw), GN=p.K, GK=p.C * p.R * p.S)
+        return GemmEnvelope(GM=max(p.N * p.P * p.Q, ch * cw), GN=p.K, GK=p.C * p.R * p.S,
+                            stage_size=p.precision.accumulator.size)
 
     def params(self, p: "ConvPoolFwdProblem") -> list[Param]:
         return [*super().params(p),

@@ -31,7 +31,7 @@ def rows_smem_bytes(p: ConvWgradProblem, KT: int, KPT: int, CT: int, SPT: int, Q
     wsp = (p.Q - 1) * p.stride[1] + cdiv(p.S, SPT) * SPT
     stage = ROWS * KT * (p.Q + 1) + ROWS * CT * p.R * wsp
     sums = QSPLIT * KT * CT * p.R * cdiv(p.S, SPT) * SPT
-    return 4 * max(stage, sums)
+    return p.precision.accumulator.size * max(stage, sums)
 
 
 class RowsConvWgrad(OpFormulation):

@@ -27,7 +27,7 @@ NAME = "sep_onepass"
 def onepass_smem_bytes(g: SepCorrelation, KB: int, TP: int, TQ: int, CB: int, MC: int, PAD: int) -> int:
     ld = TQ + g.S - 1 + PAD
     xs = (CB * (TP + g.R - 1) * ld + 3) // 4 * 4
-    return 4 * (xs + taps_floats(g, CB, KB, g.R + g.S) + MC * g.RANK * KB * TP * ld)
+    return g.stage_size * (xs + taps_floats(g, CB, KB, g.R + g.S) + MC * g.RANK * KB * TP * ld)
 
 
 def horizontal_registers(S: int, KPT: int, PPT: int, QPT: int) -> int:
@@ -43,7 +43,7 @@ def onepass_registers(g: SepCorrelation, KPT: int, PPT: int, QPT: int, VPT: int)
 class _SepOnepass(OpFormulation):
     formulation = NAME
     summary = "one-pass separable convolution (tile, halo and intermediate in shared memory)"
-    templates = ("sep_onepass.cu.j2",)
+    templates = ("sep_onepass.cu.j2", "_sep_tile.cuh.j2")
 
     def params(self, problem: Any) -> list[Param]:
         return [*tile_params(correlation(problem)),

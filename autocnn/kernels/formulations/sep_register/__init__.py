@@ -32,7 +32,7 @@ def register_floats(R: int, S: int, KPT: int, PPT: int, QPT: int) -> int:
 class _SepRegister(OpFormulation):
     formulation = NAME
     summary = "register-based separable convolution (tile and halo in registers)"
-    templates = ("sep_register.cu.j2",)
+    templates = ("sep_register.cu.j2", "_sep_tile.cuh.j2")
 
     def params(self, problem: Any) -> list[Param]:
         return [*tile_params(correlation(problem)),
@@ -50,7 +50,7 @@ class _SepRegister(OpFormulation):
                       lambda kpt, ppt, qpt, cb, uc, uj: kpt * (ppt * (qpt + g.S - 1) * g.R + ppt * qpt * g.S)
                       * (cb if uc == FULL_UNROLL else uc) * (g.RANK if uj == FULL_UNROLL else 1)),
             Constraint(("CB", "UNROLL_C"), lambda cb, uc: None if uc <= cb else f"UNROLL_C={uc} exceeds CB={cb}"),
-            smem_rule(limits, ("CB", "KB"), lambda cb, kb: 4 * taps_floats(g, cb, kb, g.R + g.S)),
+            smem_rule(limits, ("CB", "KB"), lambda cb, kb: g.stage_size * taps_floats(g, cb, kb, g.R + g.S)),
         ]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
@@ -75,7 +75,7 @@ class _SepRegister(OpFormulation):
 
     def launches(self, problem: Any, c: Config) -> tuple[Launch, ...]:
         g = correlation(problem)
-        smem = 4 * taps_floats(g, c["CB"], c["KB"], g.R + g.S)
+        smem = g.stage_size * taps_floats(g, c["CB"], c["KB"], g.R + g.S)
         return (Launch("sep_conv", (tile_blocks(g, c), 1, 1), (tile_threads(c), 1, 1), smem, io_args(g)),)
 
     def code_helpers(self) -> tuple:

@@ -17,7 +17,7 @@ from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvWgradProblem
 from autocnn.kernels.rules import GRID_X_LIMIT, at_most, code_size_rule, smem_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
 NAME = "sep_tiles"
 ATOMIC, ORDERED = "atomic", "ordered"
@@ -39,7 +39,7 @@ def tiles(p: ConvWgradProblem, TP: int, TQ: int) -> int:
 def wgrad_smem_bytes(p: Any, KB: int, CB: int, TP: int, TQ: int, RSPLIT: int, PAD: int) -> int:
     staged = CB * (TP + p.R - 1) * (TQ + p.S - 1 + PAD) + KB * TP * (TQ + PAD)
     reduced = wgrad_threads(p.rank, KB, CB, RSPLIT) * max(p.R, p.S)
-    return 4 * max(staged, reduced)
+    return p.precision.accumulator.size * max(staged, reduced)
 
 
 def factor_elements(p: Any) -> int:
@@ -91,7 +91,7 @@ class SepTilesWgrad(OpFormulation):
             Constraint(("SPLIT", "COMBINE"), lambda s, comb: None if comb == ATOMIC or s >= 2
                        else "COMBINE=ordered needs SPLIT >= 2"),
             workspace_rule(limits.workspace_bytes, ("SPLIT", "COMBINE"),
-                           lambda s, comb: 4 * s * factor_elements(p) if comb == ORDERED else 0),
+                           lambda s, comb: WORKSPACE_ELEMENT.size * s * factor_elements(p) if comb == ORDERED else 0),
             register_limit(limits, ("KB", "CB", "RSPLIT", "TQ", "UNROLL_ROWS"),
                            lambda kb, cb, rs, tq, ur: wgrad_registers(p, tq, ur),
                            lambda kb, cb, rs, tq, ur: wgrad_threads(p.rank, kb, cb, rs), "the filtered rows"),

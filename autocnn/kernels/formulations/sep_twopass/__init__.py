@@ -22,7 +22,7 @@ from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import INDEX_LIMIT
 from autocnn.kernels.rules import code_size_rule, smem_rule, threads_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
 NAME = "sep_twopass"
 WORKSPACE = "sep_z"
@@ -39,12 +39,12 @@ def images_per_block(g: SepCorrelation, NB: int) -> int:
 
 def vpass_smem_bytes(g: SepCorrelation, VKB: int, VCB: int, VTP: int, VTW: int) -> int:
     xs = (VCB * (VTP + g.R - 1) * VTW + 3) // 4 * 4
-    return 4 * (xs + VCB * VKB * g.RANK * g.R)
+    return g.stage_size * (xs + VCB * VKB * g.RANK * g.R)
 
 
 def hpass_smem_bytes(g: SepCorrelation, KB: int, TP: int, TQ: int, CB: int, PAD: int) -> int:
     zs = (CB * g.RANK * KB * TP * (TQ + g.S - 1 + PAD) + 3) // 4 * 4
-    return 4 * (zs + CB * KB * g.RANK * g.S)
+    return g.stage_size * (zs + CB * KB * g.RANK * g.S)
 
 
 def vpass_blocks(g: SepCorrelation, c: Config | dict, images: int) -> int:
@@ -61,7 +61,7 @@ def image_blocks(g: SepCorrelation, NB: int) -> list[tuple[int, int]]:
 class _SepTwopass(OpFormulation):
     formulation = NAME
     summary = "two-pass separable convolution (two kernels, the intermediate in a workspace)"
-    templates = ("sep_twopass.cu.j2",)
+    templates = ("sep_twopass.cu.j2", "_sep_tile.cuh.j2")
 
     def params(self, problem: Any) -> list[Param]:
         g = correlation(problem)
@@ -87,7 +87,7 @@ class _SepTwopass(OpFormulation):
             *tile_constraints(g, limits),
             Constraint(("VTP", "VPT"), lambda vtp, vpt: None if vtp % vpt == 0 else f"VPT={vpt} does not divide VTP={vtp}"),
             threads_rule(limits, ("VTHREADS",), lambda n: n),
-            workspace_rule(limits.workspace_bytes, ("NB",), lambda nb: 4 * images_per_block(g, nb) * per_image),
+            workspace_rule(limits.workspace_bytes, ("NB",), lambda nb: WORKSPACE_ELEMENT.size * images_per_block(g, nb) * per_image),
             Constraint(("NB",), lambda nb: None if images_per_block(g, nb) * per_image <= INDEX_LIMIT
                        else "the intermediate exceeds 32-bit indexing"),
             register_limit(limits, TILE_PARAMS,
@@ -101,7 +101,7 @@ class _SepTwopass(OpFormulation):
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         g = correlation(problem)
-        per_image = 4 * z_elements_per_image(g)
+        per_image = WORKSPACE_ELEMENT.size * z_elements_per_image(g)
         fits = [nb for nb in IMAGE_BLOCKS if nb <= next_pow2(g.N) and nb * per_image <= DEFAULT_WORKSPACE_BYTES]
         if not fits:
             return []       # one image's intermediate exceeds the workspace limit

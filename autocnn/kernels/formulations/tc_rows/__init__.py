@@ -41,6 +41,7 @@ from autocnn.kernels.problem import ConvWgradProblem
 from autocnn.kernels.rules import GRID_YZ_LIMIT, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
+from autocnn.precision import FLOAT32
 
 NAME = "tc_rows"
 STAGE_BUFFERS = 2      # the slab being multiplied and the next one, in flight
@@ -65,7 +66,7 @@ def smem_bytes(p: ConvWgradProblem, KB: int, CB: int, ROWS: int, PAD_X: int, SPL
     """The double-buffered slabs, and for fp32 with SPLIT_X "smem" one band of remainders."""
     _, bandh, ldx, ldy = slab_geometry(p, ROWS, PAD_X)
     small = CB * bandh * ldx if SPLIT_X == "smem" and p.precision.tf32x3 else 0
-    return 4 * (STAGE_BUFFERS * (KB * ldy + CB * bandh * ldx) + small)
+    return FLOAT32.size * (STAGE_BUFFERS * (KB * ldy + CB * bandh * ldx) + small)   # TF32 slabs: FP32 values
 
 
 def registers_needed(split3: bool, MT: int, NT: int, KUNROLL: int) -> int:

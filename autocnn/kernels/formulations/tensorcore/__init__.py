@@ -41,7 +41,8 @@ from autocnn.kernels.formulations.cores.staging import nhwc_stage_launches, nhwc
 from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
 from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
+from autocnn.precision import FLOAT32
 
 FORMULATION_TC = "tc"
 TC_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
@@ -93,7 +94,7 @@ def smem_bytes(op: str, BM: int, BN: int, BK: int, STAGES: int, PAD_A: int, PAD_
     fa = BM * (BK + PAD_A) if a_kmajor else BK * (BM + PAD_A)
     fb = BN * (BK + PAD_B) if b_kmajor else BK * (BN + PAD_B)
     table = TABLE_ENTRY_BYTES * cdiv(table_k, BK) * BK if TABLE_A else 0
-    return 4 * STAGES * (fa + fb) + table
+    return FLOAT32.size * STAGES * (fa + fb) + table   # the TF32 core stages FP32 values, whatever the tensors
 
 
 def params(gemm: TcGemm) -> list[Param]:
@@ -184,7 +185,7 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
             Constraint(("NHWC", "VEC"), lambda nhwc, v: None if not (nhwc and v == 4) or gemm.C % 4 == 0
                        else f"float4 loads of NHWC input need C % 4 == 0, not {gemm.C}"),
             Constraint(("BM", "BN", "BK", "WM", "WN", "VEC", "NHWC"), even_vectors),
-            Constraint(("NHWC",), lambda nhwc: None if not nhwc or 4 * gemm.staged_floats <= limits.workspace_bytes
+            Constraint(("NHWC",), lambda nhwc: None if not nhwc or WORKSPACE_ELEMENT.size * gemm.staged_floats <= limits.workspace_bytes
                        else f"the NHWC staging workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
             smem_rule(limits, ("BM", "BN", "BK", "STAGES", "PAD_A", "PAD_B", "TABLE_A", "NHWC"),
                       lambda bm, bn, bk, st, pa, pb, ta, nhwc: smem_bytes(op, bm, bn, bk, st, pa, pb, ta, gemm.GK, nhwc)),
@@ -198,7 +199,7 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
             Constraint(("SPLITK",), lambda s: None if s <= GRID_YZ_LIMIT else "too many splits"),
             Constraint(("TWO_PASS", "SPLITK"), lambda t, s: None if not t or s >= 2 else "a second pass needs SPLITK >= 2"),
             Constraint(("TWO_PASS", "SPLITK"),
-                       lambda t, s: None if not t or 4 * s * (gemm.GM * gemm.GN + gemm.GM) <= limits.workspace_bytes
+                       lambda t, s: None if not t or WORKSPACE_ELEMENT.size * s * (gemm.GM * gemm.GN + gemm.GM) <= limits.workspace_bytes
                        else f"the two-pass workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
         ]
     else:
@@ -259,7 +260,8 @@ class TcConv(OpFormulation):
     def __init__(self, op: str):
         self.op = op
         self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", "_mma_sync.cuh.j2", f"gemm_operands_{op}.cuh.j2",
-                          *(("nhwc_stage_conv_fwd.cuh.j2",) if op == "conv_fwd" else ()),
+                          *(("nhwc_stage_conv_fwd.cuh.j2", "_conv_fwd_operands.cuh.j2") if op == "conv_fwd" else ()),
+                          *(("_bwd_data_phases.cuh.j2",) if op == "conv_bwd_data" else ()),
                           *(("igemm_conv_wgrad_reduce.cu.j2",) if op == "conv_wgrad" else ()))
 
     def params(self, problem: Any) -> list[Param]:

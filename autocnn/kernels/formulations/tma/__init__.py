@@ -100,9 +100,10 @@ from autocnn.kernels.rules import smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 from autocnn.kernels.tensor_maps import MAX_BOX, TensorMap
+from autocnn.precision import FLOAT32
 
 FORMULATION_TMA = "tma"
-ROW_BYTES = 4 * BK          # a staged row of a tile in shared memory: 32 floats, one swizzle row
+ROW_BYTES = FLOAT32.size * BK   # a staged row of a tile in shared memory: 32 TF32 operands, one swizzle row
 BARRIER_BYTES = 8           # an mbarrier; the kernel keeps 2 a stage and 1 a halo slot (static)
 
 

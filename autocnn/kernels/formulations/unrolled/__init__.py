@@ -30,7 +30,7 @@ from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch, LibraryGemm, MatrixView
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch, LibraryGemm, MatrixView
 
 NAME = "unrolled"
 BATCHED, WIDE, PER_IMAGE = "batched", "wide", "per_image"
@@ -157,9 +157,9 @@ class _Unrolled(OpFormulation):
         modes = MODES[self.op]
         if len(modes) > 1:
             return [workspace_rule(limits.workspace_bytes, ("GEMM_MODE", "IMGS"),
-                                   lambda mode, imgs: 4 * sum(workspace_elements(u, mode, imgs).values()))]
+                                   lambda mode, imgs: WORKSPACE_ELEMENT.size * sum(workspace_elements(u, mode, imgs).values()))]
         return [workspace_rule(limits.workspace_bytes, ("IMGS",),
-                               lambda imgs: 4 * sum(workspace_elements(u, modes[0], imgs).values()))]
+                               lambda imgs: WORKSPACE_ELEMENT.size * sum(workspace_elements(u, modes[0], imgs).values()))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         """Per mode, the largest block within a quarter of the workspace limit, then one image."""
@@ -169,7 +169,7 @@ class _Unrolled(OpFormulation):
         out = []
         for mode in MODES[self.op]:
             fits = [i for i in imgs_choices
-                    if 4 * sum(workspace_elements(u, mode, i).values()) <= DEFAULT_WORKSPACE_BYTES]
+                    if WORKSPACE_ELEMENT.size * sum(workspace_elements(u, mode, i).values()) <= DEFAULT_WORKSPACE_BYTES]
             for imgs in (max(fits, default=1), 1):
                 values = {"formulation": NAME, "GEMM_MODE": mode, "IMGS": imgs, "COL_T": 0, "THREADS": 256,
                           "ITEMS": 2, "TF32_GEMM": 0}

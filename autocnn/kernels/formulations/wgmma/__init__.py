@@ -108,7 +108,7 @@ from autocnn.kernels.formulations.cores.wgmma_gemm import (ALIGN_SLACK, ARCH, BK
                                                            smem_bytes, split)
 from autocnn.kernels.geometry import cdiv, stride_phases
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
 NAMESPACE = "wg"    # wgmma_core.cuh.j2's namespace in these kernels (winograd's products name their own)
 
@@ -289,7 +289,7 @@ class WgmmaConvFwd(_SplitOutputGemm):
     op = "conv_fwd"
     summary = "Hopper warpgroup tensor-core implicit GEMM (sm_90a; fp32 as 3xTF32)"
     templates = ("wgmma_conv_fwd.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2", "gemm_operands_conv_fwd.cuh.j2",
-                 "nhwc_stage_conv_fwd.cuh.j2")
+                 "_conv_fwd_operands.cuh.j2", "nhwc_stage_conv_fwd.cuh.j2")
     ARGS = ("x", "w", "bias", "y", "xt", "wt")
     output = "y"
 
@@ -424,7 +424,7 @@ UNROLLED_DEFAULT_BYTES = 128 * 2 ** 20
 def unrolled_pays(problem: Any) -> bool:
     """Whether the default configs stage X unrolled (X_UNROLLED=1): where its copy is small enough that
     writing it costs less than the padded grid's waste and its copies (UNROLLED_DEFAULT_BYTES)."""
-    return 4 * dict(wgrad_stage_workspaces(problem, 1))["xs"] <= UNROLLED_DEFAULT_BYTES
+    return WORKSPACE_ELEMENT.size * dict(wgrad_stage_workspaces(problem, 1))["xs"] <= UNROLLED_DEFAULT_BYTES
 
 
 class WgmmaConvWgrad(WgmmaGemm):

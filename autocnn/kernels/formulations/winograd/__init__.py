@@ -102,7 +102,7 @@ from autocnn.kernels.formulations.cores.winograd_transforms import (SANDWICH_COD
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_X_LIMIT, STATIC_SMEM_LIMIT, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch, LibraryGemm, MatrixView
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch, LibraryGemm, MatrixView
 
 NAME = "winograd"
 TILES = (2, 4)
@@ -169,7 +169,8 @@ def output_rows(problem: Any, m: int, imgs: int, threads: int) -> dict[str, int]
         planes, band = max(1, min(threads // (th * tw), imgs, v.N)), th
     else:
         planes, band = 1, max(1, min(th, threads // tw))
-    return {"planes": planes, "band": band, "bands": cdiv(th, band), "smem": 4 * planes * band * m * v.WO}
+    return {"planes": planes, "band": band, "bands": cdiv(th, band),
+            "smem": problem.precision.accumulator.size * planes * band * m * v.WO}
 
 
 def output_blocks(problem: Any, rows: dict[str, int], nb: int) -> int:
@@ -244,7 +245,7 @@ class _Winograd(OpFormulation):
         v = view(p)
         # GEMM_3XTF32 is a parameter of fp32 problems only; a tf32 problem's products keep one block.
         params = ("TILE", "IMGS") if p.precision.tf32 else ("TILE", "IMGS", "GEMM_3XTF32")
-        out = [workspace_rule(limits.workspace_bytes, params, lambda m, imgs, x3=0: 4 * sum(
+        out = [workspace_rule(limits.workspace_bytes, params, lambda m, imgs, x3=0: WORKSPACE_ELEMENT.size * sum(
             workspace_elements(v, m, imgs, splits(p.op, x3)).values())), *products_constraints(p, limits)]
         if p.op != "conv_wgrad":
             def staged_rows(kind, m, imgs, threads):
@@ -270,7 +271,7 @@ class _Winograd(OpFormulation):
 
         def largest_block(m: int, parts: int) -> int:
             fits = [i for i in imgs_choices
-                    if 4 * sum(workspace_elements(v, m, i, parts).values()) <= DEFAULT_WORKSPACE_BYTES]
+                    if WORKSPACE_ELEMENT.size * sum(workspace_elements(v, m, i, parts).values()) <= DEFAULT_WORKSPACE_BYTES]
             return max(fits, default=1)
 
         extra["PRODUCTS"] = "cublas"

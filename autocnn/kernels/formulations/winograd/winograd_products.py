@@ -18,6 +18,7 @@ from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_YZ_LIMIT, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint
 from autocnn.kernels.steps import Launch
+from autocnn.precision import FLOAT32
 
 
 MMA_TILES = (32, 64, 128)
@@ -79,7 +80,7 @@ def products_gemm(problem: Any, imgs: int, m: int) -> ProductsGemm:
 def products_smem_bytes(gemm: ProductsGemm, bm: int, bn: int, bk: int, stages: int) -> int:
     fa = bm * (bk + MMA_PAD_KMAJOR)
     fb = bn * (bk + MMA_PAD_KMAJOR) if gemm.b_kmajor else bk * (bn + MMA_PAD_ROWMAJOR)
-    return 4 * stages * (fa + fb)
+    return FLOAT32.size * stages * (fa + fb)   # the TF32 core's stages: FP32 values
 
 
 def products_active(config: Config) -> bool:

@@ -70,7 +70,8 @@ from autocnn.kernels.formulations.cores.winograd_transforms import (TRANSFORMS, 
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, smem_rule, threads_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
-from autocnn.kernels.steps import Launch
+from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
+from autocnn.precision import FLOAT32
 
 NAME = "winograd_fused"
 M = 2                  # F(2x2,3x3): 16 points (F(4x4) is not served: see the module's docstring)
@@ -123,7 +124,7 @@ def smem_floats(problem: Any, m: int, tb: int, mt: int, warps: int) -> tuple[int
 
 def smem_bytes(problem: Any, m: int, tb: int, mt: int, warps: int) -> int:
     u, v, raw, out = smem_floats(problem, m, tb, mt, warps)
-    return 4 * max(u + v + raw, out)
+    return FLOAT32.size * max(u + v + raw, out)   # the TF32 pipeline's stages and outputs: FP32 values
 
 
 def patches_per_thread(tb: int, warps: int) -> int:
@@ -197,7 +198,7 @@ class _WinogradFused(OpFormulation):
                 Constraint(("WF_MT",), channel_blocks),
                 Constraint(("WF_TB", "WF_MT", "WF_WARPS"), registers),
                 # The filters' transform is the one workspace (--workspace-limit).
-                workspace_rule(limits.workspace_bytes, ("WF_MT",), lambda mt: 4 * u_elements(p, M, mt)),
+                workspace_rule(limits.workspace_bytes, ("WF_MT",), lambda mt: WORKSPACE_ELEMENT.size * u_elements(p, M, mt)),
                 threads_rule(limits, ("WF_WARPS",), lambda warps: 32 * warps),
                 smem_rule(limits, ("WF_TB", "WF_MT", "WF_WARPS"),
                           lambda tb, mt, warps: smem_bytes(p, M, tb, mt, warps))]
