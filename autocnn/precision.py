@@ -17,15 +17,26 @@ an error naming the allowed ones.
 Both store float32 operands and outputs and accumulate in FP32.
 
 - ``bf16`` and ``fp16`` (``BF16``, ``FP16``): 16-bit operands and outputs (bfloat16: 8 bits of
-  significand, float16: 11), products on the tensor cores, FP32 accumulation. Their inputs are
-  exact in the float64 reference (it is computed from the 16-bit values themselves), and a product
-  of two 16-bit values is exact in FP32, so what a kernel may lose is its FP32 sums and the one
-  rounding of each output to 16 bits (``sixteen_bit_rounding``). They are defined here with their
-  bounds and join ``PRECISIONS`` (what problems and the command line accept) with the first kernels
-  that serve them.
+  significand, float16: 11), FP32 accumulation. A kernel widens each element to FP32 as it loads it
+  (``__bfloat162float``, ``__half2float``), forms every product and sum in FP32, adds a bias in
+  FP32 and rounds each output once, to nearest even, as it stores it (``__float2bfloat16_rn``,
+  ``__float2half_rn``); partial sums that leave a kernel (a split reduction's workspace) stay FP32.
+  Their inputs are exact in the float64 reference (it is computed from the 16-bit values
+  themselves), and a product of two 16-bit values is exact in FP32, so what a kernel may lose is its
+  FP32 sums and the one rounding of each output to 16 bits (``sixteen_bit_rounding``).
+  fp16 overflows as cuDNN's FP16 output does: an output whose FP32 value rounds beyond the largest
+  finite half (65504) is stored as +-Inf (round to nearest: from 65520 on), never clamped, and a NaN
+  or Inf among the inputs reaches every output it touches. bfloat16 has float32's exponent range,
+  so only a sum that overflows FP32 itself becomes Inf there.
+  ``Precision.sixteen_bit`` says whether a precision stores 16-bit tensors; a formulation that
+  cannot serve such a precision says so in its constraints (``kernels.rules.sixteen_bit_rule``).
 
 The error bounds are set here and nowhere else (``Precision.error_bound``): verification
 (``autocnn.measurement.measure``) asks them.
+
+``PRECISIONS`` is what problems, records and the command line's tune, bench and db accept;
+``FLOAT32_PRECISIONS`` the ones that store float32 tensors, which the training library and
+autocnn.torch run.
 """
 from __future__ import annotations
 
@@ -118,6 +129,12 @@ class Precision:
         """Tensor-core kernels (and cuBLAS, cuDNN) may round operands to TF32: one product a term."""
         return self.tensor_math is TensorMath.TF32
 
+    @property
+    def sixteen_bit(self) -> bool:
+        """Operands and outputs are stored in 16 bits (bf16, fp16): kernels widen them to the
+        accumulator's type on load and round once on store."""
+        return any(e.size == 2 for e in (self.x, self.w, self.y))
+
     def error_bound(self, reduction_length: int) -> float:
         """The largest relative error ||out - ref|| / ||ref|| a kernel may show against the float64
         reference, for an output whose every element sums ``reduction_length`` terms: the base
@@ -149,7 +166,7 @@ class Precision:
     def __hash__(self) -> int:
         return hash(self.name)
 
-    def __lt__(self, other: "Precision") -> bool:   # the order of PRECISIONS, then the 16-bit ones
+    def __lt__(self, other: "Precision") -> bool:   # the order of PRECISIONS
         return _ORDER.index(self) < _ORDER.index(other)
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:   # one object per precision, also across processes
@@ -168,10 +185,13 @@ FP16 = Precision("fp16", FLOAT16, FLOAT16, FLOAT16, FLOAT32, TensorMath.FP16, FP
                  "float16 operands and outputs on tensor cores, FP32 accumulation",
                  output_rounding=sixteen_bit_rounding(FP16_UNIT_ROUNDOFF))
 
-PRECISIONS: tuple[Precision, ...] = (FP32, TF32)
+PRECISIONS: tuple[Precision, ...] = (FP32, TF32, BF16, FP16)
 PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in PRECISIONS)
+# The training library's tensors and autocnn.torch's operators are float32.
+FLOAT32_PRECISIONS: tuple[Precision, ...] = tuple(p for p in PRECISIONS if not p.sixteen_bit)
+FLOAT32_PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in FLOAT32_PRECISIONS)
 DEFAULT_PRECISION = FP32
-_ORDER = (*PRECISIONS, BF16, FP16)
+_ORDER = PRECISIONS
 _BY_NAME = {p.name: p for p in PRECISIONS}
 
 
@@ -194,6 +214,13 @@ class KernelTypes:
         return cls(x=precision.x, w=precision.w, y=precision.y, dx=precision.x, dw=precision.w, dy=precision.x,
                    acc=precision.accumulator)
 
+    def of_tensor(self, name: str) -> ElementType:
+        """The element type of an operation's tensor by its buffer name: a role's (x, w, y, dx, dw,
+        dy), the bias like the filters and its gradient like theirs; any other tensor of an
+        activation's shape (a kept activation, dZ) like the activations."""
+        role = {"bias": "w", "db": "dw"}.get(name, name)
+        return getattr(self, role) if role in ("x", "w", "y", "dx", "dw", "dy") else self.x
+
 
 def precision_named(value: Any, where: str = "autocnn", field: str = "precision") -> Precision:
     """The Precision a name (or a Precision) stands for; InvalidProblemError naming the allowed
@@ -207,10 +234,17 @@ def precision_named(value: Any, where: str = "autocnn", field: str = "precision"
 
 
 def _defined(name: str) -> Precision:
-    """The one object of a defined precision, offered or not (what unpickling asks for)."""
+    """The one object of a defined precision (what unpickling asks for)."""
     return {p.name: p for p in _ORDER}[name]
 
 
 def precision_of(problem: Any) -> Precision:
-    """A problem's precision; FP32 for one that has none (pooling computes in FP32)."""
+    """A problem's precision; FP32 for one that has none."""
     return getattr(problem, "precision", DEFAULT_PRECISION)
+
+
+def without_products(precision: Precision) -> Precision:
+    """The precision an operation that forms no products (pooling) runs at for ``precision``: its
+    own, except tf32, which only says how products are formed, where it is fp32 (the same storage,
+    FP32 sums)."""
+    return FP32 if precision.tf32 else precision

@@ -6,7 +6,8 @@ The file guards changes that must not change what is generated (moving modules, 
 folding template code): tests/test_render_digests.py renders every case it holds again and
 compares. Each case is a problem and a config, both stored whole, so the check depends only on
 planning, never on how spaces sample. The sample, for each operation, formulation (each value of
-its "formulation" parameter) and precision: up to three problems of the operation's seed and target
+its "formulation" parameter) and precision it serves (every formulation serves fp32 and tf32; the
+16-bit precisions, those that do not refuse them: kernels.rules.sixteen_bit_rule): up to three problems of the operation's seed and target
 layers and up to three of its odd ones (sizes that divide no tile, plus the few odd shapes below
 that the 3x3 stride-1 and large-filter formulations accept), the odd ones with a fused epilogue
 where the problem has one; for each problem the formulation's default config where it has one
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autocnn.device import DeviceLimits  # noqa: E402
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError, InvalidProblemError  # noqa: E402
 from autocnn.kernels import OPERATIONS, get_operation, problem_from_dict  # noqa: E402
-from autocnn.kernels.problem import PRECISIONS  # noqa: E402
+from autocnn.kernels.problem import PRECISIONS, precision_label  # noqa: E402
 from autocnn.kernels.suite import odd_problems, seed_problems, target_problems  # noqa: E402
 
 DIGESTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "render_digests.json"
@@ -94,8 +95,46 @@ def _extra_problems(op: str) -> list[tuple[str, Any]]:
 
 
 def _precisions(op: str) -> list[str | None]:
+    """The precisions the operation's problems take, by name; None for the problem as it is, where
+    its precision has no name of its own in a listing (pooling in float32: precision_label)."""
     problem = seed_problems(op)[0][1] if seed_problems(op) else odd_problems(op)[0][1]
-    return list(PRECISIONS) if hasattr(problem, "precision") else [None]
+    if not hasattr(problem, "precision"):
+        return [None]
+    out: list[str | None] = []
+    for precision in PRECISIONS:
+        at = _with_precision(problem, precision.name)
+        if at is not None:
+            out.append(None if precision_label(at) == "-" else precision.name)
+    return out
+
+
+def _sides(op: str) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """The seed-side and odd-side problems the sample draws from, by label."""
+    seed_side = [*seed_problems(op), *target_problems(op)]
+    odd_side = [(name, _with_epilogue(p, i)) for i, (name, p) in enumerate([*odd_problems(op), *_extra_problems(op)])]
+    return seed_side, odd_side
+
+
+def _served(operation: Any, value: str, precision: str | None, limits: DeviceLimits, space_cache: dict) -> bool:
+    """Whether a formulation value serves a precision: every formulation serves the float32 ones; a
+    16-bit one, where some problem of the sample has a config of it (the others refuse it by a rule)."""
+    problem0 = next(iter(_sides(operation.name)[1] or _sides(operation.name)[0]))[1]
+    at = _with_precision(problem0, precision)
+    if precision is None or at is None or not at.precision.sixteen_bit:
+        return True
+    for label, problem in [*_sides(operation.name)[1], *_sides(operation.name)[0]]:
+        problem = _with_precision(problem, precision)
+        if problem is None:
+            continue
+        key = json.dumps(problem.to_dict(), sort_keys=True)
+        space = space_cache.get(key)
+        if space is None:
+            space = space_cache[key] = operation.space(problem, limits)
+        if "formulation" in {p.name for p in space.params}:
+            space = space.restrict({"formulation": value})
+        if space.sample(_seeded(operation.name, value, precision, label, "serves"), 1, max_attempts=20):
+            return True
+    return False
 
 
 def _sample(operation: Any, value: str, problem: Any, limits: DeviceLimits, count: int, rng: random.Random,
@@ -125,11 +164,12 @@ def cases(arch: str = ARCH) -> Iterator[tuple[str, Any, dict[str, Any]]]:
     limits = DeviceLimits.for_arch(arch)
     for op in sorted(OPERATIONS):
         operation = get_operation(op)
-        seed_side = [*seed_problems(op), *target_problems(op)]
-        odd_side = [(name, _with_epilogue(p, i)) for i, (name, p) in enumerate([*odd_problems(op), *_extra_problems(op)])]
+        seed_side, odd_side = _sides(op)
         space_cache: dict = {}
         for value in operation.formulation_names:
             for precision in _precisions(op):
+                if not _served(operation, value, precision, limits, space_cache):
+                    continue
                 group = f"{op}/{value}/{precision or '-'}"
                 chosen = []
                 for side in (seed_side, odd_side):
@@ -187,10 +227,16 @@ def document_text(document: dict[str, Any]) -> str:
             f'"problems": {{\n{problems}\n}},\n"cases": [\n{cases_}\n]}}\n')
 
 
-def groups_registered() -> set[str]:
-    """Every (operation, formulation value, precision) group the sample must cover."""
-    return {f"{op}/{value}/{precision or '-'}" for op in OPERATIONS
-            for value in get_operation(op).formulation_names for precision in _precisions(op)}
+def groups_registered(arch: str = ARCH) -> set[str]:
+    """Every (operation, formulation value, precision) group the sample must cover: each formulation
+    at each precision it serves."""
+    limits = DeviceLimits.for_arch(arch)
+    out = set()
+    for op in OPERATIONS:
+        operation, space_cache = get_operation(op), {}
+        out |= {f"{op}/{value}/{precision or '-'}" for value in operation.formulation_names
+                for precision in _precisions(op) if _served(operation, value, precision, limits, space_cache)}
+    return out
 
 
 def differences(document: dict[str, Any]) -> list[str]:

@@ -17,6 +17,11 @@ the operands cut to their top 19 bits as the tensor cores read them) and ``m16n8
 and the vector shared-memory loads and stores, with shared addresses as 32-bit offsets the way the
 kernels compute them. The Hopper statements (wgmma, TMA, the async proxy's fences) do not: a
 kernel that reaches one fails its launch, and run_emulated can run such a step in NumPy instead.
+
+Kernels of 16-bit tensors (bf16, fp16) run on host definitions of ``__nv_bfloat16`` and ``__half``
+(a 16-bit pattern each) and of the conversions they call, bit for bit as the GPU's (round to nearest
+even, NaN kept, float16 overflowing to Inf); their buffers are NumPy arrays of the storage
+measurement.element_arrays gives (float16, and uint16 bit patterns for bfloat16).
 """
 from __future__ import annotations
 
@@ -29,9 +34,8 @@ from typing import Callable, Collection, Mapping
 
 import numpy as np
 
-from autocnn.kernels import reference
 from autocnn.kernels.steps import Launch
-from autocnn.measurement.measure import verify_outputs
+from autocnn.measurement.measure import output_buffers, random_inputs, verify_outputs
 from tests.plan_numpy import LIBRARY_STEPS, run_library_step
 
 PRELUDE = r"""
@@ -220,6 +224,33 @@ inline void emu_mma_m16n8k16_bf16(float& d0, float& d1, float& d2, float& d3, un
                      return sum;
                  });
 }
+// 16-bit storage types and the conversions of cuda_bf16.h and cuda_fp16.h the kernels call, as the
+// GPU computes them: float to 16 bits rounds to nearest even, keeps NaN a NaN and takes float16 past
+// its largest finite value (65504, from 65520 on) to Inf; 16 bits to float is exact.
+struct __nv_bfloat16 { unsigned short __x; };
+struct __half { unsigned short __x; };
+inline float __bfloat162float(__nv_bfloat16 v) { return emu_bf16_value(v.__x); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {static_cast<unsigned short>(emu_bf16_rn(f))}; }
+inline float __half2float(__half v) {
+    const unsigned sign = (v.__x & 0x8000u) << 16, e = (v.__x >> 10) & 0x1fu, m = v.__x & 0x3ffu;
+    if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    if (e == 0) return (sign ? -1.0f : 1.0f) * static_cast<float>(m) * 5.9604644775390625e-8f;   // m * 2^-24
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+inline __half __float2half_rn(float f) {
+    const unsigned u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return {static_cast<unsigned short>(sign | 0x7e00u)};          // NaN
+    if (a >= 0x477ff000u) return {static_cast<unsigned short>(sign | 0x7c00u)};         // 65520 and up: Inf
+    if (a < 0x38800000u)   // below 2^-14: a multiple of 2^-24, rounded to nearest even (exact scaling)
+        return {static_cast<unsigned short>(sign | static_cast<unsigned>(nearbyintf(__uint_as_float(a) * 16777216.0f)))};
+    const unsigned r = a - 0x38000000u;   // the exponent's bias from 127 to 15
+    return {static_cast<unsigned short>(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13))};
+}
+// A buffer's address as whatever pointer type the kernel takes for it.
+struct EmuPtr {
+    void* p;
+    template <class T> operator T*() const { return static_cast<T*>(p); }
+};
 static void emu_run(unsigned grid, unsigned block, const std::function<void()>& kernel) {
     blockDim.x = block;   // gridDim: the launch's trampoline sets it (a 3D grid walks as grid = x*y*z blocks)
     EmuBarrier bar(block);
@@ -350,6 +381,8 @@ def emulated_source(plan, host: Collection[str] = ()) -> str:
     body = re.sub(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?(\w+)\s+(\w+)\[\];",
                   r"\1* \2 = reinterpret_cast<\1*>(emu_smem);", plan.source)
     body = body.replace("__shared__", "static")
+    # The prelude defines what the CUDA headers of 16-bit types would (the host compiler has neither).
+    body = re.sub(r"#include <cuda_(?:bf16|fp16)\.h>\n", "", body)
     body = translate_ptx(body)
     for name in host:
         body, count = re.subn(rf'extern "C"(\s+__global__\s+void\s+__launch_bounds__\([^)]*\)\s+{name}\()',
@@ -362,7 +395,7 @@ def emulated_source(plan, host: Collection[str] = ()) -> str:
         assert isinstance(step, Launch), f"the emulator runs generated kernels only, not {step.kernel}"
         assert step.block[1] == step.block[2] == 1, "the emulator runs 1D blocks"
         gx, gy, gz = step.grid
-        args = [f"(float*)bufs[{a}]" for a in range(len(step.args))]
+        args = [f"EmuPtr{{bufs[{a}]}}" for a in range(len(step.args))]
         args += [f"scalars[{s}]" for s in range(len(step.scalars))]
         trampolines.append(
             f'extern "C" void emu_launch_{i}(void** bufs, const int* scalars) {{\n'
@@ -399,13 +432,13 @@ def run_emulated(plan, inputs: dict[str, np.ndarray], cache: Path,
                  host: Mapping[str, Callable[..., None]] | None = None) -> dict[str, np.ndarray]:
     """Run every step of the plan on NaN-poisoned outputs and workspaces; returns the outputs.
     ``host`` maps kernels the emulator cannot run to functions that do their part on the buffers
-    (``f(buffers, *scalars)``, NumPy on the same float32 arrays), in the plan's order. The library
-    steps (cuBLAS's GEMMs, cuFFT's transforms) run in NumPy on the float32 buffers they name
-    (tests/plan_numpy.py): the generated kernels around them are what is emulated."""
+    (``f(buffers, *scalars)``, NumPy on the same arrays), in the plan's order. The library steps
+    (cuBLAS's GEMMs, cuFFT's transforms) run in NumPy on the float32 buffers they name
+    (tests/plan_numpy.py): the generated kernels around them are what is emulated. Inputs and
+    outputs are of the problem's element types (measure.random_inputs and output_buffers)."""
     host = host or {}
     lib = build(plan, cache, tuple(host))
-    outputs = {name: np.full(shape, np.nan, dtype=np.float32)
-               for name, shape in reference.output_shapes(plan.problem).items()}
+    outputs = output_buffers(plan.problem, np)
     buffers = {**inputs, **outputs}
     buffers.update({name: np.full(max(1, n), np.nan, dtype=np.float32) for name, n in plan.workspaces})
     for name in plan.zero_first:
@@ -421,7 +454,7 @@ def run_emulated(plan, inputs: dict[str, np.ndarray], cache: Path,
             run_library_step(step, flat)
             continue
         arrays = [buffers.get(a, placeholder) for a in step.args]
-        assert all(a.flags.c_contiguous and a.dtype == np.float32 for a in arrays)
+        assert all(a.flags.c_contiguous for a in arrays)
         ptrs = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
         scalars = (ctypes.c_int * max(1, len(step.scalars)))(*step.scalars)
         getattr(lib, f"emu_launch_{i}")(ptrs, scalars)
@@ -437,8 +470,6 @@ def emulated_failure(operation, problem, config, cache: Path, seed: int,
     """Why the config's plan fails verification under the emulator on fresh random inputs, or None
     (``host``: as run_emulated's)."""
     plan = operation.plan(problem, config)
-    gen = np.random.default_rng(seed)
-    inputs = {name: gen.standard_normal(shape, dtype=np.float32)
-              for name, shape in reference.input_shapes(problem).items()}
+    inputs = random_inputs(problem, np, seed)
     result = verify_outputs(problem, inputs, run_emulated(plan, inputs, cache, host))
     return None if result.passed else f"{problem.op} {problem.shape_string()} {config}: {result.message}"

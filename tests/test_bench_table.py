@@ -12,6 +12,7 @@ from autocnn.errors import FailureClass
 from autocnn.kernels import operation_for
 from autocnn.kernels.space import Config
 from autocnn.kernels.suite import seed_problems, seed_shape
+from autocnn.kernels.problem import precision_label
 from autocnn.benchmark.table import (BenchRow, GpuRates, conv_table, gemm_tflops, geomean, pool_table,
                                         row_from_results, summary_lines, tables, tflops)
 from autocnn.measurement.sources import TrialResult
@@ -123,6 +124,21 @@ def test_summary_counts_slow_problems_per_precision():
     assert summary_lines([], ("fp32",)) == ["# fp32: no problem timed against cuDNN FP32"]
 
 
+def test_sixteen_bit_rows_are_placed_against_their_own_tensor_core_gemm():
+    rates = dataclasses.replace(RATES, bf16_tflops=800.0)
+    rows = [_conv("conv_fwd", "modern_14", "bf16", best=50.0, cudnn=25.0),
+            BenchRow("avgpool_fwd", "modern_pool", "bf16", flops=10**6, min_bytes=3 * 10**7, best_us=20.0)]
+    text = tables(rows, rates, ("bf16",))
+    head = [c.strip() for c in text.splitlines()[2].strip("|").split("|")]
+    assert head[-2:] == ["bf16 of SGEMM", "bf16 of BF16 GEMM"] and "cuDNN BF16 us" in head
+    # 1e10 flops in 50 us = 200 TFLOP/s: 25% of the BF16 GEMM's 800
+    assert _cells(text, "conv_fwd")[-2:] == ["400%", "25%"]
+    assert "| avgpool_fwd | modern_pool (bf16) |" in text            # pooling: its own table, its type named
+    assert rates.header().endswith("TF32 GEMM 400.0 TFLOP/s, BF16 GEMM 800.0 TFLOP/s, copy 3000 GB/s")
+    assert GpuRates.from_dict(rates.to_dict()) == rates
+    assert conv_table(rows[:1], RATES, ("bf16",)).splitlines()[2].split("|")[-2].strip() == "-"   # not measured
+
+
 def test_pooling_is_placed_against_the_copy_bandwidth():
     rows = [BenchRow("avgpool_fwd", "kriz09_pool", "-", flops=10**6, min_bytes=3 * 10**7, best_us=20.0, cudnn_us=30.0)]
     table = pool_table(rows, RATES)
@@ -147,8 +163,12 @@ def _plan(*argv: str):
 def test_bench_runs_both_precisions_unless_told_one():
     work = _plan("--ops", "conv_fwd,avgpool_fwd", "--shapes", "modern_14,modern_pool")
     assert work.precisions == ("fp32", "tf32")
-    assert [(op, name, getattr(p, "precision", "-")) for op, name, p in work.problems] == [
+    assert [(op, name, precision_label(p)) for op, name, p in work.problems] == [
         ("conv_fwd", "modern_14", "fp32"), ("conv_fwd", "modern_14", "tf32"), ("avgpool_fwd", "modern_pool", "-")]
+    # A 16-bit run: the convolutions and the pooling on tensors of its type.
+    work = _plan("--ops", "conv_fwd,avgpool_fwd", "--shapes", "modern_14,modern_pool", "--precision", "bf16")
+    assert work.precisions == ("bf16",)
+    assert [(op, precision_label(p)) for op, _, p in work.problems] == [("conv_fwd", "bf16"), ("avgpool_fwd", "bf16")]
     work = _plan("--ops", "conv_wgrad", "--precision", "tf32")
     assert {p.precision for _, _, p in work.problems} == {"tf32"}
     assert len(work.problems) == len(seed_problems("conv_wgrad"))
@@ -166,7 +186,7 @@ def test_bench_runs_both_precisions_unless_told_one():
     (["--ops", "avgpool_bwd", "--shapes", "pointwise_s1"], "no shape of avgpool_bwd is named pointwise_s1"),
     (["--ops", "avgpool_fwd", "--shapes", "modern_14"], "no shape of avgpool_fwd is named modern_14"),
     (["--samples", "-1"], "--samples must be at least 0"),
-    (["--precision", "fp16"], "invalid choice: 'fp16'"),
+    (["--precision", "fp8"], "invalid choice: 'fp8'"),
     (["--cudnn-processes", "0"], "--cudnn-processes must be 1 to 16, not 0"),
 ])
 def test_bench_refuses_bad_input_before_touching_a_gpu(argv, message, capsys):
@@ -213,8 +233,8 @@ def test_cudnn_is_timed_with_tf32_exactly_for_tf32_problems(monkeypatch):
     assert baselines.time_cudnn("conv_fwd", dataclasses.replace(problem, precision="tf32")) == 12.5
     assert seen == [("fp32", False, False), ("tf32", True, True)]
     assert torch.backends.cudnn.allow_tf32 is True      # the flags as they were
-    with pytest.raises(ValueError, match="one of fp32, tf32"):
-        with baselines.torch_precision("bf16"):
+    with pytest.raises(ValueError, match="one of fp32, tf32, bf16, fp16"):
+        with baselines.torch_precision("bf17"):
             pass
 
 

@@ -8,6 +8,7 @@ a CUDA toolkit on the library path.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import ctypes.util
 import glob
 import importlib.util
@@ -15,7 +16,7 @@ import os
 
 import pytest
 
-from autocnn.kernels.compiler import NVRTC_FLAGS
+from autocnn.kernels.compiler import nvrtc_options
 from autocnn.device import DeviceLimits
 from autocnn.kernels import OPERATIONS, operation_for
 from autocnn.kernels.suite import odd_problems, seed_problems
@@ -50,7 +51,7 @@ def nvrtc_compile(source: str, arch: str = "compute_90") -> tuple[int, str]:
     prog = ctypes.c_void_p()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"autocnn.cu", 0, None, None) == 0
     try:
-        options = [o.encode() for o in (*NVRTC_FLAGS, f"-arch={arch}")]
+        options = [o.encode() for o in nvrtc_options(source, f"-arch={arch}")]
         rc = lib.nvrtcCompileProgram(prog, len(options), (ctypes.c_char_p * len(options))(*options))
         size = ctypes.c_size_t()
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
@@ -87,3 +88,22 @@ def test_default_kernels_compile_with_nvrtc(op):
         plan = operation.plan(problem, operation.default_config(problem, limits))
         rc, log = nvrtc_compile(plan.source)
         assert rc == 0, f"{problem.shape_string()}:\n{log}"
+
+
+SIXTEEN_BIT = {"conv_fwd": ("direct", "igemm"), "conv_bwd_data": ("direct", "igemm"), "conv_wgrad": ("igemm",),
+               "avgpool_fwd": ("window_gather",), "avgpool_bwd": ("window_gather",)}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("op", sorted(SIXTEEN_BIT))
+def test_sixteen_bit_kernels_compile_with_nvrtc(op, precision):
+    # NVRTC carries no CUDA headers: the kernels of 16-bit tensors include cuda_bf16.h and
+    # cuda_fp16.h, which nvrtc_options finds (an error naming them where it cannot).
+    limits = DeviceLimits.for_arch("sm_90")
+    operation = OPERATIONS[op]
+    problem = dataclasses.replace(odd_problems(op)[0][1], precision=precision)
+    for formulation in SIXTEEN_BIT[op]:
+        plan = operation.plan(problem, operation.default_config(problem, limits, formulation=formulation))
+        assert "#include <cuda_bf16.h>" in plan.source and any(o.startswith("-I") for o in nvrtc_options(plan.source))
+        rc, log = nvrtc_compile(plan.source)
+        assert rc == 0, f"{formulation} {problem.shape_string()}:\n{log}"

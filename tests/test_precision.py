@@ -113,8 +113,8 @@ def test_bounds_grow_with_the_square_root_of_long_reductions():
     assert error_bound(4096) == pytest.approx(2 * BASE_BOUND)
     assert error_bound(100, "tf32") == TF32_BASE_BOUND == pytest.approx(4 * 2.0**-11)
     assert error_bound(16384, "tf32") == pytest.approx(4 * TF32_BASE_BOUND)
-    with pytest.raises(ValueError, match="one of fp32, tf32"):
-        error_bound(10, "fp16")
+    with pytest.raises(ValueError, match="one of fp32, tf32, bf16, fp16"):
+        error_bound(10, "fp8")
 
 
 def test_precision_is_part_of_the_problem_and_fp32_is_the_default():
@@ -131,5 +131,5 @@ def test_precision_is_part_of_the_problem_and_fp32_is_the_default():
 
 
 def test_an_unknown_precision_is_refused_with_what_is_allowed():
-    with pytest.raises(InvalidProblemError, match="precision.*fp32, tf32"):
-        ConvFwdProblem(N=2, C=3, H=8, W=8, K=4, R=3, S=3, precision="fp16")
+    with pytest.raises(InvalidProblemError, match="precision.*fp32, tf32, bf16, fp16"):
+        ConvFwdProblem(N=2, C=3, H=8, W=8, K=4, R=3, S=3, precision="fp8")

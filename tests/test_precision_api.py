@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from autocnn.kernels import parse_shape
+from autocnn.kernels.problem import precision_label
+from autocnn.precision import FP32
 from autocnn.kernels.suite import seed_problems
 from autocnn.store import TuningDatabase
 from autocnn.measurement.sources import ReplayFile, ReplaySource
@@ -75,12 +77,29 @@ def test_tune_op_refuses_a_shape_and_a_flag_that_disagree(asked, capsys, tune):
 
 def test_tune_names_the_allowed_precisions(asked, capsys, tune):
     with pytest.raises(SystemExit):
-        tune("--op", "conv_fwd", "--shape", CONV_SHAPE, "--precision", "bf16")
+        tune("--op", "conv_fwd", "--shape", CONV_SHAPE, "--precision", "bf17")
     err = capsys.readouterr().err
-    assert "bf16" in err and "fp32" in err and "tf32" in err
-    assert tune("--op", "conv_fwd", "--shape", CONV_SHAPE + ",precision=fp16") == 1
+    assert "bf17" in err and all(name in err for name in ("fp32", "tf32", "bf16", "fp16"))
+    assert tune("--op", "conv_fwd", "--shape", CONV_SHAPE + ",precision=fp8") == 1
     err = capsys.readouterr().err
-    assert "fp16" in err and "fp32, tf32" in err
+    assert "fp8" in err and "fp32, tf32, bf16, fp16" in err
+
+
+def test_tune_takes_the_sixteen_bit_precisions_for_convolutions_and_pooling(asked, tune):
+    tune("--op", "conv_fwd", "--shape", CONV_SHAPE, "--precision", "bf16")
+    tune("--op", "conv_wgrad", "--shape", CONV_SHAPE + ",precision=fp16")
+    tune("--op", "avgpool_fwd", "--shape", "N=2,C=3,H=8,W=8,window=2", "--precision", "fp16")
+    tune("--op", "avgpool_bwd", "--shape", "N=2,C=3,H=8,W=8,window=2,precision=bf16")
+    assert [str(p.precision) for _, p in asked] == ["bf16", "fp16", "fp16", "bf16"]
+
+
+def test_a_held_formulation_that_refuses_sixteen_bit_tensors_fails_with_its_reason(asked, capsys, tune):
+    assert tune("--op", "conv_fwd", "--shape", CONV_SHAPE, "--precision", "bf16", "--fix", "formulation=tc") == 1
+    err = capsys.readouterr().err
+    assert "tc cannot compute bf16 (16-bit tensors)" in err and "TF32" in err
+    assert not asked                                   # refused before any source is opened or tuned
+    tune("--op", "conv_fwd", "--shape", CONV_SHAPE, "--precision", "bf16", "--fix", "formulation=direct")
+    assert [p.precision for _, p in asked] == ["bf16"]
 
 
 def test_tune_pooling_has_no_precision(asked, tune):
@@ -226,7 +245,8 @@ def test_model_precision_reaches_every_convolution_problem():
     problems = tf32.problems(8)
     assert {pr for _, pr in _conv_precisions(problems)} == {"tf32"}
     pools = [p for p in problems if p.op.startswith("avgpool")]
-    assert pools and all(not hasattr(p, "precision") for p in pools)
+    # pooling forms no products: it stays float32 (fp32) in a tf32 model
+    assert pools and all(p.precision is FP32 for p in pools)
     # the same shapes, only the precision differs
     assert [dataclasses.replace(p, precision="fp32") if hasattr(p, "precision") else p for p in problems] \
         == fp32.problems(8)
@@ -276,7 +296,8 @@ def test_dispatch_report_shows_each_kernels_precision():
 def test_bad_precisions_name_what_is_allowed():
     from autocnn.nn import Conv2d
 
-    with pytest.raises(ValueError, match=r"Sequential: precision must be one of fp32, tf32, got 'fp16'"):
+    with pytest.raises(ValueError, match=r"Sequential: precision must be one of fp32, tf32, got 'fp16' \(the training "
+                                         r"library's tensors are float32\)"):
         _net("fp16")
     with pytest.raises(ValueError, match=r"Conv2d: precision must be one of fp32, tf32 or None \(the model's\), "
                                          r"got 'bf16'"):
@@ -384,7 +405,7 @@ def test_tune_stale_takes_the_stale_records_of_its_precision(two_precisions, ask
     device = ReplayFile.load(WGRAD_FILE).device
     assert len(TuningDatabase().stale_problems(device, ["conv_wgrad", "avgpool_bwd"])) == 3
     tune("--stale", "--ops", "conv_wgrad,avgpool_bwd")
-    assert sorted((op, getattr(p, "precision", "-")) for op, p in asked) == [("avgpool_bwd", "-"),
+    assert sorted((op, precision_label(p)) for op, p in asked) == [("avgpool_bwd", "-"),
                                                                                ("conv_wgrad", "fp32")]
     assert "1 more stale shapes are tf32: tune them with --precision tf32" in capsys.readouterr().err
     asked.clear()

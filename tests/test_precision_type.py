@@ -11,8 +11,8 @@ import pytest
 
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import ConvFwdProblem, problem_from_dict
-from autocnn.precision import (BASE_TERMS, FP32, FP32_BASE_BOUND, PRECISION_NAMES, PRECISIONS, TF32, TF32_BASE_BOUND,
-                               Precision, precision_named)
+from autocnn.precision import (BASE_TERMS, BF16, FLOAT32_PRECISIONS, FP16, FP32, FP32_BASE_BOUND, PRECISION_NAMES,
+                               PRECISIONS, TF32, TF32_BASE_BOUND, Precision, precision_named)
 from autocnn.measurement.measure import error_bound
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autocnn"
@@ -29,9 +29,9 @@ def test_a_problem_takes_a_name_and_holds_the_precision():
 
 
 def test_a_bad_name_is_refused_with_the_allowed_ones():
-    with pytest.raises(InvalidProblemError, match=r"precision='bf17' is not allowed: one of fp32, tf32"):
+    with pytest.raises(InvalidProblemError, match=r"precision='bf17' is not allowed: one of fp32, tf32, bf16, fp16"):
         ConvFwdProblem(N=1, C=1, H=4, W=4, K=1, R=3, S=3, precision="bf17")
-    with pytest.raises(InvalidProblemError, match="one of fp32, tf32"):
+    with pytest.raises(InvalidProblemError, match="one of fp32, tf32, bf16, fp16"):
         precision_named(32)
 
 
@@ -44,7 +44,10 @@ def test_the_bounds_are_the_precisions_own():
 def test_what_a_precision_answers():
     assert FP32.tf32x3 and not FP32.tf32 and TF32.tf32 and not TF32.tf32x3
     assert FP32.can_serve(TF32) and not TF32.can_serve(FP32)   # an fp32 config may run tf32, never back
-    assert {p.x.c_type for p in PRECISIONS} == {"float"} and FP32.accumulator.size == 4
+    assert {p.x.c_type for p in FLOAT32_PRECISIONS} == {"float"} and FLOAT32_PRECISIONS == (FP32, TF32)
+    assert {p.accumulator.size for p in PRECISIONS} == {4}   # every precision sums in FP32
+    assert [p.sixteen_bit for p in PRECISIONS] == [False, False, True, True] and (BF16.x.c_type, FP16.x.c_type) == (
+        "__nv_bfloat16", "__half")
     assert sorted([TF32, FP32]) == [FP32, TF32] and tuple(map(str, PRECISIONS)) == PRECISION_NAMES
     assert FP32 == "fp32" and TF32 != "fp32"   # a user's comparison reads as written
 

@@ -128,12 +128,14 @@ def test_sixteen_bit_bounds_do_not_grow_like_the_fp32_sums():
     assert FP16.error_bound(1024) < TF32.error_bound(1024) < BF16.error_bound(1024)
 
 
-def test_sixteen_bit_precisions_are_one_object_each_and_not_yet_offered():
+def test_sixteen_bit_precisions_are_one_object_each_offered_and_apart_from_the_float32_ones():
     for precision in SIXTEEN:
         assert pickle.loads(pickle.dumps(precision)) is precision
         assert precision.x.size == precision.w.size == precision.y.size == 2 and precision.accumulator.size == 4
-        assert precision not in PRECISIONS
-        assert not precision.can_serve(FP32) and not FP32.can_serve(precision) and not BF16.can_serve(FP16)
-        with pytest.raises(ValueError, match="one of fp32, tf32"):
-            precision_named(precision.name)
+        assert precision in PRECISIONS and precision_named(precision.name) is precision and precision.sixteen_bit
+        # a config never crosses element types: neither way with the float32 precisions, nor between the two
+        assert not precision.can_serve(FP32) and not FP32.can_serve(precision) and not TF32.can_serve(precision)
+        assert not BF16.can_serve(FP16) and not FP16.can_serve(BF16) and precision.can_serve(precision)
+    with pytest.raises(ValueError, match="one of fp32, tf32, bf16, fp16"):
+        precision_named("bf32")
     assert sorted([FP16, TF32, BF16, FP32]) == [FP32, TF32, BF16, FP16]

@@ -3,7 +3,8 @@
 cuDNN runs with ``cudnn.benchmark = True`` (it picks its fastest algorithm per shape) at the
 problem's precision: for fp32 with TF32 off (``torch.backends.cudnn.allow_tf32`` and
 ``torch.backends.cuda.matmul.allow_tf32`` False), so it computes in FP32 like the generated
-kernels; for tf32 with both on, PyTorch's own default for convolutions. PyTorch pads symmetrically
+kernels; for tf32 with both on, PyTorch's own default for convolutions; for bf16 and fp16 on tensors
+of that type (cuDNN accumulates them in FP32, as the generated kernels do). PyTorch pads symmetrically
 only; an asymmetric padding (the 2009 network's 4/4/3/3) is applied to the input beforehand,
 outside the timed region, which favours cuDNN slightly.
 
@@ -16,8 +17,9 @@ padded by more than half its window) has no baseline: ``no_baseline_reason`` say
 PyTorch, and its cell stays empty with that reason. A baseline that fails when it runs (PyTorch
 missing, an operator error, out of memory) is a reason too, never an error of the run.
 
-The ceilings: the copy bandwidth, and two large square matrix products, one in FP32 (SGEMM) and
-one with TF32 tensor cores, each timed under the same protocol as the kernels.
+The ceilings: the copy bandwidth, and large square matrix products, one in FP32 (SGEMM), one with
+TF32 tensor cores and, for a run of 16-bit precisions, one of bfloat16 or float16 matrices each,
+timed under the same protocol as the kernels.
 
 Everything here needs a GPU and PyTorch; what is made of the numbers (tables, rates, shares) is
 in ``autocnn.benchmark.table``, which needs neither.
@@ -26,9 +28,9 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from autocnn.precision import DEFAULT_PRECISION, FP32, TF32, Precision, precision_named, precision_of
+from autocnn.precision import BF16, DEFAULT_PRECISION, FP16, FP32, TF32, Precision, precision_named, precision_of
 
 
 def torch_available() -> bool:
@@ -53,14 +55,19 @@ def _torch(precision: Precision | str = DEFAULT_PRECISION):
 
 
 def problem_precision(problem: Any) -> Precision:
-    """A problem's precision; FP32 for pooling, which has none (it computes in FP32)."""
+    """A problem's precision (pooling's is the storage of its tensors)."""
     return precision_of(problem)
+
+
+def torch_dtype(torch: Any, precision: Precision) -> Any:
+    """PyTorch's dtype for a precision's tensors: float32, bfloat16 or float16."""
+    return getattr(torch, precision.x.name)
 
 
 @contextlib.contextmanager
 def torch_precision(precision: Precision | str) -> Iterator[Any]:
-    """PyTorch's convolutions and matrix products in FP32 (fp32) or on TF32 tensor cores (tf32)
-    inside the block; the flags as they were after it. Yields the torch module."""
+    """PyTorch's convolutions and matrix products in FP32 (fp32; bf16 and fp16 tensors too) or on TF32
+    tensor cores (tf32) inside the block; the flags as they were after it. Yields the torch module."""
     import torch
 
     flags = (torch.backends.cudnn, torch.backends.cuda.matmul)
@@ -215,9 +222,10 @@ def cudnn_runner(op: str, problem: Any) -> Callable[[], None]:
     dev = "cuda"
     g = torch.Generator(device=dev)
     g.manual_seed(1234)
+    dtype = torch_dtype(torch, problem_precision(problem))
 
     def randn(*shape):
-        return torch.randn(*shape, device=dev, dtype=torch.float32, generator=g)
+        return torch.randn(*shape, device=dev, dtype=torch.float32, generator=g).to(dtype)
 
     activations = {"none": None, "relu": torch.relu, "tanh": torch.tanh, "logistic": torch.sigmoid}
     if op in ("conv_fwd", "conv_pool_fwd"):
@@ -296,18 +304,22 @@ class Ceilings:
     copy_gbps: float          # device-to-device copy, bytes read plus bytes written
     sgemm_tflops: float       # FP32 matrix product (TF32 off)
     tf32_tflops: float        # the same matrix product on TF32 tensor cores
+    bf16_tflops: float | None = None   # the same product of bfloat16 matrices (measured where asked)
+    fp16_tflops: float | None = None   # the same product of float16 matrices (measured where asked)
 
-    def to_dict(self) -> dict[str, float]:
-        return {"copy_gbps": self.copy_gbps, "sgemm_tflops": self.sgemm_tflops, "tf32_tflops": self.tf32_tflops}
+    def to_dict(self) -> dict[str, float | None]:
+        return {"copy_gbps": self.copy_gbps, "sgemm_tflops": self.sgemm_tflops, "tf32_tflops": self.tf32_tflops,
+                "bf16_tflops": self.bf16_tflops, "fp16_tflops": self.fp16_tflops}
 
 
 # The matrix products' size: large enough to be bound by arithmetic on every GPU the project targets.
 GEMM_SIZE = 8192
 
 
-def measure_ceilings(flusher: Any = None, budget_s: float = 0.5) -> Ceilings:
+def measure_ceilings(flusher: Any = None, budget_s: float = 0.5, sixteen_bit: Sequence[Precision | str] = ()) -> Ceilings:
     """The numbers every kernel is placed against, measured on this device now, each timed like the
-    kernels (``time_callable``, with the L2 flusher given)."""
+    kernels (``time_callable``, with the L2 flusher given); the GEMM of each 16-bit precision named in
+    ``sixteen_bit`` too."""
     from autocnn.gpu import require_cupy
     from autocnn.benchmark.table import gemm_tflops
     from autocnn.measurement.measure import time_callable
@@ -320,11 +332,12 @@ def measure_ceilings(flusher: Any = None, budget_s: float = 0.5) -> Ceilings:
     copy_gbps = 2 * 4 * n / (copy.median_us * 1e-6) / 1e9
     del src, dst
     rates = {}
-    for precision in (FP32, TF32):
+    for precision in (FP32, TF32, *dict.fromkeys(precision_named(p) for p in sixteen_bit)):
         with torch_precision(precision) as torch:
-            a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda")
-            b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda")
+            dtype = torch_dtype(torch, precision)
+            a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda").to(dtype)
+            b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda").to(dtype)
             timing = time_callable(lambda: torch.matmul(a, b), flusher=flusher, budget_s=budget_s, min_reps=5)
             rates[precision] = gemm_tflops(GEMM_SIZE, timing.median_us)
             del a, b
-    return Ceilings(copy_gbps, rates[FP32], rates[TF32])
+    return Ceilings(copy_gbps, rates[FP32], rates[TF32], rates.get(BF16), rates.get(FP16))

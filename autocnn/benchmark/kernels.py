@@ -4,10 +4,12 @@ For each operation, shape and precision: the default config, the config autocnn 
 tuning database's lookup: its record where one exists) and a random sample of valid configs, the
 best of them reported (every one verified against the float64 reference, at the precision's bound, before
 it is timed), and PyTorch/cuDNN for the same operation at the same precision: fp32 against cuDNN
-in FP32 (``allow_tf32`` off), tf32 against cuDNN with TF32 on. Convolutions run in both precisions
-by default (``--precision`` chooses one); pooling has no precision and runs once. The GPU's SGEMM
-and TF32 GEMM rates and its copy bandwidth are measured first, under the same timing protocol, and
-each convolution's achieved TFLOP/s is shown as a share of both GEMM rates. Every measurement is
+in FP32 (``allow_tf32`` off), tf32 against cuDNN with TF32 on, bf16 and fp16 against cuDNN on
+bfloat16 and float16 tensors. Convolutions run in fp32 and tf32 by default (``--precision`` chooses
+one); pooling runs once at the storage of the run's precision (float32 for fp32 and tf32). The
+GPU's SGEMM and TF32 GEMM rates (and, in a 16-bit run, the BF16 or FP16 GEMM rate) and its copy
+bandwidth are measured first, under the same timing protocol, and each convolution's achieved
+TFLOP/s is shown as a share of SGEMM and of its precision's tensor-core GEMM. Every measurement is
 written as JSON as it comes; the tables are printed last (``autocnn.benchmark.table``).
 
 cuDNN's benchmark mode picks an algorithm per shape once per process, and on small layers it does
@@ -30,11 +32,12 @@ from typing import Any
 
 from autocnn.device import set_workspace_limit
 from autocnn.kernels import OPERATIONS, operation_for
+from autocnn.precision import PRECISION_NAMES, precision_named, without_products
 from autocnn.kernels.suite import CONV_OPS, POOL_OPS, TARGET_SHAPES, named_problems, seed_shapes
 from autocnn.benchmark.table import (CONV_PRECISIONS, GpuRates, fastest_draws, progress_line, row_from_results,
                                          tables)
 
-PRECISION_CHOICES = {"both": CONV_PRECISIONS, **{p: (p,) for p in CONV_PRECISIONS}}
+PRECISION_CHOICES = {"both": CONV_PRECISIONS, **{p: (p,) for p in PRECISION_NAMES}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +90,9 @@ def plan(args: BenchSettings) -> BenchPlan:
                 continue
             if op in CONV_OPS:
                 problems += [(op, name, dataclasses.replace(problem, precision=p)) for p in precisions]
-            else:
-                problems.append((op, name, problem))
+            else:   # once per storage: fp32 and tf32 share float32 pooling
+                stores = dict.fromkeys(without_products(precision_named(p)) for p in precisions)
+                problems += [(op, name, dataclasses.replace(problem, precision=p)) for p in stores]
     if not problems:
         raise ValueError(f"no shape of {', '.join(ops)} is named {', '.join(sorted(wanted))}")
     return BenchPlan(problems, precisions)
@@ -113,8 +117,8 @@ def run(args: BenchSettings, work: BenchPlan) -> int:
     have_torch = torch_available()
     rates = GpuRates()
     if have_torch:
-        c = measure_ceilings(flusher)
-        rates = GpuRates(c.copy_gbps, c.sgemm_tflops, c.tf32_tflops)
+        c = measure_ceilings(flusher, sixteen_bit=tuple(p for p in work.precisions if precision_named(p).sixteen_bit))
+        rates = GpuRates(c.copy_gbps, c.sgemm_tflops, c.tf32_tflops, c.bf16_tflops, c.fp16_tflops)
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs), sampling seed {seed}"
           + ("" if have_torch else "; no PyTorch with CUDA: no cuDNN times and no GEMM rates"), flush=True)
     print(rates.header(), flush=True)

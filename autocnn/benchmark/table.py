@@ -8,10 +8,12 @@ Winograd algorithms do fewer and may then lie above the GEMM rates. ``tflops`` t
 and a time into TFLOP/s, for the kernels and for the GEMM ceilings alike (a square n x n matrix
 product does 2*n**3).
 
-Each convolution row holds both precisions side by side: fp32 against cuDNN in FP32 (TF32 off)
-and tf32 against cuDNN with TF32 on, each with its achieved TFLOP/s and that rate's share of the
-GPU's SGEMM and TF32 GEMM rates measured in the same run. Pooling has no precision and is placed
-against the copy bandwidth.
+Each convolution row holds the run's precisions side by side (fp32 and tf32 by default): fp32
+against cuDNN in FP32 (TF32 off), tf32 against cuDNN with TF32 on, bf16 and fp16 against cuDNN in
+the same 16-bit type, each with its achieved TFLOP/s and that rate's share of the GPU's SGEMM rate
+and of its tensor-core GEMM rate for the precision's operands (TF32 for fp32 and tf32, BF16 or FP16
+for bf16 and fp16), measured in the same run. Pooling is placed against the copy bandwidth; its
+rows are float32 ("-", which fp32 and tf32 runs share) or 16-bit.
 """
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
-from autocnn.precision import PRECISION_NAMES
+from autocnn.kernels.problem import PoolProblem, precision_label, problem_type
+from autocnn.precision import FLOAT32_PRECISION_NAMES, precision_named
 
-CONV_PRECISIONS = PRECISION_NAMES   # the rows name their precision (JSON, tables)
-NO_PRECISION = "-"        # a pooling row's precision: pooling has none
+CONV_PRECISIONS = FLOAT32_PRECISION_NAMES   # a run's precisions unless told others (the rows name theirs)
+NO_PRECISION = "-"        # a float32 pooling row's precision, which fp32 and tf32 runs share
 LOW_SPEEDUP = 0.8         # the summary counts the problems below this many times cuDNN's speed
 
 
@@ -66,6 +69,8 @@ class GpuRates:
     copy_gbps: float | None = None
     sgemm_tflops: float | None = None     # FP32 matrix product, TF32 off
     tf32_tflops: float | None = None      # the same product on TF32 tensor cores
+    bf16_tflops: float | None = None      # the same product of bfloat16 matrices (measured in 16-bit runs)
+    fp16_tflops: float | None = None      # the same product of float16 matrices (measured in 16-bit runs)
 
     def to_dict(self) -> dict[str, float | None]:
         return asdict(self)
@@ -73,14 +78,25 @@ class GpuRates:
     @staticmethod
     def from_dict(data: dict[str, Any] | None) -> "GpuRates":
         data = data or {}
-        return GpuRates(*(_positive(data.get(k)) for k in ("copy_gbps", "sgemm_tflops", "tf32_tflops")))
+        return GpuRates(*(_positive(data.get(k)) for k in ("copy_gbps", "sgemm_tflops", "tf32_tflops",
+                                                           "bf16_tflops", "fp16_tflops")))
+
+    def tensor_core(self, precision: str) -> tuple[str, float | None]:
+        """The tensor-core GEMM a precision's kernels are placed against, by name, and its rate: the
+        TF32 GEMM for fp32 and tf32 (FP32 operands), the product of its own 16-bit type otherwise."""
+        p = precision_named(precision)
+        field = p.peak if p.sixteen_bit else "tf32_tflops"
+        return field.split("_")[0].upper(), getattr(self, field)
 
     def header(self) -> str:
         def text(v: float | None, spec: str, unit: str) -> str:
             return "not measured" if v is None else f"{format(v, spec)} {unit}"
 
+        sixteen = "".join(f", {name.split('_')[0].upper()} GEMM {text(v, '.1f', 'TFLOP/s')}"
+                          for name, v in (("bf16_tflops", self.bf16_tflops), ("fp16_tflops", self.fp16_tflops))
+                          if v is not None)
         return (f"# measured in this run: SGEMM {text(self.sgemm_tflops, '.1f', 'TFLOP/s')}, TF32 GEMM "
-                f"{text(self.tf32_tflops, '.1f', 'TFLOP/s')}, copy {text(self.copy_gbps, '.0f', 'GB/s')}")
+                f"{text(self.tf32_tflops, '.1f', 'TFLOP/s')}{sixteen}, copy {text(self.copy_gbps, '.0f', 'GB/s')}")
 
 
 def _positive(v: Any) -> float | None:
@@ -97,7 +113,7 @@ class BenchRow:
 
     op: str
     shape: str                       # the seed shape's name
-    precision: str                   # the precision's name (a Precision is taken for it); "-" for pooling
+    precision: str                   # the precision's name (a Precision is taken for it); "-": float32 pooling
     flops: int                       # Operation.flops: 2*N*K*C*R*S*P*Q for a convolution
     min_bytes: int                   # Operation.min_bytes: what must cross device memory at least once
     default_us: float | None = None
@@ -163,7 +179,7 @@ def row_from_results(op: str, name: str, problem: Any, results: Sequence[Any], c
         if not r.ok:
             failures[r.failure.value] = failures.get(r.failure.value, 0) + 1
     return BenchRow(
-        op=op, shape=name, precision=str(getattr(problem, "precision", NO_PRECISION)),
+        op=op, shape=name, precision=precision_label(problem),
         flops=int(operation.flops(problem)), min_bytes=int(operation.min_bytes(problem)),
         default_us=default.time_us if default is not None and default.ok else None,
         default_failure=(None if default is None or default.ok
@@ -189,38 +205,38 @@ def progress_line(r: BenchRow) -> str:
             f"({r.measured} ok, failures {r.failures})")
 
 
-def _conv_cells(r: BenchRow | None, rates: GpuRates) -> list[str]:
+def _conv_cells(r: BenchRow | None, rates: GpuRates, precision: str) -> list[str]:
     if r is None:
         return ["-"] * 7
     return [_fmt(r.default_us), _fmt(r.best_us), _fmt(r.cudnn_us), _fmt(r.vs_cudnn, ".2f"), _fmt(r.tflops, ".2f"),
-            _pct(share(r.tflops, rates.sgemm_tflops)), _pct(share(r.tflops, rates.tf32_tflops))]
+            _pct(share(r.tflops, rates.sgemm_tflops)), _pct(share(r.tflops, rates.tensor_core(precision)[1]))]
 
 
-def _conv_mean_cells(rows: list[BenchRow], rates: GpuRates) -> list[str]:
+def _conv_mean_cells(rows: list[BenchRow], rates: GpuRates, precision: str) -> list[str]:
     rate = geomean(r.tflops for r in rows)
     return ["-", "-", "-", _fmt(geomean(r.vs_cudnn for r in rows), ".2f"), _fmt(rate, ".2f"),
-            _pct(share(rate, rates.sgemm_tflops)), _pct(share(rate, rates.tf32_tflops))]
+            _pct(share(rate, rates.sgemm_tflops)), _pct(share(rate, rates.tensor_core(precision)[1]))]
 
 
 def conv_table(rows: Sequence[BenchRow], rates: GpuRates, precisions: Sequence[str] = CONV_PRECISIONS) -> str:
     """Markdown: one line per (op, shape) with each precision's columns side by side, then the
-    geometric means. fp32 is compared with cuDNN FP32, tf32 with cuDNN TF32."""
+    geometric means. Each precision is compared with cuDNN in the same precision."""
     head = ["op", "shape"]
     for p in precisions:
         cudnn = f"cuDNN {p.upper()}"
         head += [f"{p} default us", f"{p} best us", f"{cudnn} us", f"{p} vs {cudnn}", f"{p} TFLOP/s",
-                 f"{p} of SGEMM", f"{p} of TF32 GEMM"]
+                 f"{p} of SGEMM", f"{p} of {rates.tensor_core(p)[0]} GEMM"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     by_key = {(r.op, r.shape, r.precision): r for r in rows}
     keys = list(dict.fromkeys((r.op, r.shape) for r in rows if r.precision in precisions))
     for op, shape in keys:
         cells = [op, shape]
         for p in precisions:
-            cells += _conv_cells(by_key.get((op, shape, p)), rates)
+            cells += _conv_cells(by_key.get((op, shape, p)), rates, p)
         lines.append("| " + " | ".join(cells) + " |")
     cells = ["**geometric mean**", f"{len(keys)} problems"]
     for p in precisions:
-        cells += _conv_mean_cells([r for r in rows if r.precision == p], rates)
+        cells += _conv_mean_cells([r for r in rows if r.precision == p], rates, p)
     lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -229,7 +245,8 @@ def pool_table(rows: Sequence[BenchRow], rates: GpuRates) -> str:
     """Markdown: pooling rows against cuDNN and the copy bandwidth, then the geometric means."""
     lines = ["| op | shape | default us | best us | cuDNN us | vs cuDNN | GB/s | of copy |", "|---|---|" + "---:|" * 6]
     for r in rows:
-        lines.append(f"| {r.op} | {r.shape} | {_fmt(r.default_us)} | {_fmt(r.best_us)} | {_fmt(r.cudnn_us)} | "
+        shape = r.shape if r.precision == NO_PRECISION else f"{r.shape} ({r.precision})"
+        lines.append(f"| {r.op} | {shape} | {_fmt(r.default_us)} | {_fmt(r.best_us)} | {_fmt(r.cudnn_us)} | "
                      f"{_fmt(r.vs_cudnn, '.2f')} | {_fmt(r.gbps, '.0f')} | {_pct(share(r.gbps, rates.copy_gbps))} |")
     rate = geomean(r.gbps for r in rows)
     lines.append(f"| **geometric mean** | {len(rows)} problems | - | - | - | "
@@ -252,10 +269,18 @@ def summary_lines(rows: Sequence[BenchRow], precisions: Sequence[str] = CONV_PRE
     return out
 
 
+def is_pooling(row: BenchRow) -> bool:
+    """Whether a row is of a pooling operation (placed against the copy bandwidth)."""
+    try:
+        return issubclass(problem_type(row.op), PoolProblem)
+    except ValueError:   # an operation this autocnn does not know (a results file of another)
+        return row.precision == NO_PRECISION
+
+
 def tables(rows: Sequence[BenchRow], rates: GpuRates, precisions: Sequence[str] = CONV_PRECISIONS) -> str:
     """Everything printed at the end of a run: the ceilings, the convolution and pooling tables, the summary."""
-    conv = [r for r in rows if r.precision != NO_PRECISION]
-    pool = [r for r in rows if r.precision == NO_PRECISION]
+    conv = [r for r in rows if not is_pooling(r)]
+    pool = [r for r in rows if is_pooling(r)]
     parts = [rates.header()]
     if conv:
         parts += ["", conv_table(conv, rates, precisions), "", *summary_lines(conv, precisions)]

@@ -13,8 +13,8 @@ from autocnn.benchmark.kernels import PRECISION_CHOICES, BenchSettings
 def add_parser(sub: Any) -> None:
     """``bench`` in the top-level help (its arguments never reach the top-level parser)."""
     b = sub.add_parser("bench", help="benchmark the kernel families on the seed shapes against cuDNN, fp32 and "
-                                     "tf32 side by side (--precision fp32|tf32|both), with TFLOP/s and shares "
-                                     "of the measured SGEMM and TF32 GEMM rates")
+                                     "tf32 side by side (--precision fp32|tf32|bf16|fp16|both), with TFLOP/s and "
+                                     "shares of the measured SGEMM and tensor-core GEMM rates")
     b.add_argument("args", nargs=argparse.REMAINDER, help="arguments of scripts/bench_kernels.py")
     b.set_defaults(func=lambda args: main(args.args))
 
@@ -29,8 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated shape names: the seed suite's, or pointwise_s1 / pointwise_s2 "
                          "(today's 1x1 layers, 256->512 channels on 28x28, batch 64; default: the seed suite)")
     ap.add_argument("--precision", choices=tuple(PRECISION_CHOICES), default=defaults.precision,
-                    help="the convolutions' precision: fp32 (against cuDNN FP32), tf32 (against cuDNN TF32) or "
-                         "both, side by side (default)")
+                    help="the convolutions' precision: fp32 (against cuDNN FP32), tf32 (against cuDNN TF32), "
+                         "bf16 or fp16 (against cuDNN on bfloat16 or float16 tensors; pooling too), or both "
+                         "fp32 and tf32, side by side (default)")
     ap.add_argument("--budget", type=float, default=defaults.budget, help="seconds of timed repetitions per variant")
     ap.add_argument("--seed", type=int, default=defaults.seed, help="sampling seed (default: random, printed)")
     ap.add_argument("--out", type=Path, default=defaults.out, help="JSON results")

@@ -75,8 +75,8 @@ def db_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=None, help="only GPUs whose name contains this text")
     p.add_argument("--op", default=None, help="only this operation")
     p.add_argument("--precision", choices=PRECISION_NAMES, default=None,
-                   help="only convolution records of this precision (pooling records have none and are "
-                        "left out)")
+                   help="only records of this precision (float32 pooling records, which fp32 and tf32 runs "
+                        "share, are left out)")
 
 
 def check_filters(wanted: RecordFilter) -> None:

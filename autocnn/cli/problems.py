@@ -7,20 +7,27 @@ import dataclasses
 import re
 from typing import Any
 
-from autocnn.kernels.problem import ConvProblem
-from autocnn.precision import Precision, precision_named
+from autocnn.kernels.problem import PoolProblem, precision_label
+from autocnn.precision import Precision, precision_named, precision_of, without_products
+
+
+def _precision_for(problem: Any, precision: Precision | str) -> Precision:
+    """What ``precision`` is for this problem: its own, for a pooling problem without the part about
+    products (tf32 is fp32 there: pooling forms none)."""
+    precision = precision_named(precision)
+    return without_products(precision) if isinstance(problem, PoolProblem) else precision
 
 
 def at_precision(problem: Any, precision: Precision | str) -> Any:
-    """The convolution problem at this precision; a pooling problem as it is (it has none)."""
-    precision = precision_named(precision)
-    if isinstance(problem, ConvProblem) and problem.precision is not precision:
+    """The problem at this precision (a pooling problem at its storage's, as _precision_for says)."""
+    precision = _precision_for(problem, precision)
+    if hasattr(problem, "precision") and problem.precision is not precision:
         return dataclasses.replace(problem, precision=precision)
     return problem
 
 
 def has_precision(problem: Any, precision: Precision | str) -> bool:
-    return not isinstance(problem, ConvProblem) or problem.precision is precision_named(precision)
+    return precision_of(problem) is _precision_for(problem, precision)
 
 
 _PRECISION_IN_SHAPE = re.compile(r"(^|,)\s*precision\s*=")
@@ -32,17 +39,18 @@ def shape_problem(op: str, shape: str, flag: str | None) -> Any:
     from autocnn.kernels import parse_shape
 
     problem = parse_shape(op, shape)
-    if flag is None or not isinstance(problem, ConvProblem):
-        return problem   # pooling has no precision: its kernels are the same at both
-    if _PRECISION_IN_SHAPE.search(shape) and problem.precision is not precision_named(flag, "--precision"):
+    if flag is None:
+        return problem
+    if _PRECISION_IN_SHAPE.search(shape) and not has_precision(problem, precision_named(flag, "--precision")):
         raise ValueError(f"--shape says precision={problem.precision} but --precision says {flag}: "
                          f"give one of them, or the same value in both")
     return at_precision(problem, flag)
 
 
 def precision_text(problem: Any) -> str:
-    """A record's precision as db list and show print it ("-" for pooling, which has none)."""
-    return problem.precision.name if isinstance(problem, ConvProblem) else "-"
+    """A record's precision as db list and show print it (kernels.problem.precision_label: "-" for
+    float32 pooling, which fp32 and tf32 runs share)."""
+    return precision_label(problem)
 
 
 def fmt(v: Any, spec: str = ".1f") -> str:

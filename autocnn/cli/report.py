@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES
+from autocnn.precision import DEFAULT_PRECISION, FLOAT32_PRECISION_NAMES
 
 if TYPE_CHECKING:   # the report's modules are read only when a report is made
     from autocnn.reports.model import Ceilings
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--network", default=None,
                     help="report the kernels of this zoo network (or network JSON file), and those on a fallback")
     ap.add_argument("--batch", type=int, default=128, help="with --network: the batch size (default 128)")
-    ap.add_argument("--precision", choices=PRECISION_NAMES, default=DEFAULT_PRECISION.name,
+    ap.add_argument("--precision", choices=FLOAT32_PRECISION_NAMES, default=DEFAULT_PRECISION.name,
                     help="with --network: the model's precision, whose records its convolutions look up "
                          "(default fp32)")
     ap.add_argument("--gpu", default=None, help="only GPUs whose name contains this text (case-insensitive)")

@@ -12,7 +12,7 @@ from autocnn.cli.checks import say, train_preflight
 from autocnn.cli.problems import WORKSPACE_HELP, zoo_text
 from autocnn.device import set_workspace_limit
 from autocnn.dispatch.quick import AUTOTUNE_MODES
-from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES
+from autocnn.precision import DEFAULT_PRECISION, FLOAT32_PRECISION_NAMES
 
 
 def add_parser(sub: Any) -> None:
@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
                     help="learning-rate schedule over the epochs (default cosine; RPROP ignores it)")
     tr.add_argument("--no-standardize", action="store_true",
                     help="keep pixel values in [0, 1] instead of zero mean and unit variance")
-    tr.add_argument("--precision", choices=PRECISION_NAMES, default=DEFAULT_PRECISION.name,
+    tr.add_argument("--precision", choices=FLOAT32_PRECISION_NAMES, default=DEFAULT_PRECISION.name,
                     help="the convolutions' precision on the cuda backend: fp32 (default, FP32-accurate) or "
                          "tf32 (tensor cores round operands to TF32). The numpy backend computes in float32 "
                          "either way. The dispatch table shows each layer's")

@@ -2,12 +2,16 @@
 
 nvcc runs anywhere it is installed (CI compiles every family for sm_80 and sm_90 without a GPU)
 and reports registers, shared memory and spills before any GPU time is spent. NVRTC needs only
-CuPy, which is what a user of the training library has. Both cache by a hash of the source and
+CuPy, which is what a user of the training library has; it carries no CUDA headers of its own, so a
+kernel of 16-bit tensors, which includes cuda_bf16.h and cuda_fp16.h, is compiled with the CUDA
+include directory found beside the toolkit or the CUDA wheels (``nvrtc_options``). Both cache by a hash of the source and
 the options; a compiler failure comes back as CompileError with the compiler's log.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -107,6 +111,51 @@ def parse_ptxas_report(log: str) -> dict[str, ResourceReport]:
     return reports
 
 
+# The headers of the 16-bit element types, which the kernels of bf16 and fp16 problems include.
+HALF_HEADERS = ("cuda_bf16.h", "cuda_fp16.h")
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_include_dir() -> str | None:
+    """A directory holding the 16-bit types' CUDA headers (HALF_HEADERS) for NVRTC: $CUDA_PATH's or
+    $CUDA_HOME's, the toolkit beside nvcc, CuPy's CUDA path, /usr/local/cuda, or the CUDA wheels'
+    (nvidia/cuda_runtime for CUDA 12, nvidia/cu13 for 13); None where none has them."""
+    candidates = [os.path.join(os.environ[v], "include") for v in ("CUDA_PATH", "CUDA_HOME") if os.environ.get(v)]
+    nvcc = nvcc_path()
+    if nvcc:
+        candidates.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include"))
+    try:
+        import cupy
+
+        if cupy.cuda.get_cuda_path():
+            candidates.append(os.path.join(cupy.cuda.get_cuda_path(), "include"))
+    except Exception:   # CuPy absent, or without a CUDA path: the other places remain
+        pass
+    candidates.append("/usr/local/cuda/include")
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        candidates += [os.path.join(root, "cuda_runtime", "include"), os.path.join(root, "cu13", "include")]
+    for directory in candidates:
+        if all(os.path.isfile(os.path.join(directory, h)) for h in HALF_HEADERS):
+            return directory
+    return None
+
+
+def nvrtc_options(source: str, *extra: str) -> tuple[str, ...]:
+    """NVRTC's options for ``source``: NVRTC_FLAGS and ``extra``, and the CUDA include directory where
+    the source includes a 16-bit type's header (only there, so that other kernels' options, and the
+    caches keyed by them, stay as they are)."""
+    options = (*NVRTC_FLAGS, *extra)
+    if any(f"#include <{h}>" in source for h in HALF_HEADERS):
+        directory = cuda_include_dir()
+        if directory is None:
+            raise CompileError(f"this kernel includes {' and '.join(HALF_HEADERS)}, which NVRTC does not carry, and no "
+                               f"CUDA include directory has them: set CUDA_PATH to a CUDA toolkit, or pip install "
+                               f"nvidia-cuda-runtime-cu12 (CUDA 12) or nvidia-cuda-runtime (CUDA 13)")
+        options += (f"-I{directory}",)
+    return options
+
+
 def nvcc_path() -> str | None:
     found = shutil.which("nvcc")
     if found:
@@ -194,7 +243,8 @@ class NvrtcCompiler:
     def load(self, source: str, config: Any = None, arch: str | None = None) -> Any:
         """The loaded module of ``source``. ``arch``: an architecture-specific target (sm_90a), which
         CuPy's RawModule does not take: NVRTC compiles it to a cubin (cached on disk), loaded from there."""
-        digest = source_hash(source, *NVRTC_FLAGS, arch or "")
+        options = nvrtc_options(source)
+        digest = source_hash(source, *options, arch or "")
         module = self._modules.get(digest)
         if module is not None:
             return module
@@ -203,7 +253,7 @@ class NvrtcCompiler:
             self._modules[digest] = module
             return module
         try:
-            module = self.cp.RawModule(code=source, options=NVRTC_FLAGS)
+            module = self.cp.RawModule(code=source, options=options)
             module.compile()
         except self.cp.cuda.compiler.CompileException as exc:
             raise CompileError("NVRTC failed", log=str(exc), config=config) from None
@@ -211,7 +261,7 @@ class NvrtcCompiler:
         return module
 
     def _cubin(self, source: str, arch: str, config: Any) -> Path:
-        options = (*NVRTC_FLAGS, f"-arch={arch}")
+        options = nvrtc_options(source, f"-arch={arch}")
         path = cache_root() / "nvrtc-cubin" / arch / f"{source_hash(source, 'nvrtc', _nvrtc_version(), *options)}.cubin"
         if path.exists():
             return path
@@ -289,7 +339,7 @@ class ResourceReporter:
         return self._nvrtc_reports(source)
 
     def _nvrtc_reports(self, source: str) -> dict[str, ResourceReport]:
-        options = (*NVRTC_FLAGS, f"-arch={self.arch}", "-Xptxas=-v")
+        options = nvrtc_options(source, f"-arch={self.arch}", "-Xptxas=-v")
         digest = source_hash(source, "nvrtc", _nvrtc_version(), *options)
         meta = (self.cache_dir or cache_root() / "ptxas") / self.arch / f"{digest}.json"
         try:

@@ -35,7 +35,9 @@ class Operation:
     problem_type: type = object
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
-    shared_templates: tuple[str, ...] = ("_common.cuh.j2",)   # what the op template includes besides the formulation's
+    # What the op template includes besides the formulation's: the helpers and the element types'
+    # loads and stores.
+    shared_templates: tuple[str, ...] = ("_common.cuh.j2", "_common_elements.cuh.j2")
 
     def __init__(self, registry: Sequence["Formulation"]):
         self.formulations: tuple["OpFormulation", ...] = tuple(

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Protocol, runtime_checkable
 
 from autocnn.errors import InvalidProblemError, ProblemTooLargeError
-from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES, PRECISIONS, Precision, precision_named
+from autocnn.precision import (DEFAULT_PRECISION, PRECISION_NAMES, PRECISIONS, Precision, precision_named,
+                               without_products)
 
 # Generated kernels index with 32-bit signed integers; every tensor (and every product the index
 # arithmetic forms) must stay below this.
@@ -19,6 +20,9 @@ INDEX_LIMIT = 2**31 - 1
 DTYPES = ("float32",)
 # What a convolution's result must be as accurate as: a Precision (autocnn/precision.py, where the
 # bounds are set); a problem given a name holds the Precision it stands for.
+# Pooling forms no products, so a precision that only says how products are formed (tf32) means
+# nothing there: its precisions are these (without_products maps the others onto them).
+POOL_PRECISIONS: tuple[Precision, ...] = tuple(p for p in PRECISIONS if without_products(p) is p)
 ACTIVATIONS = ("none", "relu", "tanh", "logistic")
 
 
@@ -268,7 +272,8 @@ class PoolProblem:
     """Average pooling geometry: X is N x C x H x W, Y is N x C x P x Q.
 
     ``count_pad`` says whether padded positions count in the divisor (True: always kh*kw, as
-    PyTorch's count_include_pad; False: only the positions inside the image).
+    PyTorch's count_include_pad; False: only the positions inside the image). ``precision`` is the
+    storage of x and y (fp32, bf16 or fp16; the sums run in FP32 in each): one of POOL_PRECISIONS.
     """
 
     N: int
@@ -280,6 +285,7 @@ class PoolProblem:
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
     count_pad: bool = True
     dtype: str = "float32"
+    precision: Precision = DEFAULT_PRECISION   # a name ("bf16") is taken for its Precision
 
     op: ClassVar[str] = "pool"
 
@@ -295,6 +301,12 @@ class PoolProblem:
             raise InvalidProblemError(op, "count_pad", self.count_pad, "true or false")
         if self.dtype not in DTYPES:
             raise InvalidProblemError(op, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        precision = precision_named(self.precision, op)
+        if precision not in POOL_PRECISIONS:
+            raise InvalidProblemError(op, "precision", precision.name,
+                                      f"one of {', '.join(p.name for p in POOL_PRECISIONS)} (pooling forms no "
+                                      f"products, so {precision.name} is {without_products(precision).name} there)")
+        object.__setattr__(self, "precision", precision)
         kh, kw = self.window
         pt, pl, pb, pr = self.padding
         if pt >= kh or pb >= kh:
@@ -331,13 +343,19 @@ class PoolProblem:
     def geometry(self) -> dict[str, Any]:
         return {"N": self.N, "C": self.C, "H": self.H, "W": self.W, "window": self.window,
                 "stride": self.stride, "padding": self.padding, "count_pad": self.count_pad,
-                "dtype": self.dtype}
+                "dtype": self.dtype, "precision": self.precision}
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             out[f.name] = list(v) if isinstance(v, tuple) else v
+        # As a convolution's: the default precision is left out, so that records made before pooling
+        # had a precision keep their keys.
+        if self.precision is DEFAULT_PRECISION:
+            del out["precision"]
+        else:
+            out["precision"] = self.precision.name
         return out
 
     def shape_string(self) -> str:
@@ -347,7 +365,8 @@ class PoolProblem:
         stride = f"{sh}" if sh == sw else f"{sh},{sw}"
         pad = str(self.padding[0]) if len(set(self.padding)) == 1 else ",".join(map(str, self.padding))
         text = f"N={self.N},C={self.C},H={self.H},W={self.W},window={win},stride={stride},pad={pad}"
-        return text + ("" if self.count_pad else ",count_pad=0")
+        text += "" if self.count_pad else ",count_pad=0"
+        return text + ("" if self.precision is DEFAULT_PRECISION else f",precision={self.precision.name}")
 
     def with_op(self, op: str) -> "PoolProblem":
         cls = PROBLEM_TYPES[op]
@@ -371,6 +390,13 @@ class AvgPoolBwdProblem(PoolProblem):
 
 
 Problem = ConvProblem | PoolProblem
+
+
+def precision_label(problem: Any) -> str:
+    """A problem's precision as tables and listings print it: its name, and "-" for a pooling problem
+    in float32, which fp32 and tf32 runs share (pooling forms no products)."""
+    precision = getattr(problem, "precision", DEFAULT_PRECISION)
+    return "-" if isinstance(problem, PoolProblem) and precision is DEFAULT_PRECISION else precision.name
 
 PROBLEM_TYPES: dict[str, type] = {
     "conv_fwd": ConvFwdProblem,

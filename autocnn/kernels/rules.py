@@ -1,9 +1,13 @@
 """Constraints the formulations share: threads, shared memory, workspace, code size and grid
-limits, and small rules over parameters (one divides another, one stays under a bound)."""
+limits, the precisions a formulation cannot serve, and small rules over parameters (one divides
+another, one stays under a bound)."""
 from __future__ import annotations
+
+from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.space import Constraint
+from autocnn.precision import precision_of
 
 GRID_YZ_LIMIT = 65535
 GRID_X_LIMIT = 2**31 - 1
@@ -64,6 +68,18 @@ def grid_rule(params: tuple[str, ...], blocks, axis: str = "y") -> Constraint:
         n = blocks(*values)
         return None if n <= limit else f"{n} blocks along {axis} exceed {limit}"
     return Constraint(params, check)
+
+
+def sixteen_bit_rule(problem: Any, formulation: str, param: str, why: str) -> Constraint:
+    """The rule of a formulation that cannot serve a precision of 16-bit tensors (bf16, fp16): on
+    such a problem every config of it breaks the rule, whose reason names the formulation and says
+    why, so a search space holds only the formulations that serve the problem's precision, and a
+    ``--fix formulation=...`` that cannot serve it is refused with that reason. ``param`` is one of
+    the formulation's own parameters that each of its configs sets (a rule is checked where all its
+    parameters are set); on other problems the rule always holds."""
+    precision = precision_of(problem)
+    refusal = f"{formulation} cannot compute {precision} (16-bit tensors): {why}"
+    return Constraint((param,), lambda _value: refusal if precision.sixteen_bit else None)
 
 
 def divides(a: str, b: str) -> Constraint:

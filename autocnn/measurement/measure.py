@@ -2,7 +2,10 @@
 
 Verification: fresh random inputs for every check, outputs poisoned with NaN before the run (an
 element the kernel never wrote stays NaN, and NaN never passes), and the relative error
-||out - ref|| / ||ref|| of every output within ``error_bound`` of its reduction length.
+||out - ref|| / ||ref|| of every output within ``error_bound`` of its reduction length. Buffers are
+of the problem's element types (element_arrays: a 16-bit precision's inputs drawn as float32 and
+rounded to 16 bits, its outputs read back from 16 bits); the float64 reference is computed from the
+values the kernel was given, so that the bound measures the kernel and not its inputs' rounding.
 
 Timing: CUDA events around the launches; warm-up first; repetitions chosen by a time budget so
 that short kernels get many; L2 flushed between repetitions by overwriting a buffer twice the
@@ -18,7 +21,8 @@ from typing import Any, Callable, Mapping
 from autocnn.errors import WrongResultError
 from autocnn.gpu import require_cupy
 from autocnn.kernels import reference
-from autocnn.precision import DEFAULT_PRECISION, precision_named, precision_of
+from autocnn.measurement import element_arrays
+from autocnn.precision import DEFAULT_PRECISION, ElementType, KernelTypes, precision_named, precision_of
 
 def error_bound(reduction_length: int, precision: Any = DEFAULT_PRECISION) -> float:
     """The largest relative error a kernel may show against the float64 reference: the precision's
@@ -58,32 +62,52 @@ class Timing:
         return {**asdict(self), "spread": self.spread}
 
 
+def element_type(problem: Any, name: str) -> ElementType:
+    """The element type of one of a problem's tensors (its precision's, KernelTypes.of_tensor)."""
+    return KernelTypes.of(precision_of(problem)).of_tensor(name)
+
+
 def random_inputs(problem: Any, xp: Any, seed: int | None = None) -> dict[str, Any]:
-    """Standard-normal float32 inputs (never zeros: they hide unwritten outputs and wrong indexing)."""
+    """Standard-normal inputs (never zeros: they hide unwritten outputs and wrong indexing), drawn
+    in float32 and rounded to each tensor's element type, as the buffers the kernel reads."""
     shapes = reference.input_shapes(problem)
     if xp.__name__ == "cupy":
         gen = xp.random.RandomState(seed)
-        return {name: gen.standard_normal(shape, dtype=xp.float32) for name, shape in shapes.items()}
-    gen = xp.random.default_rng(seed)
-    return {name: gen.standard_normal(shape, dtype=xp.float32) for name, shape in shapes.items()}
+    else:
+        gen = xp.random.default_rng(seed)
+    drawn = {name: gen.standard_normal(shape, dtype=xp.float32) for name, shape in shapes.items()}
+    return {name: element_arrays.rounded(v, element_type(problem, name), xp) for name, v in drawn.items()}
+
+
+def output_buffers(problem: Any, xp: Any) -> dict[str, Any]:
+    """The problem's outputs, each of its element type and filled with its NaN (an element a plan
+    leaves unwritten stays NaN)."""
+    return {name: element_arrays.nans(shape, element_type(problem, name), xp)
+            for name, shape in reference.output_shapes(problem).items()}
+
+
+def tensor_values(problem: Any, name: str, stored: Any) -> Any:
+    """The values (float32) one of a problem's buffers holds, whatever its element type."""
+    return element_arrays.values(stored, element_type(problem, name), _xp(stored))
 
 
 def reference_outputs(problem: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """The float64 reference, computed with the inputs' array module (NumPy, or CuPy on the GPU)."""
+    """The float64 reference, computed with the inputs' array module (NumPy, or CuPy on the GPU),
+    from the values the input buffers hold."""
     xp = _xp(next(iter(inputs.values())))
-    return reference.run_problem(problem, {k: v.astype(xp.float64) for k, v in inputs.items()})
+    return reference.run_problem(problem, {k: tensor_values(problem, k, v).astype(xp.float64) for k, v in inputs.items()})
 
 
 def verify_outputs(problem: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
                    ref: Mapping[str, Any] | None = None) -> Verification:
-    """Compare float32 outputs with the float64 reference; every element is checked."""
+    """Compare the outputs (of their element types) with the float64 reference; every element is checked."""
     xp = _xp(next(iter(inputs.values())))
     if ref is None:
         ref = reference_outputs(problem, inputs)
     errors, bounds, unwritten = {}, {}, {}
     problems = []
     for name, expected in ref.items():
-        got = outputs[name]
+        got = tensor_values(problem, name, outputs[name])
         nan = int(xp.count_nonzero(~xp.isfinite(got)))
         diff = got.astype(xp.float64) - expected
         ref_norm = float(xp.linalg.norm(expected.ravel()))
@@ -166,15 +190,15 @@ def _time_once(run: Callable[[], None], flusher: L2Flusher | None, stream: Any) 
 
 
 def plan_buffers(loaded: Any, problem: Any, seed: int | None = None) -> tuple[dict, dict, dict]:
-    """Fresh random inputs, outputs filled with NaN (an element a plan leaves unwritten stays NaN)
-    and the plan's workspaces on the current device, filled with NaN too: a plan must write every
+    """Fresh random inputs and outputs filled with NaN, of the problem's element types (an element a
+    plan leaves unwritten stays NaN), and the plan's workspaces on the current device, filled with
+    NaN too: a plan must write every
     element of a workspace it reads, or clear it first (``zero_first``), as the runtime hands out
     workspaces uninitialized, and a fresh allocation's zeros would hide an element left unwritten
     (the tma formulation's halo grid, say). Returns (inputs, outputs, every buffer by name)."""
     cp = require_cupy()
     inputs = random_inputs(problem, cp, seed)
-    outputs = {name: cp.full(shape, cp.nan, dtype=cp.float32)
-               for name, shape in reference.output_shapes(problem).items()}
+    outputs = output_buffers(problem, cp)
     workspaces = loaded.workspaces()
     for buffer in workspaces.values():
         buffer.fill(cp.nan)

@@ -24,7 +24,7 @@ import numpy as np
 
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import ACTIVATIONS
-from autocnn.precision import PRECISION_NAMES, Precision, precision_named
+from autocnn.precision import FLOAT32_PRECISION_NAMES, FLOAT32_PRECISIONS, Precision, precision_named
 from autocnn.nn.backend import Array, Backend, KernelProblem, activation_grad
 
 Shape = tuple[int, ...]
@@ -67,16 +67,17 @@ def check_activation(owner: str, name: Any) -> str:
 
 
 def check_precision(owner: str, value: Any, inherit: bool = False) -> Precision | None:
-    """The Precision a name ("fp32" or "tf32", any case) or a Precision stands for; with
+    """The Precision a name ("fp32" or "tf32", any case) or a Precision of float32 tensors stands for; with
     ``inherit``, None (take the model's) is allowed too."""
     if inherit and value is None:
         return None
-    if isinstance(value, Precision):
+    if isinstance(value, Precision) and value in FLOAT32_PRECISIONS:
         return value
-    if not isinstance(value, str) or value.lower() not in PRECISION_NAMES:
-        allowed = ", ".join(PRECISION_NAMES) + (" or None (the model's)" if inherit else "")
-        raise ValueError(f"{owner}: precision must be one of {allowed}, got {value!r}")
-    return precision_named(value.lower())
+    if not isinstance(value, (str, Precision)) or str(value).lower() not in FLOAT32_PRECISION_NAMES:
+        allowed = ", ".join(FLOAT32_PRECISION_NAMES) + (" or None (the model's)" if inherit else "")
+        raise ValueError(f"{owner}: precision must be one of {allowed}, got {value!r} (the training library's "
+                         f"tensors are float32)")
+    return precision_named(str(value).lower())
 
 
 def shape_text(shape: Sequence[Any]) -> str:

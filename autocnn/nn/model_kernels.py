@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from autocnn.kernels.problem import precision_label
 from autocnn.nn.backend import KernelProblem
 from autocnn.nn.layers import Dense
 from autocnn.nn.text_table import format_table
@@ -76,7 +77,7 @@ class ModelKernels:
 
     def dispatch_report(self) -> str:
         """Which implementation runs each kernel of each layer, as a table (Dense layers too), with
-        each kernel's precision: the layer's for convolutions, "-" for pooling (it has none),
+        each kernel's precision: the layer's for convolutions, "-" for pooling (float32, whatever the model's),
         fp32 for Dense (cuBLAS SGEMM)."""
         self._require_built()
         by_problem = {d.problem: d for d in self.dispatch}
@@ -84,7 +85,7 @@ class ModelKernels:
         for i, layer in enumerate(self.layers):
             for p in layer.problems():
                 d = by_problem[p]
-                rows.append((str(layer.name), p.op, str(getattr(p, "precision", "-")), p.shape_string(), d.source,
+                rows.append((str(layer.name), p.op, precision_label(p), p.shape_string(), d.source,
                              d.detail))
             if isinstance(layer, Dense):
                 head = i == len(self.layers) - 1 and layer.can_end_with_loss

@@ -492,23 +492,39 @@ def _variants(space: SearchSpace, configs: Sequence[Config], names: Sequence[str
 
 
 def problems_offering(fixed: Mapping[str, Any], problems: Sequence[Any]) -> list[Any]:
-    """The problems of a run whose ops offer the held parameters (--fix); the others are left out
-    (formulation=wgmma over a network that also has weight gradients: those have no wgmma). Held
-    values that no problem offers are a mistake (a misspelt name or value), refused before anything
-    runs, with what the first problem's op allows."""
+    """The problems of a run whose ops offer the held parameters (--fix) with a config that meets
+    their rules; the others are left out (formulation=wgmma over a network that also has weight
+    gradients: those have no wgmma; formulation=tc for a bf16 problem: tc refuses 16-bit tensors).
+    Held values that no problem offers are a mistake (a misspelt name or value), refused before
+    anything runs, with what the first problem's op allows; held values that every problem's rules
+    refuse, likewise, with the first refusal's reason."""
     if not fixed:
         return list(problems)
     limits = DeviceLimits.for_arch("sm_90")   # parameters and their choices do not depend on the GPU
-    offering, first = [], None
+    offering, first, refused = [], None, None
     for problem in problems:
         try:
-            get_operation(problem.op).space(problem, limits).restrict(fixed)
-            offering.append(problem)
+            space = get_operation(problem.op).space(problem, limits).restrict(fixed)
         except InvalidConfigError as exc:
             first = first or exc
+            continue
+        # The rules of the most permissive target: a held formulation that cannot serve a problem
+        # at all (its precision, its shape) is left out here, not after a GPU is opened.
+        if space.sample(random.Random(0), 1, max_attempts=200):
+            offering.append(problem)
+        elif refused is None:
+            try:
+                space.complete(dict(fixed))
+                reasons = ["random walks over the space found no config that meets its rules"]
+            except InfeasibleConfigError as exc:
+                reasons = list(exc.reasons)
+            refused = InfeasibleConfigError(problem.op, [f"with {fixed_text(fixed)}, {problem.shape_string()} has no "
+                                                         f"config: {reasons[0]}", *reasons[1:]])
     if not offering and first is not None:
         raise InvalidConfigError(first.op, first.param, first.value,
                                  f"{first.allowed} (no problem of this run offers {fixed_text(fixed)})")
+    if not offering and refused is not None:
+        raise refused
     return offering
 
 

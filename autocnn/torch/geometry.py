@@ -22,7 +22,7 @@ from autocnn.kernels.problem import (
     pool_index_extents,
 )
 from autocnn.errors import ProblemTooLargeError
-from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES, Precision
+from autocnn.precision import DEFAULT_PRECISION, FLOAT32_PRECISION_NAMES, Precision
 
 Pair = tuple[int, int]
 Padding = tuple[int, int, int, int]   # top, left, bottom, right
@@ -31,12 +31,12 @@ Padding = tuple[int, int, int, int]   # top, left, bottom, right
 def check_precision(where: str, precision: Any) -> str:
     """The precision's name, which the torch operators take as an argument (a Precision is taken
     for its name), or ValueError naming the allowed ones (as ConvProblem.precision)."""
-    if isinstance(precision, Precision):
-        return precision.name
-    if precision not in PRECISION_NAMES:
-        raise ValueError(f"{where}: precision={precision!r} is not one of {', '.join(PRECISION_NAMES)} "
-                         f"(fp32: FP32-accurate, the default; tf32: opt-in, one TF32 product per term)")
-    return precision
+    name = precision.name if isinstance(precision, Precision) else precision
+    if name not in FLOAT32_PRECISION_NAMES:
+        raise ValueError(f"{where}: precision={precision!r} is not one of {', '.join(FLOAT32_PRECISION_NAMES)} "
+                         f"(fp32: FP32-accurate, the default; tf32: opt-in, one TF32 product per term; the "
+                         f"operators take float32 tensors)")
+    return name
 
 
 def pair(name: str, value: Any) -> Pair:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Formulation
 from autocnn.kernels.formulations.window_gather import WindowGatherBwd
 from autocnn.kernels.geometry import cdiv
-from autocnn.kernels.space import Config
+from autocnn.kernels.rules import sixteen_bit_rule
+from autocnn.kernels.space import Config, Constraint
 from autocnn.kernels.steps import Launch
 
 NAME = "act_gather"
@@ -22,6 +24,10 @@ class ActGatherDz(WindowGatherBwd):
     op = "conv_pool_dz"
     summary = "a gather per position of the pooled gradient, times the activation's gradient"
     templates = ("act_gather_conv_pool_dz.cu.j2",)
+
+    def constraints(self, p: Any, limits: DeviceLimits) -> list[Constraint]:
+        return [*super().constraints(p, limits),
+                sixteen_bit_rule(p, NAME, "THREADS", "its gathers read and write float32 tensors only")]
 
     def launches(self, p: Any, c: Config) -> tuple[Launch, ...]:
         items = p.N * p.C * p.H * cdiv(p.W, c["WPT"])

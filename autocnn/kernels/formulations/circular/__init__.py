@@ -19,8 +19,8 @@ from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormul
 from autocnn.kernels.formulations.cores.circular_rows import MINB_CHOICES, RowWindow, minb_rule, phase_len
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvFwdProblem
-from autocnn.kernels.rules import (GRID_X_LIMIT, GRID_YZ_LIMIT, at_most, code_size_rule, grid_rule, smem_rule,
-                                   threads_rule)
+from autocnn.kernels.rules import (GRID_X_LIMIT, GRID_YZ_LIMIT, at_most, code_size_rule, grid_rule, sixteen_bit_rule,
+                                   smem_rule, threads_rule)
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 
@@ -92,6 +92,8 @@ class CircularConvFwd(OpFormulation):
             return None
 
         return [
+            sixteen_bit_rule(p, NAME, "KB", "its kernels read and write float32 tensors only; direct and igemm "
+                                            "compute bf16 and fp16"),
             Constraint(("KB", "KPT"), lambda kb, kpt: None if kb % kpt == 0 else f"KPT={kpt} does not divide KB={kb}"),
             Constraint(("TQ", "QPT"), lambda tq, qpt: None if tq % qpt == 0 else f"QPT={qpt} does not divide TQ={tq}"),
             Constraint(("PPS", "PBLK"), lambda pps, pb: None if pb % pps == 0 else f"PPS={pps} does not divide PBLK={pb}"),

@@ -22,7 +22,7 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.cores.circular_rows import MINB_CHOICES, minb_rule, phase_len
 from autocnn.kernels.geometry import cdiv, next_pow2
-from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, at_most, grid_rule, smem_rule
+from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, at_most, grid_rule, sixteen_bit_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
@@ -107,6 +107,7 @@ class CircularBwdConvBwdFused(OpFormulation):
                 f"the two-pass workspace ({b} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes"
 
         return [
+            sixteen_bit_rule(p, NAME, "KB", "its kernels read and write float32 tensors only"),
             Constraint(("KB", "KPT"), lambda kb, kpt: None if kb % kpt == 0 else f"KPT={kpt} does not divide KB={kb}"),
             at_most("KB", max(1, next_pow2(p.K)), f"only {p.K} target maps"),
             at_most("CB", max(1, next_pow2(p.C)), f"only {p.C} source maps"),

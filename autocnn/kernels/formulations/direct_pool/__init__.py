@@ -15,7 +15,7 @@ from autocnn.kernels.formulations.base import Formulation
 from autocnn.kernels.formulations.direct import (CorrelationEnvelope, DirectCorrelation, direct_smem_bytes,
                                                  direct_threads)
 from autocnn.kernels.geometry import cdiv
-from autocnn.kernels.rules import smem_rule
+from autocnn.kernels.rules import sixteen_bit_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint
 from autocnn.kernels.steps import Launch
 
@@ -46,6 +46,8 @@ class DirectPoolFwd(DirectCorrelation):
         overlap = f"the {kh}x{kw} windows of stride {sh}x{sw} overlap (igemm_pool serves them)"
         env = self.envelope(p)
         return [*super().constraints(p, limits),
+                sixteen_bit_rule(p, NAME, "KB", "the fused convolution and averaging reads and writes float32 "
+                                                "tensors only"),
                 Constraint(("TP",), lambda tp: None if kh <= sh and kw <= sw else overlap),
                 Constraint(("TP",), lambda tp: None if tp % sh == 0 else f"TP={tp} is not a multiple of the stride {sh}"),
                 Constraint(("TQ",), lambda tq: None if tq % sw == 0 else f"TQ={tq} is not a multiple of the stride {sw}"),

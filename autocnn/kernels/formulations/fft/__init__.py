@@ -141,7 +141,7 @@ from autocnn.kernels.formulations.fft.fft_planes import (SHARED_WITH, FftConv, F
                                                          workspace_elements)
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.geometry import cdiv, next_pow2
-from autocnn.kernels.rules import arch_number, smem_rule, workspace_rule
+from autocnn.kernels.rules import arch_number, sixteen_bit_rule, smem_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch, LibraryComplexGemm, LibraryFft
 
@@ -390,6 +390,8 @@ class _Fft(OpFormulation):
             return None
 
         return [Constraint(("FFT_SIZE", "FFT_TILE", *ph_key), size),
+                sixteen_bit_rule(p, NAME, "FFT_SIZE", "its transforms, spectra and their products are FP32 (complex "
+                                                      "float32 planes)"),
                 Constraint(("FFT_TILE", "FFT_SIZE", *ph_key), tiling), Constraint(("MAC",), block_arch),
                 Constraint(("MAC", "FFT_THREADS", "IT", "JT", "FB", "BL"), mma_shape),
                 smem_rule(limits, ("FFT_SIZE", "XFORM_A", "MAC", "FFT_TILE", *ph_key), dft_smem("A")),

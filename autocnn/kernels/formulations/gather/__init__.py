@@ -13,7 +13,7 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Formulation, OpFormulation
 from autocnn.kernels.geometry import StridePhase, cdiv, next_pow2, stride_phases
 from autocnn.kernels.problem import ConvBwdDataProblem
-from autocnn.kernels.rules import code_size_rule, grid_rule, smem_rule, threads_rule
+from autocnn.kernels.rules import code_size_rule, grid_rule, sixteen_bit_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 
@@ -57,6 +57,8 @@ class GatherConvBwdData(OpFormulation):
         rows = max(ph.Ra for ph in phases)
         cols = max(ph.Sb for ph in phases)
         return [
+            sixteen_bit_rule(p, NAME, "POS", "its kernels read and write float32 tensors only; direct and igemm "
+                                             "compute bf16 and fp16"),
             # A thread keeps which filter rows and columns of its phase exist as 32-bit masks.
             Constraint(("formulation",), lambda f: None if f != NAME or (rows <= 32 and cols <= 32)
                        else f"the gather handles at most 32 filter rows and columns a stride phase, not {rows}x{cols}"),

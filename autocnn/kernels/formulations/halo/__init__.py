@@ -44,7 +44,7 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation
 from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
-from autocnn.kernels.rules import arch_number, at_most, grid_rule, smem_rule, threads_rule
+from autocnn.kernels.rules import arch_number, at_most, grid_rule, sixteen_bit_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
@@ -224,6 +224,8 @@ class _HaloGemm(OpFormulation):
             return None if rows < 2 ** 31 - 2 ** 20 else f"the grid's {rows} positions are past 32-bit indexing"
 
         return [
+            sixteen_bit_rule(p, self.formulation, "WGS", "its wgmma products take FP32 operands as TF32 (one product "
+                                                         "a term, or 3xTF32), not BF16 or FP16 ones"),
             Constraint(("WGS",), arch),
             Constraint(("WGS",), channels),
             Constraint(("WGS",), stride),

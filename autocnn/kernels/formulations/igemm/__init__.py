@@ -211,6 +211,11 @@ class IgemmConvWgrad(_Igemm):
             Constraint(("formulation", "SPLITK"),
                        lambda f, s: None if f == ATOMIC or s * split_bytes <= limits.workspace_bytes
                        else f"the two-pass workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
+            # Partial sums of 16-bit gradients stay FP32 (the workspace); atomics would round each one.
+            Constraint(("formulation", "SPLITK"),
+                       lambda f, s: None if f == TWO_PASS or s == 1 or not problem.precision.sixteen_bit
+                       else f"a {problem.precision} weight gradient split over SPLITK={s} blocks adds its partial "
+                            f"sums in the FP32 workspace: two_pass, or atomic with SPLITK=1"),
         ]
 
     def default_candidates(self, problem: ConvWgradProblem) -> list[dict[str, Any]]:
@@ -222,11 +227,13 @@ class IgemmConvWgrad(_Igemm):
         # About two blocks per multiprocessor of a large GPU, each split keeping >= 16 steps of 16.
         want = max(1, min(2 * 132 // max(1, tiles), cdiv(env.GK, 16 * 16)))
         split = max(s for s in SPLITS if s <= want)
-        gemm = {"formulation": ATOMIC, "PAD_A": 1, "PAD_B": 1, "UNROLL_K": 0}
+        # 16-bit gradients meet their split sums in the FP32 workspace (two_pass): atomics would round each.
+        combine = TWO_PASS if problem.precision.sixteen_bit and split >= 2 else ATOMIC
+        gemm = {"formulation": combine, "PAD_A": 1, "PAD_B": 1, "UNROLL_K": 0}
         return [
             {**gemm, "SPLITK": split, "BM": bm, "BN": bn, "BK": 16, "TM": tm, "TN": tn},
             {**gemm, "SPLITK": split, "BM": 32, "BN": 32, "BK": 16, "TM": 2, "TN": 4},
-            {**gemm, "SPLITK": 1, "BM": 16, "BN": 16, "BK": 8, "TM": 2, "TN": 2},
+            {**gemm, "formulation": ATOMIC, "SPLITK": 1, "BM": 16, "BN": 16, "BK": 8, "TM": 2, "TN": 2},
         ]
 
     def launches(self, p: ConvWgradProblem, c: Config) -> tuple[Launch, ...]:

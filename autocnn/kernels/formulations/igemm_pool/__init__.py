@@ -17,7 +17,7 @@ from autocnn.kernels.formulations.igemm import (CONV_BM, ConvIgemm, GemmEnvelope
                                                 igemm_threads)
 from autocnn.kernels.formulations.cores.pool_blocks import block_extent, rectangle
 from autocnn.kernels.geometry import cdiv, next_pow2
-from autocnn.kernels.rules import smem_rule
+from autocnn.kernels.rules import sixteen_bit_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 
@@ -69,6 +69,8 @@ class IgemmPoolFwd(ConvIgemm):
             return pool_smem_bytes(p, values)  # type: ignore[arg-type]
 
         return [*super().constraints(p, limits),
+                sixteen_bit_rule(p, NAME, "BM", "the fused convolution and averaging reads and writes float32 tensors "
+                                                "only"),
                 Constraint(("BM", "TPP", "TQQ"), fits),
                 smem_rule(limits, ("BM", "BN", "BK", "PAD_A", "PAD_B", "TPP", "TQQ"), smem)]
 

@@ -13,7 +13,7 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_with_own
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvWgradProblem
-from autocnn.kernels.rules import GRID_YZ_LIMIT, smem_rule
+from autocnn.kernels.rules import GRID_YZ_LIMIT, sixteen_bit_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 
@@ -56,6 +56,8 @@ class RowsConvWgrad(OpFormulation):
     def constraints(self, p: ConvWgradProblem, limits: DeviceLimits) -> list[Constraint]:
         names = ("KT", "KPT", "CT", "SPT", "QSPLIT")
         return [
+            sixteen_bit_rule(p, NAME, "KT", "every block adds its partial sums into dW with atomics, which at 16 bits "
+                                            "would round each of them (igemm's two_pass keeps them in FP32)"),
             Constraint(("KT", "KPT"), lambda kt, kpt: None if kt % kpt == 0 else f"KPT={kpt} does not divide KT={kt}"),
             Constraint(("KPT", "SPT"), lambda kpt, spt: None if kpt * spt <= 64
                        else f"{kpt * spt} accumulators per thread exceed 64 (registers)"),

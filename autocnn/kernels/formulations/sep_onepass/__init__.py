@@ -17,7 +17,7 @@ from autocnn.kernels.formulations.cores.sep_geometry import (TILE_PARAMS, SepCor
                                                              fit_registers, io_args, preferred_tiles,
                                                              register_limit, taps_floats, threads_of, tile_blocks,
                                                              tile_constraints, tile_params, tile_threads)
-from autocnn.kernels.rules import code_size_rule, smem_rule
+from autocnn.kernels.rules import code_size_rule, sixteen_bit_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 
@@ -56,6 +56,8 @@ class _SepOnepass(OpFormulation):
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         g = correlation(problem)
         return [
+            sixteen_bit_rule(problem, NAME, "KB", "the separable factors (the batched SVD's) and its kernels are "
+                                                  "float32"),
             *tile_constraints(g, limits),
             Constraint(("CB", "MC"), lambda cb, mc: None if cb % mc == 0 else f"MC={mc} does not divide CB={cb}"),
             Constraint(("TP", "VPT"), lambda tp, vpt: None if tp % vpt == 0 else f"VPT={vpt} does not divide TP={tp}"),

@@ -16,7 +16,7 @@ from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormul
 from autocnn.kernels.formulations.cores.sep_geometry import (TILE_PARAMS, correlation, fit_registers, io_args,
                                                              preferred_tiles, register_limit, taps_floats, threads_of,
                                                              tile_blocks, tile_constraints, tile_params, tile_threads)
-from autocnn.kernels.rules import code_size_rule, smem_rule
+from autocnn.kernels.rules import code_size_rule, sixteen_bit_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 
@@ -42,6 +42,8 @@ class _SepRegister(OpFormulation):
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         g = correlation(problem)
         return [
+            sixteen_bit_rule(problem, NAME, "KB", "the separable factors (the batched SVD's) and its kernels are "
+                                                  "float32"),
             *tile_constraints(g, limits),
             register_limit(limits, TILE_PARAMS,
                            lambda kb, kpt, tp, ppt, tq, qpt: register_floats(g.R, g.S, kpt, ppt, qpt), threads_of,

@@ -15,7 +15,7 @@ from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulatio
 from autocnn.kernels.formulations.cores.sep_geometry import register_limit
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvWgradProblem
-from autocnn.kernels.rules import GRID_X_LIMIT, at_most, code_size_rule, smem_rule, workspace_rule
+from autocnn.kernels.rules import GRID_X_LIMIT, at_most, code_size_rule, sixteen_bit_rule, smem_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
@@ -77,6 +77,8 @@ class SepTilesWgrad(OpFormulation):
                 f"{n} threads per block exceed the limit of {min(MAX_THREADS, limits.max_threads_per_block)}"
 
         return [
+            sixteen_bit_rule(p, NAME, "KB", "the separable factors (the batched SVD's) and their gradients are "
+                                            "float32"),
             at_most("KB", max(1, next_pow2(p.K)), f"only {p.K} filters"),
             at_most("CB", max(1, next_pow2(p.C)), f"only {p.C} input maps"),
             at_most("TP", max(1, next_pow2(p.P)), f"only {p.P} output rows"),

@@ -20,7 +20,7 @@ from autocnn.kernels.formulations.cores.sep_geometry import (TILE_PARAMS, SepCor
 from autocnn.kernels.formulations.sep_onepass import horizontal_registers
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import INDEX_LIMIT
-from autocnn.kernels.rules import code_size_rule, smem_rule, threads_rule, workspace_rule
+from autocnn.kernels.rules import code_size_rule, sixteen_bit_rule, smem_rule, threads_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
@@ -84,6 +84,8 @@ class _SepTwopass(OpFormulation):
         g = correlation(problem)
         per_image = z_elements_per_image(g)
         return [
+            sixteen_bit_rule(problem, NAME, "NB", "the separable factors (the batched SVD's) and its kernels are "
+                                                  "float32"),
             *tile_constraints(g, limits),
             Constraint(("VTP", "VPT"), lambda vtp, vpt: None if vtp % vpt == 0 else f"VPT={vpt} does not divide VTP={vtp}"),
             threads_rule(limits, ("VTHREADS",), lambda n: n),

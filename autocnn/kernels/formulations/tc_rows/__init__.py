@@ -38,7 +38,7 @@ from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulatio
 from autocnn.kernels.formulations.cores.mma_rules import accumulator_violation, arch_violation
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import ConvWgradProblem
-from autocnn.kernels.rules import GRID_YZ_LIMIT, smem_rule, threads_rule
+from autocnn.kernels.rules import GRID_YZ_LIMIT, sixteen_bit_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 from autocnn.precision import FLOAT32
@@ -122,6 +122,8 @@ class TcRowsConvWgrad(OpFormulation):
             return None if 32 * wm * wn >= kb else f"{32 * wm * wn} threads cannot each sum one of KB={kb} filters' dY"
 
         return [
+            sixteen_bit_rule(p, NAME, "KB", "its mma.sync products take TF32 operands (3xTF32 or TF32), not BF16 or "
+                                            "FP16 ones"),
             Constraint(("WM",), lambda _: arch_violation(limits)),
             Constraint(("KB", "WM"), warp_rows),
             Constraint(("KB", "CB", "WM", "WN"), accumulators),

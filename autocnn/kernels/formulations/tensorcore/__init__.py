@@ -39,7 +39,7 @@ from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES, wgrad_redu
 from autocnn.kernels.formulations.cores.mma_rules import accumulator_violation, arch_violation, warp_tile_violation
 from autocnn.kernels.formulations.cores.staging import nhwc_stage_launches, nhwc_stage_workspaces
 from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
-from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, smem_rule, threads_rule
+from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, sixteen_bit_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 from autocnn.precision import FLOAT32
@@ -268,7 +268,9 @@ class TcConv(OpFormulation):
         return params(gemm_for(problem))
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
-        return constraints(gemm_for(problem), limits)
+        return [sixteen_bit_rule(problem, self.formulation, "BM", "its mma.sync products take FP32 operands as TF32 "
+                                                                  "(3xTF32 or TF32-rounded), not BF16 or FP16 ones"),
+                *constraints(gemm_for(problem), limits)]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         return default_candidates(gemm_for(problem))

@@ -96,7 +96,7 @@ from autocnn.kernels.formulations.wgmma import WgmmaConvBwdData
 from autocnn.kernels.formulations.cores.wgmma_gemm import (ALIGN_SLACK, BK, TMA_PRODUCER_THREADS, WgmmaGemm,
                                                            block_rules, split)
 from autocnn.kernels.geometry import cdiv
-from autocnn.kernels.rules import smem_rule
+from autocnn.kernels.rules import sixteen_bit_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 from autocnn.kernels.tensor_maps import MAX_BOX, TensorMap
@@ -287,6 +287,8 @@ class TmaConvBwdData(WgmmaConvBwdData):
             return smem_bytes(p, wgs, wbn, stages, a_tiles) + barrier_bytes(stages) if a_tiles == "im2col" else 0
 
         return [*WgmmaGemm.constraints(self, p, limits),
+                sixteen_bit_rule(p, self.formulation, "WGS", "its wgmma products take FP32 operands as TF32 (one "
+                                                             "product a term, or 3xTF32), not BF16 or FP16 ones"),
                 Constraint(("WGS",), stride), Constraint(("WGS", "WBN", "A_TILES"), maps),
                 Constraint(("INFLIGHT", "WGS", "WBN"), paired_registers),
                 Constraint(("INFLIGHT", "ASLOTS"), slot_in_flight),

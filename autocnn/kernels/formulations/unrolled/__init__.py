@@ -28,7 +28,7 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
 from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.geometry import cdiv, next_pow2
-from autocnn.kernels.rules import workspace_rule
+from autocnn.kernels.rules import sixteen_bit_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch, LibraryGemm, MatrixView
 
@@ -155,10 +155,12 @@ class _Unrolled(OpFormulation):
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         u = unrolling(problem)
         modes = MODES[self.op]
+        refusal = sixteen_bit_rule(problem, NAME, "IMGS", "its GEMMs are cuBLAS calls on float32 buffers (SGEMM, or "
+                                                          "TF32 tensor-op math)")
         if len(modes) > 1:
-            return [workspace_rule(limits.workspace_bytes, ("GEMM_MODE", "IMGS"),
+            return [refusal, workspace_rule(limits.workspace_bytes, ("GEMM_MODE", "IMGS"),
                                    lambda mode, imgs: WORKSPACE_ELEMENT.size * sum(workspace_elements(u, mode, imgs).values()))]
-        return [workspace_rule(limits.workspace_bytes, ("IMGS",),
+        return [refusal, workspace_rule(limits.workspace_bytes, ("IMGS",),
                                lambda imgs: WORKSPACE_ELEMENT.size * sum(workspace_elements(u, modes[0], imgs).values()))]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:

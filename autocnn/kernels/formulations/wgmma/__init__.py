@@ -107,6 +107,7 @@ from autocnn.kernels.formulations.cores.staging import (PLANE_CHANNELS, PLANE_SM
 from autocnn.kernels.formulations.cores.wgmma_gemm import (ALIGN_SLACK, ARCH, BK, FORMULATION_WGMMA, WgmmaGemm,
                                                            smem_bytes, split)
 from autocnn.kernels.geometry import cdiv, stride_phases
+from autocnn.kernels.rules import sixteen_bit_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 
@@ -226,6 +227,8 @@ class _SplitOutputGemm(WgmmaGemm):
                 f"SK_BLOCKS={blocks} exceeds the {work} (output tile, reduction tile) pairs to share out")
 
         return [*super().constraints(p, limits), Constraint(("SPLITK",), enough_tiles), Constraint(("SPLITK",), linear),
+                sixteen_bit_rule(p, self.formulation, "WGS", "its wgmma products take FP32 operands as TF32 (one "
+                                                             "product a term, or 3xTF32), not BF16 or FP16 ones"),
                 *([Constraint(("A_REGS", "INFLIGHT", "WBN"), registers_split),
                    Constraint(("CROSS", "A_REGS"), lambda on, a_regs: self.cross_problem(p, on, a_regs))]
                   if split(p) else []),
@@ -508,6 +511,8 @@ class WgmmaConvWgrad(WgmmaGemm):
                 "X_IN_PLACE=1 reads each image's tiles where they lie: it needs IMAGE_TILES=1 and X_UNROLLED=0")
 
         return [*super().constraints(p, limits), Constraint(("IMAGE_TILES", "X_UNROLLED"), stride),
+                sixteen_bit_rule(p, self.formulation, "WGS", "its wgmma products take FP32 operands as TF32 (one "
+                                                             "product a term, or 3xTF32), not BF16 or FP16 ones"),
                 Constraint(("DY_IN_PLACE", "IMAGE_TILES", "X_UNROLLED"), in_place),
                 *([Constraint(("X_IN_PLACE", "IMAGE_TILES", "X_UNROLLED"), x_in_place)]
                   if x_in_place_fits(p) else []),

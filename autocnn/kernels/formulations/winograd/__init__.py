@@ -100,7 +100,7 @@ from autocnn.kernels.formulations.winograd.winograd_products import (MMA_FRAGS, 
 from autocnn.kernels.formulations.cores.winograd_transforms import (SANDWICH_CODE, TRANSFORMS, WinogradView, sandwich,
                                                                     serves, tiles, unserved, view)
 from autocnn.kernels.geometry import cdiv, next_pow2
-from autocnn.kernels.rules import GRID_X_LIMIT, STATIC_SMEM_LIMIT, workspace_rule
+from autocnn.kernels.rules import GRID_X_LIMIT, STATIC_SMEM_LIMIT, sixteen_bit_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch, LibraryGemm, MatrixView
 
@@ -242,6 +242,9 @@ class _Winograd(OpFormulation):
         why = unserved(p, NAME)
         if why:
             return [Constraint(("TILE",), lambda m: why)]
+        if p.precision.sixteen_bit:   # (the products' rules below name fp32's and tf32's parameters)
+            return [sixteen_bit_rule(p, NAME, "TILE", "its transforms run on float32 tiles and its products on "
+                                                      "FP32 or TF32 operands")]
         v = view(p)
         # GEMM_3XTF32 is a parameter of fp32 problems only; a tf32 problem's products keep one block.
         params = ("TILE", "IMGS") if p.precision.tf32 else ("TILE", "IMGS", "GEMM_3XTF32")

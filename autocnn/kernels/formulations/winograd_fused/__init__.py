@@ -68,7 +68,8 @@ from autocnn.kernels.formulations.cores.mma_rules import arch_violation
 from autocnn.kernels.formulations.cores.winograd_transforms import (TRANSFORMS, WinogradView, sandwich, tiles, unserved,
                                                                     view)
 from autocnn.kernels.geometry import cdiv, next_pow2
-from autocnn.kernels.rules import GRID_X_LIMIT, GRID_YZ_LIMIT, smem_rule, threads_rule, workspace_rule
+from autocnn.kernels.rules import (GRID_X_LIMIT, GRID_YZ_LIMIT, sixteen_bit_rule, smem_rule, threads_rule,
+                                   workspace_rule)
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 from autocnn.precision import FLOAT32
@@ -194,6 +195,7 @@ class _WinogradFused(OpFormulation):
             return None if n <= GRID_X_LIMIT else f"{n} blocks of output channels exceed {GRID_X_LIMIT}"
 
         return [Constraint(("WF_TB",), arch),
+                sixteen_bit_rule(p, NAME, "WF_TB", "its Winograd tiles are float32 and its mma.sync products TF32"),
                 Constraint(("WF_TB",), tiles_rule),
                 Constraint(("WF_MT",), channel_blocks),
                 Constraint(("WF_TB", "WF_MT", "WF_WARPS"), registers),
