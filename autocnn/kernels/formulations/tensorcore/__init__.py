@@ -259,7 +259,8 @@ class TcConv(OpFormulation):
 
     def __init__(self, op: str):
         self.op = op
-        self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", "_mma_sync.cuh.j2", f"gemm_operands_{op}.cuh.j2",
+        self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", "_mma_sync.cuh.j2", "_mma_tiles.cuh.j2",
+                          f"gemm_operands_{op}.cuh.j2",
                           *(("nhwc_stage_conv_fwd.cuh.j2", "_conv_fwd_operands.cuh.j2") if op == "conv_fwd" else ()),
                           *(("_bwd_data_phases.cuh.j2",) if op == "conv_bwd_data" else ()),
                           *(("igemm_conv_wgrad_reduce.cu.j2",) if op == "conv_wgrad" else ()))
