@@ -28,7 +28,7 @@ class WindowGatherFwd(OpFormulation):
     formulation = NAME
     op = "avgpool_fwd"
     summary = "a gather with register row spans"
-    templates = ("window_gather_avgpool_fwd.cu.j2",)
+    templates = ("window_gather_avgpool_fwd.cu.j2", "_window_gather.cuh.j2")
 
     def params(self, p: AvgPoolFwdProblem) -> list[Param]:
         # Vector loads need an unpadded row whose length the width divides; where that fails for
@@ -83,7 +83,7 @@ class WindowGatherBwd(OpFormulation):
     formulation = NAME
     op = "avgpool_bwd"
     summary = "a gather per input position, no atomics"
-    templates = ("window_gather_avgpool_bwd.cu.j2",)
+    templates = ("window_gather_avgpool_bwd.cu.j2", "_window_gather.cuh.j2")
 
     def params(self, p: AvgPoolBwdProblem) -> list[Param]:
         return [
