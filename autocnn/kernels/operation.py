@@ -35,7 +35,8 @@ class Operation:
     problem_type: type = object
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
-    shared_templates: tuple[str, ...] = ("_common.cuh.j2",)   # what the op template includes besides the formulation's
+    # What the op template includes besides the formulation's.
+    shared_templates: tuple[str, ...] = ("_common.cuh.j2", "_problem_constants.cuh.j2")
 
     def __init__(self, registry: Sequence["Formulation"]):
         self.formulations: tuple["OpFormulation", ...] = tuple(
