@@ -19,6 +19,8 @@ Templates (found by file name, kernels/codegen.py):
     _igemm.cuh.j2, _direct.cuh.j2           the implicit-GEMM and direct cores (igemm, igemm_pool;
                                             direct, direct_pool)
     tcgemm.cuh.j2, _mma_sync.cuh.j2         the mma.sync GEMM and its instructions
+    _mma_tiles.cuh.j2                       a warp's mma tiles: accumulators, partial sums, products
+                                            (tcgemm.cuh.j2, tc_rows)
     wgmma_core.cuh.j2, wgmma_mainloop.cuh.j2, _wgmma_ops.cuh.j2
                                             the wgmma GEMM, its main loop and instructions
     gemm_operands_conv_fwd.cuh.j2, gemm_operands_conv_bwd_data.cuh.j2, nhwc_stage_conv_fwd.cuh.j2,
@@ -28,4 +30,6 @@ Templates (found by file name, kernels/codegen.py):
     _bias_grad.cuh.j2                       the bias gradient (fft, sep_tiles, unrolled, winograd)
     circular_rows.cuh.j2                    the circular row buffer
     _conv_pool.cuh.j2, _pool_window.cuh.j2  the pooling epilogue and windows (the conv_pool ops)
+    _winograd_correlation.cuh.j2            conv_fwd and conv_bwd_data as a 3x3 correlation and its store
+                                            (winograd, winograd_fused)
 """
