@@ -3,12 +3,13 @@
 The kernels are those the training library's cuda backend runs, from the same path
 (``autocnn.dispatch.kernels.GpuKernels``): ``prepare`` looks each problem up in the tuning
 database (exact record, same architecture, nearest tuned shape, heuristic default), tunes it where
-no record of it exists, compiles it through NVRTC and allocates its workspaces; ``run`` launches it on CuPy's current stream over
-named buffers. Here the buffers are PyTorch's own memory seen through CuPy arrays (the pointer,
-shape and device the CUDA array interface carries, wrapped without a copy), and CuPy's current
-stream is made PyTorch's current stream for the launch, so autocnn's kernels are ordered with
-PyTorch's work, follow ``torch.cuda.stream(...)`` and are recorded by a CUDA-graph capture. The
-operators (autocnn.torch.ops) check their tensors before they get here.
+no record of it exists, compiles it through NVRTC and allocates its workspaces; ``run`` launches it
+on CuPy's current stream over named buffers. Here the buffers are PyTorch's own memory seen
+through CuPy arrays (the pointer, shape and device the CUDA array interface carries, wrapped
+without a copy), and CuPy's current stream is made PyTorch's current stream for the launch, so
+autocnn's kernels are ordered with PyTorch's work, follow ``torch.cuda.stream(...)`` and are
+recorded by a CUDA-graph capture. The operators (autocnn.torch.ops) check their tensors before
+they get here.
 
 Tuning: the autotune mode is $AUTOCNN_AUTOTUNE's, else "quick" (autocnn.dispatch.quick), as
 for the training library. A converted model prepares all its problems at its first step under one
