@@ -219,7 +219,7 @@ class _Fft(OpFormulation):
 
     def __init__(self, op: str):
         self.op = op
-        self.templates = (f"fft_{op}.cu.j2", "_fft_tiles.cuh.j2", *CORE_TEMPLATES, "_mma_sync.cuh.j2",
+        self.templates = (f"fft_{op}.cu.j2", "_fft_glue.cuh.j2", *CORE_TEMPLATES, "_mma_sync.cuh.j2",
                           *(("_bias_grad.cuh.j2",) if op == "conv_wgrad" else ()))
 
     def params(self, problem: Any) -> list[Param]:
