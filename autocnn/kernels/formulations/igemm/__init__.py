@@ -148,7 +148,8 @@ class ConvIgemm(_Igemm):
 
 class IgemmConvFwd(ConvIgemm):
     op = "conv_fwd"
-    templates = ("igemm_conv_fwd.cu.j2", "_igemm.cuh.j2", "_conv_fwd_operands.cuh.j2")
+    templates = ("igemm_conv_fwd.cu.j2", "_igemm.cuh.j2", "_gemm_row_sums.cuh.j2", "_conv_fwd_operands.cuh.j2",
+                 "_operand_access.cuh.j2")
     pad_b = 4
 
     def envelope(self, p: ConvFwdProblem) -> GemmEnvelope:
@@ -164,7 +165,8 @@ class IgemmConvBwdData(ConvIgemm):
     """One GEMM per stride phase: the phases are blocks along z of one launch."""
 
     op = "conv_bwd_data"
-    templates = ("igemm_conv_bwd_data.cu.j2", "_igemm.cuh.j2", "_bwd_data_phases.cuh.j2")
+    templates = ("igemm_conv_bwd_data.cu.j2", "_igemm.cuh.j2", "_gemm_row_sums.cuh.j2", "_bwd_data_phases.cuh.j2",
+                 "_bwd_data_operands.cuh.j2", "_operand_access.cuh.j2")
 
     def envelope(self, p: ConvBwdDataProblem) -> GemmEnvelope:
         phases = stride_phases(p)
@@ -185,7 +187,8 @@ class IgemmConvWgrad(_Igemm):
 
     op = "conv_wgrad"
     summary = "implicit GEMM with split partial sums combined by atomics or by a second pass"
-    templates = ("igemm_conv_wgrad.cu.j2", "_igemm.cuh.j2", "igemm_conv_wgrad_reduce.cu.j2")
+    templates = ("igemm_conv_wgrad.cu.j2", "_igemm.cuh.j2", "_gemm_row_sums.cuh.j2", "_conv_wgrad_operands.cuh.j2",
+                 "_operand_access.cuh.j2", "igemm_conv_wgrad_reduce.cu.j2")
 
     @property
     def names(self) -> tuple[str, ...]:

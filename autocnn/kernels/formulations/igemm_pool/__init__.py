@@ -45,8 +45,8 @@ class IgemmPoolFwd(ConvIgemm):
     formulation = NAME
     op = "conv_pool_fwd"
     summary = "implicit GEMM over whole pooling windows, averaged in shared memory"
-    templates = ("igemm_pool_conv_pool_fwd.cu.j2", "_igemm.cuh.j2", "gemm_operands_conv_fwd.cuh.j2",
-                 "_conv_fwd_operands.cuh.j2")
+    templates = ("igemm_pool_conv_pool_fwd.cu.j2", "_igemm.cuh.j2", "_gemm_row_sums.cuh.j2",
+                 "gemm_operands_conv_fwd.cuh.j2", "_conv_fwd_operands.cuh.j2", "_operand_access.cuh.j2")
 
     def envelope(self, p: "ConvPoolFwdProblem") -> GemmEnvelope:
         # A block's rows may exceed a small map's outputs (its rectangle reaches into the padding).

@@ -249,6 +249,18 @@ def gemm_for(problem: Any) -> TcGemm:
     return TcGemm(p.op, p.K, p.C * p.R * p.S, p.N * p.P * p.Q, 1, split3)
 
 
+# What each op's glue renders from besides the core: its operands and what they import (conv_fwd's
+# NHWC staging kernel takes the TF32 split from _wgmma_ops), and the phase GEMMs and second-pass
+# reduction it shares with igemm.
+OPERAND_TEMPLATES = {
+    "conv_fwd": ("gemm_operands_conv_fwd.cuh.j2", "_conv_fwd_operands.cuh.j2", "_operand_access.cuh.j2",
+                 "nhwc_stage_conv_fwd.cuh.j2", "_wgmma_ops.cuh.j2"),
+    "conv_bwd_data": ("gemm_operands_conv_bwd_data.cuh.j2", "_bwd_data_operands.cuh.j2", "_operand_access.cuh.j2",
+                      "_bwd_data_phases.cuh.j2"),
+    "conv_wgrad": ("_conv_wgrad_operands.cuh.j2", "_operand_access.cuh.j2", "igemm_conv_wgrad_reduce.cu.j2"),
+}
+
+
 class TcConv(OpFormulation):
     """The tensor-core GEMM of one convolution; the op template supplies the problem's constants."""
 
@@ -259,10 +271,8 @@ class TcConv(OpFormulation):
 
     def __init__(self, op: str):
         self.op = op
-        self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", "_mma_sync.cuh.j2", f"gemm_operands_{op}.cuh.j2",
-                          *(("nhwc_stage_conv_fwd.cuh.j2", "_conv_fwd_operands.cuh.j2") if op == "conv_fwd" else ()),
-                          *(("_bwd_data_phases.cuh.j2",) if op == "conv_bwd_data" else ()),
-                          *(("igemm_conv_wgrad_reduce.cu.j2",) if op == "conv_wgrad" else ()))
+        self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", "_gemm_row_sums.cuh.j2", "_mma_sync.cuh.j2",
+                          *OPERAND_TEMPLATES[op])
 
     def params(self, problem: Any) -> list[Param]:
         return params(gemm_for(problem))

@@ -289,7 +289,7 @@ class WgmmaConvFwd(_SplitOutputGemm):
     op = "conv_fwd"
     summary = "Hopper warpgroup tensor-core implicit GEMM (sm_90a; fp32 as 3xTF32)"
     templates = ("wgmma_conv_fwd.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2", "gemm_operands_conv_fwd.cuh.j2",
-                 "_conv_fwd_operands.cuh.j2", "nhwc_stage_conv_fwd.cuh.j2")
+                 "_conv_fwd_operands.cuh.j2", "_operand_access.cuh.j2", "nhwc_stage_conv_fwd.cuh.j2")
     ARGS = ("x", "w", "bias", "y", "xt", "wt")
     output = "y"
 
@@ -345,7 +345,8 @@ class WgmmaConvBwdData(_SplitOutputGemm):
     op = "conv_bwd_data"
     summary = "Hopper warpgroup tensor-core implicit GEMM per stride phase (sm_90a; fp32 as 3xTF32)"
     templates = ("wgmma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2",
-                 "gemm_operands_conv_bwd_data.cuh.j2", "wgmma_stage_conv_bwd_data.cuh.j2")
+                 "gemm_operands_conv_bwd_data.cuh.j2", "_bwd_data_operands.cuh.j2", "_operand_access.cuh.j2",
+                 "wgmma_stage_conv_bwd_data.cuh.j2")
     ARGS = ("dyt", "wt", "dx")
     output = "dx"
 
