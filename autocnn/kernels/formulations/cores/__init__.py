@@ -1,15 +1,26 @@
 """What several formulations share: the public home of their common cores, which each formulation
-imports or includes (never a peer's private names).
+imports or includes (never a peer formulation's module: tests/test_import_graph.py). Nothing here
+imports a formulation.
 
 A file lives here when more than one formulation (or an operation besides one) uses it; a file only
 one formulation uses lives in that formulation's folder.
 
 Python:
+    igemm_gemm.py           the SIMT implicit-GEMM core: envelope, parameters, rules, defaults,
+                            ConvIgemm (igemm, igemm_pool)
+    direct_correlation.py   the direct core: envelope, parameters, rules, defaults,
+                            DirectCorrelation (direct, direct_pool; its output tiling: sep_geometry)
     wgmma_gemm.py           the wgmma block GEMM: stage sizes, 3xTF32 split, rules, WgmmaGemm
                             (wgmma, tma, winograd's wgmma products; staging)
+    wgmma_split_output.py   conv_fwd's and conv_bwd_data's wgmma GEMMs, split or stream-K into the
+                            output, and conv_bwd_data's GEMM (wgmma; tma builds on it)
     staging.py              operands staged K-major for a tensor-core GEMM (tc, wgmma, tma)
     mma_rules.py            the mma.sync core's architecture, warp tiles, accumulators
                             (tc, tc_rows, winograd, winograd_fused)
+    workspaces.py           the workspace budget of the default candidates (fft, tc, unrolled,
+                            winograd) and conv_wgrad's second-pass reduction (igemm, tc)
+    pool_gather.py          the pooling backward's gather per input position (window_gather,
+                            act_gather)
     winograd_transforms.py  Winograd's transforms and tiles (winograd, winograd_fused)
     circular_rows.py        the circular row buffer (circular, circular_bwd)
     sep_geometry.py         the separable correlation's tiles (the four sep_* formulations, sep_conv)

@@ -23,7 +23,8 @@ operands contiguous along the reduction) and NHWC (X and W staged as NHWC / KRSC
 two small kernels first, so that both operands are contiguous along the reduction k = (r,s,c):
 the gather's index work per element becomes per float4); and for conv_wgrad SPLITK with TWO_PASS (the
 splits' partial sums combined by atomics, or written to a workspace and summed in a fixed order by
-igemm's second-pass kernel: deterministic results, no zeroing of the outputs).
+the second pass igemm runs too (cores/workspaces.py): deterministic results, no zeroing of the
+outputs).
 
 The operations' heuristic defaults do not prefer it (they list the FP32 cores first): its speed
 against the other formulations is for the tuner to find.
@@ -35,9 +36,9 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES, wgrad_reduce_launch
 from autocnn.kernels.formulations.cores.mma_rules import accumulator_violation, arch_violation, warp_tile_violation
 from autocnn.kernels.formulations.cores.staging import nhwc_stage_launches, nhwc_stage_workspaces
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES, wgrad_reduce_launch
 from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
 from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param

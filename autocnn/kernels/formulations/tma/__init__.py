@@ -92,9 +92,9 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation
 from autocnn.kernels.formulations.cores.staging import (bwd_data_stage_launches, bwd_data_stage_workspaces,
                                                         stage_w_blocks)
-from autocnn.kernels.formulations.wgmma import WgmmaConvBwdData
 from autocnn.kernels.formulations.cores.wgmma_gemm import (ALIGN_SLACK, BK, TMA_PRODUCER_THREADS, WgmmaGemm,
                                                            block_rules, split)
+from autocnn.kernels.formulations.cores.wgmma_split_output import WgmmaConvBwdData
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.rules import smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
