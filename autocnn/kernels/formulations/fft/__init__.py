@@ -139,7 +139,7 @@ from autocnn.kernels.formulations.fft.fft_planes import (SHARED_WITH, FftConv, F
                                                          placement, shares_buffers, shares_workspace, smooth_size,
                                                          spectrum, sub_filter, takes_phases, tile_of, whole_planes,
                                                          workspace_elements)
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import arch_number, smem_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
