@@ -60,7 +60,9 @@ DEFAULT_SHAPES = 48
 # What a problem took this benchmark on an H100 (MEASUREMENTS.md: 16 problems in 44 s with two
 # configs re-timed), with a third config re-timed; for the estimate printed at the start.
 SECONDS_PER_PROBLEM = 3.0
-COMMAND_LIMIT_S = 600   # what one command on a lent GPU host may run
+# A run estimated longer than this is worth splitting: each part's rows are saved on their own, and
+# --merge joins them.
+SPLIT_ADVICE_S = 600
 
 
 @dataclass(frozen=True)
@@ -332,8 +334,8 @@ def run(args: BenchArgs) -> int:
     estimate = args.problems * SECONDS_PER_PROBLEM
     print(f"# shape seed {seed}; shapes {args.shapes.start}-{args.shapes.stop - 1}, {', '.join(args.ops)}, "
           f"{' and '.join(args.precisions)}: {args.problems} problems, about {estimate / 60:.0f} min", flush=True)
-    if estimate > COMMAND_LIMIT_S:
-        print(f"# more than one {COMMAND_LIMIT_S // 60}-minute command: split it (--precision, --ops or --shapes "
+    if estimate > SPLIT_ADVICE_S:
+        print(f"# longer than {SPLIT_ADVICE_S // 60} minutes: split it (--precision, --ops or --shapes "
               f"START:END, with --seed {seed}) and join the parts with --merge", flush=True)
     source = GpuSource(args.device)
     flusher = L2Flusher(source.device.l2_bytes)

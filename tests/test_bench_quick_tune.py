@@ -63,9 +63,9 @@ def test_arguments_a_split_run_takes():
     assert full.shapes == range(48) and full.ops == CONV_OPS and full.precisions == ("fp32", "tf32")
     assert full.problems == 48 * 3 * 2 and full.seed is None and full.rounds == 2
     # The whole target table is more than one 10-minute command at the measured pace; its halves are not.
-    assert full.problems * bench.SECONDS_PER_PROBLEM > bench.COMMAND_LIMIT_S
+    assert full.problems * bench.SECONDS_PER_PROBLEM > bench.SPLIT_ADVICE_S
     half = bench.parse_args(["--precision", "tf32", "--seed", "7"])
-    assert half.precisions == ("tf32",) and half.problems * bench.SECONDS_PER_PROBLEM < bench.COMMAND_LIMIT_S
+    assert half.precisions == ("tf32",) and half.problems * bench.SECONDS_PER_PROBLEM < bench.SPLIT_ADVICE_S
     part = bench.parse_args(["--shapes", "24:48", "--seed", "7", "--ops", "conv_wgrad, conv_fwd,conv_fwd"])
     assert part.shapes == range(24, 48) and part.ops == ("conv_wgrad", "conv_fwd") and part.problems == 24 * 2 * 2
 

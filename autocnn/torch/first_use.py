@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autocnn.dispatch.kernels import PrepareOutcome
 from autocnn.dispatch.quick import AutotuneMode, TuningBudget, autotune_mode, model_budget
 from autocnn.torch.launch import kernels_for
 from autocnn.torch.tuning import MetaTraceError, as_args, collect_problems
@@ -98,11 +99,11 @@ class PrepareReport:
 
     @property
     def tune_s(self) -> float:
-        return sum(p.tune_s for p in self.problems)
+        return PrepareOutcome(self.problems).tune_s
 
     @property
     def compile_s(self) -> float:
-        return sum(p.compile_s for p in self.problems)
+        return PrepareOutcome(self.problems).compile_s
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "autotune": self.settings.autotune, "budget_s": self.settings.budget_s,
