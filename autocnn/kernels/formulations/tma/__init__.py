@@ -92,9 +92,9 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation
 from autocnn.kernels.formulations.cores.staging import (bwd_data_stage_launches, bwd_data_stage_workspaces,
                                                         stage_w_blocks)
-from autocnn.kernels.formulations.wgmma import WgmmaConvBwdData
 from autocnn.kernels.formulations.cores.wgmma_gemm import (ALIGN_SLACK, BK, TMA_PRODUCER_THREADS, WgmmaGemm,
                                                            block_rules, split)
+from autocnn.kernels.formulations.cores.wgmma_split_output import WgmmaConvBwdData
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.rules import smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
@@ -203,7 +203,8 @@ class TmaConvBwdData(WgmmaConvBwdData):
     formulation = FORMULATION_TMA
     summary = "Hopper warpgroup tensor-core implicit GEMM fed by TMA copies (stride 1; sm_90a; fp32 as 3xTF32)"
     templates = ("tma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2",
-                 "gemm_operands_conv_bwd_data.cuh.j2", "wgmma_stage_conv_bwd_data.cuh.j2", "_tma_ops.cuh.j2")
+                 "gemm_operands_conv_bwd_data.cuh.j2", "_bwd_data_operands.cuh.j2", "_operand_access.cuh.j2",
+                 "wgmma_stage_conv_bwd_data.cuh.j2", "_tma_ops.cuh.j2")
     ARGS = ("dx",)
 
     def workspace_params(self, problem: Any) -> tuple[str, ...]:

@@ -87,7 +87,7 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.cores import wgmma_gemm as hopper
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.winograd.winograd_products import (MMA_FRAGS, MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR,
                                                                      MMA_SPLITS, MMA_STAGES, MMA_STEPS, MMA_TILES,
                                                                      MMA_WARPS, PRODUCTS_TEMPLATES, WGMMA_BNS,
