@@ -4,6 +4,7 @@ argument checks and tables)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -15,6 +16,8 @@ def load_script(name: str) -> ModuleType:
     """scripts/<name>.py, loaded fresh as the module ``name``."""
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    # Registered first, as an import would: a dataclass with string annotations looks its module up there.
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -10,6 +10,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import jinja2
+import jinja2.meta
 import pytest
 
 from autocnn.kernels import codegen
@@ -128,6 +129,35 @@ def test_a_template_change_makes_only_its_formulations_stale(tmp_path, monkeypat
     finally:
         codegen.template_index.cache_clear()
         codegen.template_fingerprint.cache_clear()
+
+
+def _rendered_from(names) -> set[str]:
+    """The templates named and every template they include or import, transitively (an include
+    under a condition counts: some config takes it; one by a computed name, the op templates'
+    formulation_template, is each formulation's first template, which its list holds)."""
+    env = codegen.environment()
+    seen, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            source = codegen.template_path(name).read_text(encoding="utf-8")
+            todo += [n for n in jinja2.meta.find_referenced_templates(env.parse(source)) if n]
+    return seen
+
+
+def test_a_formulations_fingerprint_covers_every_template_it_renders_from():
+    """A fingerprint hashes the template files a formulation lists; a shared template that one of them
+    includes or imports and the list lacks could change without its records going stale."""
+    wgrad = _rendered_from(["igemm_conv_wgrad.cu.j2"])
+    assert {"igemm_conv_wgrad_reduce.cu.j2", "_conv_wgrad_operands.cuh.j2", "_operand_access.cuh.j2"} <= wgrad
+    missing = {}
+    for op in OPERATIONS.values():
+        for f in op.formulations:
+            listed = set(op.template_files(f))
+            if unlisted := _rendered_from(listed) - listed:
+                missing[f"{op.name}/{f.formulation}"] = sorted(unlisted)
+    assert not missing, f"templates rendered from but not in the formulation's templates: {missing}"
 
 
 def test_fingerprint_follows_code_generation_not_the_search_space():

@@ -16,6 +16,7 @@ from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.fft import DFT_FLATS, FFT, MAX_FFT, NAME, RADIX_THREADS, TILES_F
 from autocnn.kernels.formulations.fft.fft_kernels import (DFT_PLANES, RADIX_MAX, RADIX_PLANES, dft_smem_bytes,
                                                           dft_tables, fdft_smem_bytes, fdft_tables, idft_planes,
@@ -25,7 +26,6 @@ from autocnn.kernels.formulations.fft.fft_planes import (buffer_name, fft_conv, 
                                                          is_phased, kept_columns, kept_rows, mac_gemm, operand_sizes,
                                                          placement, shares_workspace, smooth_size, spectrum, sub_filter,
                                                          takes_phases, tile_of, workspace_elements)
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.steps import LibraryComplexGemm, LibraryFft

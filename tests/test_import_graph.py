@@ -1,5 +1,5 @@
-"""No import circles inside autocnn/, and no module below the command line (autocnn/cli/) that reads
-arguments.
+"""No import circles inside autocnn/, no import across formulations, and no module below the command
+line (autocnn/cli/) that reads arguments.
 
 The graph: a module per .py file under autocnn/ (a package is its __init__.py), and an edge from a
 module to each autocnn module it imports by any statement anywhere in it: at module level, inside
@@ -11,6 +11,9 @@ the module it reaches: ``import a.b.c`` and ``from a.b import c`` (c a module) r
 although Python runs their __init__.py first, since every module of a package would otherwise
 depend on its package's face. A circle is a strongly connected set of two or more modules (or a
 module importing itself); the test lists each with the imports that close it.
+
+The formulations (autocnn/kernels/formulations/<name>/) are units: none imports another, and the
+shared cores (formulations/cores/) import none of them.
 """
 from __future__ import annotations
 
@@ -157,6 +160,58 @@ def test_no_import_circles_inside_autocnn():
     graph = import_graph()
     found = circles(graph)
     assert not found, f"{len(found)} import circles:\n" + "\n".join(describe(c, graph) for c in found)
+
+
+FORMULATIONS = "autocnn.kernels.formulations"
+
+
+def formulation_of(module: str) -> str | None:
+    """The formulation folder a module belongs to ("cores" for the shared cores), or None for a
+    module outside them (the registry, base.py, and everything beyond formulations/)."""
+    parts = module.split(".")
+    if module.startswith(FORMULATIONS + ".") and (PACKAGE / "kernels" / "formulations" / parts[3]).is_dir():
+        return parts[3]
+    return None
+
+
+def crosses_formulations(importer: str, target: str) -> bool:
+    """Whether an import from ``importer`` reaches what its folder must not: a formulation reaches
+    another formulation, or a core a formulation, directly or through the registry (formulations/
+    __init__.py, which imports them all). What several share lives in cores/, which each imports."""
+    home = formulation_of(importer)
+    if home is None:
+        return False
+    if target == FORMULATIONS:
+        return True
+    there = formulation_of(target)
+    return there is not None and there != home and there != "cores"
+
+
+def test_the_formulation_rule_tells_peers_cores_and_the_registry_apart():
+    f = FORMULATIONS
+    assert crosses_formulations(f"{f}.tma", f"{f}.wgmma")
+    assert crosses_formulations(f"{f}.cores.pool_blocks", f"{f}.igemm")
+    assert crosses_formulations(f"{f}.cores.pool_blocks", f)
+    assert crosses_formulations(f"{f}.fft.fft_kernels", f"{f}.igemm")
+    assert not crosses_formulations(f"{f}.fft", f"{f}.fft.fft_planes")
+    assert not crosses_formulations(f"{f}.tma", f"{f}.cores.wgmma_split_output")
+    assert not crosses_formulations(f"{f}.cores.staging", f"{f}.cores.wgmma_gemm")
+    assert not crosses_formulations(f"{f}.tma", f"{f}.base")
+    assert not crosses_formulations(f, f"{f}.tma")                      # the registry imports them all
+    assert not crosses_formulations("autocnn.kernels.registry", f"{f}.tma")
+
+
+def test_no_formulation_imports_another_and_no_core_a_formulation():
+    """A formulation's folder imports the cores, base.py and its own modules, never a peer's (not even
+    its public names: what two formulations share belongs in cores/); a core imports no
+    formulation. Every import statement counts, as for the circles above."""
+    found = modules()
+    known = set(found)
+    crossings = list(dict.fromkeys(   # one line a statement, however many names it takes
+        f"{path.relative_to(PACKAGE.parent)}:{line}: imports {target}"
+        for name, path in found.items() for target, line in imports_of(name, path, known)
+        if crosses_formulations(name, target)))
+    assert not crossings, "imports across formulations:\n" + "\n".join(crossings)
 
 
 def test_only_the_command_line_reads_arguments():

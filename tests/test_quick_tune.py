@@ -21,8 +21,9 @@ from autocnn.kernels import ConvFwdProblem, get_operation
 from autocnn.kernels.space import Config
 from autocnn.store import RecordKey, TuningDatabase, TuningRecord, approve_all, now_utc
 from autocnn.store.transfer import replaces
-from autocnn.dispatch.quick import (AUTOTUNE_ENV, Autotuner, QuickCandidate, autotune_mode, check_autotune,
-                                  quick_candidates, quick_tune)
+from autocnn.dispatch.quick import (AUTOTUNE_ENV, MODEL_BUDGET_ENV, MODEL_QUICK_BUDGET_S, Autotuner, QuickCandidate,
+                                  TuningBudget, autotune_mode, check_autotune, model_budget, quick_candidates,
+                                  quick_tune)
 from autocnn.measurement.sources import ReplayFile, ReplaySource, TrialResult
 from autocnn.search.tuner import TuneSettings, Tuner
 
@@ -322,6 +323,42 @@ def test_a_worker_that_cannot_start_leaves_the_lookup_with_a_warning(db):
     tuner.close()
 
 
+def test_a_shared_budget_holds_each_quick_tuning_to_what_is_left_then_leaves_the_lookup(db):
+    source = ScriptedSource({}, seconds_each=1.0)
+    budget = TuningBudget(3.5)
+    tuner = Autotuner("quick", db, DEVICE, Factory(source), shared=budget, clock=source.clock)
+    first, second, third = (tuner.choose(dataclasses.replace(PROBLEM, N=n)) for n in (100, 101, 102))
+    # The first: its own 2 s from its first result (3 results); the second: the 0.5 s left (2 results).
+    assert first.tuned_now and first.tune_s == 3.0 and len(first.outcome.results) == 3
+    assert second.tuned_now and second.tune_s == 2.0 and second.outcome.stopped_because == "the 0.5 s budget was spent"
+    assert budget.spent and budget.spent_s == 5.0 and budget.left_s == 0.0
+    # The lookup's answer: here a config borrowed from the quick records just made (the nearest shapes).
+    assert third.over_budget and not third.tuned_now and third.tune_s == 0.0 and third.source == "nearest_shape"
+    assert third.detail.endswith("untuned: the 3.5 s tuning budget was spent")
+    assert len(source.measured) == 5 and len(db.records()) == 2
+    # A problem with a record of its own is answered however spent the budget is.
+    again = tuner.choose(dataclasses.replace(PROBLEM, N=100))
+    tuner.close()
+    assert again.source == "quick" and not again.over_budget and again.time_us == first.time_us
+    with pytest.raises(ValueError, match="the model's tuning budget must be a positive number of seconds, not -1"):
+        TuningBudget(-1)
+
+
+def test_model_budget_from_argument_environment_and_default(monkeypatch):
+    monkeypatch.delenv(MODEL_BUDGET_ENV, raising=False)
+    assert model_budget() == MODEL_QUICK_BUDGET_S
+    monkeypatch.setenv(MODEL_BUDGET_ENV, " 45 ")
+    assert model_budget() == 45.0 and model_budget(10) == 10.0
+    for bad, shown in (("0", "0.0"), ("-2", "-2.0"), ("inf", "inf"), ("a while", "'a while'")):
+        monkeypatch.setenv(MODEL_BUDGET_ENV, bad)
+        with pytest.raises(ValueError, match=rf"\$AUTOCNN_QUICK_BUDGET \(the model's tuning budget\) must be a "
+                                             rf"positive number of seconds, not {shown}"):
+            model_budget()
+    for bad in (-1, 0, float("nan"), True, "60"):
+        with pytest.raises(ValueError, match=r"budget \(budget_s\) must be a positive number of seconds"):
+            model_budget(bad)
+
+
 def test_quick_leaves_a_tuned_problem_alone(db, tmp_path):
     _full_tune(db, tmp_path)
     factory = Factory(ScriptedSource({}))
@@ -390,18 +427,6 @@ def test_random_shapes_are_seeded_valid_and_unseen():
     got = list(unseen_problems(Covered(), DEVICE, ("conv_fwd", "conv_wgrad"), 6, random.Random(3)))
     assert len(got) == 6 and all(p.N % 2 == 1 and looked.source == "default" for p, looked in got)
     assert [p.op for p, _ in got] == ["conv_fwd", "conv_wgrad"] * 3
-
-
-def test_benchmark_script_refuses_bad_arguments_before_the_gpu():
-    import subprocess
-    import sys
-
-    script = Path(__file__).parent.parent / "scripts" / "bench_quick_tune.py"
-    for args, message in ((["--ops", "conv_fwd,pool"], "--ops: pool; choose among conv_fwd"),
-                          (["--budget", "-1"], "positive number of seconds"),
-                          (["--count", "0"], "--count and --rounds must be at least 1")):
-        run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
-        assert run.returncode == 2 and message in run.stderr, run.stderr
 
 
 # -- on the GPU -------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError
 from autocnn.kernels.compiler import nvcc_path
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.tc_rows import NAME, TC_ROWS, slab_geometry, smem_bytes
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import odd_problems, seed_problems

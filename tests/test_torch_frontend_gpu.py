@@ -270,8 +270,9 @@ def test_a_kernel_first_met_inside_a_capture_is_an_error_that_says_what_to_do():
     torch.cuda.synchronize()
     # prepare compiles every kernel of the model ahead: a capture then needs no warm-up of autocnn's.
     model = nn.Sequential(at.Conv2d(7, 5, 3, padding=1), at.AvgPool2d(2)).cuda()
-    dispatch = at.prepare(model, x, training=False)
-    assert [d.problem.op for d in dispatch] == ["conv_fwd", "avgpool_fwd"]
+    report = at.prepare(model, x, training=False)
+    assert [d.problem.op for d in report.dispatch] == ["conv_fwd", "avgpool_fwd"]
+    assert report.settings.autotune == "off"   # tests/conftest.py: GPU tests run the lookup's answer
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad():
         eager = model(x)
@@ -280,6 +281,32 @@ def test_a_kernel_first_met_inside_a_capture_is_an_error_that_says_what_to_do():
     graph.replay()
     torch.testing.assert_close(captured, eager)
     assert "conv_fwd" in at.dispatch_report()
+
+
+def test_prepare_quick_tunes_an_unseen_model_once_and_a_fresh_reader_of_the_database_tunes_nothing(tmp_path):
+    """autocnn.torch's prepare on the GPU, on a database of its own: every problem of an unseen model
+    quick-tuned and stored; kernels made afresh over the same database (as in a new process) find
+    the quick records and tune nothing."""
+    import cupy as cp
+
+    from autocnn.device import current_device
+    from autocnn.dispatch.kernels import GpuKernels
+    from autocnn.store import TuningDatabase
+    from autocnn.torch.first_use import PrepareSettings, prepare_on
+    from autocnn.torch.launch import DeviceKernels
+
+    def fresh() -> DeviceKernels:
+        db = TuningDatabase(user_dir=tmp_path / "db", shipped_dir=tmp_path / "shipped")
+        return DeviceKernels(0, GpuKernels(cp, 0, current_device(0), db, "quick"))
+
+    model = nn.Sequential(at.Conv2d(5, 11, 3, padding=1), nn.ReLU(), at.AvgPool2d(2)).cuda()
+    x = torch.randn(3, 5, 13, 17, device="cuda")
+    settings = PrepareSettings.resolve(autotune="quick", budget_s=300, verbose=False)
+    first = prepare_on(fresh(), model, (x,), settings)
+    assert len(first.tuned) == len(first.problems) == 4 and not first.over_budget, str(first)
+    assert all(d.source == "quick-tuned" for d in first.dispatch) and first.tune_s > 0
+    second = prepare_on(fresh(), model, (x,), settings)
+    assert not second.tuned and len(second.from_database) == 4 and second.tune_s == 0, str(second)
 
 
 def test_kernels_run_on_pytorchs_current_stream():

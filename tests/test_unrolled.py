@@ -14,7 +14,7 @@ from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.unrolled import (NAME, PER_IMAGE_T, SIDE_BY_SIDE, UNROLLED, block_images, layout,
                                                    unrolling)
 from autocnn.kernels.problem import PROBLEM_TYPES

@@ -16,7 +16,7 @@ from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import reference
 from autocnn.kernels.compiler import nvcc_path
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.winograd import NAME, WINOGRAD, config_splits, workspace_elements
 from autocnn.kernels.formulations.winograd.winograd_products import products_gemm
 from autocnn.kernels.formulations.cores.winograd_transforms import TRANSFORMS, tiles, view

@@ -13,7 +13,7 @@ import pytest
 from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels.compiler import nvcc_path
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.cores.winograd_transforms import view
 from autocnn.kernels.formulations.winograd_fused import (NAME, WINOGRAD_FUSED, all_tiles, padded, registers_needed,
                                                          smem_bytes, u_elements)

@@ -14,6 +14,12 @@ replaces a full record (``autocnn.store.transfer.replaces``).
 "off" keeps the lookup's answer, "quick" runs ``quick_tune`` and "full" the regular tuner with a
 small trial budget, both only where the lookup found no record of this problem ("nearest_shape"
 or "default"). ``autotune_mode`` reads the mode from an argument or ``AUTOCNN_AUTOTUNE``.
+
+A ``TuningBudget`` bounds what one prepare of a whole model spends tuning (autocnn.torch's
+``prepare``: ``model_budget``, from an argument or ``AUTOCNN_QUICK_BUDGET``): each problem's quick
+tuning is held to what is left of it, and once it is spent the problems after take the lookup's
+answer untuned. Nothing is lost by stopping: a problem left untuned has no record yet, so the next
+prepare (in any process) tunes it, while the problems tuned are remembered as quick records.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from autocnn import __version__
@@ -40,6 +46,11 @@ AUTOTUNE_ENV = "AUTOCNN_AUTOTUNE"
 DEFAULT_AUTOTUNE: AutotuneMode = "quick"
 # About what cudnn.benchmark spends on a new shape, and little next to a training run.
 QUICK_BUDGET_S = 2.0
+MODEL_BUDGET_ENV = "AUTOCNN_QUICK_BUDGET"
+# A model's tuning at first use, once per GPU model: at about 2 s a problem, the 30-odd problems of
+# a ResNet-18 training step and the larger half of a ResNet-50's (tuned in order of their share of
+# the step), which then never cost it again. What a budget leaves is tuned by the next prepare.
+MODEL_QUICK_BUDGET_S = 120.0
 # Enough to try the warm-start configs (default, nearest shapes' winners) and a few searched ones.
 FULL_AUTOTUNE_TRIALS = 24
 # At most this many candidates: the lookup's, one nearest record and one default per formulation.
@@ -55,12 +66,47 @@ def check_autotune(value: Any, what: str = "autotune") -> AutotuneMode:
     return value.lower()  # type: ignore[return-value]
 
 
-def check_budget(seconds: Any) -> float:
+def check_budget(seconds: Any, what: str = "the quick-tuning budget") -> float:
     """A quick-tuning budget: a positive, finite number of seconds."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
             or seconds <= 0:
-        raise ValueError(f"the quick-tuning budget must be a positive number of seconds, not {seconds!r}")
+        raise ValueError(f"{what} must be a positive number of seconds, not {seconds!r}")
     return float(seconds)
+
+
+def model_budget(seconds: Any = None) -> float:
+    """A model's tuning budget in seconds: ``seconds`` when given, else $AUTOCNN_QUICK_BUDGET when
+    set, else MODEL_QUICK_BUDGET_S; a ValueError naming what is allowed otherwise."""
+    if seconds is not None:
+        return check_budget(seconds, "the model's tuning budget (budget_s)")
+    env = os.environ.get(MODEL_BUDGET_ENV, "").strip()
+    if not env:
+        return MODEL_QUICK_BUDGET_S
+    what = f"${MODEL_BUDGET_ENV} (the model's tuning budget)"
+    try:
+        value = float(env)
+    except ValueError:
+        raise ValueError(f"{what} must be a positive number of seconds, not {env!r}") from None
+    return check_budget(value, what)
+
+
+@dataclass
+class TuningBudget:
+    """Seconds that several problems' tuning shares (one prepare of a model), and what is spent."""
+
+    seconds: float
+    spent_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.seconds = check_budget(self.seconds, "the model's tuning budget")
+
+    @property
+    def left_s(self) -> float:
+        return max(0.0, self.seconds - self.spent_s)
+
+    @property
+    def spent(self) -> bool:
+        return self.spent_s >= self.seconds
 
 
 def autotune_mode(value: str | None = None) -> AutotuneMode:
@@ -217,43 +263,70 @@ class AutotuneChoice:
     source: str          # a lookup source, or "quick" / "full" when this run tuned it
     detail: str
     outcome: Any = None  # the QuickOutcome or TuneOutcome, when tuning ran
+    tune_s: float = 0.0  # seconds spent tuning it (starting the worker included)
+    over_budget: bool = False   # tuning was due, but the shared TuningBudget was spent
+    time_us: float | None = None   # its time on this GPU, where known (tuned now, or this GPU's record)
+
+    @property
+    def tuned_now(self) -> bool:
+        return self.outcome is not None
 
 
 class Autotuner:
     """Per problem of a backend's ``prepare``: the lookup's config, tuned first where no record of
     the problem exists and the mode asks for it. The measurement source is made on first need
     (``source_factory``: on a GPU, a GpuSource, whose worker takes seconds to start) and closed
-    by ``close``."""
+    by ``close``. ``budget_s``: each problem's quick tuning; ``shared``: a TuningBudget that the
+    problems' tuning draws on together (each quick tuning held to what is left, none once spent);
+    ``clock``: what tuning time is measured with."""
 
     def __init__(self, mode: str | None, db: Any, device: Any, source_factory: Callable[[], MeasurementSource],
-                 budget_s: float = QUICK_BUDGET_S, full_settings: TuneSettings | None = None):
+                 budget_s: float = QUICK_BUDGET_S, full_settings: TuneSettings | None = None,
+                 shared: TuningBudget | None = None, clock: Callable[[], float] = time.monotonic):
         self.mode = autotune_mode(mode)
         self.budget_s = check_budget(budget_s)
         self.db, self.device = db, device
         self.source_factory = source_factory
         self.full_settings = full_settings
+        self.shared = shared
+        self.clock = clock
         self._source: MeasurementSource | None = None
 
     def choose(self, problem: Any) -> AutotuneChoice:
         found = self.db.lookup(self.device, problem)
+        here = found.record.time_us if found.source == "exact" and found.record is not None else None
         if found.source == "exact" and found.record is not None and found.record.quick:
-            return AutotuneChoice(found.config, "quick", found.detail + ", quick-tuned")
+            return AutotuneChoice(found.config, "quick", found.detail + ", quick-tuned", time_us=here)
         if self.mode == "off" or found.source not in UNSEEN_SOURCES:
-            return AutotuneChoice(found.config, found.source, found.detail)
+            return AutotuneChoice(found.config, found.source, found.detail, time_us=here)
+        if self.shared is not None and self.shared.spent:
+            return AutotuneChoice(found.config, found.source,
+                                  f"{found.detail}; untuned: the {self.shared.seconds:g} s tuning budget was spent",
+                                  over_budget=True)
+        start = self.clock()
+        try:
+            choice = self._tune(problem, found)
+        finally:
+            if self.shared is not None:
+                self.shared.spent_s += self.clock() - start
+        return replace(choice, tune_s=self.clock() - start)
+
+    def _tune(self, problem: Any, found: Any) -> AutotuneChoice:
         try:
             source = self.source
         except (DeviceError, RuntimeError, OSError) as exc:
             # Lookups alone still give a kernel that runs: a worker that cannot start must not
             # stop a model from being built.
             warnings.warn(f"autotune={self.mode}: the measuring worker did not start ({exc}); the looked-up "
-                          f"configs run untuned (${AUTOTUNE_ENV}=off skips tuning)", RuntimeWarning, stacklevel=2)
+                          f"configs run untuned (${AUTOTUNE_ENV}=off skips tuning)", RuntimeWarning, stacklevel=3)
             self.mode = "off"
             return AutotuneChoice(found.config, found.source, found.detail)
         if self.mode == "quick":
-            outcome = quick_tune(problem, self.device, self.db, source, self.budget_s, lookup=found)
+            budget_s = self.budget_s if self.shared is None else min(self.budget_s, max(self.shared.left_s, 1e-3))
+            outcome = quick_tune(problem, self.device, self.db, source, budget_s, lookup=found, clock=self.clock)
             if outcome.best is None:
                 return AutotuneChoice(found.config, found.source, f"{found.detail}; {outcome.summary()}", outcome)
-            return AutotuneChoice(outcome.config, "quick", outcome.summary(), outcome)
+            return AutotuneChoice(outcome.config, "quick", outcome.summary(), outcome, time_us=outcome.best.time_us)
         from autocnn.search.tuner import Tuner, TuneSettings
 
         settings = self.full_settings or TuneSettings(trials=FULL_AUTOTUNE_TRIALS)
@@ -261,7 +334,8 @@ class Autotuner:
         if outcome.best is None:
             return AutotuneChoice(found.config, found.source, f"{found.detail}; tuning found no verified config",
                                   outcome)
-        return AutotuneChoice(outcome.best.config, "full", f"tuned now: {outcome.summary()}", outcome)
+        return AutotuneChoice(outcome.best.config, "full", f"tuned now: {outcome.summary()}", outcome,
+                              time_us=outcome.best.time_us)
 
     @property
     def source(self) -> MeasurementSource:

@@ -40,8 +40,8 @@ class ConvPoolFwd(ConvFwd):
     inputs = ("x", "w", "bias")
     outputs = ("y", "a")
     # The op template includes conv_fwd's; the formulations include the pooling epilogue.
-    shared_templates = ("_common.cuh.j2", "_common_elements.cuh.j2", "conv_fwd.cu.j2", "_conv_pool.cuh.j2",
-                        "_pool_window.cuh.j2")
+    shared_templates = ("_common.cuh.j2", "_common_elements.cuh.j2", "_problem_constants.cuh.j2", "conv_fwd.cu.j2",
+                        "_conv_pool.cuh.j2", "_pool_window.cuh.j2")
 
     def default_candidates(self, problem: ConvPoolFwdProblem) -> Sequence[dict[str, Any]]:
         # As conv_fwd: the direct core for few input channels, the GEMM core otherwise; the GEMM's
@@ -71,7 +71,8 @@ class ConvPoolDz(Operation):
     problem_type = ConvPoolDzProblem
     inputs = ("dy", "a")
     outputs = ("dz",)
-    shared_templates = ("_common.cuh.j2", "_common_elements.cuh.j2", "avgpool_bwd.cu.j2", "_pool_window.cuh.j2")
+    shared_templates = ("_common.cuh.j2", "_common_elements.cuh.j2", "_problem_constants.cuh.j2", "avgpool_bwd.cu.j2",
+                        "_pool_window.cuh.j2")
 
     def _problem_context(self, problem: ConvPoolDzProblem) -> dict[str, Any]:
         return {"act_code": ACTIVATIONS.index(problem.activation)}

@@ -35,9 +35,9 @@ class Operation:
     problem_type: type = object
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
-    # What the op template includes besides the formulation's: the helpers and the element types'
-    # loads and stores.
-    shared_templates: tuple[str, ...] = ("_common.cuh.j2", "_common_elements.cuh.j2")
+    # What the op template includes besides the formulation's: the helpers, the element types'
+    # loads and stores, and the problems' constants.
+    shared_templates: tuple[str, ...] = ("_common.cuh.j2", "_common_elements.cuh.j2", "_problem_constants.cuh.j2")
 
     def __init__(self, registry: Sequence["Formulation"]):
         self.formulations: tuple["OpFormulation", ...] = tuple(

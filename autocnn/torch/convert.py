@@ -5,7 +5,9 @@ autocnn.torch.Conv2d / AvgPool2d in place: the same module object, so parameters
 hooks, state_dict keys and an optimizer built before all stay as they were. What cannot run on
 autocnn (groups, dilation, padding modes, dtypes, channels_last, ceil_mode, a subclass with its
 own forward, other convolution and pooling kinds) stays with PyTorch's operator, with one
-message each in the report.
+message each in the report. A model with a layer converted gets a forward pre-hook
+(autocnn.torch.first_use.FirstUse) that prepares its kernels at its first step on a GPU: looked up,
+quick-tuned under one budget where no record exists, compiled, and the cost reported once.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from torch.nn.modules.pooling import _AdaptiveAvgPoolNd, _AvgPoolNd
 
 from autocnn.precision import DEFAULT_PRECISION
 from autocnn.nn.text_table import format_table
+from autocnn.torch.first_use import PrepareSettings, install
 from autocnn.torch.geometry import check_precision
 from autocnn.torch.modules import AvgPool2d, Conv2d
 from autocnn.torch.support import conv_reasons, pool_reasons
@@ -66,22 +69,33 @@ class ConversionReport:
         return head + ":\n" + format_table(rows)
 
 
-def convert(model: nn.Module, precision: str = DEFAULT_PRECISION.name, *, verbose: bool = True) -> ConversionReport:
+def convert(model: nn.Module, precision: str = DEFAULT_PRECISION.name, *, verbose: bool = True,
+            autotune: str | None = None, budget_s: float | None = None) -> ConversionReport:
     """Replace, in place, every supported nn.Conv2d and nn.AvgPool2d of ``model`` (the model itself
     included) by autocnn.torch's; returns the report and, with ``verbose``, prints it.
 
     ``precision`` ("fp32" or "tf32") is given to every converted convolution; layers already on
     autocnn get it too. Converting before or after ``.cuda()`` is the same: the layers run
     autocnn's kernels whenever their input is a contiguous float32 CUDA tensor.
+
+    At the model's first step on a GPU (per input shape), its kernels are prepared as
+    ``autocnn.torch.prepare`` does, with ``autotune`` ("quick" by default, else $AUTOCNN_AUTOTUNE;
+    "full"; "off": the lookup's answer, untuned) and ``budget_s``, the seconds the whole model's
+    tuning may take (default $AUTOCNN_QUICK_BUDGET, else 120); ``verbose`` also shows that
+    prepare's progress line and report. What was tuned is kept in the tuning database, so a later
+    process tunes nothing. Bad values are refused here, before anything is converted.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert takes a torch.nn.Module, not {type(model).__name__}")
     precision = check_precision("autocnn.torch.convert", precision)
+    PrepareSettings.resolve(autotune, budget_s, verbose)
     report = ConversionReport(precision)
     for name, module in model.named_modules():
         outcome = _convert_one(name, module, precision)
         if outcome is not None:
             report.modules.append(outcome)
+    if report.replaced:
+        install(model, autotune, budget_s, verbose)
     if verbose:
         print(report)
     return report

@@ -2,13 +2,20 @@
 
 The kernels are those the training library's cuda backend runs, from the same path
 (``autocnn.dispatch.kernels.GpuKernels``): ``prepare`` looks each problem up in the tuning
-database (exact record, same architecture, nearest tuned shape, heuristic default), compiles it
-through NVRTC and allocates its workspaces; ``run`` launches it on CuPy's current stream over
-named buffers. Here the buffers are PyTorch's own memory seen through CuPy arrays (the pointer,
-shape and device the CUDA array interface carries, wrapped without a copy), and CuPy's current
-stream is made PyTorch's current stream for the launch, so autocnn's kernels are ordered with
-PyTorch's work, follow ``torch.cuda.stream(...)`` and are recorded by a CUDA-graph capture. The
-operators (autocnn.torch.ops) check their tensors before they get here.
+database (exact record, same architecture, nearest tuned shape, heuristic default), tunes it where
+no record of it exists, compiles it through NVRTC and allocates its workspaces; ``run`` launches it
+on CuPy's current stream over named buffers. Here the buffers are PyTorch's own memory seen
+through CuPy arrays (the pointer, shape and device the CUDA array interface carries, wrapped
+without a copy), and CuPy's current stream is made PyTorch's current stream for the launch, so
+autocnn's kernels are ordered with PyTorch's work, follow ``torch.cuda.stream(...)`` and are
+recorded by a CUDA-graph capture. The operators (autocnn.torch.ops) check their tensors before
+they get here.
+
+Tuning: the autotune mode is $AUTOCNN_AUTOTUNE's, else "quick" (autocnn.dispatch.quick), as
+for the training library. A converted model prepares all its problems at its first step under one
+budget (autocnn.torch.first_use); a problem met one at a time here (a functional call, a compiled
+graph run before any eager step) is quick-tuned on the spot, the problems so met on one device
+sharing one budget of the same size, and each tuning says so in one line on stderr.
 
 Capture: nothing here allocates or waits while a kernel runs (outputs are PyTorch tensors; the
 workspaces are made when a problem is prepared). A problem met for the first time
@@ -17,12 +24,14 @@ as PyTorch's own capture recipe does.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import torch
 
+from autocnn.dispatch.quick import TuningBudget, model_budget
 from autocnn.errors import DeviceError
 
 
@@ -51,6 +60,8 @@ class DeviceKernels:
     # CuPy's view of each PyTorch stream met, kept: the library steps' resources are bound to the
     # view (StreamBound), which must live as long as the stream (PyTorch's live as the process).
     streams: dict[int, Any] = field(default_factory=dict)
+    # What the problems met one at a time (not through a model's prepare) spend tuning, together.
+    met_budget: TuningBudget | None = None
 
     def cupy_stream(self, cp: Any, stream: torch.cuda.Stream) -> Any:
         view = self.streams.get(stream.cuda_stream)
@@ -58,19 +69,23 @@ class DeviceKernels:
             view = self.streams[stream.cuda_stream] = _cupy_stream(cp, stream.cuda_stream, self.index)
         return view
 
-    def prepare(self, problems: Sequence[Any]) -> list[Any]:
-        """Look up, compile and load these problems' kernels (before a capture, or ahead of a step)."""
+    def prepare(self, problems: Sequence[Any], *, mode: str | None = None, budget: TuningBudget | None = None,
+                progress: Any = None) -> Any:
+        """Look up, tune (by ``mode``, default the device's), compile and load these problems' kernels
+        (before a capture, or ahead of a step); their tuning shares ``budget``, by default the one
+        of problems met one at a time. A PrepareOutcome (autocnn.dispatch.kernels)."""
         missing = [p for p in problems if p not in self.kernels.dispatch]
-        if missing:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(
-                    f"autocnn.torch: {missing[0].op} ({missing[0].shape_string()}) was not prepared before this "
-                    f"CUDA-graph capture, and a kernel cannot be compiled inside one: run the step once before "
-                    f"capturing (PyTorch's warm-up), or call autocnn.torch.prepare(model, example_input)")
-            cp = _cupy()
-            with self.lock, cp.cuda.Device(self.index):
-                self.kernels.prepare(missing)
-        return [self.kernels.dispatch[p] for p in problems]
+        if missing and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"autocnn.torch: {missing[0].op} ({missing[0].shape_string()}) was not prepared before this "
+                f"CUDA-graph capture, and a kernel cannot be compiled inside one: run the step once before "
+                f"capturing (PyTorch's warm-up), or call autocnn.torch.prepare(model, example_input)")
+        if budget is None and missing:
+            if self.met_budget is None:
+                self.met_budget = TuningBudget(model_budget())
+            budget = self.met_budget
+        with self.lock, self.kernels.cp.cuda.Device(self.index):
+            return self.kernels.prepare_all(problems, mode=mode, budget=budget, progress=progress)
 
     def run(self, problem: Any, **tensors: torch.Tensor | None) -> None:
         """Launch ``problem``'s kernel on PyTorch's current stream of this device, over its buffers
@@ -80,12 +95,21 @@ class DeviceKernels:
         with cp.cuda.Device(self.index), self.cupy_stream(cp, stream):
             if problem not in self.kernels.dispatch:
                 # On PyTorch's stream: what loading a plan queues (and a library GEMM's handle) is for it.
-                self.prepare([problem])
+                _say_tuned(self.prepare([problem]))
             self.kernels.run(problem, {name: None if t is None else as_cupy(cp, t) for name, t in tensors.items()})
 
     def forget(self, problems: Iterable[Any]) -> None:
         with self.lock:
             self.kernels.forget(list(problems))
+
+
+def _say_tuned(outcome: Any) -> None:
+    """One line on stderr for each problem tuned on the spot: the pause it made has a reason."""
+    for p in outcome.problems:
+        if p.tuned_now:
+            print(f"autocnn.torch: {p.problem.op} {p.problem.shape_string()} met for the first time, tuned in "
+                  f"{p.tune_s:.1f} s ({p.dispatch.source}; autocnn.torch.prepare tunes a model's kernels ahead)",
+                  file=sys.stderr, flush=True)
 
 
 class _StreamHandle:
@@ -120,17 +144,12 @@ def kernels_for(device: torch.device) -> DeviceKernels:
         return found
     with _DEVICES_LOCK:
         if index not in _DEVICES:
-            import os
-
             from autocnn.device import current_device
             from autocnn.dispatch.kernels import GpuKernels
-            from autocnn.dispatch.quick import AUTOTUNE_ENV
+            from autocnn.dispatch.quick import autotune_mode
             from autocnn.store import TuningDatabase
 
-            # Inside a PyTorch model, kernels are what the tuning database hands out unless the user
-            # asks for more: AUTOCNN_AUTOTUNE=quick|full (or autocnn.torch.tune ahead of training).
-            # Quick tuning here would measure in worker processes on a model's first step.
-            autotune = os.environ.get(AUTOTUNE_ENV) or "off"
+            autotune = autotune_mode()   # $AUTOCNN_AUTOTUNE checked before the GPU is touched
             cp = _cupy()
             with cp.cuda.Device(index):
                 kernels = GpuKernels(cp, index, current_device(index), TuningDatabase(), autotune)

@@ -6,7 +6,8 @@ both directions: the forward of every such layer, the backward-data where the la
 a gradient, the weight gradient where its parameters do. A shape met by several layers counts
 once per layer. ``tune`` spends one trial budget over them in proportion to each problem's
 expected share of the step (its count times autocnn's expected time for it), with the tuner of
-autocnn.search, and makes the layers look their kernels up again afterwards.
+autocnn.search, and makes the layers look their kernels up again afterwards. (``prepare``, which
+quick-tunes and compiles them before a first step, is autocnn.torch.first_use.)
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from torch import nn
 from autocnn.precision import DEFAULT_PRECISION
 from autocnn.errors import ProblemTooLargeError
 from autocnn.torch.geometry import conv_padding, conv_problem, pair, pool_padding, pool_problem
-from autocnn.torch.launch import forget, kernels_for
+from autocnn.torch.launch import forget
 from autocnn.torch.modules import AvgPool2d, Conv2d
 from autocnn.torch.support import conv_reasons, pool_reasons
 
@@ -72,7 +73,11 @@ def _runs_on_autocnn(module: nn.Module) -> bool:
     return False
 
 
-def _as_args(example_input: Any) -> tuple[Any, ...]:
+class MetaTraceError(RuntimeError):
+    """The model's forward did not run on meta tensors, so its problems cannot be found ahead."""
+
+
+def as_args(example_input: Any) -> tuple[Any, ...]:
     if isinstance(example_input, torch.Tensor):
         return (example_input,)
     if isinstance(example_input, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in example_input):
@@ -97,7 +102,7 @@ def collect_problems(model: nn.Module, example_input: Any, *, precision: str | N
         raise TypeError(f"collect_problems takes a torch.nn.Module, not {type(model).__name__}")
     if precision is not None:
         check_precision("autocnn.torch.tune", precision)
-    args = tuple(_meta(t) for t in _as_args(example_input))
+    args = tuple(_meta(t) for t in as_args(example_input))
     found: dict[Any, list[str]] = {}
 
     def hook(name: str) -> Callable[..., None]:
@@ -118,7 +123,7 @@ def collect_problems(model: nn.Module, example_input: Any, *, precision: str | N
         with torch.set_grad_enabled(training):
             torch.func.functional_call(model, state, args)
     except Exception as exc:  # noqa: BLE001 - any failure of the user's forward on meta tensors
-        raise RuntimeError(f"autocnn.torch: the model's forward did not run on the meta device ({exc}); "
+        raise MetaTraceError(f"autocnn.torch: the model's forward did not run on the meta device ({exc}); "
                            f"collect_problems traces shapes there, so the forward must not read tensor "
                            f"values (e.g. .item()) or create tensors on a fixed device") from exc
     finally:
@@ -203,18 +208,6 @@ def tune(model: nn.Module, example_input: Any, trials: int = 200, *, timeout_s: 
                          timeout_s, log)
     finally:
         source.close()
-
-
-def prepare(model: nn.Module, example_input: Any, *, training: bool = True) -> list[Any]:
-    """Look up and compile every kernel a step of ``model`` on ``example_input`` runs, on the input's
-    CUDA device, so that the first step (or a CUDA-graph capture) compiles nothing. Returns one
-    KernelDispatch (autocnn.dispatch.kernels: source and config) per problem."""
-    args = _as_args(example_input)
-    if args[0].device.type != "cuda":
-        raise ValueError(f"prepare needs the example input on the CUDA device the model will run on, "
-                         f"not on {args[0].device}")
-    uses = collect_problems(model, example_input, training=training)
-    return kernels_for(args[0].device).prepare([u.problem for u in uses])
 
 
 # -- the command line: autocnn tune --torch-model package.module:factory ------------------------------

@@ -1,8 +1,9 @@
 """act_gather: conv_pool_dz (supersampling fused with the activation gradient) as a gather per
 position of the convolution's output map, avgpool_bwd's window_gather with A read beside it.
 
-Memory-bound like avgpool_bwd, so it takes window_gather's parameters (threads per block, values
-of a row per thread, items per thread) and constraints, which depend on the pooling geometry only.
+Memory-bound like avgpool_bwd, so it takes the parameters (threads per block, values of a row per
+thread, items per thread) and constraints window_gather's avgpool_bwd takes (cores/pool_gather.py),
+which depend on the pooling geometry only.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Formulation
-from autocnn.kernels.formulations.window_gather import WindowGatherBwd
+from autocnn.kernels.formulations.cores.pool_gather import PoolGatherBwd
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.rules import sixteen_bit_rule
 from autocnn.kernels.space import Config, Constraint
@@ -19,7 +20,7 @@ from autocnn.kernels.steps import Launch
 NAME = "act_gather"
 
 
-class ActGatherDz(WindowGatherBwd):
+class ActGatherDz(PoolGatherBwd):
     formulation = NAME
     op = "conv_pool_dz"
     summary = "a gather per position of the pooled gradient, times the activation's gradient"

@@ -14,7 +14,7 @@ smallest block must fit), so it lives apart from both.
 """
 from __future__ import annotations
 
-from autocnn.kernels.formulations.igemm import CONV_BM
+from autocnn.kernels.formulations.cores.igemm_gemm import CONV_BM
 from autocnn.kernels.geometry import cdiv
 
 MAX_BLOCK_CELLS = max(CONV_BM)     # a block's rectangle must fit in igemm_pool's GEMM rows

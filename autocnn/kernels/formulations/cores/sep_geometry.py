@@ -21,7 +21,7 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import choices_upto
-from autocnn.kernels.formulations.direct import output_tile_params
+from autocnn.kernels.formulations.cores.direct_correlation import output_tile_params
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_X_LIMIT, at_most, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
@@ -153,6 +153,12 @@ def register_limit(limits: DeviceLimits, params: tuple[str, ...], count, threads
             return f"about {n} registers per thread for {what}, more than the {share} a block of {threads(*values)} threads leaves each"
         return None
     return Constraint(params, check)
+
+
+def horizontal_registers(S: int, KPT: int, PPT: int, QPT: int) -> int:
+    """Accumulators, one tap row and the row window a horizontal pass keeps in registers (the
+    horizontal passes of sep_onepass and sep_twopass)."""
+    return KPT * PPT * QPT + S + (QPT + S - 1)
 
 
 def fit_registers(tile: dict[str, int], arrays: int) -> dict[str, int] | None:

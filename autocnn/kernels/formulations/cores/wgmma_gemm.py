@@ -18,7 +18,7 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, OpFormulation
 from autocnn.kernels.geometry import cdiv, next_pow2
-from autocnn.kernels.rules import arch_number, at_most, grid_rule, smem_rule, threads_rule
+from autocnn.kernels.rules import arch_number, at_most, grid_rule, sixteen_bit_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT
 from autocnn.precision import FLOAT32
@@ -167,6 +167,8 @@ class WgmmaGemm(OpFormulation):
                 f"the NHWC staging workspace ({need} bytes) exceeds the workspace limit of {limits.workspace_bytes} bytes")
 
         return [
+            sixteen_bit_rule(p, self.formulation, "WGS", "its wgmma products take FP32 operands as TF32 (one product a "
+                                                         "term, or 3xTF32), not BF16 or FP16 ones"),
             *self.block_constraints(p, limits),
             Constraint(("WGS",), channels),
             Constraint(("WBN", *self.workspace_params(p)), workspace),

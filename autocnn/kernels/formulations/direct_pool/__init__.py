@@ -1,4 +1,5 @@
-"""direct_pool: conv_pool_fwd on the direct core (_direct.cuh.j2), for windows that do not overlap.
+"""direct_pool: conv_pool_fwd on the direct core (_direct.cuh.j2, cores/direct_correlation.py), for
+windows that do not overlap.
 
 The core tiles its output map into TP x TQ blocks from the origin; over a virtual map shifted by
 the pooling's top and left padding, a tile of TP = TPP*PSH rows holds TPP whole windows when the
@@ -12,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Formulation
-from autocnn.kernels.formulations.direct import (CorrelationEnvelope, DirectCorrelation, direct_smem_bytes,
-                                                 direct_threads)
+from autocnn.kernels.formulations.cores.direct_correlation import (CorrelationEnvelope, DirectCorrelation,
+                                                                   direct_smem_bytes, direct_threads)
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.rules import sixteen_bit_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint
@@ -57,7 +58,7 @@ class DirectPoolFwd(DirectCorrelation):
     def default_candidates(self, p: "ConvPoolFwdProblem") -> list[dict[str, Any]]:
         # The direct core's own (those whose tile is no multiple of the stride fail with that reason),
         # then each with one output per thread: small maps need them to fill a warp.
-        own = [{**c, "formulation": NAME} for c in super().default_candidates(p)]
+        own = super().default_candidates(p)
         return own + [{**c, "KPT": 1, "PPT": 1, "QPT": 1} for c in own]
 
     def context(self, p: "ConvPoolFwdProblem", c: Config) -> dict[str, Any]:

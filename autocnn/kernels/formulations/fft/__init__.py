@@ -139,7 +139,7 @@ from autocnn.kernels.formulations.fft.fft_planes import (SHARED_WITH, FftConv, F
                                                          placement, shares_buffers, shares_workspace, smooth_size,
                                                          spectrum, sub_filter, takes_phases, tile_of, whole_planes,
                                                          workspace_elements)
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import arch_number, sixteen_bit_rule, smem_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
@@ -180,7 +180,7 @@ XFORMS_O = ("cufft", "fdft", "radix")
 # computes alone: the radix inverse, which computes whole planes, is not offered there.
 XFORMS_O_WGRAD = XFORMS_O[:2]
 # DFT_FLAT_A / DFT_FLAT_B: planes a block of a direct transform ("dft") takes together, output
-# elements flat over them (dft_flat in _fft.cuh.j2); 0, a plane at a time with register tiles
+# elements flat over them (dft_flat in _fft_dft.cuh.j2); 0, a plane at a time with register tiles
 # (DFT_PLANES a block), is the code of configs written before the parameter.
 DFT_FLATS = (0, 4, 16)
 # RADIX_THREADS: threads a block of the radix transforms, 0 (first) for FFT_THREADS. Their blocks
@@ -206,6 +206,11 @@ VECS = (1, 4)
 TILES_F = (0, 16, 32, 64, 128)
 
 
+# The FFT core: _fft.cuh.j2 and the parts it includes (transforms, multiply-accumulates).
+CORE_TEMPLATES = ("_fft.cuh.j2", "_fft_place.cuh.j2", "_fft_dft.cuh.j2", "_fft_radix.cuh.j2", "_fft_fdft.cuh.j2",
+                  "_fft_mac_parts.cuh.j2", "_fft_mac_block.cuh.j2", "_fft_mac_mma.cuh.j2", "_fft_mac_thread.cuh.j2")
+
+
 class _Fft(OpFormulation):
     formulation = NAME
     summary = "FFTs (cuFFT or direct) + a generated complex multiply-accumulate over channels, or cuBLAS's"
@@ -214,7 +219,7 @@ class _Fft(OpFormulation):
 
     def __init__(self, op: str):
         self.op = op
-        self.templates = (f"fft_{op}.cu.j2", "_fft.cuh.j2", "_fft_tiles.cuh.j2", "_mma_sync.cuh.j2",
+        self.templates = (f"fft_{op}.cu.j2", "_fft_glue.cuh.j2", *CORE_TEMPLATES, "_mma_sync.cuh.j2",
                           *(("_bias_grad.cuh.j2",) if op == "conv_wgrad" else ()))
 
     def params(self, problem: Any) -> list[Param]:

@@ -57,7 +57,7 @@ def factor_tables(n: int, inverse: bool = False) -> Table:
 
 @functools.lru_cache(maxsize=256)
 def dft_tables(src: tuple[int, int], place: tuple[int, int, int, int], fh: int, fw: int) -> Table:
-    """The direct transform's tables (Dft in _fft.cuh.j2) for an operand's SRC_H x SRC_W data placed
+    """The direct transform's tables (Dft in _fft_dft.cuh.j2) for an operand's SRC_H x SRC_W data placed
     at (OFF_H, OFF_W) with steps (STEP_H, STEP_W): [x][v] w_FW^(v col(x)), then [u][r] w_FH^(u row(r))."""
     (sh, sw), (off_h, off_w, step_h, step_w) = src, place
     columns = [twiddle(v * (off_w + x * step_w), fw) for x in range(sw) for v in range(fw // 2 + 1)]
@@ -65,13 +65,13 @@ def dft_tables(src: tuple[int, int], place: tuple[int, int, int, int], fh: int, 
 
 
 def fdft_tables(fh: int, fw: int) -> Table:
-    """fdft's six twiddle tables (Fdft in _fft.cuh.j2): the width's three, then the height's."""
+    """fdft's six twiddle tables (Fdft in _fft_fdft.cuh.j2): the width's three, then the height's."""
     return factor_tables(fw) + factor_tables(fh)
 
 
 @functools.lru_cache(maxsize=256)
 def idft_tables(kept: tuple[int, int, int], fh: int, fw: int) -> Table:
-    """The factorised inverse's tables (Idft in _fft.cuh.j2): [v][j] c_v w_FW^(v x_j) / (FH FW) for
+    """The factorised inverse's tables (Idft in _fft_fdft.cuh.j2): [v][j] c_v w_FW^(v x_j) / (FH FW) for
     the kept columns x_j = first + step*j (kept_columns: first, step, count; zero for the padding to
     whole column groups; c_v = 2 but at v = 0 and v = FW/2), then the height's three conjugated
     tables."""
@@ -134,12 +134,12 @@ def split_factor(n: int) -> int:
 
 def frequency_major_stage_bytes(fh: int, fw: int) -> int:
     """The direct transforms' stage of a block's spectra under MAC "cublas" (store_frequency_major in
-    _fft.cuh.j2): DFT_PLANES half spectra."""
+    _fft_dft.cuh.j2): DFT_PLANES half spectra."""
     return 8 * DFT_PLANES * spectrum(fh, fw)
 
 
 def fdft_smem_bytes(src: tuple[int, int], fh: int, fw: int) -> int:
-    """The factorised direct transform's shared memory (Fdft in _fft.cuh.j2): the six twiddle tables,
+    """The factorised direct transform's shared memory (Fdft in _fft_fdft.cuh.j2): the six twiddle tables,
     the rows' spectra placed at their rows, and either the placed data rows with the rows' first
     stage or the columns' first stage (the two never live at once)."""
     sh, _ = src
@@ -185,7 +185,7 @@ def radix_lead(fh: int) -> int:
 
 
 def radix_smem_bytes(rows: int, fh: int, fw: int) -> int:
-    """The radix kernels' shared memory (radix_fft and radix_ifft in _fft.cuh.j2), either way: the
+    """The radix kernels' shared memory (radix_fft and radix_ifft in _fft_radix.cuh.j2), either way: the
     twiddle tables w_FW^m and w_FH^m, and two buffers that the stages pass between, each the larger
     of the rows' [pairs][FW] (``rows`` real rows taken two at a time: the source's data rows forward,
     the kept rows back) and the columns' [FW/2 + 1][radix_lead(FH)] complex numbers."""
@@ -235,7 +235,7 @@ def idft_planes(fh: int, fw: int) -> int:
 
 
 def idft_smem_bytes(out_w: int, fh: int, fw: int) -> int:
-    """The factorised inverse's shared memory (Idft in _fft.cuh.j2): the rows' table of real outputs
+    """The factorised inverse's shared memory (Idft in _fft_fdft.cuh.j2): the rows' table of real outputs
     (kept columns padded to whole groups of IDFT_COLUMNS), the columns' two twiddle tables, and the
     spectra of the planes it takes together, worked in place."""
     h1 = split_factor(fh)
@@ -246,7 +246,7 @@ def idft_smem_bytes(out_w: int, fh: int, fw: int) -> int:
 
 def dft_smem_bytes(src: tuple[int, int], fh: int, fw: int, planes: int = 1) -> int:
     """The direct transform's shared memory: twiddle tables of rows and columns, the rows' spectra
-    (8 bytes a complex number) and the data of the planes it holds at once: one (Dft in _fft.cuh.j2),
+    (8 bytes a complex number) and the data of the planes it holds at once: one (Dft in _fft_dft.cuh.j2),
     or DFT_FLAT's (DftFlat)."""
     sh, sw = src
     half = fw // 2 + 1

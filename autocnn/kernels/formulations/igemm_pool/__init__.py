@@ -1,5 +1,6 @@
-"""igemm_pool: conv_pool_fwd on the implicit-GEMM core (_igemm.cuh.j2) with conv_fwd's operand
-gathers (gemm_operands_conv_fwd.cuh.j2) and an averaging epilogue (_conv_pool.cuh.j2).
+"""igemm_pool: conv_pool_fwd on the implicit-GEMM core (_igemm.cuh.j2, cores/igemm_gemm.py) with
+conv_fwd's operand gathers (gemm_operands_conv_fwd.cuh.j2) and an averaging epilogue
+(_conv_pool.cuh.j2).
 
 A block computes the convolution outputs of whole pooling windows: its GEMM rows are the CH x CW
 rectangle of a TPP x TQQ tile of pooled outputs (pool_blocks.py), for as many images as fit in BM
@@ -13,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Formulation, pragma_unroll
-from autocnn.kernels.formulations.igemm import (CONV_BM, ConvIgemm, GemmEnvelope, igemm_smem_bytes,
-                                                igemm_threads)
+from autocnn.kernels.formulations.cores.igemm_gemm import (CONV_BM, CORE_TEMPLATES, ConvIgemm, GemmEnvelope,
+                                                           igemm_smem_bytes, igemm_threads)
 from autocnn.kernels.formulations.cores.pool_blocks import block_extent, rectangle
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import sixteen_bit_rule, smem_rule
@@ -45,8 +46,8 @@ class IgemmPoolFwd(ConvIgemm):
     formulation = NAME
     op = "conv_pool_fwd"
     summary = "implicit GEMM over whole pooling windows, averaged in shared memory"
-    templates = ("igemm_pool_conv_pool_fwd.cu.j2", "_igemm.cuh.j2", "gemm_operands_conv_fwd.cuh.j2",
-                 "_conv_fwd_operands.cuh.j2")
+    templates = ("igemm_pool_conv_pool_fwd.cu.j2", *CORE_TEMPLATES, "gemm_operands_conv_fwd.cuh.j2",
+                 "_conv_fwd_operands.cuh.j2", "_operand_access.cuh.j2")
 
     def envelope(self, p: "ConvPoolFwdProblem") -> GemmEnvelope:
         # A block's rows may exceed a small map's outputs (its rectangle reaches into the padding).

@@ -14,9 +14,9 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormulation, pragma_unroll
 from autocnn.kernels.formulations.cores.sep_geometry import (TILE_PARAMS, SepCorrelation, correlation, fallback_tile,
-                                                             fit_registers, io_args, preferred_tiles,
-                                                             register_limit, taps_floats, threads_of, tile_blocks,
-                                                             tile_constraints, tile_params, tile_threads)
+                                                             fit_registers, horizontal_registers, io_args,
+                                                             preferred_tiles, register_limit, taps_floats, threads_of,
+                                                             tile_blocks, tile_constraints, tile_params, tile_threads)
 from autocnn.kernels.rules import code_size_rule, sixteen_bit_rule, smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
@@ -28,11 +28,6 @@ def onepass_smem_bytes(g: SepCorrelation, KB: int, TP: int, TQ: int, CB: int, MC
     ld = TQ + g.S - 1 + PAD
     xs = (CB * (TP + g.R - 1) * ld + 3) // 4 * 4
     return g.stage_size * (xs + taps_floats(g, CB, KB, g.R + g.S) + MC * g.RANK * KB * TP * ld)
-
-
-def horizontal_registers(S: int, KPT: int, PPT: int, QPT: int) -> int:
-    """Accumulators, one tap row and the row window the horizontal pass keeps in registers."""
-    return KPT * PPT * QPT + S + (QPT + S - 1)
 
 
 def onepass_registers(g: SepCorrelation, KPT: int, PPT: int, QPT: int, VPT: int) -> int:

@@ -15,9 +15,9 @@ from typing import Any
 from autocnn.device import DEFAULT_WORKSPACE_BYTES, DeviceLimits
 from autocnn.kernels.formulations.base import FULL_UNROLL, Formulation, OpFormulation, choices_upto, pragma_unroll
 from autocnn.kernels.formulations.cores.sep_geometry import (TILE_PARAMS, SepCorrelation, correlation, fit_registers,
-                                                             preferred_tiles, register_limit, threads_of,
-                                                             tile_blocks, tile_constraints, tile_params, tile_threads)
-from autocnn.kernels.formulations.sep_onepass import horizontal_registers
+                                                             horizontal_registers, preferred_tiles, register_limit,
+                                                             threads_of, tile_blocks, tile_constraints, tile_params,
+                                                             tile_threads)
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import INDEX_LIMIT
 from autocnn.kernels.rules import code_size_rule, sixteen_bit_rule, smem_rule, threads_rule, workspace_rule

@@ -86,7 +86,7 @@ class TcRowsConvWgrad(OpFormulation):
     formulation = NAME
     op = "conv_wgrad"
     summary = "tensor cores over staged rows"
-    templates = ("tc_rows_conv_wgrad.cu.j2", "_mma_sync.cuh.j2")
+    templates = ("tc_rows_conv_wgrad.cu.j2", "_mma_sync.cuh.j2", "_mma_tiles.cuh.j2")
 
     def params(self, p: ConvWgradProblem) -> list[Param]:
         return [

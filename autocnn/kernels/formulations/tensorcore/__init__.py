@@ -23,7 +23,8 @@ operands contiguous along the reduction) and NHWC (X and W staged as NHWC / KRSC
 two small kernels first, so that both operands are contiguous along the reduction k = (r,s,c):
 the gather's index work per element becomes per float4); and for conv_wgrad SPLITK with TWO_PASS (the
 splits' partial sums combined by atomics, or written to a workspace and summed in a fixed order by
-igemm's second-pass kernel: deterministic results, no zeroing of the outputs).
+the second pass igemm runs too (cores/workspaces.py): deterministic results, no zeroing of the
+outputs).
 
 The operations' heuristic defaults do not prefer it (they list the FP32 cores first): its speed
 against the other formulations is for the tuner to find.
@@ -35,9 +36,9 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES, wgrad_reduce_launch
 from autocnn.kernels.formulations.cores.mma_rules import accumulator_violation, arch_violation, warp_tile_violation
 from autocnn.kernels.formulations.cores.staging import nhwc_stage_launches, nhwc_stage_workspaces
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES, wgrad_reduce_launch
 from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
 from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, sixteen_bit_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
@@ -249,6 +250,18 @@ def gemm_for(problem: Any) -> TcGemm:
     return TcGemm(p.op, p.K, p.C * p.R * p.S, p.N * p.P * p.Q, 1, split3)
 
 
+# What each op's glue renders from besides the core: its operands and what they import (conv_fwd's
+# NHWC staging kernel takes the TF32 split from _wgmma_ops), and the phase GEMMs and second-pass
+# reduction it shares with igemm.
+OPERAND_TEMPLATES = {
+    "conv_fwd": ("gemm_operands_conv_fwd.cuh.j2", "_conv_fwd_operands.cuh.j2", "_operand_access.cuh.j2",
+                 "nhwc_stage_conv_fwd.cuh.j2", "_wgmma_ops.cuh.j2"),
+    "conv_bwd_data": ("gemm_operands_conv_bwd_data.cuh.j2", "_bwd_data_operands.cuh.j2", "_operand_access.cuh.j2",
+                      "_bwd_data_phases.cuh.j2"),
+    "conv_wgrad": ("_conv_wgrad_operands.cuh.j2", "_operand_access.cuh.j2", "igemm_conv_wgrad_reduce.cu.j2"),
+}
+
+
 class TcConv(OpFormulation):
     """The tensor-core GEMM of one convolution; the op template supplies the problem's constants."""
 
@@ -259,10 +272,8 @@ class TcConv(OpFormulation):
 
     def __init__(self, op: str):
         self.op = op
-        self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", "_mma_sync.cuh.j2", f"gemm_operands_{op}.cuh.j2",
-                          *(("nhwc_stage_conv_fwd.cuh.j2", "_conv_fwd_operands.cuh.j2") if op == "conv_fwd" else ()),
-                          *(("_bwd_data_phases.cuh.j2",) if op == "conv_bwd_data" else ()),
-                          *(("igemm_conv_wgrad_reduce.cu.j2",) if op == "conv_wgrad" else ()))
+        self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", "_gemm_row_sums.cuh.j2", "_mma_sync.cuh.j2",
+                          "_mma_tiles.cuh.j2", *OPERAND_TEMPLATES[op])
 
     def params(self, problem: Any) -> list[Param]:
         return params(gemm_for(problem))

@@ -92,11 +92,11 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation
 from autocnn.kernels.formulations.cores.staging import (bwd_data_stage_launches, bwd_data_stage_workspaces,
                                                         stage_w_blocks)
-from autocnn.kernels.formulations.wgmma import WgmmaConvBwdData
 from autocnn.kernels.formulations.cores.wgmma_gemm import (ALIGN_SLACK, BK, TMA_PRODUCER_THREADS, WgmmaGemm,
                                                            block_rules, split)
+from autocnn.kernels.formulations.cores.wgmma_split_output import WgmmaConvBwdData
 from autocnn.kernels.geometry import cdiv
-from autocnn.kernels.rules import sixteen_bit_rule, smem_rule
+from autocnn.kernels.rules import smem_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 from autocnn.kernels.tensor_maps import MAX_BOX, TensorMap
@@ -203,7 +203,8 @@ class TmaConvBwdData(WgmmaConvBwdData):
     formulation = FORMULATION_TMA
     summary = "Hopper warpgroup tensor-core implicit GEMM fed by TMA copies (stride 1; sm_90a; fp32 as 3xTF32)"
     templates = ("tma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2",
-                 "gemm_operands_conv_bwd_data.cuh.j2", "wgmma_stage_conv_bwd_data.cuh.j2", "_tma_ops.cuh.j2")
+                 "gemm_operands_conv_bwd_data.cuh.j2", "_bwd_data_operands.cuh.j2", "_operand_access.cuh.j2",
+                 "wgmma_stage_conv_bwd_data.cuh.j2", "_tma_ops.cuh.j2")
     ARGS = ("dx",)
 
     def workspace_params(self, problem: Any) -> tuple[str, ...]:
@@ -287,8 +288,6 @@ class TmaConvBwdData(WgmmaConvBwdData):
             return smem_bytes(p, wgs, wbn, stages, a_tiles) + barrier_bytes(stages) if a_tiles == "im2col" else 0
 
         return [*WgmmaGemm.constraints(self, p, limits),
-                sixteen_bit_rule(p, self.formulation, "WGS", "its wgmma products take FP32 operands as TF32 (one "
-                                                             "product a term, or 3xTF32), not BF16 or FP16 ones"),
                 Constraint(("WGS",), stride), Constraint(("WGS", "WBN", "A_TILES"), maps),
                 Constraint(("INFLIGHT", "WGS", "WBN"), paired_registers),
                 Constraint(("INFLIGHT", "ASLOTS"), slot_in_flight),

@@ -26,7 +26,7 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import sixteen_bit_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param

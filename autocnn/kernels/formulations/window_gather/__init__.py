@@ -5,7 +5,8 @@ Both are judged by bandwidth, so the parameters are about bytes in flight: threa
 values per thread along a row, items per thread, and vector width where alignment is provable.
 avgpool_fwd: each thread QPT outputs of a row, each window row read as one register span, so
 overlapping windows reuse loaded values. avgpool_bwd: a gather per input position (no atomics),
-WPT values of a row per thread. Kernels: window_gather_<op>.cu.j2.
+WPT values of a row per thread (cores/pool_gather.py, which act_gather shares). Kernels:
+window_gather_<op>.cu.j2.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Formulation, OpFormulation
+from autocnn.kernels.formulations.cores.pool_gather import ITEMS, THREADS, PoolGatherBwd
 from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import AvgPoolBwdProblem, AvgPoolFwdProblem
 from autocnn.kernels.rules import GRID_X_LIMIT, threads_rule
@@ -20,15 +22,13 @@ from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
 
 NAME = "window_gather"
-THREADS = (64, 128, 256, 512)
-ITEMS = (1, 2, 4)
 
 
 class WindowGatherFwd(OpFormulation):
     formulation = NAME
     op = "avgpool_fwd"
     summary = "a gather with register row spans"
-    templates = ("window_gather_avgpool_fwd.cu.j2",)
+    templates = ("window_gather_avgpool_fwd.cu.j2", "_window_gather.cuh.j2")
 
     def params(self, p: AvgPoolFwdProblem) -> list[Param]:
         # Vector loads need an unpadded row whose length the width divides; where that fails for
@@ -79,35 +79,11 @@ class WindowGatherFwd(OpFormulation):
         return (Launch("avgpool_fwd", grid, (c["THREADS"], 1, 1), 0, ("x", "y")),)
 
 
-class WindowGatherBwd(OpFormulation):
+class WindowGatherBwd(PoolGatherBwd):
     formulation = NAME
     op = "avgpool_bwd"
     summary = "a gather per input position, no atomics"
-    templates = ("window_gather_avgpool_bwd.cu.j2",)
-
-    def params(self, p: AvgPoolBwdProblem) -> list[Param]:
-        return [
-            Param("THREADS", THREADS, "threads per block"),
-            Param("WPT", (1, 2, 4, 8), "consecutive input-gradient values of a row per thread"),
-            Param("IPT", ITEMS, "items per thread"),
-        ]
-
-    def constraints(self, p: AvgPoolBwdProblem, limits: DeviceLimits) -> list[Constraint]:
-        return [
-            threads_rule(limits, ("THREADS",), lambda t: t),
-            Constraint(("WPT",), lambda w: None if w <= max(1, next_pow2(p.W))
-                       else f"WPT={w} exceeds the {p.W} values of a row"),
-            Constraint(("THREADS", "WPT", "IPT"),
-                       lambda t, w, i: None if cdiv(p.N * p.C * p.H * cdiv(p.W, w), t * i) <= GRID_X_LIMIT
-                       else "too many blocks"),
-        ]
-
-    def default_candidates(self, problem: AvgPoolBwdProblem) -> list[dict[str, Any]]:
-        return [
-            {"THREADS": 256, "WPT": 4, "IPT": 1},
-            {"THREADS": 256, "WPT": 2, "IPT": 1},
-            {"THREADS": 256, "WPT": 1, "IPT": 1},
-        ]
+    templates = ("window_gather_avgpool_bwd.cu.j2", "_window_gather.cuh.j2")
 
     def launches(self, p: AvgPoolBwdProblem, c: Config) -> tuple[Launch, ...]:
         items = p.N * p.C * p.H * cdiv(p.W, c["WPT"])

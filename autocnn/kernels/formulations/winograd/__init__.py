@@ -87,7 +87,7 @@ from typing import Any
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.cores import wgmma_gemm as hopper
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto
-from autocnn.kernels.formulations.igemm import WORKSPACE_LIMIT_BYTES
+from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.winograd.winograd_products import (MMA_FRAGS, MMA_PAD_KMAJOR, MMA_PAD_ROWMAJOR,
                                                                      MMA_SPLITS, MMA_STAGES, MMA_STEPS, MMA_TILES,
                                                                      MMA_WARPS, PRODUCTS_TEMPLATES, WGMMA_BNS,
@@ -193,7 +193,8 @@ class _Winograd(OpFormulation):
 
     def __init__(self, op: str, src: str, dst: str):
         self.op, self.src, self.dst = op, src, dst
-        self.templates = (f"winograd_{op}.cu.j2", "_winograd.cuh.j2", *PRODUCTS_TEMPLATES)
+        self.templates = (f"winograd_{op}.cu.j2", "_winograd.cuh.j2", "_winograd_transform.cuh.j2",
+                          "_winograd_correlation.cuh.j2", *PRODUCTS_TEMPLATES)
 
     def params(self, problem: Any) -> list[Param]:
         out = [Param("TILE", TILES, "output tile m of F(m x m, 3x3)"),
@@ -390,7 +391,8 @@ class _WinogradWgrad(_Winograd):
 
     def __init__(self) -> None:
         super().__init__("conv_wgrad", "x", "dw")
-        self.templates = ("winograd_conv_wgrad.cu.j2", "_winograd.cuh.j2", "_bias_grad.cuh.j2", *PRODUCTS_TEMPLATES)
+        self.templates = ("winograd_conv_wgrad.cu.j2", "_winograd.cuh.j2", "_winograd_transform.cuh.j2",
+                          "_winograd_correlation.cuh.j2", "_bias_grad.cuh.j2", *PRODUCTS_TEMPLATES)
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         m = config["TILE"]

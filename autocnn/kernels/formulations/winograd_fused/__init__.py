@@ -153,7 +153,7 @@ class _WinogradFused(OpFormulation):
     def __init__(self, op: str, src: str, dst: str):
         self.op, self.src, self.dst = op, src, dst
         self.templates = (f"winograd_fused_{op}.cu.j2", "_winograd_fused.cuh.j2", "_mma_sync.cuh.j2",
-                          "_wgmma_ops.cuh.j2")
+                          "_wgmma_ops.cuh.j2", "_winograd_correlation.cuh.j2")
 
     def params(self, problem: Any) -> list[Param]:
         v = view(problem)
