@@ -132,6 +132,57 @@ def test_a_lookup_never_hands_a_config_across_element_types():
     assert shape_distance(pool, _at(pool, "fp16")) == math.inf
 
 
+def test_a_formulation_that_cannot_serve_a_sixteen_bit_problem_is_refused_before_any_gpu_work(no_gpu_source, capsys):
+    from autocnn import cli
+    from autocnn.search.tuner import problems_offering
+
+    fwd = ConvFwdProblem(N=4, C=8, H=10, W=10, K=8, R=3, S=3, padding=1, precision="bf16")
+    wgrad = ConvWgradProblem(N=4, C=8, H=10, W=10, K=8, R=3, S=3, padding=1, precision="bf16")
+    refusals = get_operation("conv_fwd").refusals(fwd, LIMITS)
+    # Every formulation but direct and igemm, less fft, which refuses a 3x3 filter for its size first.
+    assert set(refusals) == set(get_operation("conv_fwd").formulation_names) - SERVING["conv_fwd"] - {"fft"}
+    assert refusals["tc"].startswith("tc cannot compute bf16 (16-bit tensors): its mma.sync products")
+    assert get_operation("conv_fwd").refusals(_at(fwd, "fp32"), LIMITS) == {}
+    assert problems_offering({}, [fwd, wgrad]) == [fwd, wgrad]
+    assert problems_offering({"formulation": "igemm"}, [fwd, wgrad]) == [fwd]   # conv_wgrad has no igemm value
+    with pytest.raises(InfeasibleConfigError, match="wgmma cannot compute bf16 .16-bit tensors.: its wgmma products"):
+        problems_offering({"formulation": "wgmma"}, [fwd, wgrad])
+    pool = dataclasses.replace(odd_problems("conv_pool_fwd")[0][1], precision="fp16")   # no formulation serves it
+    assert problems_offering({}, [fwd, pool]) == [fwd]
+    with pytest.raises(InfeasibleConfigError, match="igemm_pool cannot compute fp16.*direct_pool cannot compute fp16"):
+        problems_offering({}, [pool])
+    # The command line: refused with the reason before a measurement source (a GPU) is opened.
+    shape = "N=4,C=8,H=10,W=10,K=8,R=3,S=3,pad=1"
+    assert cli.main(["tune", "--op", "conv_fwd", "--shape", shape, "--precision", "fp16", "--fix", "formulation=tc"]) != 0
+    assert "tc cannot compute fp16 (16-bit tensors)" in capsys.readouterr().err
+    with pytest.raises(no_gpu_source):   # a formulation that serves it goes on to the GPU
+        cli.main(["tune", "--op", "conv_fwd", "--shape", shape, "--precision", "fp16", "--fix", "formulation=igemm"])
+
+
+def test_the_lookup_hands_no_record_across_element_types(tmp_path):
+    from autocnn.measurement.sources import ReplayFile
+    from autocnn.store import RecordKey, TuningDatabase, TuningRecord, now_utc
+    from tests.test_sound_lookup import REPLAY
+
+    device = ReplayFile.load(REPLAY).device
+    operation = get_operation("conv_fwd")
+    fp32 = ConvFwdProblem(N=8, C=16, H=14, W=14, K=32, R=3, S=3, padding=1)
+    db = TuningDatabase(user_dir=tmp_path / "db", shipped_dir=tmp_path / "none",
+                        resource_check=lambda plan, device: [])
+    for problem, kpt in ((fp32, 4), (_at(fp32, "bf16"), 2)):
+        config = operation.space(problem, device.limits()).validate(
+            {**operation.default_config(problem, device.limits(), formulation="direct").as_dict(), "KPT": kpt})
+        db.put(TuningRecord(RecordKey.for_(device, problem, operation.config_fingerprint(config)), config.as_dict(),
+                            10.0, 0.0, None, None, 5, now_utc(), "0", "tpe"))
+    assert db.lookup(device, fp32).config["KPT"] == 4
+    assert db.lookup(device, _at(fp32, "tf32")).source == "nearest_shape"   # fp32 serves tf32: the same storage
+    assert db.lookup(device, _at(fp32, "bf16")).config["KPT"] == 2
+    fp16 = db.lookup(device, _at(fp32, "fp16"))                               # neither bf16's nor fp32's record
+    assert fp16.source == "default" and fp16.config == operation.default_config(_at(fp32, "fp16"), device.limits())
+    near = _at(dataclasses.replace(fp32, N=16), "bf16")                       # a nearer shape of its own type only
+    assert db.lookup(device, near).source == "nearest_shape" and db.lookup(device, near).config["KPT"] == 2
+
+
 # -- what verification gives the kernels ----------------------------------------------------------
 
 def test_sixteen_bit_buffers_round_to_nearest_and_read_back_exactly():

@@ -221,14 +221,16 @@ def _tune_problems(args: argparse.Namespace, precision: Precision, op_problem: A
 
 
 def _offering(fixed: dict[str, Any], problems: list[Any]) -> list[Any]:
-    """The problems whose ops offer the held parameters; says how many are left out."""
+    """The problems some config may serve (problems_offering: the held parameters, and the
+    formulations' precisions); says how many are left out."""
     from autocnn.search.tuner import fixed_text, problems_offering
 
     offering = problems_offering(fixed, problems)
     if len(offering) < len(problems):   # said even with --json (on stderr): work this run leaves undone
         ops = sorted({p.op for p in problems if p not in offering})
-        print(f"autocnn: {len(problems) - len(offering)} problems ({', '.join(ops)}) left out: their operations offer "
-              f"no config with --fix {fixed_text(fixed)}", file=sys.stderr)
+        why = (f"their operations offer no config with --fix {fixed_text(fixed)}" if fixed
+               else "no formulation of their operations serves their precision")
+        print(f"autocnn: {len(problems) - len(offering)} problems ({', '.join(ops)}) left out: {why}", file=sys.stderr)
     return offering
 
 

@@ -16,6 +16,7 @@ from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels.codegen import code_source, render_family, template_fingerprint
 from autocnn.kernels.plan import KernelPlan
+from autocnn.kernels.rules import refusal
 from autocnn.kernels.space import Config, Constraint, Param, SearchSpace
 from autocnn.kernels.steps import WORKSPACE_ELEMENT
 from autocnn.precision import KernelTypes, precision_of
@@ -146,6 +147,18 @@ class Operation:
         if not fitted:
             # Reaching this is a bug in the candidate list, which tests check for every seed shape.
             raise InfeasibleConfigError(self.name, ["no default candidate fits: " + "; ".join(reasons)])
+
+    def refusals(self, problem: Any, limits: DeviceLimits) -> dict[str, str]:
+        """Why each formulation that cannot serve ``problem`` at all (its precision:
+        rules.Refusal) refuses it, by each value of "formulation" that selects it; the others are
+        not in it. Read before any config is drawn: what a run holds to a formulation, or runs an
+        operation none of whose formulations serve, is refused before a GPU opens."""
+        out: dict[str, str] = {}
+        for f in self.formulations:
+            why = refusal(f.constraints(problem, limits))
+            if why is not None:
+                out.update({name: why for name in f.names})
+        return out
 
     def template_files(self, formulation: "OpFormulation") -> tuple[str, ...]:
         """Every template file a config of this formulation renders from."""

@@ -3,7 +3,8 @@ limits, the precisions a formulation cannot serve, and small rules over paramete
 another, one stays under a bound)."""
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.space import Constraint
@@ -70,7 +71,23 @@ def grid_rule(params: tuple[str, ...], blocks, axis: str = "y") -> Constraint:
     return Constraint(params, check)
 
 
-def sixteen_bit_rule(problem: Any, formulation: str, param: str, why: str) -> Constraint:
+@dataclass(frozen=True)
+class Refusal(Constraint):
+    """The rule of a formulation that cannot serve a problem at all (its precision): every config
+    breaks it, for ``reason``; on a problem it serves, ``reason`` is None and every config meets it.
+    The reason is there before any config is drawn (``refusal``), so a run can say, before it opens
+    a GPU, that a held formulation cannot serve a problem, and why."""
+
+    reason: str | None = None
+
+
+def refusal(constraints: Sequence[Constraint]) -> str | None:
+    """Why a formulation whose rules are ``constraints`` cannot serve the problem they were made
+    for (a Refusal's reason), or None where it can."""
+    return next((c.reason for c in constraints if isinstance(c, Refusal) and c.reason), None)
+
+
+def sixteen_bit_rule(problem: Any, formulation: str, param: str, why: str) -> Refusal:
     """The rule of a formulation that cannot serve a precision of 16-bit tensors (bf16, fp16): on
     such a problem every config of it breaks the rule, whose reason names the formulation and says
     why, so a search space holds only the formulations that serve the problem's precision, and a
@@ -78,8 +95,8 @@ def sixteen_bit_rule(problem: Any, formulation: str, param: str, why: str) -> Co
     the formulation's own parameters that each of its configs sets (a rule is checked where all its
     parameters are set); on other problems the rule always holds."""
     precision = precision_of(problem)
-    refusal = f"{formulation} cannot compute {precision} (16-bit tensors): {why}"
-    return Constraint((param,), lambda _value: refusal if precision.sixteen_bit else None)
+    reason = f"{formulation} cannot compute {precision} (16-bit tensors): {why}" if precision.sixteen_bit else None
+    return Refusal((param,), lambda _value: reason, reason)
 
 
 def divides(a: str, b: str) -> Constraint:

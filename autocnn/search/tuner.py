@@ -492,39 +492,36 @@ def _variants(space: SearchSpace, configs: Sequence[Config], names: Sequence[str
 
 
 def problems_offering(fixed: Mapping[str, Any], problems: Sequence[Any]) -> list[Any]:
-    """The problems of a run whose ops offer the held parameters (--fix) with a config that meets
-    their rules; the others are left out (formulation=wgmma over a network that also has weight
-    gradients: those have no wgmma; formulation=tc for a bf16 problem: tc refuses 16-bit tensors).
-    Held values that no problem offers are a mistake (a misspelt name or value), refused before
-    anything runs, with what the first problem's op allows; held values that every problem's rules
-    refuse, likewise, with the first refusal's reason."""
-    if not fixed:
-        return list(problems)
-    limits = DeviceLimits.for_arch("sm_90")   # parameters and their choices do not depend on the GPU
+    """The problems of a run that some config may serve: those whose ops offer the held parameters
+    (--fix; formulation=wgmma over a network that also has weight gradients: those have no wgmma),
+    and of those, the ones whose held formulation (or, none held, some formulation of their op)
+    can serve them at all (Operation.refusals: tc cannot compute a bf16 problem); the others are
+    left out. Held values that no problem offers are a mistake (a misspelt name or value), refused
+    before anything runs, with what the first problem's op allows; a run whose every problem is
+    left out for such a refusal is refused likewise, with the first refusal's reason."""
+    limits = DeviceLimits.for_arch("sm_90")   # parameters, choices and refusals do not depend on the GPU
     offering, first, refused = [], None, None
     for problem in problems:
+        operation = get_operation(problem.op)
+        refusals = operation.refusals(problem, limits)
+        held = fixed.get("formulation")
+        why = refusals.get(held) if isinstance(held, str) else None
+        if why is None and refusals and set(operation.formulation_names) <= set(refusals):
+            why = "; ".join(dict.fromkeys(refusals.values()))
+        if why is not None:
+            refused = refused or InfeasibleConfigError(problem.op, [f"{problem.shape_string()}: {why}"])
+            continue
         try:
-            space = get_operation(problem.op).space(problem, limits).restrict(fixed)
+            if fixed:
+                operation.space(problem, limits).restrict(fixed)
+            offering.append(problem)
         except InvalidConfigError as exc:
             first = first or exc
-            continue
-        # The rules of the most permissive target: a held formulation that cannot serve a problem
-        # at all (its precision, its shape) is left out here, not after a GPU is opened.
-        if space.sample(random.Random(0), 1, max_attempts=200):
-            offering.append(problem)
-        elif refused is None:
-            try:
-                space.complete(dict(fixed))
-                reasons = ["random walks over the space found no config that meets its rules"]
-            except InfeasibleConfigError as exc:
-                reasons = list(exc.reasons)
-            refused = InfeasibleConfigError(problem.op, [f"with {fixed_text(fixed)}, {problem.shape_string()} has no "
-                                                         f"config: {reasons[0]}", *reasons[1:]])
+    if not offering and refused is not None:
+        raise refused
     if not offering and first is not None:
         raise InvalidConfigError(first.op, first.param, first.value,
                                  f"{first.allowed} (no problem of this run offers {fixed_text(fixed)})")
-    if not offering and refused is not None:
-        raise refused
     return offering
 
 
