@@ -107,3 +107,41 @@ def test_sixteen_bit_kernels_compile_with_nvrtc(op, precision):
         assert "#include <cuda_bf16.h>" in plan.source and any(o.startswith("-I") for o in nvrtc_options(plan.source))
         rc, log = nvrtc_compile(plan.source)
         assert rc == 0, f"{formulation} {problem.shape_string()}:\n{log}"
+
+
+def test_sixteen_bit_types_are_storage_only_in_the_generated_kernels():
+    # The kernels define __CUDA_NO_*_CONVERSIONS__ / _OPERATORS__ before the headers, so a 16-bit
+    # product or an implicit float-to-half assignment is a compile error, not a silent 16-bit sum.
+    limits = DeviceLimits.for_arch("sm_90")
+    problem = dataclasses.replace(odd_problems("conv_fwd")[0][1], precision="bf16")
+    operation = OPERATIONS["conv_fwd"]
+    source = operation.plan(problem, operation.default_config(problem, limits, formulation="igemm")).source
+    assert nvrtc_compile(source)[0] == 0
+    planted = source.replace("acnn::ldg_acc(w + a.base + b.k)", "(w[a.base + b.k] * w[a.base + b.k])", 1)
+    assert planted != source
+    rc, log = nvrtc_compile(planted)
+    assert rc != 0 and "operator" in log, log
+
+
+@pytest.mark.slow
+def test_every_sampled_sixteen_bit_config_compiles_with_nvrtc():
+    # The bf16 and fp16 cases of tests/data/render_digests.json: each serving formulation's default
+    # and sampled configs (vector widths, unrolling, splits), whose code paths the defaults do not all take.
+    import json
+    from pathlib import Path
+
+    from autocnn.kernels import problem_from_dict
+
+    document = json.loads((Path(__file__).parent / "data" / "render_digests.json").read_text())
+    limits = DeviceLimits.for_arch(document["arch"])
+    cases = [c for c in document["cases"] if c["group"].rsplit("/", 1)[1] in ("bf16", "fp16")]
+    assert len(cases) >= 100
+    failures = []
+    for case in cases:
+        problem = problem_from_dict(document["problems"][case["problem"]])
+        operation = operation_for(problem)
+        plan = operation.plan(problem, operation.space(problem, limits).validate(case["config"]))
+        rc, log = nvrtc_compile(plan.source)
+        if rc:
+            failures.append(f"{case['group']} {case['config']}:\n{log[:400]}")
+    assert not failures, "\n".join(failures[:5])
