@@ -289,7 +289,7 @@ def test_fdft_splits_each_size_into_its_two_closest_factors():
 
 
 def test_fdft_rows_and_columns_are_the_dft_of_numpy():
-    """The factorised transform's arithmetic (fdft in _fft.cuh.j2) written out in NumPy: a placed
+    """The factorised transform's arithmetic (fdft in _fft_fdft.cuh.j2) written out in NumPy: a placed
     plane's half spectrum through the two stages of rows and of columns equals numpy.fft.rfft2."""
     rng = np.random.default_rng(3)
     for fh, fw in ((42, 42), (70, 35), (40, 64), (7, 12)):
@@ -311,7 +311,7 @@ def test_fdft_rows_and_columns_are_the_dft_of_numpy():
 
 
 def test_factorised_inverse_keeps_outputs_of_numpys_irfft2():
-    """The factorised inverse's arithmetic (idft in _fft.cuh.j2) written out in NumPy: a half spectrum
+    """The factorised inverse's arithmetic (idft in _fft_fdft.cuh.j2) written out in NumPy: a half spectrum
     through the columns' two stages (only the kept rows in the second) and the rows' real sums with
     their doubled weights gives numpy.fft.irfft2's values at the kept rows and columns, with rows and
     columns kept at an offset and at a stride, and odd and even widths."""
@@ -672,7 +672,7 @@ def test_tensor_core_fragment_reads_are_free_of_bank_conflicts():
     is mma_lead(rows): a half-warp's 16 reads then fall on 16 different bank pairs (shared memory
     serves 16 eight-byte words a pass), for the A fragment (rows g and g+8, terms t and t+4) and the
     B fragment (terms t and t+4, column g) of every tile size the configs give, at any warp offset
-    (a multiple of 16 rows, or 8 columns a tile). The index formulas are _fft.cuh.j2's."""
+    (a multiple of 16 rows, or 8 columns a tile). The index formulas are _fft_glue.cuh.j2's (mma_lead)."""
     for rows in (16, 32, 48, 64, 96, 128, 192, 256):            # BI = 16 * IT * warps a frequency
         ld = mma_lead(rows)
         for first in range(0, rows, 16):
