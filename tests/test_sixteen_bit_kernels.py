@@ -290,6 +290,46 @@ def test_the_vector_and_atomic_variants_verify_under_emulation(tmp_path):
         assert emulated_failure(operation, problem, config, tmp_path, seed=5) is None
 
 
+@needs_gxx
+def test_the_emulators_conversions_are_bit_for_bit_numpys_rounding(tmp_path):
+    import ctypes
+
+    from tests.cuda_emulator import PRELUDE, compile_library
+
+    lib = compile_library(PRELUDE + r"""
+extern "C" void to_half(const float* x, unsigned short* h, int n) {
+    for (int i = 0; i < n; ++i) h[i] = __float2half_rn(x[i]).__x; }
+extern "C" void to_bf16(const float* x, unsigned short* h, int n) {
+    for (int i = 0; i < n; ++i) h[i] = __float2bfloat16_rn(x[i]).__x; }
+extern "C" void from_half(const unsigned short* h, float* x, int n) {
+    for (int i = 0; i < n; ++i) x[i] = __half2float(__half{h[i]}); }
+""", tmp_path, "conversions")
+    rng = np.random.default_rng(7)
+    halves = np.arange(2**16, dtype=np.uint16)
+    # Every half as a float32, and the midpoints between neighbours (ties, both ways), subnormals,
+    # the overflow edge (65504, 65519.99, 65520) and random values over float32's range.
+    exact = halves.view(np.float16).astype(np.float32)
+    finite = np.sort(exact[np.isfinite(exact)])
+    mid = ((finite[:-1].astype(np.float64) + finite[1:]) / 2).astype(np.float32)
+    wide = (rng.standard_normal(20_000) * 10.0 ** rng.integers(-45, 38, 20_000)).astype(np.float32)
+    x = np.concatenate([exact, mid, np.nextafter(mid, np.float32(np.inf)), wide,
+                        np.float32([65504.0, 65519.99, 65520.0, -65520.0, 1e-8, 2.0**-25, 3 * 2.0**-26])])
+    x = np.ascontiguousarray(x, dtype=np.float32)
+
+    def call(fn, src, out):
+        fn(src.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(src.size))
+        return out
+
+    got = call(lib.to_half, x, np.empty(x.size, np.uint16))
+    assert np.array_equal(got.view(np.float16), element_arrays.rounded(x, FP16.x, np), equal_nan=True)
+    got = call(lib.to_bf16, x, np.empty(x.size, np.uint16))
+    want = element_arrays.rounded(x, BF16.x, np)
+    nan = np.isnan(x)
+    assert np.array_equal(got[~nan], want[~nan]) and np.isnan(element_arrays.values(got[nan], BF16.x, np)).all()
+    back = call(lib.from_half, halves, np.empty(halves.size, np.float32))
+    assert np.array_equal(back, exact, equal_nan=True)
+
+
 def _emulate(problem, formulation, inputs, tmp_path):
     from tests.cuda_emulator import run_emulated
 
