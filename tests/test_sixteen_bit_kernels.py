@@ -159,6 +159,25 @@ def test_a_formulation_that_cannot_serve_a_sixteen_bit_problem_is_refused_before
         cli.main(["tune", "--op", "conv_fwd", "--shape", shape, "--precision", "fp16", "--fix", "formulation=igemm"])
 
 
+def test_tune_network_at_a_sixteen_bit_precision_takes_its_convolutions_and_pools(no_gpu_source, capsys, monkeypatch):
+    from autocnn import cli
+
+    seen = {}
+    real = cli.tune._offering
+
+    def spy(fixed, problems):
+        seen["asked"], seen["kept"] = list(problems), real(fixed, problems)
+        return seen["kept"]
+
+    monkeypatch.setattr(cli.tune, "_offering", spy)
+    with pytest.raises(no_gpu_source):
+        cli.main(["tune", "--network", "kriz09", "--precision", "fp16", "--trials", "1"])
+    assert all(p.precision is FP16 for p in seen["asked"])
+    fused = {p.op for p in seen["asked"]} - {p.op for p in seen["kept"]}
+    assert fused == {"conv_pool_fwd", "conv_pool_dz"} and {"conv_fwd", "conv_wgrad"} <= {p.op for p in seen["kept"]}
+    assert "left out: no formulation of their operations serves their precision" in capsys.readouterr().err
+
+
 def test_the_lookup_hands_no_record_across_element_types(tmp_path):
     from autocnn.measurement.sources import ReplayFile
     from autocnn.store import RecordKey, TuningDatabase, TuningRecord, now_utc
