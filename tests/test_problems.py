@@ -87,7 +87,7 @@ def test_parse_shape_errors_are_actionable():
     with pytest.raises(InvalidProblemError, match="missing"):
         parse_shape("conv_fwd", "N=1,C=1,H=4,W=4,K=1,R=3")
     with pytest.raises(InvalidProblemError, match="fields are"):
-        parse_shape("conv_fwd", "N=1,C=1,H=4,W=4,K=1,R=3,S=3,dilation=2")
+        parse_shape("conv_fwd", "N=1,C=1,H=4,W=4,K=1,R=3,S=3,dilatation=2")
     with pytest.raises(InvalidProblemError, match="integers"):
         parse_shape("conv_fwd", "N=1,C=x,H=4,W=4,K=1,R=3,S=3")
     with pytest.raises(InvalidProblemError, match="op"):

@@ -34,6 +34,7 @@ class ConvBwdFusedProblem(ConvProblem):
 
     bias: bool = True
     op: ClassVar[str] = "conv_bwd_fused"
+    takes_grouping: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

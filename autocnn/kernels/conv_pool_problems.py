@@ -38,6 +38,7 @@ class ConvPoolFwdProblem(ConvFwdProblem):
     count_pad: bool = True
     keep_activation: bool = False
     op: ClassVar[str] = "conv_pool_fwd"
+    takes_grouping: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -105,8 +105,12 @@ def _check_elements(op: str, what: str, shape: tuple[int, ...]) -> None:
 class ConvProblem:
     """Geometry shared by the three convolution operations (forward, backward-data, weight gradient).
 
-    X is N x C x H x W, the filters K x C x R x S, Y is N x K x P x Q with
-    P = (H + pad_top + pad_bottom - R) // stride_h + 1 (and likewise Q).
+    X is N x C x H x W, the filters K x C/groups x R x S, Y is N x K x P x Q with
+    P = (H + pad_top + pad_bottom - ((R - 1) * dilation_h + 1)) // stride_h + 1 (and likewise Q).
+    ``groups`` splits the channels into that many groups, filter k reading only group
+    k // (K/groups) of the input (groups == C == K: depthwise); ``dilation`` spaces the filter's taps.
+    Both at their defaults (1, (1, 1)) are left out of to_dict, shape_string and geometry, so a dense,
+    undilated problem keeps the keys it had before they existed.
     """
 
     N: int
@@ -120,8 +124,12 @@ class ConvProblem:
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
     dtype: str = "float32"
     precision: Precision = DEFAULT_PRECISION   # a name ("tf32") is taken for its Precision
+    groups: int = 1
+    dilation: tuple[int, int] = (1, 1)
 
     op: ClassVar[str] = "conv"
+    # Whether the operation has a grouped or dilated form (the fused ones have none).
+    takes_grouping: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         op = self.op
@@ -132,33 +140,73 @@ class ConvProblem:
         if self.dtype not in DTYPES:
             raise InvalidProblemError(op, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         object.__setattr__(self, "precision", precision_named(self.precision, op))
+        self._check_grouping()
         pt, pl, pb, pr = self.padding
-        if pt >= self.R or pb >= self.R:
+        extent_h, extent_w = self.filter_extent
+        # A side padded by the whole (dilated) filter would hold output rows that read only zeros.
+        if pt >= extent_h or pb >= extent_h:
             raise InvalidProblemError(
                 op, "padding", self.padding,
-                f"top and bottom padding smaller than the filter height R={self.R}")
-        if pl >= self.S or pr >= self.S:
+                f"top and bottom padding smaller than the filter height R={self.R}" + self._dilated_text(0))
+        if pl >= extent_w or pr >= extent_w:
             raise InvalidProblemError(
                 op, "padding", self.padding,
-                f"left and right padding smaller than the filter width S={self.S}")
-        if self.H + pt + pb < self.R:
+                f"left and right padding smaller than the filter width S={self.S}" + self._dilated_text(1))
+        if self.H + pt + pb < extent_h:
             raise InvalidProblemError(
-                op, "R", self.R, f"at most the padded height H+pad_top+pad_bottom={self.H + pt + pb}")
-        if self.W + pl + pr < self.S:
+                op, "R", self.R, f"at most the padded height H+pad_top+pad_bottom={self.H + pt + pb}"
+                + self._dilated_text(0))
+        if self.W + pl + pr < extent_w:
             raise InvalidProblemError(
-                op, "S", self.S, f"at most the padded width W+pad_left+pad_right={self.W + pl + pr}")
+                op, "S", self.S, f"at most the padded width W+pad_left+pad_right={self.W + pl + pr}"
+                + self._dilated_text(1))
         for what, shape in conv_index_extents(self.N, self.C, self.H, self.W, self.K, self.R, self.S,
                                               self.P, self.Q).items():
             _check_elements(op, what, shape)
 
+    def _check_grouping(self) -> None:
+        op = self.op
+        _check_int(op, "groups", self.groups, minimum=1)
+        object.__setattr__(self, "dilation", _pair(op, "dilation", self.dilation))
+        if not self.takes_grouping and self.grouped_or_dilated:
+            field_name, value = ("groups", self.groups) if self.groups != 1 else ("dilation", self.dilation)
+            raise InvalidProblemError(op, field_name, value,
+                                      f"only {1 if field_name == 'groups' else (1, 1)}: {op} has no grouped or dilated "
+                                      "form (run its convolutions apart)")
+        for name in ("C", "K"):
+            if getattr(self, name) % self.groups:
+                raise InvalidProblemError(op, "groups", self.groups,
+                                          f"a divisor of {name}={getattr(self, name)} (each group takes "
+                                          f"{name}/groups channels)")
+
+    def _dilated_text(self, axis: int) -> str:
+        if self.dilation[axis] == 1:
+            return ""
+        size = (self.R, self.S)[axis]
+        return f" (dilated by {self.dilation[axis]}, the filter spans {self.filter_extent[axis]})" if size > 1 else ""
+
     # -- derived sizes -------------------------------------------------------------------------
     @property
+    def grouped_or_dilated(self) -> bool:
+        return self.groups != 1 or self.dilation != (1, 1)
+
+    @property
+    def depthwise(self) -> bool:
+        """Each channel its own group (groups == C), with K = m*C filters: m per channel."""
+        return self.groups == self.C and self.groups > 1
+
+    @property
+    def filter_extent(self) -> tuple[int, int]:
+        """The rows and columns of input one (dilated) filter window spans."""
+        return ((self.R - 1) * self.dilation[0] + 1, (self.S - 1) * self.dilation[1] + 1)
+
+    @property
     def P(self) -> int:
-        return (self.H + self.padding[0] + self.padding[2] - self.R) // self.stride[0] + 1
+        return (self.H + self.padding[0] + self.padding[2] - self.filter_extent[0]) // self.stride[0] + 1
 
     @property
     def Q(self) -> int:
-        return (self.W + self.padding[1] + self.padding[3] - self.S) // self.stride[1] + 1
+        return (self.W + self.padding[1] + self.padding[3] - self.filter_extent[1]) // self.stride[1] + 1
 
     @property
     def x_shape(self) -> tuple[int, int, int, int]:
@@ -166,7 +214,7 @@ class ConvProblem:
 
     @property
     def w_shape(self) -> tuple[int, int, int, int]:
-        return (self.K, self.C, self.R, self.S)
+        return (self.K, self.C // self.groups, self.R, self.S)
 
     @property
     def y_shape(self) -> tuple[int, int, int, int]:
@@ -175,14 +223,25 @@ class ConvProblem:
     @property
     def macs(self) -> int:
         """Multiply-adds of the direct convolution (the same count for all three operations)."""
-        return self.N * self.K * self.P * self.Q * self.C * self.R * self.S
+        return self.N * self.K * self.P * self.Q * (self.C // self.groups) * self.R * self.S
 
     # -- conversions ---------------------------------------------------------------------------
     def geometry(self) -> dict[str, Any]:
-        return {
+        out = {
             "N": self.N, "C": self.C, "H": self.H, "W": self.W, "K": self.K, "R": self.R, "S": self.S,
             "stride": self.stride, "padding": self.padding, "dtype": self.dtype, "precision": self.precision,
         }
+        # Only where they are not the default: the problems with no grouped form (fused, separable)
+        # take this geometry too.
+        return {**out, **self._grouping_fields()}
+
+    def _grouping_fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.groups != 1:
+            out["groups"] = self.groups
+        if self.dilation != (1, 1):
+            out["dilation"] = self.dilation
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op}
@@ -195,6 +254,10 @@ class ConvProblem:
             del out["precision"]
         else:
             out["precision"] = self.precision.name
+        # Likewise groups and dilation at their defaults: dense records keep their keys.
+        for name, value in (("groups", 1), ("dilation", (1, 1))):
+            if getattr(self, name) == value:
+                del out[name]
         return out
 
     def shape_string(self) -> str:
@@ -205,6 +268,11 @@ class ConvProblem:
             pad = str(self.padding[0])
         text = (f"N={self.N},C={self.C},H={self.H},W={self.W},K={self.K},R={self.R},S={self.S},"
                 f"stride={stride},pad={pad}")
+        if self.groups != 1:
+            text += f",groups={self.groups}"
+        if self.dilation != (1, 1):
+            dh, dw = self.dilation
+            text += f",dilation={dh}" if dh == dw else f",dilation={dh},{dw}"
         text += self._epilogue_string()
         return text + ("" if self.precision is DEFAULT_PRECISION else f",precision={self.precision.name}")
 

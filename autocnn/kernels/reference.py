@@ -12,6 +12,10 @@ chunk of the batch at a time. That keeps BLAS (or cuBLAS) doing the arithmetic o
 large enough to use it well, while memory stays a few times the input; a full im2col matrix
 would be R*S times the input and does not fit for the larger layers.
 
+Grouped convolutions (``groups`` > 1; filters K x C/groups x R x S) take one tap at a time too,
+as one batched product over the groups (einsum), and ``dilation`` (dh, dw) moves tap (r, s) to the
+view starting at (r*dh, s*dw).
+
 Layouts: activations NCHW, filters KCRS, padding (top, left, bottom, right), stride (sh, sw).
 """
 from __future__ import annotations
@@ -141,6 +145,27 @@ def _window(start: int, stride: int, count: int) -> slice:
     return slice(start, start + stride * (count - 1) + 1, stride)
 
 
+def _groups(op: str, groups: Any, **channels: int) -> int:
+    if isinstance(groups, bool) or not isinstance(groups, (int, numpy.integer)) or groups < 1:
+        raise InvalidProblemError(op, "groups", groups, "an integer >= 1")
+    for name, count in channels.items():
+        if count % groups:
+            raise InvalidProblemError(op, "groups", groups, f"a divisor of {name}={count}")
+    return int(groups)
+
+
+def _extent(size: int, dilation: int) -> int:
+    # The span of a filter of ``size`` taps dilated by ``dilation``.
+    return (size - 1) * dilation + 1
+
+
+def _grouped_taps(R: int, S: int, dilation: tuple[int, int], stride: tuple[int, int], P: int, Q: int):
+    """Each tap (r, s) with the rows and columns of the padded input its P x Q outputs read."""
+    for r in range(R):
+        for s in range(S):
+            yield r, s, _window(r * dilation[0], stride[0], P), _window(s * dilation[1], stride[1], Q)
+
+
 # -- activations --------------------------------------------------------------------------------
 
 def activation(z: Array, name: str) -> Array:
@@ -186,15 +211,17 @@ def activation_grad(y: Array, dy: Array, name: str) -> Array:
 # -- convolution --------------------------------------------------------------------------------
 
 def conv_fwd(x: Array, w: Array, *, stride: Any, padding: Any, bias: Array | None = None,
-             activation: str = "none") -> Array:
-    """y = act(conv(x, w) + bias): x (N,C,H,W), w (K,C,R,S), bias (K,) -> y (N,K,P,Q)."""
+             activation: str = "none", groups: int = 1, dilation: Any = 1) -> Array:
+    """y = act(conv(x, w) + bias): x (N,C,H,W), w (K,C/groups,R,S), bias (K,) -> y (N,K,P,Q)."""
     op = "conv_fwd"
     _check_array(op, "x", x, "N,C,H,W")
     _check_array(op, "w", w, "K,C,R,S")
     N, C, H, W = x.shape
     K, Cw, R, S = w.shape
-    if Cw != C:
-        raise InvalidProblemError(op, "w.shape", tuple(w.shape), f"(K, C, R, S) with C={C} as in x")
+    G = _groups(op, groups, C=C, K=K)
+    dh, dw = _pair(op, "dilation", dilation)
+    if Cw * G != C:
+        raise InvalidProblemError(op, "w.shape", tuple(w.shape), f"(K, C/groups, R, S) with C/groups={C // G} as in x")
     if bias is not None:
         _check_array(op, "bias", bias, "K")
         if tuple(bias.shape) != (K,):
@@ -203,10 +230,18 @@ def conv_fwd(x: Array, w: Array, *, stride: Any, padding: Any, bias: Array | Non
     xp = _check_same_kind(op, ("x", x), ("w", w), ("bias", bias))
     sh, sw = _pair(op, "stride", stride)
     pad = _padding(op, padding)
-    P = _out_size(op, "R", H, pad[0], pad[2], R, sh)
-    Q = _out_size(op, "S", W, pad[1], pad[3], S, sw)
+    P = _out_size(op, "R", H, pad[0], pad[2], _extent(R, dh), sh)
+    Q = _out_size(op, "S", W, pad[1], pad[3], _extent(S, dw), sw)
 
     xpad = _padded_nhwc(xp, x, pad)
+    if G > 1:
+        xg = xpad.reshape(*xpad.shape[:3], G, Cw)
+        wg = w.reshape(G, K // G, Cw, R, S)
+        acc5 = xp.zeros((N, P, Q, G, K // G), dtype=x.dtype)
+        for r, s, rows, cols in _grouped_taps(R, S, (dh, dw), (sh, sw), P, Q):
+            acc5 += xp.einsum("npqgc,gkc->npqgk", xg[:, rows, cols], wg[:, :, :, r, s])
+        out = acc5.reshape(N, P, Q, K)
+        return _conv_fwd_epilogue(xp, out, bias, activation)
     wt = xp.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(R, S * C, K)
     out = xp.zeros((N, P, Q, K), dtype=x.dtype)
     step = _chunk(xp, N, P * Q * max(S * C, K))
@@ -216,11 +251,16 @@ def conv_fwd(x: Array, w: Array, *, stride: Any, padding: Any, bias: Array | Non
         m = n * P * Q
         acc = out[n0:n0 + n].reshape(m, K)  # a view: accumulating into it fills ``out``
         for r in range(R):
-            rows = _window(r, sh, P)
+            rows = _window(r * dh, sh, P)
             for s in range(S):
-                cols[:n, :, :, s, :] = xpad[n0:n0 + n, rows, _window(s, sw, Q), :]
+                cols[:n, :, :, s, :] = xpad[n0:n0 + n, rows, _window(s * dw, sw, Q), :]
             xp.matmul(cols[:n].reshape(m, S * C), wt[r], out=prod[:m])
             acc += prod[:m]
+    return _conv_fwd_epilogue(xp, out, bias, activation)
+
+
+def _conv_fwd_epilogue(xp: Any, out: Array, bias: Array | None, activation: str) -> Array:
+    # out: the (N, P, Q, K) sums.
     if bias is not None:
         out += bias
     y = xp.ascontiguousarray(out.transpose(0, 3, 1, 2))
@@ -229,7 +269,8 @@ def conv_fwd(x: Array, w: Array, *, stride: Any, padding: Any, bias: Array | Non
     return _activate(y, activation)
 
 
-def conv_bwd_data(dy: Array, w: Array, *, input_hw: Any, stride: Any, padding: Any) -> Array:
+def conv_bwd_data(dy: Array, w: Array, *, input_hw: Any, stride: Any, padding: Any, groups: int = 1,
+                  dilation: Any = 1) -> Array:
     """dx = the gradient of sum(conv(x, w) * dy) with respect to x: dy (N,K,P,Q) -> dx (N,C,H,W).
 
     Computed as the exact adjoint of conv_fwd's shift-and-accumulate: each offset's part of the
@@ -246,12 +287,24 @@ def conv_bwd_data(dy: Array, w: Array, *, input_hw: Any, stride: Any, padding: A
     pt, pl, pb, pr = pad
     N, K, P, Q = dy.shape
     Kw, C, R, S = w.shape
-    expect = (N, Kw, _out_size(op, "R", H, pt, pb, R, sh), _out_size(op, "S", W, pl, pr, S, sw))
+    G = _groups(op, groups, K=Kw)
+    dh, dw = _pair(op, "dilation", dilation)
+    expect = (N, Kw, _out_size(op, "R", H, pt, pb, _extent(R, dh), sh),
+              _out_size(op, "S", W, pl, pr, _extent(S, dw), sw))
     if tuple(dy.shape) != expect:
         raise InvalidProblemError(
             op, "dy.shape", tuple(dy.shape),
             f"the conv output shape (N, K, P, Q) = {expect} for w {tuple(w.shape)}, input_hw {(H, W)}, "
-            f"stride {(sh, sw)}, padding {pad}")
+            f"stride {(sh, sw)}, padding {pad}, dilation {(dh, dw)}")
+    if G > 1:
+        dyg = xp.ascontiguousarray(dy.transpose(0, 2, 3, 1)).reshape(N, P, Q, G, K // G)
+        wg = w.reshape(G, K // G, C, R, S)
+        dxg = xp.zeros((N, H + pt + pb, W + pl + pr, G, C), dtype=dy.dtype)
+        for r, s, rows, cols in _grouped_taps(R, S, (dh, dw), (sh, sw), P, Q):
+            target = dxg[:, rows, cols]   # a view, as below
+            target += xp.einsum("npqgk,gkc->npqgc", dyg, wg[:, :, :, r, s])
+        dxpad = dxg.reshape(N, H + pt + pb, W + pl + pr, G * C)
+        return xp.ascontiguousarray(dxpad[:, pt:pt + H, pl:pl + W, :].transpose(0, 3, 1, 2))
 
     dy2 = xp.ascontiguousarray(dy.transpose(0, 2, 3, 1))  # (N, P, Q, K): row blocks of dy per chunk
     wt = xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(R, K, S * C)
@@ -263,19 +316,19 @@ def conv_bwd_data(dy: Array, w: Array, *, input_hw: Any, stride: Any, padding: A
         m = n * P * Q
         g = dy2[n0:n0 + n].reshape(m, K)
         for r in range(R):
-            rows = _window(r, sh, P)
+            rows = _window(r * dh, sh, P)
             xp.matmul(g, wt[r], out=prod[:m])
             parts = prod[:m].reshape(n, P, Q, S, C)
             for s in range(S):
                 # Through a named view: ``a[idx] += b`` would also write the view back onto itself.
-                target = dxpad[n0:n0 + n, rows, _window(s, sw, Q), :]
+                target = dxpad[n0:n0 + n, rows, _window(s * dw, sw, Q), :]
                 target += parts[:, :, :, s, :]
     return xp.ascontiguousarray(dxpad[:, pt:pt + H, pl:pl + W, :].transpose(0, 3, 1, 2))
 
 
 def conv_wgrad(x: Array, dy: Array, *, kernel_hw: Any, stride: Any, padding: Any,
-               bias: bool = True) -> tuple[Array, Array | None]:
-    """(dw, db): the gradients of sum((conv(x, w) + b) * dy) with respect to w (K,C,R,S) and b (K,).
+               bias: bool = True, groups: int = 1, dilation: Any = 1) -> tuple[Array, Array | None]:
+    """(dw, db): the gradients of sum((conv(x, w) + b) * dy) with respect to w (K,C/groups,R,S) and b (K,).
 
     ``db`` is None when ``bias`` is false.
     """
@@ -288,16 +341,26 @@ def conv_wgrad(x: Array, dy: Array, *, kernel_hw: Any, stride: Any, padding: Any
     pad = _padding(op, padding)
     N, C, H, W = x.shape
     K = dy.shape[1]
-    expect = (N, K, _out_size(op, "kernel_hw", H, pad[0], pad[2], R, sh),
-              _out_size(op, "kernel_hw", W, pad[1], pad[3], S, sw))
+    G = _groups(op, groups, C=C, K=K)
+    dh, dw_ = _pair(op, "dilation", dilation)
+    expect = (N, K, _out_size(op, "kernel_hw", H, pad[0], pad[2], _extent(R, dh), sh),
+              _out_size(op, "kernel_hw", W, pad[1], pad[3], _extent(S, dw_), sw))
     if tuple(dy.shape) != expect:
         raise InvalidProblemError(
             op, "dy.shape", tuple(dy.shape),
             f"the conv output shape (N, K, P, Q) = {expect} for x {tuple(x.shape)}, kernel_hw {(R, S)}, "
-            f"stride {(sh, sw)}, padding {pad}")
+            f"stride {(sh, sw)}, padding {pad}, dilation {(dh, dw_)}")
     P, Q = expect[2], expect[3]
+    db = dy.sum(axis=(0, 2, 3)) if bias else None
 
     xpad = _padded_nhwc(xp, x, pad)
+    if G > 1:
+        xg = xpad.reshape(*xpad.shape[:3], G, C // G)
+        dyg = xp.ascontiguousarray(dy.transpose(0, 2, 3, 1)).reshape(N, P, Q, G, K // G)
+        dwg = xp.zeros((G, K // G, C // G, R, S), dtype=x.dtype)
+        for r, s, rows, cols in _grouped_taps(R, S, (dh, dw_), (sh, sw), P, Q):
+            dwg[:, :, :, r, s] = xp.einsum("npqgk,npqgc->gkc", dyg, xg[:, rows, cols])
+        return dwg.reshape(K, C // G, R, S), db
     dy2 = xp.ascontiguousarray(dy.transpose(0, 2, 3, 1))  # (N, P, Q, K)
     dw = xp.zeros((R, K, S * C), dtype=x.dtype)
     step = _chunk(xp, N, P * Q * max(S * C, K))
@@ -307,13 +370,12 @@ def conv_wgrad(x: Array, dy: Array, *, kernel_hw: Any, stride: Any, padding: Any
         m = n * P * Q
         gT = dy2[n0:n0 + n].reshape(m, K).T
         for r in range(R):
-            rows = _window(r, sh, P)
+            rows = _window(r * dh, sh, P)
             for s in range(S):
-                cols[:n, :, :, s, :] = xpad[n0:n0 + n, rows, _window(s, sw, Q), :]
+                cols[:n, :, :, s, :] = xpad[n0:n0 + n, rows, _window(s * dw_, sw, Q), :]
             xp.matmul(gT, cols[:n].reshape(m, S * C), out=prod)
             dw[r] += prod
     dw = xp.ascontiguousarray(dw.reshape(R, K, S, C).transpose(1, 3, 0, 2))
-    db = dy.sum(axis=(0, 2, 3)) if bias else None
     return dw, db
 
 
@@ -449,6 +511,8 @@ def run_problem(problem: Any, inputs: Mapping[str, Array]) -> dict[str, Array]:
         return problem.reference(inputs)
     op = problem.op
     geo = {"stride": problem.stride, "padding": problem.padding}
+    if op in ("conv_fwd", "conv_bwd_data", "conv_wgrad"):
+        geo.update(groups=problem.groups, dilation=problem.dilation)
     if op == "conv_fwd":
         return {"y": conv_fwd(inputs["x"], inputs["w"], bias=inputs.get("bias"),
                               activation=problem.activation, **geo)}
@@ -478,9 +542,13 @@ def reduction_length(problem: Any, output_name: str) -> int:
         return problem.reduction_length(output_name)
     sh, sw = problem.stride
     if op == "conv_fwd":
-        return problem.C * problem.R * problem.S
+        return problem.C // problem.groups * problem.R * problem.S
     if op == "conv_bwd_data":
-        return math.ceil(problem.R / sh) * math.ceil(problem.S / sw) * problem.K
+        # Of the taps along an axis, every (stride / gcd(stride, dilation))-th reaches one input.
+        dh, dw = problem.dilation
+        taps_h = math.ceil(problem.R / (sh // math.gcd(sh, dh)))
+        taps_w = math.ceil(problem.S / (sw // math.gcd(sw, dw)))
+        return taps_h * taps_w * problem.K // problem.groups
     if op == "conv_wgrad":
         return problem.N * problem.P * problem.Q
     kh, kw = problem.window

@@ -63,7 +63,9 @@ def shape_distance(a: Any, b: Any) -> float:
     tf32 record from an fp32 request ``a``: a tf32 config must never serve fp32 (its error bound is
     looser). An fp32 record may serve a tf32 request, PRECISION_DISTANCE further away: its config
     runs as the tf32 problem's code, which meets the looser bound as well; it was tuned for another
-    cost, so a tf32 record of a shape as near wins.
+    cost, so a tf32 record of a shape as near wins. Problems of different grouping classes
+    (grouping_class: dense, depthwise, grouped) are infinitely far apart; within one, the number
+    of groups counts as a size, and each axis's dilation as its stride does.
     """
     if a.op != b.op or a.dtype != b.dtype:
         return math.inf
@@ -73,6 +75,8 @@ def shape_distance(a: Any, b: Any) -> float:
         if not pb.can_serve(pa):
             return math.inf
         d += PRECISION_DISTANCE
+    if grouping_class(a) != grouping_class(b):
+        return math.inf
     ga, gb = a.geometry(), b.geometry()
     sizes = ["N", "C", "H", "W"]
     pairs = [(ga[n], gb[n]) for n in sizes]
@@ -83,10 +87,25 @@ def shape_distance(a: Any, b: Any) -> float:
     d += sum(abs(math.log2(x / y)) for x, y in pairs)
     d += 2.0 * sum(abs(math.log2(x / y)) for x, y in zip(ga["stride"], gb["stride"]))
     d += 0.25 * sum(1 for x, y in zip(ga["padding"], gb["padding"]) if x != y)
+    if "K" in ga:
+        # A depthwise problem's groups follow its C, which has counted already.
+        if grouping_class(a) == "grouped":
+            d += abs(math.log2(ga["groups"] / gb["groups"]))
+        d += 2.0 * sum(abs(math.log2(x / y)) for x, y in zip(ga.get("dilation", (1, 1)), gb.get("dilation", (1, 1))))
     for flag in ("bias", "activation", "count_pad"):
         if getattr(a, flag, None) != getattr(b, flag, None):
             d += 0.25
     return d
+
+
+def grouping_class(problem: Any) -> str:
+    """Which kind of channel grouping a convolution has: "dense" (groups=1, and every pooling
+    problem), "depthwise" (a group per input channel) or "grouped" (the rest). A config is
+    borrowed only within one class: each needs formulations of its own."""
+    groups = getattr(problem, "groups", 1)
+    if groups == 1:
+        return "dense"
+    return "depthwise" if groups == problem.C else "grouped"
 
 
 def _gpu_text(key: RecordKey) -> str:
