@@ -16,7 +16,7 @@ from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels.codegen import code_source, render_family, template_fingerprint
 from autocnn.kernels.plan import KernelPlan
-from autocnn.kernels.rules import refusal
+from autocnn.kernels.rules import Refusal, refusal
 from autocnn.kernels.space import Config, Constraint, Param, SearchSpace
 from autocnn.kernels.steps import WORKSPACE_ELEMENT
 from autocnn.precision import KernelTypes, precision_of
@@ -149,13 +149,13 @@ class Operation:
             raise InfeasibleConfigError(self.name, ["no default candidate fits: " + "; ".join(reasons)])
 
     def refusals(self, problem: Any, limits: DeviceLimits) -> dict[str, str]:
-        """Why each formulation that cannot serve ``problem`` at all (its precision:
-        rules.Refusal) refuses it, by each value of "formulation" that selects it; the others are
+        """Why each formulation that cannot serve ``problem`` at all (its precision, its channel
+        groups or dilation: rules.Refusal) refuses it, by each value of "formulation" that selects it; the others are
         not in it. Read before any config is drawn: what a run holds to a formulation, or runs an
         operation none of whose formulations serve, is refused before a GPU opens."""
         out: dict[str, str] = {}
         for f in self.formulations:
-            why = refusal(f.constraints(problem, limits))
+            why = f.grouping_refusal(problem) or refusal(f.constraints(problem, limits))
             if why is not None:
                 out.update({name: why for name in f.names})
         return out
@@ -255,7 +255,8 @@ def compose_space(op: str, formulations: Sequence["OpFormulation"], problem: Any
     apply to its own configs only."""
     if len(formulations) == 1:
         f = formulations[0]
-        return SearchSpace(op, f.params(problem), f.constraints(problem, limits))
+        mine = f.params(problem)
+        return SearchSpace(op, mine, [*f.constraints(problem, limits), *_grouping_refusals(f, problem, mine[0].name)])
     doc = "; ".join(f"{'/'.join(f.names)}: {f.summary}" for f in formulations)
     params: dict[str, Param] = {"formulation": Param("formulation", tuple(n for f in formulations for n in f.names), doc)}
     own = [(f, f.params(problem)) for f in formulations]
@@ -280,10 +281,22 @@ def compose_space(op: str, formulations: Sequence["OpFormulation"], problem: Any
     shared = {name for name, n in declared.items() if n > 1}
     constraints: list[Constraint] = []
     for f, mine in own:
-        for c in f.constraints(problem, limits):
+        for c in [*f.constraints(problem, limits), *_grouping_refusals(f, problem, "formulation")]:
             constraints.append(_scoped(c, f.names) if shared.intersection(c.params) else c)
         constraints += [_own_choices(p, f.names) for p in mine if params[p.name].choices != p.choices]
     return SearchSpace(op, list(params.values()), constraints)
+
+
+def _grouping_refusals(f: "OpFormulation", problem: Any, param: str) -> list[Constraint]:
+    """The formulation's refusal of the problem's channel groups or dilation, as a rule on ``param``
+    ("formulation", or a parameter of the only formulation), scoped to its configs; none where it
+    serves them, so a dense problem's space is what it was."""
+    reason = f.grouping_refusal(problem)
+    if reason is None:
+        return []
+    if param == "formulation":
+        return [Refusal((param,), lambda value: reason if value in f.names else None, reason)]
+    return [Refusal((param,), lambda _value: reason, reason)]
 
 
 def _scoped(constraint: Constraint, names: tuple[str, ...]) -> Constraint:

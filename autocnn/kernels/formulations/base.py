@@ -49,7 +49,9 @@ cores has tiles BM, BN, BK too): the operation merges them into one parameter wi
 restricts each formulation to its own choices, and applies each formulation's constraints to its
 own configs only. An operation with a single formulation has no "formulation" parameter (its
 configs name none). A formulation that serves only some problems of an operation (a precision, an
-architecture) says so with a constraint whose reason tells the user why.
+architecture) says so with a constraint whose reason tells the user why. Channel groups and
+dilation are refused for every formulation by default (OpFormulation.grouping_refusal, which the
+operation adds to its rules); one that serves them overrides it.
 """
 from __future__ import annotations
 
@@ -76,6 +78,12 @@ def choices_with_own(choices: tuple[int, ...], n: int, bound: int = 16) -> tuple
     """The (ascending) choices up to n's next power of two, plus n itself when it is at most
     ``bound``: 5 filters should not pay for a tile of 8."""
     return tuple(sorted(set(choices_upto(choices, next_pow2(n))) | ({n} if n <= bound else set())))
+
+
+def grouping_text(problem: Any) -> str:
+    """A convolution's groups and dilation as the refusals name them."""
+    dh, dw = problem.dilation
+    return f"groups={problem.groups}, dilation={dh if dh == dw else f'{dh},{dw}'}"
 
 
 def pragma_unroll(value: int) -> str:
@@ -118,6 +126,16 @@ class OpFormulation:
 
     def code_helpers(self) -> tuple:
         return ()
+
+    def grouping_refusal(self, problem: Any) -> str | None:
+        """Why it cannot compute ``problem``'s channel groups or dilation (the operation turns this
+        into a rules.Refusal); None where it can. Every formulation computes dense, undilated
+        convolutions; one that serves more says so here."""
+        if not getattr(problem, "grouped_or_dilated", False):
+            return None
+        return (f"{self.formulation} computes dense, undilated convolutions only (groups=1, dilation=1; "
+                f"{grouping_text(problem)} given): its index maps read all C channels for every filter, "
+                "at consecutive taps")
 
     def compile_suffix(self, config: Config) -> str:
         """The target suffix a config is compiled for: the formulation's, unless some of its

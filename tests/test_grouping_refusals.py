@@ -1,0 +1,67 @@
+"""Formulations that cannot compute channel groups or dilation refuse such a problem by a
+rules.Refusal that says why, so a space holds only those that serve it, a lookup never runs one
+of the others, and a run held to one of them is refused before a GPU opens."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autocnn.device import DeviceLimits
+from autocnn.errors import InfeasibleConfigError
+from autocnn.kernels import get_operation
+from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
+
+LIMITS = DeviceLimits.for_arch("sm_90")
+CONV_OPS = {"conv_fwd": ConvFwdProblem, "conv_bwd_data": ConvBwdDataProblem, "conv_wgrad": ConvWgradProblem}
+# The formulations that serve each grouping (by the values of "formulation" that select them).
+SERVING: dict[str, dict[str, set[str]]] = {
+    "grouped": {op: set() for op in CONV_OPS},
+    "dilated": {op: set() for op in CONV_OPS},
+}
+
+
+def _problems(op):
+    cls = CONV_OPS[op]
+    dense = cls(N=2, C=12, H=11, W=10, K=12, R=3, S=3, padding=1)
+    return {"grouped": dataclasses.replace(dense, groups=4), "dilated": dataclasses.replace(dense, dilation=2, padding=2)}
+
+
+@pytest.mark.parametrize("op", CONV_OPS)
+@pytest.mark.parametrize("kind", ["grouped", "dilated"])
+def test_every_formulation_but_those_serving_refuses_with_its_reason(op, kind):
+    operation = get_operation(op)
+    problem = _problems(op)[kind]
+    refusals = operation.refusals(problem, LIMITS)
+    assert set(refusals) == set(operation.formulation_names) - SERVING[kind][op]
+    for name, why in refusals.items():
+        formulation = operation.formulation(name).formulation
+        assert why.startswith(f"{formulation} computes dense, undilated convolutions only"), why
+        assert ("groups=4, dilation=1 given" if kind == "grouped" else "groups=1, dilation=2 given") in why
+    space = operation.space(problem, LIMITS)
+    dense = dataclasses.replace(problem, groups=1, dilation=(1, 1), padding=1)   # the same P x Q
+    checked = 0
+    for formulation in {operation.formulation(name).formulation for name in refusals}:
+        # A default config of the dense shape breaks the refusal on the grouped or dilated one.
+        try:
+            config = operation.default_config(dense, LIMITS, formulation)
+        except InfeasibleConfigError:   # the formulation does not serve this dense shape either
+            continue
+        with pytest.raises(InfeasibleConfigError, match=f"{formulation} computes dense, undilated convolutions only"):
+            space.validate(config)
+        checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.parametrize("op", CONV_OPS)
+def test_a_dense_problem_meets_no_grouping_refusal(op):
+    problem = dataclasses.replace(_problems(op)["grouped"], groups=1)
+    assert not any("dense, undilated" in why for why in get_operation(op).refusals(problem, LIMITS).values())
+
+
+def test_a_run_held_to_a_dense_formulation_is_refused_before_any_gpu_work():
+    from autocnn.search.tuner import problems_offering
+
+    grouped = _problems("conv_fwd")["grouped"]
+    with pytest.raises(InfeasibleConfigError, match="igemm computes dense, undilated convolutions only"):
+        problems_offering({"formulation": "igemm"}, [grouped])
