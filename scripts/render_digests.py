@@ -36,7 +36,7 @@ from autocnn.device import DeviceLimits  # noqa: E402
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError, InvalidProblemError  # noqa: E402
 from autocnn.kernels import OPERATIONS, get_operation, problem_from_dict  # noqa: E402
 from autocnn.kernels.problem import PRECISIONS, precision_label  # noqa: E402
-from autocnn.kernels.suite import odd_problems, seed_problems, target_problems  # noqa: E402
+from autocnn.kernels.suite import GROUPED_ODD_SHAPES, odd_problems, seed_problems, target_problems  # noqa: E402
 
 DIGESTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "render_digests.json"
 ARCH = "sm_90"                   # the limits configs are sampled under: every formulation serves it
@@ -51,6 +51,9 @@ EXTRA_CONV_SHAPES = (
     ("odd_3x3_wide", dict(N=2, C=12, H=10, W=14, K=20, R=3, S=3, stride=(1, 1), padding=(1, 0, 1, 2))),
     ("odd_5x5", dict(N=2, C=6, H=19, W=17, K=12, R=5, S=5, stride=(1, 1), padding=(2, 2, 2, 2))),
     ("odd_5x5_s2", dict(N=3, C=4, H=21, W=18, K=9, R=5, S=5, stride=(2, 2), padding=(2, 1, 2, 2))),
+    # Depthwise and dilated (the formulations of channel groups serve only these; appended, so that
+    # the dense formulations' samples stay what they were).
+    *((s.name, dict(s.geometry)) for s in GROUPED_ODD_SHAPES),
 )
 EPILOGUES = (dict(bias=True, activation="relu"), dict(bias=True, activation="tanh"),
              dict(bias=False, activation="logistic"))

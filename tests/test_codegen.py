@@ -21,7 +21,7 @@ from autocnn.kernels.formulations.cores.wgmma_gemm import ARCH as WGMMA_ARCH, FO
 from autocnn.device import DeviceLimits
 from autocnn.errors import CompileError
 from autocnn.kernels import OPERATIONS, ConvFwdProblem, operation_for
-from autocnn.kernels.suite import odd_problems, seed_problems
+from autocnn.kernels.suite import grouped_odd_problems, odd_problems, seed_problems
 
 ARCHES = ("sm_80", "sm_90")
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
@@ -219,7 +219,8 @@ def test_sampled_configs_compile_on_every_seed_shape(arch, tmp_path):
     offered = {op: set() for op in OPERATIONS}
     served = {op: set() for op in OPERATIONS}
     for op in sorted(OPERATIONS):
-        for shapes, samples in ((seed_problems(op), 2), (odd_problems(op), 1)):
+        # The grouped odd shapes too: the formulations of channel groups (depthwise) serve only those.
+        for shapes, samples in ((seed_problems(op), 2), ([*odd_problems(op), *grouped_odd_problems(op)], 1)):
             for name, problem in shapes:
                 operation = operation_for(problem)
                 space = operation.space(problem, limits)

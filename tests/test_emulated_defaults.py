@@ -13,7 +13,7 @@ import pytest
 from autocnn.device import DeviceLimits
 from autocnn.errors import InfeasibleConfigError
 from autocnn.kernels import OPERATIONS
-from autocnn.kernels.suite import odd_problems
+from autocnn.kernels.suite import grouped_odd_problems, odd_problems
 from tests.cuda_emulator import emulated_failure
 from tests.test_winograd import odd_problems as winograd_problems
 
@@ -31,6 +31,7 @@ def _shapes(op: str):
     shapes = list(odd_problems(op))
     if op in ("conv_fwd", "conv_bwd_data", "conv_wgrad"):
         shapes += winograd_problems(op)
+        shapes += grouped_odd_problems(op)[:1]   # depthwise serves only these
     return shapes
 
 

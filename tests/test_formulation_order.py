@@ -14,17 +14,17 @@ from autocnn.kernels.registry import OPERATIONS
 
 REGISTRIES = {
     "REGISTRY": ("direct", "igemm", "gather", "rows", "tc", "unrolled", "winograd", "fft", "window_gather",
-                 "circular", "circular_bwd", "wgmma", "halo", "tc_rows", "winograd_fused", "tma"),
+                 "circular", "circular_bwd", "wgmma", "halo", "tc_rows", "winograd_fused", "tma", "depthwise"),
     "CONV_POOL": ("igemm_pool", "direct_pool", "act_gather"),
     "SEPARABLE": ("sep_register", "sep_onepass", "sep_twopass", "sep_tiles"),
 }
 
 CHOICES = {
     "conv_fwd": ("direct", "igemm", "tc", "unrolled", "winograd", "fft", "circular", "wgmma", "halo",
-                 "winograd_fused"),
+                 "winograd_fused", "depthwise"),
     "conv_bwd_data": ("direct", "igemm", "gather", "tc", "unrolled", "winograd", "fft", "wgmma", "halo",
-                      "winograd_fused", "tma"),
-    "conv_wgrad": ("atomic", "two_pass", "rows", "tc", "unrolled", "winograd", "fft", "wgmma", "tc_rows"),
+                      "winograd_fused", "tma", "depthwise"),
+    "conv_wgrad": ("atomic", "two_pass", "rows", "tc", "unrolled", "winograd", "fft", "wgmma", "tc_rows", "depthwise"),
     "avgpool_fwd": ("window_gather",),
     "avgpool_bwd": ("window_gather",),
     "conv_bwd_fused": ("circular_bwd",),

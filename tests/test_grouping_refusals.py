@@ -36,12 +36,15 @@ def test_every_formulation_but_those_serving_refuses_with_its_reason(op, kind):
     assert set(refusals) == set(operation.formulation_names) - SERVING[kind][op]
     for name, why in refusals.items():
         formulation = operation.formulation(name).formulation
+        if formulation == "depthwise":   # it serves groups == C alone (tests/test_depthwise.py)
+            assert why.startswith("depthwise computes depthwise convolutions only"), why
+            continue
         assert why.startswith(f"{formulation} computes dense, undilated convolutions only"), why
         assert ("groups=4, dilation=1 given" if kind == "grouped" else "groups=1, dilation=2 given") in why
     space = operation.space(problem, LIMITS)
     dense = dataclasses.replace(problem, groups=1, dilation=(1, 1), padding=1)   # the same P x Q
     checked = 0
-    for formulation in {operation.formulation(name).formulation for name in refusals}:
+    for formulation in {operation.formulation(name).formulation for name in refusals} - {"depthwise"}:
         # A default config of the dense shape breaks the refusal on the grouped or dilated one.
         try:
             config = operation.default_config(dense, LIMITS, formulation)
@@ -56,7 +59,9 @@ def test_every_formulation_but_those_serving_refuses_with_its_reason(op, kind):
 @pytest.mark.parametrize("op", CONV_OPS)
 def test_a_dense_problem_meets_no_grouping_refusal(op):
     problem = dataclasses.replace(_problems(op)["grouped"], groups=1)
-    assert not any("dense, undilated" in why for why in get_operation(op).refusals(problem, LIMITS).values())
+    refusals = get_operation(op).refusals(problem, LIMITS)
+    assert "depthwise" in refusals   # the one formulation that serves only grouped problems
+    assert not any("dense, undilated" in why for why in refusals.values())
 
 
 def test_a_run_held_to_a_dense_formulation_is_refused_before_any_gpu_work():

@@ -191,7 +191,8 @@ def test_a_registered_formulation_joins_the_space_and_changes_no_default():
 
     base = OPERATIONS["conv_fwd"]
     op = ConvFwd((*REGISTRY, Formulation("probe", (_Probe(),))))
-    names = ("direct", "igemm", "tc", "unrolled", "winograd", "fft", "circular", "wgmma", "halo", "winograd_fused")
+    names = ("direct", "igemm", "tc", "unrolled", "winograd", "fft", "circular", "wgmma", "halo", "winograd_fused",
+             "depthwise")
     assert base.formulation_names == names
     assert op.formulation_names == (*names, "probe")
     assert op.fingerprint("direct") == base.fingerprint("direct") and op.fingerprint("igemm") == base.fingerprint("igemm")

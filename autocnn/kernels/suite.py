@@ -126,6 +126,26 @@ def _registered_suite(op: str, which: str) -> list[tuple[str, Any]]:
     return out
 
 
+# Depthwise and dilated shapes that divide nothing evenly (a channel multiplier, dilation with
+# stride, a 31x31 filter on a 20x20 map): the formulations of channel groups are tested on these,
+# apart from ODD_SHAPES, which every dense formulation is.
+GROUPED_ODD_SHAPES: tuple[SeedShape, ...] = tuple(
+    SeedShape(name, "conv", tuple(geometry.items()), "odd grouped") for name, geometry in (
+        ("odd_dw_3x3", dict(N=3, C=5, H=13, W=11, K=5, R=3, S=3, stride=(1, 1), padding=(1, 1, 1, 1), groups=5)),
+        ("odd_dw_d2_s3", dict(N=2, C=7, H=17, W=19, K=7, R=3, S=3, stride=(3, 3), padding=(2, 1, 2, 2), groups=7,
+                              dilation=(2, 2))),
+        ("odd_dw_mult", dict(N=2, C=3, H=9, W=14, K=6, R=5, S=3, stride=(2, 1), padding=(2, 1, 1, 1), groups=3,
+                             dilation=(1, 2))),
+        ("odd_dw_31x31", dict(N=1, C=3, H=20, W=20, K=3, R=31, S=31, stride=(1, 1), padding=(15, 15, 15, 15),
+                              groups=3)),
+    ))
+
+
+def grouped_odd_problems(op: str) -> list[tuple[str, Any]]:
+    """GROUPED_ODD_SHAPES as problems of a convolution op (none for the others)."""
+    return [(s.name, s.problem(op)) for s in GROUPED_ODD_SHAPES] if op in CONV_OPS else []
+
+
 def odd_problems(op: str) -> list[tuple[str, Any]]:
     if op not in CONV_OPS + POOL_OPS:
         return _registered_suite(op, "odd_problems")

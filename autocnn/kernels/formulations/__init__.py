@@ -13,6 +13,7 @@ from autocnn.kernels.formulations.act_gather import ACT_GATHER
 from autocnn.kernels.formulations.base import Formulation, OpFormulation  # noqa: F401
 from autocnn.kernels.formulations.circular import CIRCULAR
 from autocnn.kernels.formulations.circular_bwd import CIRCULAR_BWD
+from autocnn.kernels.formulations.depthwise import DEPTHWISE
 from autocnn.kernels.formulations.direct import DIRECT
 from autocnn.kernels.formulations.direct_pool import DIRECT_POOL
 from autocnn.kernels.formulations.fft import FFT
@@ -40,7 +41,7 @@ from autocnn.kernels.formulations.winograd_fused import WINOGRAD_FUSED
 # stored choice index changes meaning and no operation's default moves
 # (tests/test_formulation_order.py pins the order).
 REGISTRY: tuple[Formulation, ...] = (DIRECT, IGEMM, GATHER, ROWS, TENSOR_CORE, UNROLLED, WINOGRAD, FFT, WINDOW_GATHER,
-                                     CIRCULAR, CIRCULAR_BWD, WGMMA, HALO, TC_ROWS, WINOGRAD_FUSED, TMA)
+                                     CIRCULAR, CIRCULAR_BWD, WGMMA, HALO, TC_ROWS, WINOGRAD_FUSED, TMA, DEPTHWISE)
 
 # conv_pool_fwd's (igemm_pool, direct_pool) and conv_pool_dz's (act_gather).
 CONV_POOL: tuple[Formulation, ...] = (IGEMM_POOL, DIRECT_POOL, ACT_GATHER)
