@@ -9,6 +9,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
+import pytest
+
 from autocnn.device import DeviceLimits
 from autocnn.kernels.compiler import NvccCompiler
 from autocnn.kernels.conv_bwd_data import ConvBwdData
@@ -61,6 +63,24 @@ def compile_failures(jobs: Sequence[tuple[str, Any, bool]], arch: str, cache_dir
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         return [f for f in pool.map(build, jobs) if f]
+
+
+# The builds of an exhaustive config list: a fresh random sample of it in the default run, every
+# config in the slow one (pytest -m slow). The lists themselves are always made whole, so their
+# checks (counts, which parameters vary) always run.
+BUILD_SAMPLE = 8
+BUILDS = (pytest.param(BUILD_SAMPLE, id="sample"), pytest.param(None, id="every", marks=pytest.mark.slow))
+
+
+def build_sample(jobs: Sequence[Any], count: int | None) -> list:
+    """``count`` jobs drawn at random (the seed printed, so a failure can be built again), or all of
+    them when ``count`` is None or covers them."""
+    jobs = list(jobs)
+    if count is None or len(jobs) <= count:
+        return jobs
+    seed = random.randrange(2**32)
+    print(f"building {count} of {len(jobs)} configs (random.Random({seed}).sample)", file=sys.stderr)
+    return random.Random(seed).sample(jobs, count)
 
 
 def target_build_failures(compiler: NvccCompiler, jobs: Sequence[tuple[str, Any, Any]]) -> list[str]:
