@@ -25,6 +25,7 @@ from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import odd_problems
 from autocnn.measurement.measure import verify_outputs
 from tests.cuda_emulator import PRELUDE, compile_library, emulated_failure, run_emulated, translate_ptx
+from tests.formulation_checks import EMULATIONS, build_sample
 from tests.test_fft import small_problems as fft_problems
 from tests.test_precision import to_bf16, to_tf32
 from tests.test_winograd import wgmma_problems as winograd_problems
@@ -222,27 +223,29 @@ def test_winograd_mma_products_verify_under_emulation(op, precision, tmp_path):
     _verify_all(cases, tmp_path)
 
 
+@pytest.mark.parametrize("cases", EMULATIONS)
 @pytest.mark.parametrize("op", OPS)
-def test_cross_products_verify_under_emulation(op, tmp_path):
+def test_cross_products_verify_under_emulation(op, cases, tmp_path):
     """CROSS=1 (fp32: 3xTF32's cross products as one BF16 mma) in the tc formulation, the first
     default with paired fragment reads on every odd shape; winograd's MMA_CROSS=1, a sampled config
     on each shape its products take; fft's MAC_CROSS=1 (MAC "mma"), a sampled config on a 7x5
-    filter with asymmetric padding. Every element at the FP32 bound."""
+    filter with asymmetric padding. Every element at the FP32 bound; the default run emulates three
+    of these cases at random, `-m slow` all."""
     rng = random.Random()
-    cases = []
+    runs = []
     for name, problem in odd_problems(op):
         space = OPERATIONS[op].space(problem, LIMITS)
         default = OPERATIONS[op].default_config(problem, LIMITS, formulation="tc")
-        cases.append((name, problem, space.validate({**default.as_dict(), "FRAG": "pair", "CROSS": 1})))
+        runs.append((name, problem, space.validate({**default.as_dict(), "FRAG": "pair", "CROSS": 1})))
     fixed = {"formulation": "winograd", "PRODUCTS": "mma", "MMA_CROSS": 1}
     for name, problem in winograd_problems(op):
         problem = dataclasses.replace(problem, precision="fp32")
-        cases += [(name, problem, c) for c in OPERATIONS[op].space(problem, LIMITS).restrict(fixed).sample(rng, 1)]
+        runs += [(name, problem, c) for c in OPERATIONS[op].space(problem, LIMITS).restrict(fixed).sample(rng, 1)]
     name, problem = next((n, p) for n, p in fft_problems(op) if n == "f_7x5")
     problem = dataclasses.replace(problem, precision="fp32")
     fixed = {"formulation": "fft", "MAC": "mma", "MAC_CROSS": 1}
-    cases += [(name, problem, c) for c in OPERATIONS[op].space(problem, LIMITS).restrict(fixed).sample(rng, 1)]
-    _verify_all(cases, tmp_path)
+    runs += [(name, problem, c) for c in OPERATIONS[op].space(problem, LIMITS).restrict(fixed).sample(rng, 1)]
+    _verify_all(build_sample(runs, cases), tmp_path)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
