@@ -11,7 +11,8 @@ GPU's rounding or resource limits, or of real concurrency (the GPU tests' part).
 
 The inline PTX of the mma.sync formulations runs too (translate_ptx): the warp-collective
 ``mma.sync.m16n8k8`` on TF32 operands (each lane's fragments gathered through the warp's barrier,
-the operands cut to their top 19 bits as the tensor cores read them) and ``m16n8k16`` on BF16 ones,
+the operands cut to their top 19 bits as the tensor cores read them) and ``m16n8k16`` on BF16 and
+FP16 ones (exact products, summed in double and rounded once to FP32),
 ``cvt.rna.tf32.f32`` and ``cvt.rn.bf16x2.f32``,
 ``cp.async`` (a copy done at once, zero-filled past its source size; commit and wait do nothing)
 and the vector shared-memory loads and stores, with shared addresses as 32-bit offsets the way the
@@ -55,6 +56,9 @@ PRELUDE = r"""
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline float2 make_float2(float x, float y) { return {x, y}; }
 thread_local dim3 threadIdx, blockIdx;
@@ -224,6 +228,22 @@ inline void emu_mma_m16n8k16_bf16(float& d0, float& d1, float& d2, float& d3, un
                      return sum;
                  });
 }
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: the BF16 one's layout on FP16 values (exact in
+// double, as their products are in FP32); emu_half_value is defined with __half2float below.
+inline float emu_half_value(unsigned h);
+inline void emu_mma_m16n8k16_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
+                                 unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3) {
+    emu_mma_warp(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3,
+                 [](unsigned base, unsigned r, unsigned n, double sum) {
+                     for (unsigned k = 0; k < 16; ++k) {
+                         const unsigned lane = k % 8 / 2, half = 16 * (k & 1);
+                         const unsigned a = emu_mma_a[base + r % 8 * 4 + lane][(r >= 8) + 2 * (k >= 8)] >> half;
+                         const unsigned b = emu_mma_b[base + n * 4 + lane][k >= 8] >> half;
+                         sum += (double)emu_half_value(a) * (double)emu_half_value(b);
+                     }
+                     return sum;
+                 });
+}
 // 16-bit storage types and the conversions of cuda_bf16.h and cuda_fp16.h the kernels call, as the
 // GPU computes them: float to 16 bits rounds to nearest even, keeps NaN a NaN and takes float16 past
 // its largest finite value (65504, from 65520 on) to Inf; 16 bits to float is exact.
@@ -237,6 +257,9 @@ inline float __half2float(__half v) {
     if (e == 0) return (sign ? -1.0f : 1.0f) * static_cast<float>(m) * 5.9604644775390625e-8f;   // m * 2^-24
     return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
 }
+inline float emu_half_value(unsigned h) { return __half2float(__half{static_cast<unsigned short>(h & 0xffffu)}); }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short bits) { return {bits}; }
+inline __half __ushort_as_half(unsigned short bits) { return {bits}; }
 inline __half __float2half_rn(float f) {
     const unsigned u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return {static_cast<unsigned short>(sign | 0x7e00u)};          // NaN
@@ -341,6 +364,9 @@ def _ptx_call(text: str, operands: list[str]) -> str:
     if opcode == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
         d, a, b, c = (group(x) for x in args)
         return f"emu_mma_m16n8k16_bf16({', '.join(d + a + b + c)})"
+    if opcode == "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32":
+        d, a, b, c = (group(x) for x in args)
+        return f"emu_mma_m16n8k16_f16({', '.join(d + a + b + c)})"
     if opcode == "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32":
         d, a, b, c = (group(x) for x in args)
         # C is read into the call's parameters before D is written, as mma reads before it writes.

@@ -9,6 +9,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
+import pytest
+
 from autocnn.device import DeviceLimits
 from autocnn.kernels.compiler import NvccCompiler
 from autocnn.kernels.conv_bwd_data import ConvBwdData
@@ -61,6 +63,26 @@ def compile_failures(jobs: Sequence[tuple[str, Any, bool]], arch: str, cache_dir
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         return [f for f in pool.map(build, jobs) if f]
+
+
+# The builds of an exhaustive config list, and the cases of a long emulation: a fresh random sample
+# of them in the default run, every one in the slow one (pytest -m slow). The lists themselves are
+# always made whole, so their checks (counts, which parameters vary) always run.
+BUILD_SAMPLE = 8
+BUILDS = (pytest.param(BUILD_SAMPLE, id="sample"), pytest.param(None, id="every", marks=pytest.mark.slow))
+EMULATION_SAMPLE = 3
+EMULATIONS = (pytest.param(EMULATION_SAMPLE, id="sample"), pytest.param(None, id="every", marks=pytest.mark.slow))
+
+
+def build_sample(items: Sequence[Any], count: int | None) -> list:
+    """``count`` items drawn at random (the seed printed, so that a failure can be drawn again), or
+    all of them when ``count`` is None or covers them."""
+    items = list(items)
+    if count is None or len(items) <= count:
+        return items
+    seed = random.randrange(2**32)
+    print(f"taking {count} of {len(items)} (random.Random({seed}).sample)", file=sys.stderr)
+    return random.Random(seed).sample(items, count)
 
 
 def target_build_failures(compiler: NvccCompiler, jobs: Sequence[tuple[str, Any, Any]]) -> list[str]:

@@ -205,38 +205,38 @@ def test_compile_error_carries_the_log_and_config(tmp_path):
     assert err.value.failure_class.value == "compile_error"
 
 
-@needs_nvcc
-@pytest.mark.parametrize("arch", ARCHES)
-def test_sampled_configs_compile_on_every_seed_shape(arch, tmp_path):
-    """Every family on every seed shape (the default and two sampled configs) and every odd shape (the
-    default and one sample), plus one config of each formulation on each, builds with nvcc, and
-    ptxas reports every kernel of the plan."""
+def _compile_jobs(arch, rng, thorough):
+    """The plans to build: with ``thorough``, every seed shape's default and two samples, every odd
+    shape's default and one, and one config of each formulation on each shape; otherwise each
+    operation's first seed and first odd shape's defaults and one config of each formulation on the
+    first shape that it serves. Each offered formulation is built at least once either way (one that
+    serves one precision only, on a seed shape in tf32 too). Returns the jobs, how many default and
+    sampled configs they hold, and the formulations offered and served per operation."""
     limits = DeviceLimits.for_arch(arch)
-    compiler = NvccCompiler(arch, cache_dir=tmp_path)
-    rng = random.Random()
-    jobs = []
-    expected = 0
+    jobs, expected = [], 0
     offered = {op: set() for op in OPERATIONS}
     served = {op: set() for op in OPERATIONS}
     for op in sorted(OPERATIONS):
         # The grouped odd shapes too: the formulations of channel groups (depthwise) serve only those.
         for shapes, samples in ((seed_problems(op), 2), ([*odd_problems(op), *grouped_odd_problems(op)], 1)):
-            for name, problem in shapes:
+            for i, (name, problem) in enumerate(shapes):
                 operation = operation_for(problem)
                 space = operation.space(problem, limits)
-                configs = [operation.default_config(problem, limits), *space.sample(rng, samples)]
-                # Every formulation on every shape, not only where the random draw lands.
+                configs = []
+                if thorough or i == 0:
+                    configs = [operation.default_config(problem, limits), *space.sample(rng, samples if thorough else 0)]
+                    expected += 1 + (samples if thorough else 0)
                 formulations = space.param("formulation").choices if any(p.name == "formulation" for p in space.params) else ()
                 for f in formulations:
+                    if f not in (FORMULATION_WGMMA, FORMULATION_HALO, FORMULATION_TMA) or arch == f"sm_{WGMMA_ARCH}":   # Hopper only
+                        offered[op].add(f)
+                    if not thorough and f in served[op]:
+                        continue
                     # None where the formulation cannot serve the shape (winograd: 3x3 stride 1 only).
                     one = space.restrict({"formulation": f}).sample(rng, 1)
                     configs += one
-                    if f not in (FORMULATION_WGMMA, FORMULATION_HALO, FORMULATION_TMA) or arch == f"sm_{WGMMA_ARCH}":   # Hopper only
-                        offered[op].add(f)
                     served[op].update(c["formulation"] for c in one)
                 jobs += [(op, name, c, operation.plan(problem, c)) for c in configs]
-                expected += 1 + samples
-        # A formulation that serves one precision only is built on the seed shapes in tf32 too.
         for name, problem in seed_problems(op):
             if not hasattr(problem, "precision") or offered[op] <= served[op]:
                 break
@@ -247,6 +247,13 @@ def test_sampled_configs_compile_on_every_seed_shape(arch, tmp_path):
                 one = space.restrict({"formulation": f}).sample(rng, 1)
                 served[op].update(c["formulation"] for c in one)
                 jobs += [(op, name, c, operation.plan(tf32, c)) for c in one]
+    return jobs, expected, offered, served
+
+
+def _build_all(arch, jobs, tmp_path):
+    """Failures of building ``jobs`` with nvcc: a compile error, a kernel without a ptxas report, or
+    a register count out of range."""
+    compiler = NvccCompiler(arch, cache_dir=tmp_path)
 
     def build(job):
         op, name, config, plan = job
@@ -263,7 +270,30 @@ def test_sampled_configs_compile_on_every_seed_shape(arch, tmp_path):
         return None
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        failures = [f for f in pool.map(build, jobs) if f]
+        return [f for f in pool.map(build, jobs) if f]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ARCHES)
+def test_every_formulation_compiles_with_its_ptxas_report(arch, tmp_path):
+    """Each operation's defaults on a seed and an odd shape, and a config of every formulation it
+    offers, build with nvcc, and ptxas reports every kernel of the plan."""
+    jobs, expected, offered, served = _compile_jobs(arch, random.Random(), thorough=False)
+    failures = _build_all(arch, jobs, tmp_path)
+    assert not failures, "\n".join(failures[:10])
+    assert expected == 2 * len(OPERATIONS) and len(jobs) >= expected + sum(map(len, offered.values()))
+    assert served == offered, "a formulation served none of its op's seed and odd shapes"
+
+
+@needs_nvcc
+@pytest.mark.slow   # several hundred nvcc builds an architecture
+@pytest.mark.parametrize("arch", ARCHES)
+def test_sampled_configs_compile_on_every_seed_shape(arch, tmp_path):
+    """Every family on every seed shape (the default and two sampled configs) and every odd shape (the
+    default and one sample), plus one config of each formulation on each, builds with nvcc, and
+    ptxas reports every kernel of the plan."""
+    jobs, expected, offered, served = _compile_jobs(arch, random.Random(), thorough=True)
+    failures = _build_all(arch, jobs, tmp_path)
     assert not failures, "\n".join(failures[:10])
     assert len(jobs) >= expected >= 3 * (14 * 3 + 3 * 2)
     assert served == offered, "a formulation served none of its op's seed and odd shapes"

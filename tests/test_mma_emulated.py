@@ -25,6 +25,7 @@ from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import odd_problems
 from autocnn.measurement.measure import verify_outputs
 from tests.cuda_emulator import PRELUDE, compile_library, emulated_failure, run_emulated, translate_ptx
+from tests.formulation_checks import EMULATIONS, build_sample
 from tests.test_fft import small_problems as fft_problems
 from tests.test_precision import to_bf16, to_tf32
 from tests.test_winograd import wgmma_problems as winograd_problems
@@ -205,6 +206,35 @@ def test_tc_kernels_verify_under_emulation(op, precision, tmp_path):
     _verify_all(cases, tmp_path)
 
 
+def _sixteen_bit_tc_cases(op: str, precision: str, shapes: int, sampled: int, rng: random.Random) -> list:
+    """tc's default on the first ``shapes`` odd shapes and ``sampled`` sampled configs on each."""
+    cases = []
+    for name, problem in odd_problems(op)[:shapes]:
+        problem = dataclasses.replace(problem, precision=precision)
+        default = OPERATIONS[op].default_config(problem, LIMITS, formulation="tc")
+        space = OPERATIONS[op].space(problem, LIMITS).restrict({"formulation": "tc"})
+        cases += [(name, problem, c) for c in [default, *space.sample(rng, sampled, exclude=[default])]]
+    return cases
+
+
+@pytest.mark.parametrize("precision", ("bf16", "fp16"))
+@pytest.mark.parametrize("op", OPS)
+def test_sixteen_bit_tc_kernels_verify_under_emulation(op, precision, tmp_path):
+    """tc on bf16 and fp16 (m16n8k16 mmas on the 16-bit operands as stored, the emulator's exact
+    products): the default and one sampled config (fragment reads, 16-byte or single-element copies,
+    cp.async, NHWC staging, TWO_PASS splits as the space offers them) on the first two odd shapes,
+    every element against float64 at the precision's bound."""
+    _verify_all(_sixteen_bit_tc_cases(op, precision, 2, 1, random.Random()), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ("bf16", "fp16"))
+@pytest.mark.parametrize("op", OPS)
+def test_more_sixteen_bit_tc_kernels_verify_under_emulation(op, precision, tmp_path):
+    """The same on every odd shape, three sampled configs each."""
+    _verify_all(_sixteen_bit_tc_cases(op, precision, len(odd_problems(op)), 3, random.Random()), tmp_path)
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("op", OPS)
 def test_winograd_mma_products_verify_under_emulation(op, precision, tmp_path):
@@ -222,27 +252,29 @@ def test_winograd_mma_products_verify_under_emulation(op, precision, tmp_path):
     _verify_all(cases, tmp_path)
 
 
+@pytest.mark.parametrize("cases", EMULATIONS)
 @pytest.mark.parametrize("op", OPS)
-def test_cross_products_verify_under_emulation(op, tmp_path):
+def test_cross_products_verify_under_emulation(op, cases, tmp_path):
     """CROSS=1 (fp32: 3xTF32's cross products as one BF16 mma) in the tc formulation, the first
     default with paired fragment reads on every odd shape; winograd's MMA_CROSS=1, a sampled config
     on each shape its products take; fft's MAC_CROSS=1 (MAC "mma"), a sampled config on a 7x5
-    filter with asymmetric padding. Every element at the FP32 bound."""
+    filter with asymmetric padding. Every element at the FP32 bound; the default run emulates three
+    of these cases at random, `-m slow` all."""
     rng = random.Random()
-    cases = []
+    runs = []
     for name, problem in odd_problems(op):
         space = OPERATIONS[op].space(problem, LIMITS)
         default = OPERATIONS[op].default_config(problem, LIMITS, formulation="tc")
-        cases.append((name, problem, space.validate({**default.as_dict(), "FRAG": "pair", "CROSS": 1})))
+        runs.append((name, problem, space.validate({**default.as_dict(), "FRAG": "pair", "CROSS": 1})))
     fixed = {"formulation": "winograd", "PRODUCTS": "mma", "MMA_CROSS": 1}
     for name, problem in winograd_problems(op):
         problem = dataclasses.replace(problem, precision="fp32")
-        cases += [(name, problem, c) for c in OPERATIONS[op].space(problem, LIMITS).restrict(fixed).sample(rng, 1)]
+        runs += [(name, problem, c) for c in OPERATIONS[op].space(problem, LIMITS).restrict(fixed).sample(rng, 1)]
     name, problem = next((n, p) for n, p in fft_problems(op) if n == "f_7x5")
     problem = dataclasses.replace(problem, precision="fp32")
     fixed = {"formulation": "fft", "MAC": "mma", "MAC_CROSS": 1}
-    cases += [(name, problem, c) for c in OPERATIONS[op].space(problem, LIMITS).restrict(fixed).sample(rng, 1)]
-    _verify_all(cases, tmp_path)
+    runs += [(name, problem, c) for c in OPERATIONS[op].space(problem, LIMITS).restrict(fixed).sample(rng, 1)]
+    _verify_all(build_sample(runs, cases), tmp_path)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -281,4 +313,72 @@ def test_fft_tiled_multiply_accumulates_cover_every_tile_in_either_block_order(o
             {"MAC": "mma", "FFT_THREADS": 256, "IT": 4, "JT": 1, "FB": 8, "BL": 8})
     cases = [(f"{mac} {order}", problem, space.complete({**base, **mac, "MAC_ORDER": order}))
              for mac in macs for order in ("frequencies", "tiles")]
+    _verify_all(cases, tmp_path)
+
+
+@pytest.mark.parametrize("kind", ("bf16", "f16"))
+def test_the_emulated_sixteen_bit_mma_is_the_exact_product_in_ptx_fragment_layout(kind, tmp_path):
+    """One warp runs the templates' m16n8k16 mma (_mma_sync.cuh.j2's mma_m16n8k16) on a 16 x 16 A and
+    a 16 x 8 B of 16-bit values packed two a register as PTX lays them out (a0..a3: rows g, g+8 at k
+    2q..2q+1, then 2q+8..2q+9; b0, b1: k 2q..2q+1, 2q+8..2q+9 at n g; the lower k in the low half):
+    D = A B + C with every product exact, and a transposed packing gives another result."""
+    mma = environment().from_string('{% from "_mma_sync.cuh.j2" import mma_m16n8k16 %}'
+                                    '{{ mma_m16n8k16("' + kind + '") }}').render()
+    lib = _library(tmp_path, mma + f"""
+extern "C" void one_tile(const unsigned short* a, const unsigned short* b, const float* c, float* d) {{
+    emu_run(1u, 32u, [&] {{
+        const unsigned lane = threadIdx.x, g = lane / 4, q = lane % 4;
+        auto two = [](unsigned short lo, unsigned short hi) {{ return (unsigned)lo | (unsigned)hi << 16; }};
+        auto at = [&](int r, int k) {{ return a[r * 16 + k]; }};
+        auto bt = [&](int k, int n) {{ return b[k * 8 + n]; }};
+        const unsigned fa[4] = {{two(at(g, 2 * q), at(g, 2 * q + 1)), two(at(g + 8, 2 * q), at(g + 8, 2 * q + 1)),
+                                 two(at(g, 2 * q + 8), at(g, 2 * q + 9)), two(at(g + 8, 2 * q + 8), at(g + 8, 2 * q + 9))}};
+        const unsigned fb[2] = {{two(bt(2 * q, g), bt(2 * q + 1, g)), two(bt(2 * q + 8, g), bt(2 * q + 9, g))}};
+        float acc[4] = {{c[g * 8 + 2 * q], c[g * 8 + 2 * q + 1], c[(g + 8) * 8 + 2 * q], c[(g + 8) * 8 + 2 * q + 1]}};
+        mma_{kind}(acc, fa, fb);
+        d[g * 8 + 2 * q] = acc[0], d[g * 8 + 2 * q + 1] = acc[1];
+        d[(g + 8) * 8 + 2 * q] = acc[2], d[(g + 8) * 8 + 2 * q + 1] = acc[3];
+    }});
+}}
+""")
+    from autocnn.measurement import element_arrays
+    from autocnn.precision import BF16, FP16
+
+    element = BF16.x if kind == "bf16" else FP16.x
+    gen = np.random.default_rng()
+    a32, b32 = (gen.standard_normal(shape).astype(np.float32) for shape in ((16, 16), (16, 8)))
+    a, b = (np.ascontiguousarray(element_arrays.rounded(m, element, np)).view(np.uint16) for m in (a32, b32))
+    c = gen.standard_normal((16, 8)).astype(np.float32)
+    d = np.full((16, 8), np.nan, dtype=np.float32)
+    lib.one_tile(*(m.ctypes.data_as(ctypes.c_void_p) for m in (a, b, c, d)))
+    values = lambda m: element_arrays.values(m.view(element_arrays.storage_dtype(element)), element, np)  # noqa: E731
+    exact = values(a).astype(np.float64) @ values(b).astype(np.float64) + c
+    assert np.allclose(d, exact, rtol=2e-7, atol=1e-6)
+    assert not np.allclose(d, values(a).astype(np.float64) @ values(b)[::-1].astype(np.float64) + c, atol=1e-3)
+
+
+def test_sixteen_bit_tc_variants_verify_under_emulation(tmp_path):
+    """The 16-bit paths a sample may miss, each once: conv_fwd on NHWC staging with 16-byte copies
+    (C % 8 == 0) by cp.async over three stages with quad fragment reads, and single-element copies
+    by cp.async's path with scalar reads; conv_bwd_data at stride 2 with quad reads; conv_wgrad with
+    its bias gradient (row sums of the staged 16-bit dY) over TWO_PASS splits, and one split stored
+    at once."""
+    from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
+
+    fwd = ConvFwdProblem(N=3, C=8, H=11, W=9, K=13, R=3, S=3, padding=(1, 0, 1, 1), bias=True, activation="relu",
+                         precision="bf16")
+    bwd = ConvBwdDataProblem(N=2, C=9, H=13, W=11, K=12, R=3, S=3, stride=2, padding=1, precision="fp16")
+    wgrad = ConvWgradProblem(N=3, C=5, H=9, W=11, K=7, R=3, S=2, padding=(1, 0, 1, 1), bias=True, precision="bf16")
+    base = {"formulation": "tc", "BM": 32, "BN": 32, "BK": 32, "WM": 2, "WN": 1, "UNROLL_K": 0, "PAD_A": 8, "PAD_B": 8}
+    variants = [
+        (fwd, {**base, "STAGES": 3, "CP_ASYNC": 1, "FRAG": "quad", "VEC": 4, "NHWC": 1, "TABLE_A": 1}),
+        (fwd, {**base, "STAGES": 2, "CP_ASYNC": 1, "FRAG": "scalar", "PAD_A": 4, "PAD_B": 0, "VEC": 1, "NHWC": 0,
+               "TABLE_A": 0}),
+        (bwd, {**base, "STAGES": 2, "CP_ASYNC": 0, "FRAG": "quad", "TABLE_A": 0}),
+        (wgrad, {**base, "BK": 16, "PAD_A": 0, "PAD_B": 0, "STAGES": 2, "CP_ASYNC": 0, "FRAG": "pair",
+                 "SPLITK": 4, "TWO_PASS": 1}),
+        (wgrad, {**base, "BK": 16, "PAD_A": 4, "PAD_B": 4, "STAGES": 4, "CP_ASYNC": 1, "FRAG": "scalar",
+                 "SPLITK": 1, "TWO_PASS": 0}),
+    ]
+    cases = [(f"variant {i}", p, OPERATIONS[p.op].space(p, LIMITS).validate(v)) for i, (p, v) in enumerate(variants)]
     _verify_all(cases, tmp_path)

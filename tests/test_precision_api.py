@@ -94,9 +94,9 @@ def test_tune_takes_the_sixteen_bit_precisions_for_convolutions_and_pooling(aske
 
 
 def test_a_held_formulation_that_refuses_sixteen_bit_tensors_fails_with_its_reason(asked, capsys, tune):
-    assert tune("--op", "conv_fwd", "--shape", CONV_SHAPE, "--precision", "bf16", "--fix", "formulation=tc") == 1
+    assert tune("--op", "conv_fwd", "--shape", CONV_SHAPE, "--precision", "bf16", "--fix", "formulation=wgmma") == 1
     err = capsys.readouterr().err
-    assert "tc cannot compute bf16 (16-bit tensors)" in err and "TF32" in err
+    assert "wgmma cannot compute bf16 (16-bit tensors)" in err and "TF32" in err
     assert not asked                                   # refused before any source is opened or tuned
     tune("--op", "conv_fwd", "--shape", CONV_SHAPE, "--precision", "bf16", "--fix", "formulation=direct")
     assert [p.precision for _, p in asked] == ["bf16"]

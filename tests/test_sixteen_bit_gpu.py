@@ -18,7 +18,8 @@ pytestmark = pytest.mark.gpu
 
 SAMPLES = int(os.environ.get("AUTOCNN_GPU_SAMPLES", "4"))
 SEED = int(os.environ.get("AUTOCNN_GPU_SEED", random.randrange(2**31)))
-SERVING = {"conv_fwd": ("direct", "igemm"), "conv_bwd_data": ("direct", "igemm"), "conv_wgrad": ("atomic", "two_pass"),
+SERVING = {"conv_fwd": ("direct", "igemm", "tc"), "conv_bwd_data": ("direct", "igemm", "tc"),
+           "conv_wgrad": ("atomic", "two_pass", "tc"),
            "avgpool_fwd": ("window_gather",), "avgpool_bwd": ("window_gather",)}
 CASES = [(op, value, precision) for op, values in SERVING.items() for value in values for precision in ("bf16", "fp16")]
 
@@ -83,7 +84,7 @@ def test_fp16_overflows_to_inf_and_nan_propagates_on_the_gpu(device, loader):
     x = np.ones(problem.x_shape, np.float32)
     x[0, 1, 0, 0] = np.nan
     element = problem.precision.x
-    for value in ("direct", "igemm"):
+    for value in ("direct", "igemm", "tc"):
         plan = operation.plan(problem, operation.default_config(problem, device.limits(), formulation=value))
         buffers = {"x": cp.asarray(element_arrays.rounded(x, element, np)),
                    "w": cp.asarray(element_arrays.rounded(w, element, np)),

@@ -28,7 +28,8 @@ from tests.test_sixteen_bit_bounds import to_bf16, to_fp16
 LIMITS = DeviceLimits.for_arch("sm_90")
 SIXTEEN = ("bf16", "fp16")
 # The formulations (values of "formulation") that serve 16-bit tensors; every other one refuses them.
-SERVING = {"conv_fwd": {"direct", "igemm"}, "conv_bwd_data": {"direct", "igemm"}, "conv_wgrad": {"atomic", "two_pass"},
+SERVING = {"conv_fwd": {"direct", "igemm", "tc"}, "conv_bwd_data": {"direct", "igemm", "tc"},
+           "conv_wgrad": {"atomic", "two_pass", "tc"},
            "avgpool_fwd": {"window_gather"}, "avgpool_bwd": {"window_gather"}}
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 
@@ -103,7 +104,13 @@ def test_sixteen_bit_weight_gradients_take_their_split_sums_through_the_fp32_wor
     operation = get_operation("conv_wgrad")
     problem = ConvWgradProblem(N=4, C=6, H=15, W=13, K=10, R=3, S=3, padding=1, precision="bf16")
     space = operation.space(problem, LIMITS)
-    default = operation.default_config(problem, LIMITS)
+    tc = operation.default_config(problem, LIMITS)                    # the tensor cores first
+    assert tc["formulation"] == "tc" and tc["SPLITK"] >= 2 and tc["TWO_PASS"] == 1
+    assert operation.plan(problem, tc).workspaces
+    with pytest.raises(InfeasibleConfigError, match="through the FP32 workspace .TWO_PASS=1., not atomics"):
+        space.validate({**tc.as_dict(), "TWO_PASS": 0})
+    assert space.validate({**tc.as_dict(), "SPLITK": 1, "TWO_PASS": 0})["SPLITK"] == 1
+    default = operation.default_config(problem, LIMITS, formulation="igemm")
     assert default["formulation"] == "two_pass" and default["SPLITK"] >= 2
     plan = operation.plan(problem, default)
     assert plan.workspaces and WORKSPACE_ELEMENT is FLOAT32          # partial sums of FP32, never 16 bits
@@ -141,9 +148,9 @@ def test_a_formulation_that_cannot_serve_a_sixteen_bit_problem_is_refused_before
     fwd = ConvFwdProblem(N=4, C=8, H=10, W=10, K=8, R=3, S=3, padding=1, precision="bf16")
     wgrad = ConvWgradProblem(N=4, C=8, H=10, W=10, K=8, R=3, S=3, padding=1, precision="bf16")
     refusals = get_operation("conv_fwd").refusals(fwd, LIMITS)
-    # Every formulation but direct and igemm, less fft, which refuses a 3x3 filter for its size first.
+    # Every formulation but direct, igemm and tc, less fft, which refuses a 3x3 filter for its size first.
     assert set(refusals) == set(get_operation("conv_fwd").formulation_names) - SERVING["conv_fwd"] - {"fft"}
-    assert refusals["tc"].startswith("tc cannot compute bf16 (16-bit tensors): its mma.sync products")
+    assert refusals["wgmma"].startswith("wgmma cannot compute bf16 (16-bit tensors): its wgmma products")
     assert set(get_operation("conv_fwd").refusals(_at(fwd, "fp32"), LIMITS)) == {"depthwise"}   # its groups, not its precision
     assert problems_offering({}, [fwd, wgrad]) == [fwd, wgrad]
     assert problems_offering({"formulation": "igemm"}, [fwd, wgrad]) == [fwd]   # conv_wgrad has no igemm value
@@ -155,8 +162,8 @@ def test_a_formulation_that_cannot_serve_a_sixteen_bit_problem_is_refused_before
         problems_offering({}, [pool])
     # The command line: refused with the reason before a measurement source (a GPU) is opened.
     shape = "N=4,C=8,H=10,W=10,K=8,R=3,S=3,pad=1"
-    assert cli.main(["tune", "--op", "conv_fwd", "--shape", shape, "--precision", "fp16", "--fix", "formulation=tc"]) != 0
-    assert "tc cannot compute fp16 (16-bit tensors)" in capsys.readouterr().err
+    assert cli.main(["tune", "--op", "conv_fwd", "--shape", shape, "--precision", "fp16", "--fix", "formulation=halo"]) != 0
+    assert "halo cannot compute fp16 (16-bit tensors)" in capsys.readouterr().err
     with pytest.raises(no_gpu_source):   # a formulation that serves it goes on to the GPU
         cli.main(["tune", "--op", "conv_fwd", "--shape", shape, "--precision", "fp16", "--fix", "formulation=igemm"])
 
@@ -243,8 +250,8 @@ def _cases() -> tuple[list, list]:
     """(op, formulation, problem) on shapes that divide no tile: each formulation's first odd shape
     with a default, and (the long run) its second and the pools' vector widths."""
     first, more = [], []
-    for op, formulations in (("conv_fwd", ("direct", "igemm")), ("conv_bwd_data", ("direct", "igemm")),
-                             ("conv_wgrad", ("igemm",)), ("avgpool_fwd", ("window_gather",)),
+    for op, formulations in (("conv_fwd", ("direct", "igemm", "tc")), ("conv_bwd_data", ("direct", "igemm", "tc")),
+                             ("conv_wgrad", ("igemm", "tc")), ("avgpool_fwd", ("window_gather",)),
                              ("avgpool_bwd", ("window_gather",))):
         for f in formulations:
             served = []
@@ -282,8 +289,9 @@ def _emulated_failures(cases, precision, cache) -> list[str]:
 @needs_gxx
 @pytest.mark.parametrize("precision", SIXTEEN)
 def test_every_sixteen_bit_default_verifies_under_emulation(precision, tmp_path):
-    assert {(op, f) for op, f, _ in FIRST} == {(op, f) for op in ("conv_fwd", "conv_bwd_data") for f in ("direct", "igemm")} \
-        | {("conv_wgrad", "igemm"), ("avgpool_fwd", "window_gather"), ("avgpool_bwd", "window_gather")}
+    convs = {(op, f) for op in ("conv_fwd", "conv_bwd_data") for f in ("direct", "igemm", "tc")}
+    assert {(op, f) for op, f, _ in FIRST} == convs | {("conv_wgrad", "igemm"), ("conv_wgrad", "tc"),
+                                                       ("avgpool_fwd", "window_gather"), ("avgpool_bwd", "window_gather")}
     failures = _emulated_failures(FIRST, precision, tmp_path)
     assert not failures, "\n".join(failures)
 
@@ -363,7 +371,7 @@ def _emulate(problem, formulation, inputs, tmp_path):
 @pytest.mark.parametrize("precision", SIXTEEN)
 def test_nan_and_inf_reach_every_output_they_touch(precision, tmp_path):
     conv = ConvFwdProblem(N=2, C=3, H=12, W=13, K=8, R=3, S=3, precision=precision)
-    for formulation in ("direct", "igemm"):
+    for formulation in ("direct", "igemm", "tc"):
         for poison in (np.nan, np.inf):
             inputs = random_inputs(conv, np, seed=1)
             x = tensor_values(conv, "x", inputs["x"]).copy()
@@ -395,7 +403,7 @@ def test_fp16_outputs_beyond_its_range_are_infinite_as_cudnns_and_bf16_has_the_r
         element = problem.precision.x
         inputs = {"x": element_arrays.rounded(np.ones(problem.x_shape, np.float32), element, np),
                   "w": element_arrays.rounded(w, element, np)}
-        for formulation in ("direct", "igemm"):
+        for formulation in ("direct", "igemm", "tc"):
             y = tensor_values(problem, "y", _emulate(problem, formulation, inputs, tmp_path)["y"])
             rounding = to_fp16 if precision == "fp16" else to_bf16
             assert (y[0, 0] == rounding(np.float32(2700.0))).all()          # one rounding of the FP32 sum

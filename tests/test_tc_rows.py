@@ -16,7 +16,7 @@ from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.tc_rows import NAME, TC_ROWS, slab_geometry, smem_bytes
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import odd_problems, seed_problems
-from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with
+from tests.formulation_checks import EMULATIONS, assert_verifies_on_gpu, build_failures, build_sample, operations_with
 
 LIMITS = DeviceLimits.for_arch("sm_90")
 OPERATION = operations_with(TC_ROWS)["conv_wgrad"]
@@ -102,24 +102,27 @@ def test_defaults_and_samples_build_without_spills(arch, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
+@pytest.mark.parametrize("cases", EMULATIONS)
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_kernels_verify_under_emulation(precision, tmp_path):
+def test_kernels_verify_under_emulation(precision, cases, tmp_path):
     """The default and a sampled config of each small shape run by the CPU emulator (the mma.sync
-    fragments, the cp.async zero-fill of the padding), every element against float64."""
+    fragments, the cp.async zero-fill of the padding), every element against float64; the default
+    run emulates three of these cases at random, `-m slow` all."""
     from tests.cuda_emulator import emulated_failure
 
     rng = random.Random()
     seed = rng.randrange(2**31)
-    failures, checked = [], 0
+    failures, checked, runs = [], 0, []
     for name, problem in small_problems():
         problem = dataclasses.replace(problem, precision=precision)
         default = OPERATION.default_config(problem, LIMITS, formulation=NAME)
-        for config in [default, *space(problem).sample(rng, 1, exclude=[default])]:
-            why = emulated_failure(OPERATION, problem, config, tmp_path, seed + checked)
-            checked += 1
-            if why:
-                failures.append(f"{name}: {why}")
-    assert checked >= len(small_problems()) * 2 - 2
+        runs += [(name, problem, config) for config in [default, *space(problem).sample(rng, 1, exclude=[default])]]
+    assert len(runs) >= len(small_problems()) * 2 - 2
+    for name, problem, config in build_sample(runs, cases):
+        why = emulated_failure(OPERATION, problem, config, tmp_path, seed + checked)
+        checked += 1
+        if why:
+            failures.append(f"{name}: {why}")
     assert not failures, f"seed {seed}:\n" + "\n".join(failures)
 
 

@@ -42,24 +42,28 @@ def scenario(first: str) -> None:
     if first == "converted":
         order.reverse()
     for name, model in order:
+        twin = copy.deepcopy(model)
+        twin_step, twin_opt = bench.torch_step(twin, x, y, capturable=True)
         step, opt = bench.torch_step(model, x, y, capturable=True)
         graph = _capture(step, opt)
         # The replayed step against one eager step from the same state (weights, buffers and Adam's
-        # moments): the updates are compared, not the weights, whose difference after a step is
-        # mostly the step's size; and only one step, since Adam amplifies the last bits that a
-        # library's nondeterministic sums leave in near-zero gradients, step after step.
-        twin = copy.deepcopy(model)
-        twin_step, twin_opt = bench.torch_step(twin, x, y, capturable=True)
-        twin_opt.load_state_dict(opt.state_dict())
+        # moments, copied: loading a state dict on one device shares its tensors): the updates are
+        # compared, not the weights, whose difference after a step is mostly the step's size; and
+        # only one step, since Adam amplifies the last bits that a library's nondeterministic sums
+        # leave in near-zero gradients, step after step.
+        with torch.no_grad():
+            twin.load_state_dict(model.state_dict())
+        twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
         before = [p.detach().clone() for p in model.parameters()]
         graph.replay()
         twin_step()
         torch.cuda.synchronize()
-        for (pname, p), q, b in zip(twin.named_parameters(), model.parameters(), before):
-            update = (p - b).norm()
-            assert float(update) > 0, f"{name}: the eager step left {pname} unchanged"
-            err = float((q - p).norm() / update)
-            assert err <= 1e-2, f"{name}, captured after the other ({first} first): {pname}'s update off by {err:.2e}"
+        with torch.no_grad():
+            for (pname, p), q, b in zip(twin.named_parameters(), model.parameters(), before):
+                update = float((p - b).norm())
+                assert update > 0, f"{name}: the eager step left {pname} unchanged"
+                err = float((q - p).norm()) / update
+                assert err <= 1e-2, f"{name}, captured after the other ({first} first): {pname}'s update off by {err:.2e}"
         print(f"captured and replayed: {name}")
 
 

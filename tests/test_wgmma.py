@@ -22,7 +22,7 @@ from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.formulations.cores.wgmma_gemm import FORMULATION_WGMMA
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from autocnn.kernels.suite import seed_problems
-from tests.formulation_checks import assert_every_config_verifies, target_build_failures
+from tests.formulation_checks import BUILDS, assert_every_config_verifies, build_sample, target_build_failures
 
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 FWD = OPERATIONS["conv_fwd"]
@@ -370,13 +370,14 @@ def test_the_stream_k_runs_cover_every_pair_once():
 
 
 @needs_nvcc
-def test_every_stream_k_config_builds_for_sm90a_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_every_stream_k_config_builds_for_sm90a_without_spills(tmp_path, builds):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     problems = {op: (odd, *_fp32([odd]), (_problems() if op is FWD else _bwd_problems())[0])
                 for op, odd in ODD_SK.items()}
     jobs = [(name, config, op.plan(problem, config)) for op, shapes in problems.items() for name, problem in shapes
             for config in _stream_k_configs(problem, op, (64, 128), (132,))]
-    failures = target_build_failures(compiler, jobs)
+    failures = target_build_failures(compiler, build_sample(jobs, builds))
     assert len(jobs) > 60 and not failures, "\n".join(failures[:8])
 
 
@@ -428,22 +429,24 @@ def test_the_staging_by_planes_moves_a_plane_or_a_weight_slice_a_block():
 
 
 @needs_nvcc
-def test_every_plane_staging_config_builds_for_sm90a_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_every_plane_staging_config_builds_for_sm90a_without_spills(tmp_path, builds):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     jobs = [(name, config, op.plan(problem, config))
             for op, problems in ((FWD, (_problems()[0], *ODD)), (BWD, (_bwd_problems()[0], *ODD_BWD)))
             for name, problem in (*problems, *_fp32(problems)) for config in _plane_configs(problem, op, (64,))]
-    failures = target_build_failures(compiler, jobs)
+    failures = target_build_failures(compiler, build_sample(jobs, builds))
     assert len(jobs) > 60 and not failures, "\n".join(failures[:8])
 
 
 @needs_nvcc
-def test_every_a_regs_config_builds_for_sm90a_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_every_a_regs_config_builds_for_sm90a_without_spills(tmp_path, builds):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     jobs = [(name, config, op.plan(problem, config))
             for op, problems in ((FWD, _fp32(_problems())), (BWD, _fp32(_bwd_problems())))
             for name, problem in problems for config in _a_regs_configs(problem, op, splits=(1, 2))]
-    failures = target_build_failures(compiler, jobs)
+    failures = target_build_failures(compiler, build_sample(jobs, builds))
     assert len(jobs) > 150 and not failures, "\n".join(failures[:8])
 
 
@@ -555,11 +558,12 @@ def test_cross_products_run_as_one_bf16_wgmma_over_runs_of_8():
 
 
 @needs_nvcc
-def test_every_cross_config_builds_for_sm90a_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_every_cross_config_builds_for_sm90a_without_spills(tmp_path, builds):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     jobs = [(name, config, op.plan(problem, config)) for op in (FWD, BWD) for name, problem in _cross_problems(op)
             for config in _cross_configs(problem, op, (64, 128))]
-    failures = target_build_failures(compiler, jobs)
+    failures = target_build_failures(compiler, build_sample(jobs, builds))
     assert len(jobs) > 100 and not failures, "\n".join(failures[:8])
 
 
@@ -862,7 +866,8 @@ def test_the_padded_grid_gemm_is_the_weight_gradient(problem):
 
 
 @needs_nvcc
-def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path, builds):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     problems = (_wgrad_problems()[0], ODD_WGRAD[0], *_fp32([_wgrad_problems()[0]]))
     jobs = [(name, config, WGRAD.plan(problem, config)) for name, problem in problems
@@ -886,12 +891,13 @@ def test_every_wgrad_config_builds_for_sm90a_without_spills(tmp_path):
     assert sum(1 for _, c, _ in in_place if c.get("X_IN_PLACE")) > 20
     jobs += in_place
 
-    failures = target_build_failures(compiler, jobs)
+    failures = target_build_failures(compiler, build_sample(jobs, builds))
     assert len(jobs) > 150 and not failures, "\n".join(failures[:8])
 
 
 @needs_nvcc
-def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path, builds):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     widths = ALL_WIDTHS
     problems = (_bwd_problems()[0], *ODD_BWD, *_fp32([_bwd_problems()[0]]))
@@ -900,14 +906,15 @@ def test_every_bwd_data_config_builds_for_sm90a_without_spills(tmp_path):
     splits = [(name, config, BWD.plan(problem, config)) for name, problem in problems
               for config in _split_configs(problem, BWD)]
 
-    failures = target_build_failures(compiler, jobs + splits)
+    failures = target_build_failures(compiler, build_sample(jobs + splits, builds))
     assert len(jobs) == sum(len(_both_loops(p, BWD, widths)) for _, p in problems) and not failures, \
         "\n".join(failures[:8])
     assert len(splits) > 40
 
 
 @needs_nvcc
-def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path, builds):
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     problems = (_problems()[0], ODD[0], *_fp32([_problems()[0]]))
     jobs = [(name, config, FWD.plan(problem, config)) for name, problem in problems
@@ -918,7 +925,7 @@ def test_every_config_builds_for_sm90a_without_spills_and_not_for_sm90(tmp_path)
               for config in _split_configs(problem, FWD)]
     assert len(splits) > 30
 
-    failures = target_build_failures(compiler, jobs + pipelined + splits)
+    failures = target_build_failures(compiler, build_sample(jobs + pipelined + splits, builds))
     assert len(jobs) == sum(len(_every_config(p)) for _, p in problems) and len(pipelined) >= 30 and not failures, \
         "\n".join(failures[:8])
     # wgmma is not in the portable target: compiling for it must fail, or the suffix would not matter.

@@ -35,6 +35,10 @@ class ConvBwdData(Operation):
         # The gather's default beat the others' on an H200 on small maps with few channels and
         # at most 25 taps a phase (1.3-7x: LeNet, chellapilla06, convnet18's late layers), and lost
         # on large maps (scherer10) and large filters (kriz09).
+        if problem.precision.sixteen_bit:
+            # 16-bit operands go to the tensor cores as stored (tc's m16n8k16); the SIMT cores follow.
+            tc = self.candidates(problem, "tc")
+            return tc + ordered + gather + [c for c in others if c not in tc]
         taps = max(ph.Ra * ph.Sb for ph in stride_phases(problem))
         if problem.C <= 32 and taps <= 25 and problem.H * problem.W <= 32 * 32:
             return gather + ordered + others

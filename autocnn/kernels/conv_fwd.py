@@ -25,6 +25,9 @@ class ConvFwd(Operation):
         direct = self.candidates(problem, "direct")
         gemm = self.candidates(problem, "igemm")
         ordered = direct + gemm if problem.C <= 4 else gemm[:-1] + direct + gemm[-1:]
+        if problem.precision.sixteen_bit:
+            # 16-bit operands go to the tensor cores as stored (tc's m16n8k16); the SIMT cores follow.
+            return self.candidates(problem, "tc") + ordered + self.candidates_besides(problem, ("direct", "igemm", "tc"))
         return ordered + self.candidates_besides(problem, ("direct", "igemm"))
 
     def _problem_context(self, problem: ConvFwdProblem) -> dict[str, Any]:

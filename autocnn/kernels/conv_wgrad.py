@@ -7,6 +7,8 @@ staging with the products on tensor cores (after the others in the registry; see
 """
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 from autocnn.kernels.operation import Operation
 from autocnn.kernels.problem import ConvWgradProblem
 from autocnn.precision import KernelTypes
@@ -19,8 +21,13 @@ class ConvWgrad(Operation):
     inputs = ("x", "dy")
     outputs = ("dw", "db")
 
-    # The heuristic default tries the formulations in registration order: the GEMM's split-K
-    # candidates, then the rows formulation's.
+    def default_candidates(self, problem: ConvWgradProblem) -> Sequence[dict[str, Any]]:
+        """The formulations in registration order (the GEMM's split-K candidates, then the rows
+        formulation's); for 16-bit tensors tc's first, whose m16n8k16 mmas take them as stored (the
+        SIMT GEMM follows)."""
+        if problem.precision.sixteen_bit:
+            return self.candidates(problem, "tc") + self.candidates_besides(problem, ("tc",))
+        return super().default_candidates(problem)
 
     def flops(self, p: ConvWgradProblem) -> int:
         return 2 * p.macs

@@ -92,7 +92,7 @@ class CircularConvFwd(OpFormulation):
             return None
 
         return [
-            sixteen_bit_rule(p, NAME, "KB", "its kernels read and write float32 tensors only; direct and igemm "
+            sixteen_bit_rule(p, NAME, "KB", "its kernels read and write float32 tensors only; direct, igemm and tc "
                                             "compute bf16 and fp16"),
             Constraint(("KB", "KPT"), lambda kb, kpt: None if kb % kpt == 0 else f"KPT={kpt} does not divide KB={kb}"),
             Constraint(("TQ", "QPT"), lambda tq, qpt: None if tq % qpt == 0 else f"QPT={qpt} does not divide TQ={tq}"),

@@ -32,6 +32,8 @@ Templates (found by file name, kernels/codegen.py):
     tcgemm.cuh.j2, _mma_sync.cuh.j2         the mma.sync GEMM and its instructions
     _mma_tiles.cuh.j2                       a warp's mma tiles: accumulators, partial sums, products
                                             (tcgemm.cuh.j2, tc_rows)
+    _mma16_fragments.cuh.j2                 tcgemm.cuh.j2's 16-bit operands (bf16, fp16): their staging,
+                                            m16n8k16 fragments and products
     wgmma_core.cuh.j2, wgmma_mainloop.cuh.j2, _wgmma_ops.cuh.j2
                                             the wgmma GEMM, its main loop and instructions
     _gemm_row_sums.cuh.j2                   the row sums of a staged A tile (_igemm, tcgemm)

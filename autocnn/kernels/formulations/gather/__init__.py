@@ -57,7 +57,7 @@ class GatherConvBwdData(OpFormulation):
         rows = max(ph.Ra for ph in phases)
         cols = max(ph.Sb for ph in phases)
         return [
-            sixteen_bit_rule(p, NAME, "POS", "its kernels read and write float32 tensors only; direct and igemm "
+            sixteen_bit_rule(p, NAME, "POS", "its kernels read and write float32 tensors only; direct, igemm and tc "
                                              "compute bf16 and fp16"),
             # A thread keeps which filter rows and columns of its phase exist as 32-bit masks.
             Constraint(("formulation",), lambda f: None if f != NAME or (rows <= 32 and cols <= 32)

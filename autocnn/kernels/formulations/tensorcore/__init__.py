@@ -1,4 +1,5 @@
-"""The tensor-core implicit GEMM ("tc"): warp-level mma.sync m16n8k8 on TF32 operands.
+"""The tensor-core implicit GEMM ("tc"): warp-level mma.sync, m16n8k8 on TF32 operands (fp32, tf32)
+or m16n8k16 on 16-bit ones (bf16, fp16).
 
 It serves the three convolutions through the same GEMM views as the igemm formulation (conv_fwd:
 M = output pixels, N = filters; conv_bwd_data: one GEMM per stride phase; conv_wgrad: M = filters,
@@ -14,6 +15,18 @@ own fragments (_mma_sync.cuh.j2's mma_cross): each product stays within about 2*
 The same split serves winograd's generated products (MMA_CROSS) and fft's tensor-core
 multiply-accumulate (MAC_CROSS).
 
+bf16 and fp16 (one 16-bit type for activations, filters and outputs) run m16n8k16 mmas
+(.bf16 / .f16) on the values as stored, one product a term, exact in FP32, FP32 accumulators, each
+output rounded once as it is stored (the shared epilogues), conv_wgrad's split sums through the FP32
+workspace (TWO_PASS; 16-bit outputs take no atomics). Operands move as 16-bit patterns from global to
+shared memory and into the fragments (cores/_mma16_fragments.cuh.j2), every operand staged along
+the reduction; the k-step is 16 and BK a multiple of it. VEC and PAD count 32-bit words in every
+precision: VEC=4 is a 16-byte load, 8 elements of 16 bits, so conv_fwd's filters take it where
+C*R*S % 8 == 0 and its NHWC input where C % 8 == 0 as well (the runs of 8 then start aligned at
+k % 8 == 0 and never cross a tap); any other channel count moves single elements (VEC=1), and the
+tiles' ragged edges and the gathers' padding read as zeros either way. A single 16-bit element is
+copied by its thread (cp.async moves no fewer than 4 bytes).
+
 Parameters: block tile BM x BN x BK, warps WM x WN (the warp tile is BM/WM x BN/WN), FRAG (how
 fragments are read from shared memory and rounded to TF32: see tcgemm.cuh.j2), pipeline
 STAGES with CP_ASYNC (cp.async global->shared copies; without it, a register double buffer),
@@ -26,8 +39,10 @@ splits' partial sums combined by atomics, or written to a workspace and summed i
 the second pass igemm runs too (cores/workspaces.py): deterministic results, no zeroing of the
 outputs).
 
-The operations' heuristic defaults do not prefer it (they list the FP32 cores first): its speed
-against the other formulations is for the tuner to find.
+In fp32 and tf32 the operations' heuristic defaults do not prefer it (they list the FP32 cores
+first): its speed against the other formulations is for the tuner to find. For bf16 and fp16 they
+list its defaults first, where the tensor cores run at twice the TF32 rate (the SIMT cores follow,
+the fallback where tc's defaults do not fit: before sm_80, a rule of the shape).
 """
 from __future__ import annotations
 
@@ -36,7 +51,8 @@ from typing import Any
 
 from autocnn.device import DeviceLimits
 from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
-from autocnn.kernels.formulations.cores.mma_rules import accumulator_violation, arch_violation, warp_tile_violation
+from autocnn.kernels.formulations.cores.mma_rules import (accumulator_violation, arch_violation, mma16_operand,
+                                                           warp_tile_violation)
 from autocnn.kernels.formulations.cores.staging import nhwc_stage_launches, nhwc_stage_workspaces
 from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES, wgrad_reduce_launch
 from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
@@ -44,6 +60,9 @@ from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, sixteen_bit
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
 from autocnn.precision import FLOAT32
+
+# 16-bit elements, bytes.
+HALF_SIZE = 2
 
 FORMULATION_TC = "tc"
 TC_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
@@ -73,14 +92,27 @@ class TcGemm:
     split3: bool      # fp32: 3xTF32
     C: int = 0        # conv_fwd: input channels (the NHWC float4 runs)
     staged_floats: int = 0   # conv_fwd: X and W as staged for NHWC
+    mma16: str = ""   # bf16, fp16: the m16n8k16 operand type ("bf16", "f16"); "" for the TF32 mmas
+
+    @property
+    def element_size(self) -> int:
+        """Bytes of an operand element as the GEMM stages it."""
+        return HALF_SIZE if self.mma16 else FLOAT32.size
+
+    @property
+    def k_step(self) -> int:
+        """The reduction terms of one mma."""
+        return 16 if self.mma16 else 8
 
 
 def vector_widths(gemm: TcGemm, vec: int, nhwc: int) -> tuple[int, int]:
-    """(VEC_A, VEC_B): conv_fwd's B (W along c,r,s or Wt along r,s,c) is contiguous along k; its A
-    only once X is NHWC. Other ops move single floats."""
+    """(VEC_A, VEC_B), elements per load: conv_fwd's B (W along c,r,s or Wt along r,s,c) is
+    contiguous along k; its A only once X is NHWC. Other ops move single elements. ``vec`` counts
+    32-bit words (VEC=4: 16 bytes, 4 floats or 8 16-bit elements)."""
     if gemm.op != "conv_fwd" or vec == 1:
         return 1, 1
-    return (vec if nhwc else 1), vec
+    elements = vec * FLOAT32.size // gemm.element_size
+    return (elements if nhwc else 1), elements
 
 
 def kmajor(op: str, nhwc: int = 0) -> tuple[bool, bool]:
@@ -90,11 +122,14 @@ def kmajor(op: str, nhwc: int = 0) -> tuple[bool, bool]:
 
 
 def smem_bytes(op: str, BM: int, BN: int, BK: int, STAGES: int, PAD_A: int, PAD_B: int, TABLE_A: int,
-               table_k: int, nhwc: int = 0) -> int:
+               table_k: int, nhwc: int = 0, sixteen: bool = False) -> int:
+    table = TABLE_ENTRY_BYTES * cdiv(table_k, BK) * BK if TABLE_A else 0
+    if sixteen:
+        # 16-bit stages: every operand [row][BK + 2 * PAD] (PAD in 32-bit words), 2 bytes an element.
+        return HALF_SIZE * STAGES * (BM * (BK + 2 * PAD_A) + BN * (BK + 2 * PAD_B)) + table
     a_kmajor, b_kmajor = kmajor(op, nhwc)
     fa = BM * (BK + PAD_A) if a_kmajor else BK * (BM + PAD_A)
     fb = BN * (BK + PAD_B) if b_kmajor else BK * (BN + PAD_B)
-    table = TABLE_ENTRY_BYTES * cdiv(table_k, BK) * BK if TABLE_A else 0
     return FLOAT32.size * STAGES * (fa + fb) + table   # the TF32 core stages FP32 values, whatever the tensors
 
 
@@ -102,7 +137,7 @@ def params(gemm: TcGemm) -> list[Param]:
     out = [
         Param("BM", choices_upto((32, 64, 128, 256), max(32, next_pow2(gemm.GM))), "GEMM rows per block"),
         Param("BN", choices_upto((32, 64, 128), max(32, next_pow2(gemm.GN))), "GEMM columns per block"),
-        Param("BK", choices_upto((8, 16, 32), max(8, next_pow2(gemm.GK))), "reduction step staged in shared memory"),
+        Param("BK", choices_upto((8, 16, 32), max(gemm.k_step, next_pow2(gemm.GK))), "reduction step staged in shared memory"),
         Param("WM", (1, 2, 4), "warps along the block's rows"),
         Param("WN", (1, 2, 4), "warps along the block's columns"),
         Param("STAGES", (2, 3, 4), "shared-memory pipeline stages"),
@@ -116,13 +151,14 @@ def params(gemm: TcGemm) -> list[Param]:
     if gemm.op == "conv_fwd":
         out.append(Param("VEC", (1, 4), "floats per load of the operands contiguous along the reduction"))
         out.append(Param("NHWC", (0, 1), "X and W staged as NHWC / KRSC first (both operands k-contiguous)"))
-    if not gemm.split3:
-        # "nearest" first: the rounding every tf32 config had before the parameter.
-        out.append(Param("TF32_ROUND", TF32_ROUNDS, "tf32 operands rounded to nearest (cvt) or truncated by the tensor cores"))
-    else:
+    # 16-bit operands go to the mmas as stored: neither rounded (TF32_ROUND) nor split (CROSS).
+    if gemm.split3:
         # 0 first: the three TF32 mmas, the code of configs written before the parameter
         out.append(Param("CROSS", (0, 1), "3xTF32's cross products big x small + small x big as one BF16 mma "
                          "(m16n8k16) per k-step (0: two TF32 mmas)"))
+    elif not gemm.mma16:
+        # "nearest" first: the rounding every tf32 config had before the parameter.
+        out.append(Param("TF32_ROUND", TF32_ROUNDS, "tf32 operands rounded to nearest (cvt) or truncated by the tensor cores"))
     if gemm.op == "conv_wgrad":
         out.append(Param("SPLITK", SPLITS, "blocks sharing one output tile's reduction"))
         out.append(Param("TWO_PASS", (0, 1), "splits combined by a second pass over a workspace (else atomics)"))
@@ -156,7 +192,12 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
         return None
 
     def quad_steps(frag, bk):
-        return None if frag != "quad" or bk % 16 == 0 else f"quad fragment reads need BK % 16 == 0, not BK={bk}"
+        step = 2 * gemm.k_step
+        return None if frag != "quad" or bk % step == 0 else f"quad fragment reads need BK % {step} == 0, not BK={bk}"
+
+    def whole_steps(bk):
+        return None if bk % gemm.k_step == 0 else \
+            f"16-bit operands take m16n8k16 mmas: BK must be a multiple of 16, not {bk}"
 
     def cross_fragments(cross, frag):
         # the scalar reads keep the code written before FRAG (records' digests hold it to that text)
@@ -176,36 +217,46 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
         threads_rule(limits, ("WM", "WN"), lambda wm, wn: 32 * wm * wn),
         at_most("BM", max(32, next_pow2(gemm.GM)), f"only {gemm.GM} GEMM rows"),
         at_most("BN", max(32, next_pow2(gemm.GN)), f"only {gemm.GN} GEMM columns"),
-        at_most("BK", max(8, next_pow2(gemm.GK)), f"a reduction of only {gemm.GK} terms"),
+        at_most("BK", max(gemm.k_step, next_pow2(gemm.GK)), f"a reduction of only {gemm.GK} terms"),
         grid_rule(("BN",), lambda bn: cdiv(gemm.GN, bn)),
     ]
+    if gemm.mma16:
+        out.append(Constraint(("BK",), whole_steps))
+    # A 16-byte load: 4 floats, or 8 16-bit elements.
+    per_vector = 4 * FLOAT32.size // gemm.element_size
+    vector = "float4 loads" if per_vector == 4 else "16-byte loads of 8 16-bit elements"
     if op == "conv_fwd":
         out += [
-            Constraint(("VEC",), lambda v: None if v == 1 or gemm.GK % 4 == 0
-                       else f"float4 loads need C*R*S % 4 == 0, not {gemm.GK}"),
-            Constraint(("NHWC", "VEC"), lambda nhwc, v: None if not (nhwc and v == 4) or gemm.C % 4 == 0
-                       else f"float4 loads of NHWC input need C % 4 == 0, not {gemm.C}"),
+            Constraint(("VEC",), lambda v: None if v == 1 or gemm.GK % per_vector == 0
+                       else f"{vector} need C*R*S % {per_vector} == 0, not {gemm.GK}"),
+            Constraint(("NHWC", "VEC"), lambda nhwc, v: None if not (nhwc and v == 4) or gemm.C % per_vector == 0
+                       else f"{vector} of NHWC input need C % {per_vector} == 0, not {gemm.C}"),
             Constraint(("BM", "BN", "BK", "WM", "WN", "VEC", "NHWC"), even_vectors),
             Constraint(("NHWC",), lambda nhwc: None if not nhwc or WORKSPACE_ELEMENT.size * gemm.staged_floats <= limits.workspace_bytes
                        else f"the NHWC staging workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
             smem_rule(limits, ("BM", "BN", "BK", "STAGES", "PAD_A", "PAD_B", "TABLE_A", "NHWC"),
-                      lambda bm, bn, bk, st, pa, pb, ta, nhwc: smem_bytes(op, bm, bn, bk, st, pa, pb, ta, gemm.GK, nhwc)),
+                      lambda bm, bn, bk, st, pa, pb, ta, nhwc: smem_bytes(op, bm, bn, bk, st, pa, pb, ta, gemm.GK, nhwc,
+                                                                          bool(gemm.mma16))),
         ]
     elif op == "conv_wgrad":
         out += [
             smem_rule(limits, ("BM", "BN", "BK", "STAGES", "PAD_A", "PAD_B"),
-                      lambda *v: smem_bytes(op, *v, 0, 0)),
+                      lambda *v: smem_bytes(op, *v, 0, 0, sixteen=bool(gemm.mma16))),
             Constraint(("SPLITK", "BK"), lambda s, bk: None if s <= max(1, cdiv(gemm.GK, bk))
                        else f"SPLITK={s} exceeds the {cdiv(gemm.GK, bk)} reduction steps"),
             Constraint(("SPLITK",), lambda s: None if s <= GRID_YZ_LIMIT else "too many splits"),
             Constraint(("TWO_PASS", "SPLITK"), lambda t, s: None if not t or s >= 2 else "a second pass needs SPLITK >= 2"),
+            # Partial sums of 16-bit gradients stay FP32 (the workspace): there are no atomics that
+            # add into 16-bit outputs without rounding each partial sum.
+            Constraint(("TWO_PASS", "SPLITK"), lambda t, s: None if t or s == 1 or not gemm.mma16
+                       else f"16-bit gradients take SPLITK={s} splits through the FP32 workspace (TWO_PASS=1), not atomics"),
             Constraint(("TWO_PASS", "SPLITK"),
                        lambda t, s: None if not t or WORKSPACE_ELEMENT.size * s * (gemm.GM * gemm.GN + gemm.GM) <= limits.workspace_bytes
                        else f"the two-pass workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
         ]
     else:
         out.append(smem_rule(limits, ("BM", "BN", "BK", "STAGES", "PAD_A", "PAD_B", "TABLE_A"),
-                             lambda *v: smem_bytes(op, *v, gemm.GK)))
+                             lambda *v: smem_bytes(op, *v, gemm.GK, sixteen=bool(gemm.mma16))))
     return out
 
 
@@ -226,13 +277,43 @@ def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
         extra["TF32_ROUND"] = "nearest"
     else:
         extra["CROSS"] = 0
+    if gemm.mma16:
+        return sixteen_bit_candidates(gemm, base)
     out = []
     for bm, bn, bk, wm, wn in ((128, 64, 16, 2, 2), (64, 64, 16, 2, 2), (64, 32, 16, 2, 2), (32, 32, 8, 2, 2)):
         cand = {**base, **pads, **extra, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn}
         if gemm.op == "conv_wgrad":
-            tiles = cdiv(gemm.GM, bm) * cdiv(gemm.GN, bn)
-            want = max(1, min(2 * 132 // max(1, tiles), cdiv(gemm.GK, 16 * bk)))
-            cand["SPLITK"] = max(s for s in SPLITS if s <= want)
+            cand["SPLITK"] = wgrad_splits(gemm, bm, bn, bk)
+        out.append(cand)
+    return out
+
+
+def wgrad_splits(gemm: TcGemm, bm: int, bn: int, bk: int) -> int:
+    """conv_wgrad's default splits: about two blocks per SM of an H100 (132), each split at least
+    16 reduction steps."""
+    tiles = cdiv(gemm.GM, bm) * cdiv(gemm.GN, bn)
+    want = max(1, min(2 * 132 // max(1, tiles), cdiv(gemm.GK, 16 * bk)))
+    return max(s for s in SPLITS if s <= want)
+
+
+def sixteen_bit_candidates(gemm: TcGemm, base: dict[str, Any]) -> list[dict[str, Any]]:
+    """bf16 and fp16: the fp32 defaults' tiles with a k-step of 16, BK 32 (16 for the last, which
+    fits any problem on sm_80 and later), paired fragment reads on every op (16-bit stages are all
+    k-major, so backward-data's reads are 8-byte ones too) and the padding that makes them free of
+    bank conflicts (rows of BK / 2 + PAD words, 8 or 24 mod 32: PAD 8 at BK 32, 0 at BK 16). conv_fwd
+    loads its filters 16 bytes at a time where C*R*S % 8 == 0; conv_wgrad's splits meet in the FP32
+    workspace."""
+    out = []
+    for bm, bn, bk, wm, wn in ((128, 64, 32, 2, 2), (64, 64, 32, 2, 2), (64, 32, 32, 2, 2), (32, 32, 16, 2, 2)):
+        pad = 8 if bk == 32 else 0
+        cand = {**base, "FRAG": "pair", "PAD_A": pad, "PAD_B": pad, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn}
+        if gemm.op == "conv_wgrad":
+            splits = wgrad_splits(gemm, bm, bn, bk)
+            cand.update({"SPLITK": splits, "TWO_PASS": int(splits >= 2)})
+        else:
+            cand["TABLE_A"] = 1
+        if gemm.op == "conv_fwd":
+            cand.update({"VEC": 4 if gemm.GK % 8 == 0 else 1, "NHWC": 0})
         out.append(cand)
     return out
 
@@ -240,14 +321,15 @@ def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
 def gemm_for(problem: Any) -> TcGemm:
     p = problem
     split3 = p.precision.tf32x3
+    mma16 = mma16_operand(p.precision)
     if p.op == "conv_fwd":
         return TcGemm(p.op, p.N * p.P * p.Q, p.K, p.C * p.R * p.S, 1, split3, C=p.C,
-                      staged_floats=sum(n for _, n in nhwc_stage_workspaces(p)))
+                      staged_floats=sum(n for _, n in nhwc_stage_workspaces(p)), mma16=mma16)
     if p.op == "conv_bwd_data":
         phases = stride_phases(p)
         return TcGemm(p.op, max(p.N * ph.Ha * ph.Wb for ph in phases), p.C,
-                      max(1, max(p.K * ph.Ra * ph.Sb for ph in phases)), len(phases), split3)
-    return TcGemm(p.op, p.K, p.C * p.R * p.S, p.N * p.P * p.Q, 1, split3)
+                      max(1, max(p.K * ph.Ra * ph.Sb for ph in phases)), len(phases), split3, mma16=mma16)
+    return TcGemm(p.op, p.K, p.C * p.R * p.S, p.N * p.P * p.Q, 1, split3, mma16=mma16)
 
 
 # What each op's glue renders from besides the core: its operands and what they import (conv_fwd's
@@ -272,16 +354,21 @@ class TcConv(OpFormulation):
 
     def __init__(self, op: str):
         self.op = op
-        self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", "_gemm_row_sums.cuh.j2", "_mma_sync.cuh.j2",
-                          "_mma_tiles.cuh.j2", *OPERAND_TEMPLATES[op])
+        self.templates = (f"tc_{op}.cu.j2", "tcgemm.cuh.j2", "_mma16_fragments.cuh.j2", "_gemm_row_sums.cuh.j2",
+                          "_mma_sync.cuh.j2", "_mma_tiles.cuh.j2", *OPERAND_TEMPLATES[op])
 
     def params(self, problem: Any) -> list[Param]:
         return params(gemm_for(problem))
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
-        return [sixteen_bit_rule(problem, self.formulation, "BM", "its mma.sync products take FP32 operands as TF32 "
-                                                                  "(3xTF32 or TF32-rounded), not BF16 or FP16 ones"),
-                *constraints(gemm_for(problem), limits)]
+        gemm = gemm_for(problem)
+        if gemm.mma16:   # bf16, fp16: m16n8k16 on the values as stored
+            return constraints(gemm, limits)
+        return [sixteen_bit_rule(problem, self.formulation, "BM", "its mma.sync products take 16-bit operands only "
+                                                                  "where activations, filters and outputs share one "
+                                                                  "type, bf16 or fp16 (one m16n8k16 mma multiplies one "
+                                                                  "type)"),
+                *constraints(gemm, limits)]
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         return default_candidates(gemm_for(problem))
@@ -289,7 +376,8 @@ class TcConv(OpFormulation):
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         nhwc = config["NHWC"] if "NHWC" in config else 0
         vec_a, vec_b = vector_widths(gemm_for(problem), config["VEC"] if "VEC" in config else 1, nhwc)
-        return {"split3": problem.precision.tf32x3, "UNROLL_K": pragma_unroll(config["UNROLL_K"]),
+        return {"split3": problem.precision.tf32x3, "mma16": mma16_operand(problem.precision),
+                "UNROLL_K": pragma_unroll(config["UNROLL_K"]),
                 "TABLE_A": config["TABLE_A"] if "TABLE_A" in config else 0,
                 "NHWC": nhwc, "VEC_A": vec_a, "VEC_B": vec_b,
                 "TF32_ROUND": config["TF32_ROUND"] if "TF32_ROUND" in config else "nearest",
@@ -301,7 +389,7 @@ class TcConv(OpFormulation):
         table = c["TABLE_A"] if "TABLE_A" in c else 0
         nhwc = c["NHWC"] if "NHWC" in c else 0
         smem = smem_bytes(gemm.op, c["BM"], c["BN"], c["BK"], c["STAGES"], c["PAD_A"], c["PAD_B"], table, gemm.GK,
-                          nhwc)
+                          nhwc, bool(gemm.mma16))
         z = c["SPLITK"] if gemm.op == "conv_wgrad" else gemm.grid_z
         grid = (cdiv(gemm.GM, c["BM"]), cdiv(gemm.GN, c["BN"]), z)
         threads = (32 * c["WM"] * c["WN"], 1, 1)
@@ -327,7 +415,8 @@ class TcConv(OpFormulation):
 
     def code_helpers(self) -> tuple:
         return (gemm_for, TcGemm, smem_bytes, kmajor, vector_widths, pragma_unroll, KMAJOR, TABLE_ENTRY_BYTES, self.ARGS,
-                wgrad_reduce_launch, WORKSPACE_LIMIT_BYTES, nhwc_stage_launches, nhwc_stage_workspaces)
+                wgrad_reduce_launch, WORKSPACE_LIMIT_BYTES, nhwc_stage_launches, nhwc_stage_workspaces, mma16_operand,
+                sixteen_bit_candidates, wgrad_splits)
 
 
 TENSOR_CORE = Formulation(FORMULATION_TC, tuple(TcConv(op) for op in TC_OPS))

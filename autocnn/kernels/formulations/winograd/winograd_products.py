@@ -39,7 +39,8 @@ WGMMA_STAGES = (3, 4, 2, 5)
 WGMMA_INFLIGHT = (0, 1)
 WGMMA_SPLITS = (1, 2, 4, 8, 16, 32)
 WGMMA_NAMES = hopper.BlockNames("WGMMA_WGS", "WGMMA_BN", "WGMMA_STAGES", "WGMMA_INFLIGHT")
-PRODUCTS_TEMPLATES = ("_winograd_points.cuh.j2", "_winograd_products.cuh.j2", "tcgemm.cuh.j2", "_gemm_row_sums.cuh.j2",
+PRODUCTS_TEMPLATES = ("_winograd_points.cuh.j2", "_winograd_products.cuh.j2", "tcgemm.cuh.j2", "_mma16_fragments.cuh.j2",
+                      "_gemm_row_sums.cuh.j2",
                       "_mma_sync.cuh.j2", "_mma_tiles.cuh.j2", "_winograd_wgmma_products.cuh.j2", "wgmma_core.cuh.j2",
                       "_wgmma_ops.cuh.j2",
                       "wgmma_mainloop.cuh.j2")
