@@ -264,7 +264,7 @@ def test_registering_circular_leaves_other_formulations_and_defaults_as_they_wer
     # After every formulation that was there before it (only those added since come later).
     names = [f.name for f in REGISTRY]
     assert names[names.index(CIRCULAR.name):] == [CIRCULAR.name, "circular_bwd", "wgmma", "halo", "tc_rows",
-                                                    "winograd_fused", "tma"]
+                                                    "winograd_fused", "tma", "depthwise"]
     before = _registry_without_circular()
     for cls in (ConvFwd, ConvBwdData, ConvWgrad):
         old, new = cls(before), cls(REGISTRY)
