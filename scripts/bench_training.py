@@ -180,12 +180,16 @@ def time_torch(net, x, y, steps: int) -> float:
 
 
 def capture_torch_step(net, x, y):
-    """The whole step (forward, loss, backward, capturable Adam) as one CUDA graph, by PyTorch's recipe:
-    warm-up on a side stream (this also compiles the kernels of a converted model), then capture with
-    the gradients unset, so that the graph allocates them from its own pool."""
+    """The whole step (forward, loss, backward, capturable Adam) as one CUDA graph (capture_step)."""
+    return capture_step(*torch_step(net, x, y, capturable=True))
+
+
+def capture_step(step, opt):
+    """A training step and its optimizer as one CUDA graph, by PyTorch's recipe: warm-up on a side
+    stream (this also compiles the kernels of a converted model), then capture with the gradients
+    unset, so that the graph allocates them from its own pool."""
     import torch
 
-    step, opt = torch_step(net, x, y, capturable=True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -45,7 +45,7 @@ def scenario(first: str) -> None:
         twin = copy.deepcopy(model)
         twin_step, twin_opt = bench.torch_step(twin, x, y, capturable=True)
         step, opt = bench.torch_step(model, x, y, capturable=True)
-        graph = _capture(step, opt)
+        graph = bench.capture_step(step, opt)
         # The replayed step against one eager step from the same state (weights, buffers and Adam's
         # moments, copied: loading a state dict on one device shares its tensors): the updates are
         # compared, not the weights, whose difference after a step is mostly the step's size; and
@@ -65,23 +65,6 @@ def scenario(first: str) -> None:
                 err = float((q - p).norm()) / update
                 assert err <= 1e-2, f"{name}, captured after the other ({first} first): {pname}'s update off by {err:.2e}"
         print(f"captured and replayed: {name}")
-
-
-def _capture(step, opt):
-    """The whole step as one CUDA graph, by PyTorch's recipe (scripts/bench_training.py's
-    capture_torch_step, keeping the optimizer): three warm-up steps on a side stream, then the
-    capture with the gradients unset."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        step(zero=False)
-    return graph
 
 
 @pytest.mark.parametrize("first", ["plain", "converted"])
