@@ -211,39 +211,26 @@ inline unsigned emu_bf16_rn(float x) {
 }
 inline unsigned emu_cvt_rn_bf16x2(float hi, float lo) { return emu_bf16_rn(hi) << 16 | emu_bf16_rn(lo); }
 inline float emu_bf16_value(unsigned h) { return __uint_as_float((h & 0xffffu) << 16); }
-// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: as the TF32 one, with two BF16 values a
-// register (the lower k in the low half). A's registers a0..a3 hold (g, 2q..2q+1), (g + 8, 2q..),
-// (g, 2q + 8..), (g + 8, 2q + 8..); B's b0, b1 hold (k = 2q..2q+1, n = g), (2q + 8.., g). The products of
-// BF16 values are exact in double; the sum is rounded once to FP32.
-inline void emu_mma_m16n8k16_bf16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
-                                  unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3) {
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: as the TF32 one, with two 16-bit values a
+// register (the lower k in the low half), read by Value. A's registers a0..a3 hold (g, 2q..2q+1),
+// (g + 8, 2q..), (g, 2q + 8..), (g + 8, 2q + 8..); B's b0, b1 hold (k = 2q..2q+1, n = g), (2q + 8.., g).
+// The products of BF16 or FP16 values are exact in double; the sum is rounded once to FP32.
+template <float (*Value)(unsigned)>
+inline void emu_mma_m16n8k16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
+                             unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3) {
     emu_mma_warp(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3,
                  [](unsigned base, unsigned r, unsigned n, double sum) {
                      for (unsigned k = 0; k < 16; ++k) {
                          const unsigned lane = k % 8 / 2, half = 16 * (k & 1);
                          const unsigned a = emu_mma_a[base + r % 8 * 4 + lane][(r >= 8) + 2 * (k >= 8)] >> half;
                          const unsigned b = emu_mma_b[base + n * 4 + lane][k >= 8] >> half;
-                         sum += (double)emu_bf16_value(a) * (double)emu_bf16_value(b);
+                         sum += (double)Value(a) * (double)Value(b);
                      }
                      return sum;
                  });
 }
-// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: the BF16 one's layout on FP16 values (exact in
-// double, as their products are in FP32); emu_half_value is defined with __half2float below.
+// emu_half_value is defined with __half2float below.
 inline float emu_half_value(unsigned h);
-inline void emu_mma_m16n8k16_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
-                                 unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3) {
-    emu_mma_warp(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3,
-                 [](unsigned base, unsigned r, unsigned n, double sum) {
-                     for (unsigned k = 0; k < 16; ++k) {
-                         const unsigned lane = k % 8 / 2, half = 16 * (k & 1);
-                         const unsigned a = emu_mma_a[base + r % 8 * 4 + lane][(r >= 8) + 2 * (k >= 8)] >> half;
-                         const unsigned b = emu_mma_b[base + n * 4 + lane][k >= 8] >> half;
-                         sum += (double)emu_half_value(a) * (double)emu_half_value(b);
-                     }
-                     return sum;
-                 });
-}
 // 16-bit storage types and the conversions of cuda_bf16.h and cuda_fp16.h the kernels call, as the
 // GPU computes them: float to 16 bits rounds to nearest even, keeps NaN a NaN and takes float16 past
 // its largest finite value (65504, from 65520 on) to Inf; 16 bits to float is exact.
@@ -363,10 +350,10 @@ def _ptx_call(text: str, operands: list[str]) -> str:
         return f"({value(args[0])} = emu_cvt_rn_bf16x2({value(args[1])}, {value(args[2])}))"
     if opcode == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
         d, a, b, c = (group(x) for x in args)
-        return f"emu_mma_m16n8k16_bf16({', '.join(d + a + b + c)})"
+        return f"emu_mma_m16n8k16<emu_bf16_value>({', '.join(d + a + b + c)})"
     if opcode == "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32":
         d, a, b, c = (group(x) for x in args)
-        return f"emu_mma_m16n8k16_f16({', '.join(d + a + b + c)})"
+        return f"emu_mma_m16n8k16<emu_half_value>({', '.join(d + a + b + c)})"
     if opcode == "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32":
         d, a, b, c = (group(x) for x in args)
         # C is read into the call's parameters before D is written, as mma reads before it writes.
