@@ -95,3 +95,19 @@ def _the_rule_without_a_cost_model(monkeypatch):
 
     if "AUTOCNN_COST_MODEL" not in os.environ:
         monkeypatch.setenv("AUTOCNN_COST_MODEL", "off")
+
+
+# The GPU tests' device and kernel loader, one of each for the session (imported on first use, so
+# that the CPU run never imports CuPy).
+@pytest.fixture(scope="session")
+def device():
+    from autocnn.device import current_device
+
+    return current_device(0)
+
+
+@pytest.fixture(scope="session")
+def loader():
+    from autocnn.kernels.runtime import KernelLoader
+
+    return KernelLoader()

@@ -38,20 +38,6 @@ def network_problems(op: str) -> list[tuple[str, object]]:
             for name, c, h, r, s in NETWORK_LAYERS]
 
 
-@pytest.fixture(scope="session")
-def device():
-    from autocnn.device import current_device
-
-    return current_device(0)
-
-
-@pytest.fixture(scope="session")
-def loader():
-    from autocnn.kernels.runtime import KernelLoader
-
-    return KernelLoader()
-
-
 def _configs(operation, problem, limits, rng):
     default = operation.default_config(problem, limits, formulation="depthwise")
     space = operation.space(problem, limits).restrict({"formulation": "depthwise"})

@@ -29,13 +29,6 @@ def _problem(op: str, name: str):
 
 
 @pytest.fixture(scope="session")
-def device():
-    from autocnn.device import current_device
-
-    return current_device(0)
-
-
-@pytest.fixture(scope="session")
 def worker():
     from autocnn.measurement.worker import MeasureWorker
 

@@ -24,20 +24,6 @@ SERVING = {"conv_fwd": ("direct", "igemm", "tc"), "conv_bwd_data": ("direct", "i
 CASES = [(op, value, precision) for op, values in SERVING.items() for value in values for precision in ("bf16", "fp16")]
 
 
-@pytest.fixture(scope="session")
-def device():
-    from autocnn.device import current_device
-
-    return current_device(0)
-
-
-@pytest.fixture(scope="session")
-def loader():
-    from autocnn.kernels.runtime import KernelLoader
-
-    return KernelLoader()
-
-
 def _configs(operation, problem, value, limits, rng):
     space = operation.space(problem, limits)
     if "formulation" in {p.name for p in space.params}:
