@@ -1,8 +1,9 @@
 """The fft formulation (cuFFT steps + a generated complex multiply-accumulate) for the three
 convolutions with filters of 25 taps or more: on the CPU, its plans run in NumPy (the FFT steps by
 numpy.fft, unnormalised as cuFFT, each kernel from its definition) against the float64 direct
-reference, its workspace against the limit, its templates through nvcc; on the GPU (-m gpu), every
-element against float64."""
+reference, its workspace against the limit, its templates through nvcc (each build list checked whole, then a random sample of it built; -m slow
+builds every job: tests.formulation_checks.BUILDS); on the GPU (-m gpu), every element against
+float64."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,7 +31,8 @@ from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.steps import LibraryComplexGemm, LibraryFft
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
-from tests.formulation_checks import assert_verifies_on_gpu, build_failures, compile_failures, operations_with
+from tests.formulation_checks import (BUILDS, assert_verifies_on_gpu, build_failures, build_sample, compile_failures,
+                                      operations_with)
 from tests.plan_numpy import check_plans, frequency_major as frequency_major_view
 
 LIMITS = DeviceLimits.for_arch("sm_90")
@@ -692,7 +694,8 @@ def test_tensor_core_fragment_reads_are_free_of_bank_conflicts():
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-def test_tensor_core_multiply_accumulate_builds_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_tensor_core_multiply_accumulate_builds_without_spills(builds, tmp_path):
     """The largest tiles each precision allows (128 accumulators a thread) and the tuned shapes of
     sweep_7x7 and sweep_11x11 compile for sm_90 with no spills, every op."""
     jobs = []
@@ -705,7 +708,7 @@ def test_tensor_core_multiply_accumulate_builds_without_spills(tmp_path):
                         {"formulation": NAME, "FFT_SIZE": "smooth", "IMGS": 64, "FFT_THREADS": 256, "IT": it, "JT": jt,
                          "MAC": "mma", "FB": fb, "BL": bl, "XFORM_A": "cufft", "XFORM_B": "dft"})
                     jobs.append((f"{op} {row} {precision} {config}", OPERATIONS[op].plan(problem, config), True))
-    failures = compile_failures(jobs, "sm_90", tmp_path)
+    failures = compile_failures(build_sample(jobs, builds), "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
 
@@ -786,7 +789,8 @@ def test_fft_verifies_against_float64_on_the_gpu(op):
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-def test_stride_phases_build_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_stride_phases_build_without_spills(builds, tmp_path):
     """STRIDE_PHASES=1 on scherer10_l2 (the row it is for) and the strided odd shapes, every
     multiply-accumulate and both transforms of each operand, both precisions, for sm_90."""
     jobs = []
@@ -804,7 +808,7 @@ def test_stride_phases_build_without_spills(tmp_path):
                     config = space(op, problem).complete({**base, **mac, "IMGS": 1, "STRIDE_PHASES": 1,
                                                           "XFORM_A": xform, "XFORM_B": xform})
                     jobs.append((f"{op} {name} {precision} {config}", OPERATIONS[op].plan(problem, config), True))
-    failures = compile_failures(jobs, "sm_90", tmp_path)
+    failures = compile_failures(build_sample(jobs, builds), "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
 
@@ -823,7 +827,8 @@ def test_stride_phases_verify_against_float64_on_the_gpu(op):
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-def test_factorised_transforms_build_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_factorised_transforms_build_without_spills(builds, tmp_path):
     """XFORM fdft for either operand and XFORM_O fdft for the way back on the sweep rows and
     scherer10_l2 (phases apart and not), every op, for sm_90: the kernels are there and spill nothing."""
     jobs = []
@@ -841,7 +846,7 @@ def test_factorised_transforms_build_without_spills(tmp_path):
                         continue   # scherer10_l2 spread at the stride: 135 x 135 planes exceed shared memory
                     jobs.append((f"{op} {row} {config}", OPERATIONS[op].plan(problem, config), True))
     assert len(jobs) >= 20 and sum("fft_idft" in [st.kernel for st in job[1].steps] for job in jobs) >= 12
-    failures = compile_failures(jobs, "sm_90", tmp_path)
+    failures = compile_failures(build_sample(jobs, builds), "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
 
@@ -1001,7 +1006,8 @@ def test_vectorised_copies_verify_under_emulation(op, shape, phases, tmp_path):
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-def test_vectorised_copies_build_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_vectorised_copies_build_without_spills(builds, tmp_path):
     """FFT_VEC=4 on scherer10_l2 (the row it is for: backward-data with the phases apart), sweep_7x7
     and the strided odd shape, every op, phases apart and not, both precisions, for sm_90: every
     kernel there, none spilling."""
@@ -1017,7 +1023,7 @@ def test_vectorised_copies_build_without_spills(tmp_path):
                                          BL=8, MAC_ORDER="tiles")
                     jobs.append((f"{op} {name} {precision} {config}", OPERATIONS[op].plan(problem, config), True))
     assert len(jobs) >= 20
-    failures = compile_failures(jobs, "sm_90", tmp_path)
+    failures = compile_failures(build_sample(jobs, builds), "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
 
@@ -1179,12 +1185,13 @@ def precision_jobs(op, cases, change_by_precision):
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-def test_fft_tiles_build_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_fft_tiles_build_without_spills(builds, tmp_path):
     """Every tile case of every op, both precisions, MAC block and mma, for sm_90: every kernel there,
     none spilling."""
     mac = {"fp32": {"MAC": "mma", "BL": 8, "FFT_THREADS": 128}, "tf32": {}}
     jobs = [job for op in CONV_OPS for job in precision_jobs(op, tile_cases(op), mac)]
-    failures = compile_failures(jobs, "sm_90", tmp_path)
+    failures = compile_failures(build_sample(jobs, builds), "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
 
@@ -1324,7 +1331,8 @@ def test_cublas_multiply_accumulate_verifies_under_emulation(op, tmp_path):
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-def test_cublas_multiply_accumulate_builds_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_cublas_multiply_accumulate_builds_without_spills(builds, tmp_path):
     """The frequency-major transforms and inverse of every cublas case and of the 11x11 seed row, both
     precisions, for sm_90: every kernel there, none spilling."""
     jobs = []
@@ -1333,7 +1341,7 @@ def test_cublas_multiply_accumulate_builds_without_spills(tmp_path):
         seed_config = space(op, seed).complete({"formulation": NAME, "MAC": "cublas",
                                                 "XFORM_A": "fdft", "XFORM_B": "dft", "XFORM_O": "fdft"})
         jobs += precision_jobs(op, [*cublas_cases(op), ("sweep_11x11", seed, seed_config)], {"fp32": {}, "tf32": {}})
-    failures = compile_failures(jobs, "sm_90", tmp_path)
+    failures = compile_failures(build_sample(jobs, builds), "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
 
@@ -1486,7 +1494,8 @@ def test_flat_direct_transforms_verify_under_emulation(op, tmp_path):
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-def test_flat_direct_transforms_build_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_flat_direct_transforms_build_without_spills(builds, tmp_path):
     """The flat cases and scherer10_l2's backward-data (the row the form is for: 4 x 4 sub-filters in
     70 x 70 planes, with its record's tensor-core multiply-accumulate), both precisions, for sm_90:
     every kernel there, none spilling."""
@@ -1502,7 +1511,7 @@ def test_flat_direct_transforms_build_without_spills(tmp_path):
                                           "XFORM_A": "cufft", "XFORM_B": "dft", "DFT_FLAT_B": flat,
                                           "STRIDE_PHASES": 1, "XFORM_O": "cufft", "WS_SHARE": 1, "FFT_VEC": 4})
         jobs += precision_jobs(op, [(f"scherer10_l2 flat {flat}", row, config)], {"fp32": {"MAC_CROSS": 1}, "tf32": {}})
-    failures = compile_failures(jobs, "sm_90", tmp_path)
+    failures = compile_failures(build_sample(jobs, builds), "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
 
@@ -1635,7 +1644,8 @@ def scherer_radix_config(precision):
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-def test_radix_transforms_build_without_spills(tmp_path):
+@pytest.mark.parametrize("builds", BUILDS)
+def test_radix_transforms_build_without_spills(builds, tmp_path):
     """The radix cases, both precisions, and scherer10_l2's backward-data with its dY by "radix" (the
     row it was written for: 70 x 70 planes, radices 7, 5, 2) at every RADIX_THREADS, for sm_90: every
     kernel there, none spilling."""
@@ -1647,7 +1657,7 @@ def test_radix_transforms_build_without_spills(tmp_path):
         for threads in RADIX_THREADS:
             c = space("conv_bwd_data", row).complete({**config.as_dict(), "RADIX_THREADS": threads})
             jobs.append((f"scherer10_l2 {precision} {c}", OPERATIONS["conv_bwd_data"].plan(row, c), True))
-    failures = compile_failures(jobs, "sm_90", tmp_path)
+    failures = compile_failures(build_sample(jobs, builds), "sm_90", tmp_path)
     assert not failures, "\n".join(failures[:10])
 
 

@@ -190,12 +190,14 @@ def _verify_all(cases, tmp_path) -> None:
     assert not failures, f"seed {seed}: {len(failures)} of {len(cases)} failed:\n" + "\n".join(failures[:6])
 
 
+@pytest.mark.parametrize("emulations", EMULATIONS)
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("op", OPS)
-def test_tc_kernels_verify_under_emulation(op, precision, tmp_path):
+def test_tc_kernels_verify_under_emulation(op, precision, emulations, tmp_path):
     """The tc formulation: the default of every odd shape (C not a multiple of 8, odd K, strides,
     asymmetric padding, batch 1) and two sampled configs of randomly chosen ones (stages, cp.async,
-    fragment reads, NHWC staging, vector loads, TF32 rounding as the space offers them)."""
+    fragment reads, NHWC staging, vector loads, TF32 rounding as the space offers them); the default
+    run emulates a random sample of these cases, -m slow every one."""
     rng = random.Random()
     problems = [(n, dataclasses.replace(p, precision=precision)) for n, p in odd_problems(op)]
     defaults = {name: OPERATIONS[op].default_config(problem, LIMITS, formulation="tc") for name, problem in problems}
@@ -203,7 +205,7 @@ def test_tc_kernels_verify_under_emulation(op, precision, tmp_path):
     for name, problem in rng.sample(problems, 2):
         space = OPERATIONS[op].space(problem, LIMITS).restrict({"formulation": "tc"})
         cases += [(name, problem, c) for c in space.sample(rng, 1, exclude=[defaults[name]])]
-    _verify_all(cases, tmp_path)
+    _verify_all(build_sample(cases, emulations), tmp_path)
 
 
 def _sixteen_bit_tc_cases(op: str, precision: str, shapes: int, sampled: int, rng: random.Random) -> list:
