@@ -20,12 +20,13 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from autocnn.precision import DEFAULT_PRECISION
+from autocnn.precision import DEFAULT_PRECISION, Precision
 from autocnn.errors import ProblemTooLargeError
-from autocnn.torch.geometry import conv_padding, conv_problem, pair, pool_padding, pool_problem
+from autocnn.torch.dtypes import ELEMENTS, SIXTEEN_BIT, autocast_dtype
+from autocnn.torch.geometry import check_precision, conv_padding, conv_problem, pair, pool_padding, pool_problem
 from autocnn.torch.launch import forget
 from autocnn.torch.modules import AvgPool2d, Conv2d
-from autocnn.torch.support import conv_reasons, pool_reasons
+from autocnn.torch.support import (conv_reasons, conv_refusals, pool_reasons, pool_refusals, precision_of_call)
 
 
 @dataclass(frozen=True)
@@ -38,25 +39,41 @@ class ProblemUse:
 
 
 def _layer_problems(module: nn.Module, x: torch.Tensor, precision: str | None, training: bool) -> list[Any]:
-    """The problems one call of a layer runs on input ``x`` (none when the call falls back to PyTorch)."""
-    if x.dtype != torch.float32 or x.dim() not in (3, 4) or not x.is_contiguous():
+    """The problems one call of a layer runs on input ``x`` (none when the call falls back to
+    PyTorch), in the dtype the layer computes in: the input's, or torch.autocast's for a convolution."""
+    if x.dim() not in (3, 4) or not x.is_contiguous():
         return []
     shape = tuple(x.shape) if x.dim() == 4 else (1, *x.shape)
     if isinstance(module, nn.Conv2d):
-        prec = precision or getattr(module, "precision", DEFAULT_PRECISION.name)
+        cast = autocast_dtype(x)
+        dtype = cast if cast is not None and x.is_floating_point() and x.dtype != torch.float64 else x.dtype
+        if dtype not in ELEMENTS:
+            return []
+        float32 = precision or getattr(module, "precision", DEFAULT_PRECISION.name)
+        prec = precision_of_call(dtype, float32)
+        if conv_refusals(module)[prec] is not None:
+            return []   # the layer runs PyTorch's operator at this precision (modules.py)
         stride = pair("stride", module.stride)
+        dilation = pair("dilation", module.dilation)
         padding = conv_padding(module.padding, module.kernel_size, module.dilation)
         w_shape = tuple(module.weight.shape)
         has_bias = module.bias is not None
-        out = [conv_problem("conv_fwd", shape, w_shape, stride, padding, prec, has_bias)]
+        geometry = (shape, w_shape, stride, padding, prec)
+        grouping = (dilation, module.groups)
+        out = [conv_problem("conv_fwd", *geometry, has_bias, *grouping)]
         if training and x.requires_grad:
-            out.append(conv_problem("conv_bwd_data", shape, w_shape, stride, padding, prec))
+            out.append(conv_problem("conv_bwd_data", *geometry, False, *grouping))
         if training and (module.weight.requires_grad or (has_bias and module.bias.requires_grad)):
-            out.append(conv_problem("conv_wgrad", shape, w_shape, stride, padding, prec, has_bias))
+            out.append(conv_problem("conv_wgrad", *geometry, has_bias, *grouping))
         return out
+    if x.dtype not in ELEMENTS:
+        return []
+    prec = precision_of_call(x.dtype, "fp32")
+    if pool_refusals(module)[prec] is not None:
+        return []
     window = pair("kernel_size", module.kernel_size)
     stride = pair("stride", module.stride if module.stride is not None else module.kernel_size)
-    args = (shape, window, stride, pool_padding(module.padding), bool(module.count_include_pad))
+    args = (shape, window, stride, pool_padding(module.padding), bool(module.count_include_pad), prec)
     out = [pool_problem("avgpool_fwd", *args)]
     if training and x.requires_grad:
         out.append(pool_problem("avgpool_bwd", *args))
@@ -67,7 +84,7 @@ def _runs_on_autocnn(module: nn.Module) -> bool:
     if isinstance(module, (Conv2d, AvgPool2d)):
         return True
     if type(module) is nn.Conv2d:
-        return not conv_reasons(module)
+        return not conv_reasons(module, getattr(module, "precision", DEFAULT_PRECISION.name))
     if type(module) is nn.AvgPool2d:
         return not pool_reasons(module)
     return False
@@ -86,23 +103,44 @@ def as_args(example_input: Any) -> tuple[Any, ...]:
                     f"not {type(example_input).__name__}")
 
 
-def _meta(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+def _meta(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``t``'s shape on the meta device; a floating-point tensor (float64 excepted) in ``dtype`` if given."""
+    if dtype is None or not t.is_floating_point() or t.dtype == torch.float64:
+        dtype = t.dtype
+    return torch.empty_like(t, device="meta", dtype=dtype).requires_grad_(t.requires_grad)
+
+
+def _trace_dtype(precision: Any) -> tuple[str | None, torch.dtype | None]:
+    """A precision given to collect_problems as (the float32 layers' precision, the dtype the whole
+    trace runs in): fp32 / tf32 are the float32 layers' precision; bf16 / fp16 run the trace in
+    their dtype, as ``model.to(dtype)`` or torch.autocast would; none given under torch.autocast
+    runs it in the autocast dtype. A name that is no precision is refused."""
+    if precision is None:
+        cast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+        return None, cast
+    name = precision.name if isinstance(precision, Precision) else precision
+    sixteen = {p.name: dtype for dtype, p in SIXTEEN_BIT.items()}
+    if name in sixteen:
+        return None, sixteen[name]
+    check_precision("autocnn.torch.tune", precision)
+    return name, None
 
 
 def collect_problems(model: nn.Module, example_input: Any, *, precision: str | None = None,
                      training: bool = True) -> list[ProblemUse]:
     """Every kernel problem a step of ``model`` on ``example_input`` runs on autocnn's kernels,
-    counted per call. Layers count that are autocnn.torch's or that ``convert`` would replace;
-    convolutions at ``precision`` if given, else at their own (torch.nn's: fp32). With
-    ``training`` false, forward problems only."""
-    from autocnn.torch.geometry import check_precision
-
+    counted per call, at the precision each layer computes at. Layers count that are
+    autocnn.torch's or that ``convert`` would replace. ``precision`` "fp32" or "tf32": the float32
+    convolutions at it (else at their own: torch.nn's at fp32); "bf16" or "fp16": the model traced
+    in that dtype (parameters and inputs cast, as ``model.to(torch.bfloat16)``), every layer at it,
+    which is also what a float32 model computes under torch.autocast at that dtype. None given
+    under torch.autocast("cuda"): the autocast dtype. (Autocast's float32 ops, such as layer_norm,
+    run in the traced dtype here: a pooling layer after one is met at its real dtype when it first
+    runs.) With ``training`` false, forward problems only."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"collect_problems takes a torch.nn.Module, not {type(model).__name__}")
-    if precision is not None:
-        check_precision("autocnn.torch.tune", precision)
-    args = tuple(_meta(t) for t in as_args(example_input))
+    precision, dtype = _trace_dtype(precision)
+    args = tuple(_meta(t, dtype) for t in as_args(example_input))
     found: dict[Any, list[str]] = {}
 
     def hook(name: str) -> Callable[..., None]:
@@ -117,8 +155,8 @@ def collect_problems(model: nn.Module, example_input: Any, *, precision: str | N
         return record
 
     handles = [m.register_forward_pre_hook(hook(name)) for name, m in model.named_modules() if _runs_on_autocnn(m)]
-    state = {**{n: _meta(p) for n, p in model.named_parameters()},
-             **{n: _meta(b) for n, b in model.named_buffers()}}
+    state = {**{n: _meta(p, dtype) for n, p in model.named_parameters()},
+             **{n: _meta(b, dtype) for n, b in model.named_buffers()}}
     try:
         with torch.set_grad_enabled(training):
             torch.func.functional_call(model, state, args)
@@ -180,7 +218,8 @@ def tune(model: nn.Module, example_input: Any, trials: int = 200, *, timeout_s: 
     the winners in the tuning database (the model's layers use them from their next call).
 
     ``trials`` is the budget for the whole model (``timeout_s`` too, when given). ``precision``
-    overrides the layers' own. ``tuner``: an autocnn.search.tuner.Tuner to use instead of one on
+    as ``collect_problems`` takes it: "fp32" / "tf32" for the float32 layers, "bf16" / "fp16" for
+    the problems the model computes in that dtype (under torch.autocast, or converted to it). ``tuner``: an autocnn.search.tuner.Tuner to use instead of one on
     ``device`` (default: the model's CUDA device, else 0). One TuneOutcome per problem.
     """
     from autocnn.search.tuner import TuneSettings
