@@ -9,9 +9,10 @@ compute them: each of the three convolution operations must have a formulation t
 layer (support.py asks them). What cannot run on autocnn (groups or dilation no kernel computes,
 padding modes, float64 and other dtypes, channels_last, ceil_mode, a subclass with its own
 forward, other convolution and pooling kinds) stays with PyTorch's operator, with one message
-each in the report, which also names the precision each converted layer computes at. A model with a layer converted gets a forward pre-hook
-(autocnn.torch.first_use.FirstUse) that prepares its kernels at its first step on a GPU: looked up,
-quick-tuned under one budget where no record exists, compiled, and the cost reported once.
+each in the report, which also names the precision each converted layer computes at. A model
+with a layer converted gets a forward pre-hook (autocnn.torch.first_use.FirstUse) that prepares
+its kernels at its first step on a GPU: looked up, quick-tuned under one budget where no record
+exists, compiled, and the cost reported once.
 """
 from __future__ import annotations
 

@@ -219,8 +219,9 @@ def tune(model: nn.Module, example_input: Any, trials: int = 200, *, timeout_s: 
 
     ``trials`` is the budget for the whole model (``timeout_s`` too, when given). ``precision``
     as ``collect_problems`` takes it: "fp32" / "tf32" for the float32 layers, "bf16" / "fp16" for
-    the problems the model computes in that dtype (under torch.autocast, or converted to it). ``tuner``: an autocnn.search.tuner.Tuner to use instead of one on
-    ``device`` (default: the model's CUDA device, else 0). One TuneOutcome per problem.
+    the problems the model computes in that dtype (under torch.autocast, or converted to it).
+    ``tuner``: an autocnn.search.tuner.Tuner to use instead of one on ``device`` (default: the
+    model's CUDA device, else 0). One TuneOutcome per problem.
     """
     from autocnn.search.tuner import TuneSettings
 
