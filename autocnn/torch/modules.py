@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autocnn.precision import DEFAULT_PRECISION
+from autocnn.precision import DEFAULT_PRECISION, FP32
 from autocnn.torch.dtypes import autocast_dtype, autocast_inputs
 from autocnn.torch.geometry import (check_precision, conv_beyond_index_limit, conv_padding, conv_problem, pair,
                                    pool_beyond_index_limit, pool_padding, pool_problem, size_refusal)
@@ -112,7 +112,8 @@ class Conv2d(nn.Conv2d):
         padding = conv_padding(self.padding, self.kernel_size, self.dilation)
         if conv_beyond_index_limit(_batch_shape(xc), weight.shape, stride, padding, dilation):
             _warn_too_large(self, lambda: conv_problem("conv_fwd", tuple(_batch_shape(xc)), tuple(weight.shape),
-                                                       stride, padding, "fp32", False, dilation, self.groups))
+                                                       stride, padding, precision_of_call(xc.dtype, self.precision),
+                                                       False, dilation, self.groups))
             return super().forward(x)
         return _batched(xc, lambda b: torch.ops.autocnn.conv2d(b, weight, bias, stride, padding, dilation,
                                                                 self.groups, self.precision))
@@ -149,7 +150,7 @@ class AvgPool2d(nn.AvgPool2d):
         if not runs_on_autocnn(x):
             _warn_fallback(self, x)
             return super().forward(x)
-        refusal = self._autocnn_refusals[precision_of_call(x.dtype, "fp32")]
+        refusal = self._autocnn_refusals[precision_of_call(x.dtype, FP32.name)]
         if refusal is not None:
             _warn_fallback(self, x, refusal)
             return super().forward(x)

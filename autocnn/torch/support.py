@@ -25,7 +25,7 @@ from torch import nn
 from autocnn.device import DeviceLimits
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.registry import get_operation
-from autocnn.precision import PRECISIONS, Precision, without_products
+from autocnn.precision import FP32, PRECISIONS, Precision, without_products
 from autocnn.torch.dtypes import DTYPE_NAMES, ELEMENTS, SIXTEEN_BIT, dtype_name
 from autocnn.torch.geometry import conv_padding, conv_problem, filter_extent, pair, pool_padding, pool_problem
 
@@ -178,7 +178,7 @@ def pool_reasons(module: nn.AvgPool2d) -> list[str]:
     if top >= kh or left >= kw:
         reasons.append(f"padding={module.padding!r} is not smaller than the window {kh}x{kw}")
     if not reasons:
-        refusal = pool_refusals(module)["fp32"]
+        refusal = pool_refusals(module)[FP32.name]
         if refusal is not None:
             reasons.append(refusal)
     return reasons

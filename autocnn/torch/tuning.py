@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from autocnn.precision import DEFAULT_PRECISION, Precision
+from autocnn.precision import DEFAULT_PRECISION, FP32, Precision
 from autocnn.errors import ProblemTooLargeError
 from autocnn.torch.dtypes import ELEMENTS, SIXTEEN_BIT, autocast_dtype
 from autocnn.torch.geometry import check_precision, conv_padding, conv_problem, pair, pool_padding, pool_problem
@@ -68,7 +68,7 @@ def _layer_problems(module: nn.Module, x: torch.Tensor, precision: str | None, t
         return out
     if x.dtype not in ELEMENTS:
         return []
-    prec = precision_of_call(x.dtype, "fp32")
+    prec = precision_of_call(x.dtype, FP32.name)
     if pool_refusals(module)[prec] is not None:
         return []
     window = pair("kernel_size", module.kernel_size)
