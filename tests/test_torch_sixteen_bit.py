@@ -133,6 +133,15 @@ def test_depthwise_and_dilated_fake_shapes_are_pytorchs(dtype, stride, dilation)
     assert x.grad.shape == x.shape and w.grad.shape == w.shape
     torch.library.opcheck(torch.ops.autocnn.conv2d.default,
                           (x.detach().requires_grad_(), w, None, [stride] * 2, [pad] * 4, [dilation] * 2, 6, "fp32"))
+    # The backward operators (no autograd of their own): given tensors that need no gradient.
+    dy = torch.empty(y.shape, device=META, dtype=dtype)
+    geometry = ([stride] * 2, [pad] * 4, [dilation] * 2, 6, "fp32")
+    for op, args in ((torch.ops.autocnn.conv2d_backward_data.default, (dy, w.detach(), [15, 11], *geometry)),
+                     (torch.ops.autocnn.conv2d_weight_grad.default, (x.detach(), dy, [7, 7], *geometry, True))):
+        out = op(*args)
+        assert all(t.dtype == dtype for t in (out if isinstance(out, tuple) else (out,)))
+        torch.library.opcheck(op, args)
+    assert torch.ops.autocnn.conv2d_weight_grad(x.detach(), dy, [7, 7], *geometry, True)[1].shape == (12,)
 
 
 def test_mixed_and_unsupported_dtypes_are_refused_with_what_to_do():
