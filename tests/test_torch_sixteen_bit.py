@@ -340,6 +340,15 @@ def test_problems_are_collected_at_the_dtype_the_model_computes_in():
     assert not any(u.problem.op.startswith("avgpool") for u in float32[:3])
     with pytest.raises(ValueError, match="precision='fp64'"):
         at.collect_problems(model, x, precision="fp64")
+    # As under autocast: a pool on the float32 input runs in float32, after a convolution (converted or
+    # not) or a linear layer in the autocast dtype.
+    pools = nn.Sequential(nn.AvgPool2d(2), nn.Conv2d(3, 4, 3), nn.AvgPool2d(2), nn.Linear(2, 2), nn.AvgPool2d(1))
+    at.convert(pools[:2], verbose=False)
+    found = [(u.problem.op, u.problem.precision.name) for u in at.collect_problems(pools, torch.empty(2, 3, 14, 14),
+                                                                                   precision="fp16")]
+    assert found == [("avgpool_fwd", "fp32"), ("conv_fwd", "fp16"), ("conv_wgrad", "fp16"),
+                     ("avgpool_fwd", "fp16"), ("avgpool_bwd", "fp16"), ("avgpool_fwd", "fp16"),
+                     ("avgpool_bwd", "fp16")]
 
 
 def test_the_first_step_under_autocast_prepares_the_autocast_dtypes_problems(tmp_path, monkeypatch):

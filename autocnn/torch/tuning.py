@@ -11,6 +11,7 @@ quick-tunes and compiles them before a first step, is autocnn.torch.first_use.)
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -19,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
+from torch.nn.modules.conv import _ConvNd
 
 from autocnn.precision import DEFAULT_PRECISION, FP32, Precision
 from autocnn.errors import ProblemTooLargeError
@@ -103,21 +105,17 @@ def as_args(example_input: Any) -> tuple[Any, ...]:
                     f"not {type(example_input).__name__}")
 
 
-def _meta(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``t``'s shape on the meta device; a floating-point tensor (float64 excepted) in ``dtype`` if given."""
-    if dtype is None or not t.is_floating_point() or t.dtype == torch.float64:
-        dtype = t.dtype
-    return torch.empty_like(t, device="meta", dtype=dtype).requires_grad_(t.requires_grad)
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
 
 
-def _trace_dtype(precision: Any) -> tuple[str | None, torch.dtype | None]:
-    """A precision given to collect_problems as (the float32 layers' precision, the dtype the whole
-    trace runs in): fp32 / tf32 are the float32 layers' precision; bf16 / fp16 run the trace in
-    their dtype, as ``model.to(dtype)`` or torch.autocast would; none given under torch.autocast
-    runs it in the autocast dtype. A name that is no precision is refused."""
+def _trace_precision(precision: Any) -> tuple[str | None, torch.dtype | None]:
+    """A precision given to collect_problems as (the float32 layers' precision, the autocast dtype the
+    trace runs under): fp32 / tf32 are the float32 layers' precision; bf16 / fp16 trace the model as
+    under torch.autocast at their dtype; none given under torch.autocast("cuda") keeps its dtype. A
+    name that is no precision is refused."""
     if precision is None:
-        cast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
-        return None, cast
+        return None, torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
     name = precision.name if isinstance(precision, Precision) else precision
     sixteen = {p.name: dtype for dtype, p in SIXTEEN_BIT.items()}
     if name in sixteen:
@@ -126,21 +124,64 @@ def _trace_dtype(precision: Any) -> tuple[str | None, torch.dtype | None]:
     return name, None
 
 
+# The modules whose operators torch.autocast runs in its lower precision (its conv and linear rules):
+# on meta tensors, which autocast passes by, a trace casts their inputs and parameters as a CUDA run
+# does (autocnn.torch's Conv2d casts its own, in its forward).
+_AUTOCAST_LOWER = (_ConvNd, nn.Linear)
+
+
+@contextlib.contextmanager
+def _cuda_autocast(dtype: torch.dtype | None):
+    """CUDA's autocast state on at ``dtype`` for a meta trace (None: unchanged), restored after; set
+    directly, since torch.autocast("cuda") is refused where PyTorch has no CUDA (a CPU host tracing
+    for ``autocnn tune --torch-model``), and the layers read only the state."""
+    if dtype is None:
+        yield
+        return
+    enabled, before = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", dtype)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled("cuda", enabled)
+        torch.set_autocast_dtype("cuda", before)
+
+
+def _cast(t: Any, dtype: torch.dtype) -> Any:
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+        return t.to(dtype)
+    return t
+
+
+def _autocast_inputs(dtype: torch.dtype) -> Callable[..., Any]:
+    def cast(module: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(_cast(t, dtype) for t in inputs)
+    return cast
+
+
+def _autocast_parameters(model: nn.Module) -> set[str]:
+    """The names of the parameters autocast casts: those of its lower-precision modules."""
+    return {f"{name}.{p}" if name else p for name, m in model.named_modules() if isinstance(m, _AUTOCAST_LOWER)
+            and not isinstance(m, Conv2d) for p, _ in m.named_parameters(recurse=False)}
+
+
 def collect_problems(model: nn.Module, example_input: Any, *, precision: str | None = None,
                      training: bool = True) -> list[ProblemUse]:
     """Every kernel problem a step of ``model`` on ``example_input`` runs on autocnn's kernels,
-    counted per call, at the precision each layer computes at. Layers count that are
-    autocnn.torch's or that ``convert`` would replace. ``precision`` "fp32" or "tf32": the float32
-    convolutions at it (else at their own: torch.nn's at fp32); "bf16" or "fp16": the model traced
-    in that dtype (parameters and inputs cast, as ``model.to(torch.bfloat16)``), every layer at it,
-    which is also what a float32 model computes under torch.autocast at that dtype. None given
-    under torch.autocast("cuda"): the autocast dtype. (Autocast's float32 ops, such as layer_norm,
-    run in the traced dtype here: a pooling layer after one is met at its real dtype when it first
-    runs.) With ``training`` false, forward problems only."""
+    counted per call, at the precision each layer computes at: its tensors' dtype's. Layers count
+    that are autocnn.torch's or that ``convert`` would replace. ``precision`` "fp32" or "tf32": the
+    float32 convolutions at it (else at their own: torch.nn's at fp32); "bf16" or "fp16": the model
+    as it runs under torch.autocast at that dtype (convolutions in it, pooling in its input's dtype);
+    none given, under torch.autocast("cuda"): the autocast dtype. A bfloat16 or float16 model
+    (``model.to(torch.bfloat16)``) traces in its dtype either way. The trace casts the inputs and
+    parameters of autocast's lower-precision modules (convolutions, linear layers); the rest run in
+    their inputs' dtypes there (autocast's float32 ops, such as layer_norm, too: a pooling layer after one is
+    met at its real dtype when it first runs). With ``training`` false, forward problems only."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"collect_problems takes a torch.nn.Module, not {type(model).__name__}")
-    precision, dtype = _trace_dtype(precision)
-    args = tuple(_meta(t, dtype) for t in as_args(example_input))
+    precision, autocast = _trace_precision(precision)
+    args = tuple(_meta(t) for t in as_args(example_input))
     found: dict[Any, list[str]] = {}
 
     def hook(name: str) -> Callable[..., None]:
@@ -155,10 +196,14 @@ def collect_problems(model: nn.Module, example_input: Any, *, precision: str | N
         return record
 
     handles = [m.register_forward_pre_hook(hook(name)) for name, m in model.named_modules() if _runs_on_autocnn(m)]
-    state = {**{n: _meta(p, dtype) for n, p in model.named_parameters()},
-             **{n: _meta(b, dtype) for n, b in model.named_buffers()}}
+    state = {**{n: _meta(p) for n, p in model.named_parameters()},
+             **{n: _meta(b) for n, b in model.named_buffers()}}
+    if autocast is not None:
+        handles += [m.register_forward_pre_hook(_autocast_inputs(autocast)) for m in model.modules()
+                    if isinstance(m, _AUTOCAST_LOWER) and not isinstance(m, Conv2d)]
+        state.update({n: _cast(state[n], autocast) for n in _autocast_parameters(model)})
     try:
-        with torch.set_grad_enabled(training):
+        with torch.set_grad_enabled(training), _cuda_autocast(autocast):
             torch.func.functional_call(model, state, args)
     except Exception as exc:  # noqa: BLE001 - any failure of the user's forward on meta tensors
         raise MetaTraceError(f"autocnn.torch: the model's forward did not run on the meta device ({exc}); "
