@@ -220,7 +220,7 @@ def _mobile() -> nn.Module:
                          nn.Conv2d(12, 12, 3, 1, 1, groups=12), nn.ReLU(),
                          nn.Conv2d(12, 12, 5, 2, 4, dilation=2, groups=12, bias=False), nn.ReLU(),
                          nn.Conv2d(12, 16, 1), nn.ReLU(), nn.AvgPool2d(3, 2, 1, count_include_pad=False),
-                         nn.Flatten(), nn.Linear(16 * 3 * 3, 10)).cuda()
+                         nn.Flatten(), nn.Linear(16 * 3 * 3, 10))
 
 
 def test_a_training_step_under_autocast_bf16_captured_in_a_cuda_graph_matches_eager_steps():
@@ -229,7 +229,7 @@ def test_a_training_step_under_autocast_bf16_captured_in_a_cuda_graph_matches_ea
     same steps run eagerly on a twin; autocnn's bf16 kernels run in both."""
     bench = load_bench()
     torch.manual_seed(7)
-    model = _mobile()
+    model = _mobile().cuda()
     report = at.convert(model, verbose=False)
     assert len(report.replaced) == 5 and not report.left, str(report)
     twin = copy.deepcopy(model)
