@@ -269,3 +269,30 @@ def test_a_training_step_under_autocast_bf16_captured_in_a_cuda_graph_matches_ea
     for (name, p), q in zip(twin.named_parameters(), model.parameters()):
         assert q.dtype == torch.float32
         assert _rel(q, p) <= 1e-3, name
+
+
+def test_compile_fullgraph_under_autocast_runs_autocnns_16_bit_kernels():
+    """torch.compile(fullgraph=True) of a converted model called under autocast(bfloat16): one graph
+    whose autocnn operators compute in bf16, as the same model does eagerly (the same kernels: each
+    output within a bf16 rounding of the eager one, gradients of the float32 parameters likewise)."""
+    torch._dynamo.reset()
+    torch.manual_seed(9)
+    model = _mobile().cuda()
+    at.convert(model, verbose=False)
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(5, 3, 23, 21, device="cuda")
+    results = []
+    for net in (eager, compiled):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = net(x)
+        out.float().square().mean().backward()
+        results.append(out)
+    before = at.launch_counts()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        again = compiled(x)
+    assert sum(at.launch_counts().values()) > sum(before.values())   # the compiled graph ran autocnn's operators
+    assert results[1].dtype == again.dtype == torch.bfloat16
+    assert _rel(results[1], results[0]) <= 2.0 ** -7
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        assert q.grad.dtype == torch.float32 and _rel(q.grad, p.grad) <= 2.0 ** -6, name
