@@ -20,6 +20,7 @@ from torch import nn  # noqa: E402
 import autocnn.torch as at  # noqa: E402
 from autocnn.kernels import reference  # noqa: E402
 from autocnn.measurement.measure import verify_outputs  # noqa: E402
+from autocnn.torch.dtypes import ELEMENTS  # noqa: E402
 from autocnn.torch.geometry import conv_problem, pool_problem  # noqa: E402
 from autocnn.torch.launch import as_cupy  # noqa: E402
 from tests.bench_module import load_bench  # noqa: E402
@@ -27,7 +28,8 @@ from tests.bench_module import load_bench  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 AUTOCAST = [torch.bfloat16, torch.float16]
-PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}   # the problems' names
+DTYPE_OF_ELEMENT = {element: dtype for dtype, element in ELEMENTS.items()}
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +60,7 @@ def _check(problem, name: str, got: torch.Tensor, ref: torch.Tensor, scale: torc
     parameter's gradient holds the 16-bit values exactly). Returns the relative error."""
     import cupy as cp
 
-    stored = got.detach().to(next(d for d, p in PRECISION.items() if p == problem.precision.name)).contiguous()
+    stored = got.detach().to(DTYPE_OF_ELEMENT[problem.precision.y]).contiguous()
     result = verify_outputs(problem, {"ref": cp.asarray(ref)}, {name: as_cupy(cp, stored)},
                             ref={name: cp.asarray(ref)})
     assert result.passed, f"{problem.op} {problem.shape_string()} {name}: {result.message}"
