@@ -29,16 +29,20 @@ ELEMENTS: dict[torch.dtype, ElementType] = {torch.float32: FLOAT32, torch.bfloat
                                             torch.float16: FLOAT16}
 # The precision of the 16-bit dtypes (float32's is the layer's choice, fp32 or tf32).
 SIXTEEN_BIT: dict[torch.dtype, Precision] = {torch.bfloat16: BF16, torch.float16: FP16}
-DTYPE_NAMES = ", ".join(str(d).replace("torch.", "") for d in ELEMENTS)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def takes_dtype(dtype: torch.dtype) -> bool:
-    """Whether autocnn's kernels take tensors of this dtype."""
-    return dtype in ELEMENTS
+DTYPE_NAMES = ", ".join(dtype_name(d) for d in ELEMENTS)
+
+
+def precision_of_call(dtype: torch.dtype, float32_precision: str) -> str:
+    """The name of the precision a call of ``dtype`` tensors computes at (``float32_precision`` for
+    float32), unchecked: the key of a layer's refusals (support.py), in a forward that torch.compile
+    traces (dictionary lookups only, which it folds)."""
+    return SIXTEEN_BIT[dtype].name if dtype in SIXTEEN_BIT else float32_precision
 
 
 def conv_precision(where: str, dtype: torch.dtype, float32_precision: Any) -> Precision:

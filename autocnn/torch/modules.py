@@ -23,11 +23,11 @@ import torch
 from torch import nn
 
 from autocnn.precision import DEFAULT_PRECISION, FP32
-from autocnn.torch.dtypes import autocast_dtype, autocast_inputs
+from autocnn.torch.dtypes import autocast_dtype, autocast_inputs, precision_of_call
 from autocnn.torch.geometry import (check_precision, conv_beyond_index_limit, conv_padding, conv_problem, pair,
                                    pool_beyond_index_limit, pool_padding, pool_problem, size_refusal)
 from autocnn.torch.support import (check_arguments, conv_reasons, conv_refusals, pool_reasons, pool_refusals,
-                                   precision_of_call, runs_on_autocnn)
+                                   runs_on_autocnn)
 
 
 def _warn_fallback(module: nn.Module, x: torch.Tensor, refusal: str | None = None) -> None:

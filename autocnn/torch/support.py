@@ -26,7 +26,7 @@ from autocnn.device import DeviceLimits
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.registry import get_operation
 from autocnn.precision import FP32, PRECISIONS, Precision, without_products
-from autocnn.torch.dtypes import DTYPE_NAMES, ELEMENTS, SIXTEEN_BIT, dtype_name
+from autocnn.torch.dtypes import DTYPE_NAMES, ELEMENTS, dtype_name, precision_of_call
 from autocnn.torch.geometry import conv_padding, conv_problem, filter_extent, pair, pool_padding, pool_problem
 
 CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
@@ -115,12 +115,6 @@ def pool_refusals(module: nn.AvgPool2d) -> dict[str, str | None]:
     stride = pair("stride", module.stride if module.stride is not None else module.kernel_size)
     args = (window, stride, pool_padding(module.padding), bool(module.count_include_pad))
     return {p.name: pool_layer_refusal(*args, p.name) for p in POOL_PRECISIONS}
-
-
-def precision_of_call(dtype: torch.dtype, float32_precision: str) -> str:
-    """The name of the precision a call of ``dtype`` tensors computes at (the float32 precision given
-    for float32): the key of a layer's refusals. Dictionary lookups only, so torch.compile folds it."""
-    return SIXTEEN_BIT[dtype].name if dtype in SIXTEEN_BIT else float32_precision
 
 
 def layer_precision(weight: Any, float32_precision: str) -> str | None:

@@ -24,11 +24,11 @@ from torch.nn.modules.conv import _ConvNd
 
 from autocnn.precision import DEFAULT_PRECISION, FP32, Precision
 from autocnn.errors import ProblemTooLargeError
-from autocnn.torch.dtypes import ELEMENTS, SIXTEEN_BIT, autocast_dtype
+from autocnn.torch.dtypes import ELEMENTS, SIXTEEN_BIT, autocast_dtype, precision_of_call
 from autocnn.torch.geometry import check_precision, conv_padding, conv_problem, pair, pool_padding, pool_problem
 from autocnn.torch.launch import forget
 from autocnn.torch.modules import AvgPool2d, Conv2d
-from autocnn.torch.support import (conv_reasons, conv_refusals, pool_reasons, pool_refusals, precision_of_call)
+from autocnn.torch.support import conv_reasons, conv_refusals, pool_reasons, pool_refusals
 
 
 @dataclass(frozen=True)
