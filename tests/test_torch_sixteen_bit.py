@@ -370,6 +370,19 @@ def test_the_first_step_under_autocast_prepares_the_autocast_dtypes_problems(tmp
     assert len(kernels.kernels.dispatch) == 2 * first
 
 
+def test_prepare_ahead_of_an_autocast_step_takes_its_precision(tmp_path):
+    source = fake.RecordedSource()
+    kernels = fake.fake_kernels(tmp_path / "db", source)
+    settings = first_use.PrepareSettings.resolve(budget_s=600, verbose=False)
+    with pytest.raises(ValueError, match="precision='fp64'"):
+        first_use.prepare_on(kernels, fake.model(), (torch.empty(fake.INPUT_SHAPE),), settings, precision="fp64")
+    assert not source.measured   # refused before any measurement
+    report = first_use.prepare_on(kernels, fake.model(), (torch.empty(fake.INPUT_SHAPE),), settings,
+                                  precision="fp16")
+    assert len(report.problems) == 7 and {p.problem.precision for p in report.problems} == {FP16}
+    assert len(report.tuned) == 7 and source.measured
+
+
 def test_the_command_line_tunes_a_models_sixteen_bit_problems(no_gpu_source, monkeypatch):
     seen = {}
     real = at.factory_problems
