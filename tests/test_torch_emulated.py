@@ -129,3 +129,53 @@ def test_average_pooling_and_its_gradient_in_bfloat16(emulated):
     refs, scales = ref(x, dy), ref(x.abs(), dy.abs())
     _check(emulated.ran[0], "y", y, refs["y"], scales["y"])
     _check(emulated.ran[1], "dx", x.grad, refs["dx"], scales["dx"])
+
+
+@pytest.fixture
+def cpu_as_cuda(monkeypatch):
+    """The layers take CPU tensors as they take CUDA ones (what they ask of the device answered as for
+    meta tensors, which count as CUDA), so a converted layer reaches the emulated operators."""
+    from autocnn.torch import dtypes, modules, support
+
+    def as_meta(t):
+        return None if t is None else torch.empty_like(t, device="meta")
+
+    monkeypatch.setattr(modules, "runs_on_autocnn",
+                        lambda x, *params: support.runs_on_autocnn(as_meta(x), *map(as_meta, params)))
+    monkeypatch.setattr(modules, "autocast_dtype", lambda x: dtypes.autocast_dtype(as_meta(x)))
+
+
+@pytest.mark.parametrize("cast", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_a_converted_conv_under_autocast_computes_in_its_dtype_and_its_gradients_reach_the_parameters(
+        emulated, cpu_as_cuda, cast):
+    """A converted depthwise, dilated, strided layer called on float32 tensors under CUDA's autocast
+    state: its output in the autocast dtype, each element against float64 of the cast values, and the
+    float32 parameters' and input's gradients the 16-bit ones the kernels wrote; a pool after it runs
+    in that dtype too."""
+    from torch import nn
+
+    from autocnn.torch import convert
+    from tests.test_torch_sixteen_bit import cuda_autocast
+
+    model = nn.Sequential(nn.Conv2d(6, 6, 5, stride=2, padding=4, dilation=2, groups=6), nn.AvgPool2d(2))
+    assert len(convert(model, verbose=False).replaced) == 2
+    conv = model[0]
+    x = torch.randn(3, 6, 15, 13, requires_grad=True)
+    with cuda_autocast(cast):
+        y = conv(x)
+        pooled = model[1](y)
+    assert y.dtype == pooled.dtype == cast
+    dy = torch.randn(y.shape).to(cast)
+    torch.autograd.backward([y, pooled], [dy, torch.zeros_like(pooled)])
+    assert [p.op for p in emulated.ran] == ["conv_fwd", "avgpool_fwd", "avgpool_bwd", "conv_bwd_data", "conv_wgrad"]
+    assert x.grad.dtype == conv.weight.grad.dtype == conv.bias.grad.dtype == torch.float32
+    x16, w16, b16 = x.detach().to(cast), conv.weight.detach().to(cast), conv.bias.detach().to(cast)
+    geometry = (2, 4, 2, 6)
+    refs = _conv64(x16, w16, b16, *geometry, dy)
+    scales = _conv64(x16.abs(), w16.abs(), b16.abs(), *geometry, dy.abs())
+    fwd, _, _, bwd, wgrad = emulated.ran
+    for problem, out, got in ((fwd, "y", y), (bwd, "dx", x.grad), (wgrad, "dw", conv.weight.grad),
+                              (wgrad, "db", conv.bias.grad)):
+        # A float32 gradient holds the 16-bit values the kernels wrote: read back in their type exactly.
+        assert torch.equal(got.to(cast).to(got.dtype), got)
+        _check(problem, out, got.to(cast), refs[out], scales[out])
