@@ -11,7 +11,7 @@ from autocnn import cli  # noqa: E402
 
 def small_net():
     return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AvgPool2d(2),
-                               torch.nn.Conv2d(8, 4, 3, dilation=2))   # dilation: left to PyTorch
+                               torch.nn.Conv2d(8, 4, 3, padding=1, padding_mode="reflect"))   # left to PyTorch
 
 
 def test_the_model_is_traced_before_the_gpu_is_opened(no_gpu_source, monkeypatch):
@@ -39,7 +39,7 @@ def test_the_model_is_traced_before_the_gpu_is_opened(no_gpu_source, monkeypatch
     (["--torch-model", "nosuch_pkg.models:net", "--input-shape", "3,8,8"], "cannot import 'nosuch_pkg.models'"),
     (["--torch-model", f"{__name__}:small_net", "--input-shape", "3,8"], "C,H,W"),
     (["--torch-model", f"{__name__}:small_net", "--input-shape", "3,8,8", "--batch", "0"], "--batch"),
-    # the dilated layer stays with PyTorch and the first needs no dX: no backward-data kernel at all
+    # the reflecting layer stays with PyTorch and the first needs no dX: no backward-data kernel at all
     (["--torch-model", f"{__name__}:small_net", "--input-shape", "3,16,16", "--ops", "conv_bwd_data"],
      "runs no conv_bwd_data kernel"),
     (["--torch-model", f"{__name__}:small_net", "--input-shape", "3,16,16", "--fix", "formulation=nosuch"],

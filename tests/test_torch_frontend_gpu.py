@@ -100,15 +100,16 @@ def test_conv_operators_match_pytorch_float64(x_shape, w_shape, stride, padding,
     scales = _conv64(x.abs(), w.abs(), None if b is None else b.abs(), stride, padding, dy.abs())
 
     _poison(fwd.y_shape)
-    y = torch.ops.autocnn.conv2d(x, w, b, stride, padding, precision)
+    y = torch.ops.autocnn.conv2d(x, w, b, stride, padding, [1, 1], 1, precision)
     _check(fwd, {"x": x}, {"y": y}, {"y": refs["y"]}, scales)
     bwd = conv_problem("conv_bwd_data", x_shape, w_shape, stride, padding, precision)
     _poison(x_shape)
-    dx = torch.ops.autocnn.conv2d_backward_data(dy, w, list(x_shape[2:]), stride, padding, precision)
+    dx = torch.ops.autocnn.conv2d_backward_data(dy, w, list(x_shape[2:]), stride, padding, [1, 1], 1, precision)
     _check(bwd, {"dy": dy}, {"dx": dx}, {"dx": refs["dx"]}, scales)
     wgrad = conv_problem("conv_wgrad", x_shape, w_shape, stride, padding, precision, bias)
     _poison(w_shape, (w_shape[0],))
-    dw, db = torch.ops.autocnn.conv2d_weight_grad(x, dy, list(w_shape[2:]), stride, padding, precision, bias)
+    dw, db = torch.ops.autocnn.conv2d_weight_grad(x, dy, list(w_shape[2:]), stride, padding, [1, 1], 1, precision,
+                                                  bias)
     outputs = {"dw": dw, **({"db": db} if bias else {})}
     _check(wgrad, {"x": x}, outputs, {k: refs[k] for k in outputs}, scales)
     assert db.shape == ((w_shape[0],) if bias else (0,))
@@ -147,7 +148,7 @@ def test_gradcheck_and_opcheck():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)   # gradcheck's note on float32 inputs
         assert torch.autograd.gradcheck(
-            lambda x, w, b: torch.ops.autocnn.conv2d(x, w, b, [2, 1], [1, 2, 0, 1], "fp32"), (x, w, b),
+            lambda x, w, b: torch.ops.autocnn.conv2d(x, w, b, [2, 1], [1, 2, 0, 1], [1, 1], 1, "fp32"), (x, w, b),
             eps=1e-2, atol=2e-3, rtol=2e-3, nondet_tol=1e-5)
         assert torch.autograd.gradcheck(
             lambda x: torch.ops.autocnn.avg_pool2d(x, [3, 3], [2, 2], [1, 1, 1, 1], False), (x,),
@@ -155,11 +156,11 @@ def test_gradcheck_and_opcheck():
     # The backward operators have no autograd of their own (no double backward): given no inputs that
     # require gradients. The output of the convolution above is 2 x 4 x 3 x 7.
     dy = torch.randn(2, 4, 3, 7, device="cuda")
-    for op, args in ((torch.ops.autocnn.conv2d.default, (x, w, b, [2, 1], [1, 2, 0, 1], "fp32")),
+    for op, args in ((torch.ops.autocnn.conv2d.default, (x, w, b, [2, 1], [1, 2, 0, 1], [1, 1], 1, "fp32")),
                      (torch.ops.autocnn.conv2d_backward_data.default, (dy, w.detach(), [7, 6], [2, 1], [1, 2, 0, 1],
-                                                                       "fp32")),
+                                                                       [1, 1], 1, "fp32")),
                      (torch.ops.autocnn.conv2d_weight_grad.default, (x.detach(), dy, [3, 3], [2, 1], [1, 2, 0, 1],
-                                                                     "fp32", True)),
+                                                                     [1, 1], 1, "fp32", True)),
                      (torch.ops.autocnn.avg_pool2d.default, (x, [2, 2], [2, 2], [0, 0, 0, 0], True)),
                      (torch.ops.autocnn.avg_pool2d_backward.default, (torch.randn(2, 3, 3, 3, device="cuda"), [7, 6],
                                                                       [2, 2], [2, 2], [0, 0, 0, 0], True))):
@@ -264,7 +265,7 @@ def test_a_kernel_first_met_inside_a_capture_is_an_error_that_says_what_to_do():
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError) as err:
         with torch.cuda.graph(graph):
-            torch.ops.autocnn.conv2d(x, w, None, [1, 1], [1, 1, 1, 1], "fp32")
+            torch.ops.autocnn.conv2d(x, w, None, [1, 1], [1, 1, 1, 1], [1, 1], 1, "fp32")
     texts = [str(err.value), str(err.value.__context__)]
     assert any("was not prepared before this CUDA-graph capture" in t and "autocnn.torch.prepare" in t for t in texts)
     torch.cuda.synchronize()
@@ -313,13 +314,13 @@ def test_kernels_run_on_pytorchs_current_stream():
     w = torch.randn(8, 4, 3, 3, device="cuda")
     src = torch.randn(2, 4, 16, 16, device="cuda")
     x = torch.zeros_like(src)
-    expected = torch.ops.autocnn.conv2d(src, w, None, [1, 1], [1, 1, 1, 1], "fp32")
+    expected = torch.ops.autocnn.conv2d(src, w, None, [1, 1], [1, 1, 1, 1], [1, 1], 1, "fp32")
     torch.cuda.synchronize()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         torch.cuda._sleep(50_000_000)   # the copy lands long after a launch on another stream would run
         x.copy_(src)
-        y = torch.ops.autocnn.conv2d(x, w, None, [1, 1], [1, 1, 1, 1], "fp32")
+        y = torch.ops.autocnn.conv2d(x, w, None, [1, 1], [1, 1, 1, 1], [1, 1], 1, "fp32")
     stream.synchronize()
     torch.testing.assert_close(y, expected, rtol=0, atol=0)
 
@@ -348,10 +349,8 @@ def test_inputs_autocnn_cannot_take_run_pytorchs_operator_with_one_warning():
         warnings.simplefilter("error")   # once per layer
         conv(x)
     fresh = at.Conv2d(4, 8, 3, padding=1).cuda()
-    with torch.autocast("cuda", dtype=torch.float16):
-        with pytest.warns(RuntimeWarning, match="under torch.autocast"):
-            out = fresh(x.contiguous())
-    assert out.dtype == torch.float16   # autocast's precision, as torch.nn.Conv2d gives
+    with pytest.warns(RuntimeWarning, match="float64 input .* runs PyTorch's operator"):
+        assert fresh.double()(x.contiguous().double()).dtype == torch.float64
 
 
 def test_a_layer_beyond_32_bit_indexing_computes_pytorchs_result_on_cuda():

@@ -48,7 +48,8 @@ def add_parser(sub: Any) -> None:
     what.add_argument("--torch-model", metavar="MODULE:FACTORY",
                       help="a PyTorch model, package.module:factory returning a torch.nn.Module (needs "
                            "autocnn[torch]; with --input-shape and --batch): tunes every kernel its training "
-                           "step runs on autocnn's operators")
+                           "step runs on autocnn's operators; with --precision bf16 or fp16, those it runs in "
+                           "that dtype (under torch.autocast, or converted to it)")
     t.add_argument("--input-shape", metavar="C,H,W", help="with --torch-model: one input's channels, height, width")
     t.add_argument("--shape", help="with --op: N=..,C=..,H=..,W=..,K=..,R=..,S=..,stride=..,pad=t,l,b,r "
                                    "(pooling: N,C,H,W,window,stride,pad,count_pad)")

@@ -2,18 +2,24 @@
 
 Every torch.nn.Conv2d and torch.nn.AvgPool2d that autocnn's kernels can run becomes an
 autocnn.torch.Conv2d / AvgPool2d in place: the same module object, so parameters, buffers,
-hooks, state_dict keys and an optimizer built before all stay as they were. What cannot run on
-autocnn (groups, dilation, padding modes, dtypes, channels_last, ceil_mode, a subclass with its
-own forward, other convolution and pooling kinds) stays with PyTorch's operator, with one
-message each in the report. A model with a layer converted gets a forward pre-hook
-(autocnn.torch.first_use.FirstUse) that prepares its kernels at its first step on a GPU: looked up,
-quick-tuned under one budget where no record exists, compiled, and the cost reported once.
+hooks, state_dict keys and an optimizer built before all stay as they were. Float32, bfloat16
+and float16 layers convert (a model run under torch.autocast computes its converted convolutions
+in the autocast dtype), and so do grouped, depthwise and dilated convolutions where the kernels
+compute them: each of the three convolution operations must have a formulation that serves the
+layer (support.py asks them). What cannot run on autocnn (groups or dilation no kernel computes,
+padding modes, float64 and other dtypes, channels_last, ceil_mode, a subclass with its own
+forward, other convolution and pooling kinds) stays with PyTorch's operator, with one message
+each in the report, which also names the precision each converted layer computes at. A model
+with a layer converted gets a forward pre-hook (autocnn.torch.first_use.FirstUse) that prepares
+its kernels at its first step on a GPU: looked up, quick-tuned under one budget where no record
+exists, compiled, and the cost reported once.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.lazy import LazyModuleMixin
@@ -24,7 +30,8 @@ from autocnn.nn.text_table import format_table
 from autocnn.torch.first_use import PrepareSettings, install
 from autocnn.torch.geometry import check_precision
 from autocnn.torch.modules import AvgPool2d, Conv2d
-from autocnn.torch.support import conv_reasons, pool_reasons
+from autocnn.torch.dtypes import SIXTEEN_BIT, dtype_name
+from autocnn.torch.support import conv_reasons, layer_precision, pool_reasons
 
 # Module kinds the report lists when they are left: the convolution and average-pooling families.
 _FAMILIES = (_ConvNd, _AvgPoolNd, _AdaptiveAvgPoolNd)
@@ -36,6 +43,7 @@ class ModuleOutcome:
     kind: str          # its class name before conversion
     replaced: bool
     detail: str        # replaced: what runs it now; left: why PyTorch keeps it
+    precision: str = ""   # replaced: the precision it computes at outside autocast ("input's" for a pool)
 
 
 @dataclass
@@ -55,17 +63,19 @@ class ConversionReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"precision": self.precision,
-                "replaced": [{"name": m.name, "kind": m.kind, "detail": m.detail} for m in self.replaced],
+                "replaced": [{"name": m.name, "kind": m.kind, "precision": m.precision, "detail": m.detail}
+                             for m in self.replaced],
                 "left": [{"name": m.name, "kind": m.kind, "reason": m.detail} for m in self.left]}
 
     def __str__(self) -> str:
         head = (f"autocnn.torch.convert: {len(self.replaced)} module(s) on autocnn's kernels "
-                f"(convolutions at precision {self.precision}), {len(self.left)} left to PyTorch")
+                f"(float32 convolutions at precision {self.precision}), {len(self.left)} left to PyTorch")
         if not self.modules:
             return head + " (the model has no convolution or average-pooling module)"
-        rows = [("module", "kind", "runs on", "why / what")]
+        rows = [("module", "kind", "runs on", "precision", "why / what")]
         for m in self.modules:
-            rows.append((m.name or "(model)", m.kind, "autocnn" if m.replaced else "PyTorch", m.detail))
+            rows.append((m.name or "(model)", m.kind, "autocnn" if m.replaced else "PyTorch", m.precision or "-",
+                         m.detail))
         return head + ":\n" + format_table(rows)
 
 
@@ -74,9 +84,12 @@ def convert(model: nn.Module, precision: str = DEFAULT_PRECISION.name, *, verbos
     """Replace, in place, every supported nn.Conv2d and nn.AvgPool2d of ``model`` (the model itself
     included) by autocnn.torch's; returns the report and, with ``verbose``, prints it.
 
-    ``precision`` ("fp32" or "tf32") is given to every converted convolution; layers already on
-    autocnn get it too. Converting before or after ``.cuda()`` is the same: the layers run
-    autocnn's kernels whenever their input is a contiguous float32 CUDA tensor.
+    ``precision`` ("fp32" or "tf32") is given to every converted convolution, for float32 tensors;
+    layers already on autocnn get it too. bfloat16 and float16 layers (``model.to(torch.bfloat16)``)
+    compute at bf16 and fp16, and under torch.autocast a convolution computes in the autocast
+    dtype, as PyTorch's does. Converting before or after ``.cuda()`` or ``.to(dtype)`` is the same:
+    the layers run autocnn's kernels whenever their input is a contiguous CUDA tensor of a dtype
+    the kernels take.
 
     At the model's first step on a GPU (per input shape), its kernels are prepared as
     ``autocnn.torch.prepare`` does, with ``autotune`` ("quick" by default, else $AUTOCNN_AUTOTUNE;
@@ -101,25 +114,49 @@ def convert(model: nn.Module, precision: str = DEFAULT_PRECISION.name, *, verbos
     return report
 
 
+def _conv_detail(module: Conv2d, precision: str) -> tuple[str, str]:
+    """What a converted convolution computes at, and the report's line on it."""
+    ops = "autocnn conv_fwd / conv_bwd_data / conv_wgrad"
+    own = layer_precision(module.weight, precision)
+    if module.weight.dtype != torch.float32:
+        return own, f"{ops}: {dtype_name(module.weight.dtype)} at {own}"
+    refusals = module._autocnn_refusals
+    served = [p.name for p in SIXTEEN_BIT.values() if refusals[p.name] is None]
+    text = f"{ops}: float32 at {own}"
+    if served:
+        text += f"; under torch.autocast at its dtype ({' or '.join(served)})"
+    for p in SIXTEEN_BIT.values():
+        if refusals[p.name] is not None:
+            text += f"; under torch.autocast to {p.name}: PyTorch's ({refusals[p.name]})"
+    return own, text
+
+
+def _pool_detail(module: AvgPool2d) -> tuple[str, str]:
+    served = [name for name, refusal in module._autocnn_refusals.items() if refusal is None]
+    return "input's", f"autocnn avgpool_fwd / avgpool_bwd in its input's dtype ({', '.join(served)})"
+
+
 def _convert_one(name: str, module: nn.Module, precision: str) -> ModuleOutcome | None:
     kind = type(module).__name__
     if isinstance(module, Conv2d):
         module.precision = precision
-        return ModuleOutcome(name, kind, True, f"already autocnn.torch.Conv2d (precision {precision})")
+        runs_at, detail = _conv_detail(module, precision)
+        return ModuleOutcome(name, kind, True, f"already autocnn.torch.Conv2d; {detail}", runs_at)
     if isinstance(module, AvgPool2d):
-        return ModuleOutcome(name, kind, True, "already autocnn.torch.AvgPool2d")
+        runs_at, detail = _pool_detail(module)
+        return ModuleOutcome(name, kind, True, f"already autocnn.torch.AvgPool2d; {detail}", runs_at)
     if type(module) is nn.Conv2d:
-        reasons = conv_reasons(module)
+        reasons = conv_reasons(module, precision)
         if reasons:
             return ModuleOutcome(name, kind, False, "; ".join(reasons))
         Conv2d.adopt(module, precision)
-        return ModuleOutcome(name, kind, True, f"autocnn conv_fwd / conv_bwd_data / conv_wgrad (precision {precision})")
+        return ModuleOutcome(name, kind, True, *reversed(_conv_detail(module, precision)))
     if type(module) is nn.AvgPool2d:
         reasons = pool_reasons(module)
         if reasons:
             return ModuleOutcome(name, kind, False, "; ".join(reasons))
         AvgPool2d.adopt(module)
-        return ModuleOutcome(name, kind, True, "autocnn avgpool_fwd / avgpool_bwd")
+        return ModuleOutcome(name, kind, True, *reversed(_pool_detail(module)))
     if isinstance(module, LazyModuleMixin):
         return ModuleOutcome(name, kind, False, "a lazy module whose shapes are not known yet (run one forward "
                                                 "pass, then convert)")

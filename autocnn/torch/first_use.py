@@ -180,11 +180,11 @@ def _share(use: Any) -> float:
 
 
 def prepare_on(kernels: Any, model: nn.Module, args: tuple[torch.Tensor, ...], settings: PrepareSettings,
-               training: bool = True) -> PrepareReport:
+               training: bool = True, precision: str | None = None) -> PrepareReport:
     """``prepare`` on one device's kernels (autocnn.torch.launch.DeviceKernels), with resolved settings."""
     clock = kernels.kernels.clock
     start = clock()
-    uses = collect_problems(model, args, training=training)
+    uses = collect_problems(model, args, training=training, precision=precision)
     by_share = sorted(uses, key=_share, reverse=True)
     progress = ProgressLine() if settings.verbose else None
     try:
@@ -202,7 +202,7 @@ def prepare_on(kernels: Any, model: nn.Module, args: tuple[torch.Tensor, ...], s
 
 
 def prepare(model: nn.Module, example_input: Any, *, training: bool = True, autotune: str | None = None,
-            budget_s: float | None = None, verbose: bool = True) -> PrepareReport:
+            budget_s: float | None = None, verbose: bool = True, precision: str | None = None) -> PrepareReport:
     """Look up, tune where no record exists, and compile every kernel a step of ``model`` on
     ``example_input`` runs, on the input's CUDA device, so that the first step (or a CUDA-graph
     capture) compiles and measures nothing. Returns a PrepareReport (printed once with ``verbose``,
@@ -214,31 +214,36 @@ def prepare(model: nn.Module, example_input: Any, *, training: bool = True, auto
     once the budget is spent the rest run the lookup's answer, which the report counts; a problem
     left so is tuned by the next prepare, in this process or another. A problem that this GPU's
     database already holds (a tuned record, or an earlier quick-tuned one) is not tuned again.
-    ``training``: the backward's problems too. Bad values are refused before any GPU work."""
+    ``training``: the backward's problems too. The kernels are those of the dtypes the model computes
+    in: its parameters' and inputs', and under torch.autocast("cuda") (prepare called inside the
+    region, as the hook is) the autocast dtype's; ``precision`` "bf16" or "fp16" prepares what the
+    model computes in that dtype from outside the region (collect_problems). Bad values are refused
+    before any GPU work."""
     settings = PrepareSettings.resolve(autotune, budget_s, verbose)
     args = as_args(example_input)
     if args[0].device.type != "cuda":
         raise ValueError(f"prepare needs the example input on the CUDA device the model will run on, "
                          f"not on {args[0].device}")
-    return prepare_on(kernels_for(args[0].device), model, args, settings, training)
+    return prepare_on(kernels_for(args[0].device), model, args, settings, training, precision)
 
 
 def _cuda_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
     """The CUDA device of a forward call that ``FirstUse`` prepares for: tensors alone, on a CUDA
-    device, outside a compile trace, a CUDA-graph capture and autocast; None otherwise."""
+    device, outside a compile trace and a CUDA-graph capture; None otherwise."""
     if torch.compiler.is_compiling() or kwargs or not args:
         return None
     if not all(isinstance(a, torch.Tensor) for a in args) or args[0].device.type != "cuda":
         return None
-    if torch.cuda.is_current_stream_capturing() or torch.is_autocast_enabled("cuda"):
+    if torch.cuda.is_current_stream_capturing():
         return None
     return args[0].device
 
 
 class FirstUse:
     """A converted model's forward pre-hook: the first call on a CUDA input of each input shape, in
-    training and in inference, prepares the whole model (``prepare``, with ``convert``'s settings);
-    a call it passes over (under torch.compile or a capture, with keyword arguments, under autocast)
+    training and in inference, and of each torch.autocast dtype (it runs inside the region, so the
+    problems are the autocast dtype's), prepares the whole model (``prepare``, with ``convert``'s
+    settings); a call it passes over (under torch.compile or a capture, with keyword arguments)
     leaves each kernel to be prepared when its layer first runs it."""
 
     def __init__(self, autotune: str | None = None, budget_s: float | None = None, verbose: bool = True):
@@ -251,7 +256,8 @@ class FirstUse:
         if device is None:
             return None
         training = module.training and torch.is_grad_enabled()
-        key = (device, training, tuple((tuple(a.shape), a.dtype, a.requires_grad) for a in args))
+        autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+        key = (device, training, autocast, tuple((tuple(a.shape), a.dtype, a.requires_grad) for a in args))
         if key in self.seen:
             return None
         self.seen.add(key)

@@ -33,6 +33,8 @@ import torch
 
 from autocnn.dispatch.quick import TuningBudget, model_budget
 from autocnn.errors import DeviceError
+from autocnn.measurement.element_arrays import storage_dtype
+from autocnn.torch.dtypes import ELEMENTS
 
 
 def _cupy() -> Any:
@@ -42,12 +44,14 @@ def _cupy() -> Any:
 
 
 def as_cupy(cp: Any, t: torch.Tensor) -> Any:
-    """A CuPy array over a contiguous float32 CUDA tensor's memory (no copy; the tensor stays its owner).
+    """A CuPy array over a contiguous CUDA tensor's memory (no copy; the tensor stays its owner), of
+    the dtype the project's arrays hold its elements in (measurement.element_arrays: float32,
+    float16, and bfloat16 as its uint16 bit patterns, which CuPy has no type for).
 
     The device is given, not looked up from the pointer, so that wrapping makes no CUDA call (it
     may happen inside a stream capture)."""
     memory = cp.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t, t.device.index)
-    return cp.ndarray(tuple(t.shape), dtype=cp.float32, memptr=cp.cuda.MemoryPointer(memory, 0))
+    return cp.ndarray(tuple(t.shape), dtype=storage_dtype(ELEMENTS[t.dtype]), memptr=cp.cuda.MemoryPointer(memory, 0))
 
 
 @dataclass
@@ -79,7 +83,8 @@ class DeviceKernels:
             raise RuntimeError(
                 f"autocnn.torch: {missing[0].op} ({missing[0].shape_string()}) was not prepared before this "
                 f"CUDA-graph capture, and a kernel cannot be compiled inside one: run the step once before "
-                f"capturing (PyTorch's warm-up), or call autocnn.torch.prepare(model, example_input)")
+                f"capturing (PyTorch's warm-up), or call autocnn.torch.prepare(model, example_input) (inside the "
+                f"same torch.autocast region as the step, if any, or with precision='bf16' / 'fp16')")
         if budget is None and missing:
             if self.met_budget is None:
                 self.met_budget = TuningBudget(model_budget())

@@ -5,11 +5,14 @@ keys, initialisation and repr (plus ``precision`` for the convolution), so an op
 state_dict or a hook sees no difference. ``convert`` turns existing torch.nn modules into them in
 place (``adopt``), keeping every parameter object.
 
-A call runs autocnn's operator for a contiguous float32 input on a CUDA device (or a meta one,
-for shape tracing), outside torch.autocast. Any other call runs PyTorch's own operator: on the CPU
-silently (autocnn has no CPU kernels), on a CUDA device with a warning once per layer (under
-autocast, a float16 input, a channels_last or strided one), since there the user expected
-autocnn's kernels.
+A call runs autocnn's operator for a contiguous float32, bfloat16 or float16 input on a CUDA
+device (or a meta one, for shape tracing), in that dtype: float32 at the layer's ``precision``
+(fp32 or tf32), 16-bit at bf16 / fp16. Under torch.autocast("cuda") the convolution casts its
+input, weight and bias to the autocast dtype first, as PyTorch's conv2d does (autocnn.torch.dtypes),
+and pooling runs in its input's dtype. Any other call runs PyTorch's own operator: on the CPU
+silently (autocnn has no CPU kernels), on a CUDA device with a warning once per layer (a float64,
+channels_last or strided input, or a precision the kernels refuse for this layer's groups or
+dilation), since there the user expected autocnn's kernels.
 """
 from __future__ import annotations
 
@@ -19,23 +22,27 @@ from typing import Any
 import torch
 from torch import nn
 
-from autocnn.precision import DEFAULT_PRECISION
+from autocnn.precision import DEFAULT_PRECISION, FP32
+from autocnn.torch.dtypes import autocast_dtype, autocast_inputs, precision_of_call
 from autocnn.torch.geometry import (check_precision, conv_beyond_index_limit, conv_padding, conv_problem, pair,
                                    pool_beyond_index_limit, pool_padding, pool_problem, size_refusal)
-from autocnn.torch.support import check_arguments, conv_reasons, pool_reasons, runs_on_autocnn
+from autocnn.torch.support import (check_arguments, conv_reasons, conv_refusals, pool_reasons, pool_refusals,
+                                   runs_on_autocnn)
 
 
-def _warn_fallback(module: nn.Module, x: torch.Tensor) -> None:
+def _warn_fallback(module: nn.Module, x: torch.Tensor, refusal: str | None = None) -> None:
     if x.device.type != "cuda" or torch.compiler.is_compiling() or getattr(module, "_autocnn_warned", False):
         return
     module._autocnn_warned = True
-    if torch.is_autocast_enabled("cuda"):
-        what = "under torch.autocast, the layer runs PyTorch's operator at autocast's precision"
+    if refusal is not None:
+        cast = autocast_dtype(x)
+        what = (f"a {x.dtype} input" + (f" (computed in {cast} under torch.autocast)" if cast is not None else "")
+                + f" runs PyTorch's operator: {refusal}")
     else:
         layout = "contiguous" if x.is_contiguous() else "non-contiguous (e.g. channels_last)"
-        what = f"a {layout} {x.dtype} input of {x.dim()} dimensions runs PyTorch's operator"
-    warnings.warn(f"autocnn.torch.{type(module).__name__}: {what}; autocnn's kernels take contiguous float32 "
-                  f"N x C x H x W tensors outside autocast", RuntimeWarning, stacklevel=3)
+        what = (f"a {layout} {x.dtype} input of {x.dim()} dimensions runs PyTorch's operator; autocnn's kernels "
+                f"take contiguous float32, bfloat16 or float16 N x C x H x W tensors")
+    warnings.warn(f"autocnn.torch.{type(module).__name__}: {what}", RuntimeWarning, stacklevel=3)
 
 
 def _warn_too_large(module: nn.Module, build: Any) -> None:
@@ -63,9 +70,12 @@ class Conv2d(nn.Conv2d):
     """torch.nn.Conv2d on autocnn's tuned kernels (forward, backward-data, weight gradient).
 
     Arguments are torch.nn.Conv2d's, plus ``precision``: "fp32" (default, FP32-accurate) or
-    "tf32" (opt-in, one TF32 product per term), as ``ConvProblem.precision``. groups, dilation,
-    padding modes other than "zeros", padding not smaller than the kernel and dtypes other than
-    float32 are refused with a message; torch.nn.Conv2d computes those.
+    "tf32" (opt-in, one TF32 product per term), as ``ConvProblem.precision``, for float32 inputs;
+    bfloat16 and float16 ones compute at bf16 and fp16. Channel groups and dilation are taken where
+    autocnn's kernels compute them (depthwise layers, groups == in_channels, have a formulation of
+    their own); padding modes other than "zeros", padding not smaller than the (dilated) kernel,
+    dtypes other than float32, bfloat16 and float16, and groups or dilation that no kernel computes
+    at the layer's precision are refused with a message; torch.nn.Conv2d computes those.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
@@ -74,29 +84,39 @@ class Conv2d(nn.Conv2d):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          padding_mode, device=device, dtype=dtype)
         self.precision = check_precision("autocnn.torch.Conv2d", precision)
-        check_arguments("Conv2d", conv_reasons(self))
+        check_arguments("Conv2d", conv_reasons(self, self.precision))
+        self._autocnn_refusals = conv_refusals(self)
 
     @classmethod
     def adopt(cls, module: nn.Conv2d, precision: str = DEFAULT_PRECISION.name) -> "Conv2d":
         """Turn a supported torch.nn.Conv2d into this class in place (same object, parameters, hooks)."""
         precision = check_precision("autocnn.torch.Conv2d", precision)
-        check_arguments("Conv2d", conv_reasons(module))
+        check_arguments("Conv2d", conv_reasons(module, precision))
         module.__class__ = cls
         module.precision = precision
+        module._autocnn_refusals = conv_refusals(module)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not runs_on_autocnn(x, self.weight, self.bias):
+        # Under autocast, the dtype PyTorch's conv2d would compute in: the operator then runs there.
+        xc, weight, bias = autocast_inputs(autocast_dtype(x), x, self.weight, self.bias)
+        if not runs_on_autocnn(xc, weight, bias):
             _warn_fallback(self, x)
             return super().forward(x)
-        stride = pair("stride", self.stride)
-        padding = conv_padding(self.padding, self.kernel_size, self.dilation)
-        if conv_beyond_index_limit(_batch_shape(x), self.weight.shape, stride, padding):
-            _warn_too_large(self, lambda: conv_problem("conv_fwd", tuple(_batch_shape(x)), tuple(self.weight.shape),
-                                                       stride, padding))
+        refusal = self._autocnn_refusals[precision_of_call(xc.dtype, self.precision)]
+        if refusal is not None:
+            _warn_fallback(self, x, refusal)
             return super().forward(x)
-        return _batched(x, lambda b: torch.ops.autocnn.conv2d(b, self.weight, self.bias, stride, padding,
-                                                               self.precision))
+        stride = pair("stride", self.stride)
+        dilation = pair("dilation", self.dilation)
+        padding = conv_padding(self.padding, self.kernel_size, self.dilation)
+        if conv_beyond_index_limit(_batch_shape(xc), weight.shape, stride, padding, dilation):
+            _warn_too_large(self, lambda: conv_problem("conv_fwd", tuple(_batch_shape(xc)), tuple(weight.shape),
+                                                       stride, padding, precision_of_call(xc.dtype, self.precision),
+                                                       False, dilation, self.groups))
+            return super().forward(x)
+        return _batched(xc, lambda b: torch.ops.autocnn.conv2d(b, weight, bias, stride, padding, dilation,
+                                                                self.groups, self.precision))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", precision={self.precision}"
@@ -106,7 +126,8 @@ class AvgPool2d(nn.AvgPool2d):
     """torch.nn.AvgPool2d on autocnn's pooling kernels (forward and backward).
 
     Arguments are torch.nn.AvgPool2d's; ceil_mode=True and divisor_override are refused with a
-    message (torch.nn.AvgPool2d computes those). ``count_include_pad`` chooses the divisor as in
+    message (torch.nn.AvgPool2d computes those). It computes in its input's dtype (float32,
+    bfloat16 or float16), under torch.autocast too. ``count_include_pad`` chooses the divisor as in
     PyTorch (autocnn's ``PoolProblem.count_pad``).
     """
 
@@ -114,17 +135,24 @@ class AvgPool2d(nn.AvgPool2d):
                  count_include_pad: bool = True, divisor_override: int | None = None) -> None:
         super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
         check_arguments("AvgPool2d", pool_reasons(self))
+        self._autocnn_refusals = pool_refusals(self)
 
     @classmethod
     def adopt(cls, module: nn.AvgPool2d) -> "AvgPool2d":
         """Turn a supported torch.nn.AvgPool2d into this class in place."""
         check_arguments("AvgPool2d", pool_reasons(module))
         module.__class__ = cls
+        module._autocnn_refusals = pool_refusals(module)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Under autocast too, in the input's dtype (PyTorch's avg_pool2d is on no autocast list).
         if not runs_on_autocnn(x):
             _warn_fallback(self, x)
+            return super().forward(x)
+        refusal = self._autocnn_refusals[precision_of_call(x.dtype, FP32.name)]
+        if refusal is not None:
+            _warn_fallback(self, x, refusal)
             return super().forward(x)
         window = pair("kernel_size", self.kernel_size)
         stride = pair("stride", self.stride if self.stride is not None else self.kernel_size)

@@ -3,27 +3,37 @@
 Five functional operators (they allocate their outputs with PyTorch, so a CUDA-graph capture takes
 them from its private pool):
 
-    conv2d(x, weight, bias?, stride, padding, precision)              -> y
-    conv2d_backward_data(dy, weight, input_size, stride, padding, precision)  -> dx
-    conv2d_weight_grad(x, dy, kernel_size, stride, padding, precision, bias)  -> (dw, db)
+    conv2d(x, weight, bias?, stride, padding, dilation, groups, precision)              -> y
+    conv2d_backward_data(dy, weight, input_size, stride, padding, dilation, groups, precision)  -> dx
+    conv2d_weight_grad(x, dy, kernel_size, stride, padding, dilation, groups, precision, bias)  -> (dw, db)
     avg_pool2d(x, kernel_size, stride, padding, count_include_pad)    -> y
     avg_pool2d_backward(dy, input_size, kernel_size, stride, padding, count_include_pad) -> dx
 
-``padding`` is (top, left, bottom, right); ``db`` is an empty tensor when ``bias`` is false. The
+``padding`` is (top, left, bottom, right); the weight is K x C/groups x R x S, as torch.nn's;
+``db`` is an empty tensor when ``bias`` is false. The tensors of one call share one dtype,
+float32, bfloat16 or float16, which the outputs have too and which decides the kernels' precision
+(autocnn.torch.dtypes): ``precision`` ("fp32" or "tf32") is that of float32 tensors, bfloat16 and
+float16 ones compute at bf16 and fp16. A convolution none of whose kernels (formulations) can
+compute it, for its channel groups, dilation or precision, is refused with the kernels' reason. The
 two forward operators have autograd registered (their backward calls the backward operators, so
 ``torch.compile`` sees autocnn's operators in the backward graph too), and every operator has a
 fake implementation giving its outputs' shapes, so that ``torch.compile(fullgraph=True)`` and
 ``torch.export`` trace them, and meta tensors run through them.
 
-The real implementations take contiguous float32 CUDA tensors and say so otherwise. This module
+The real implementations take contiguous CUDA tensors and say so otherwise; the fake ones check
+the dtypes and, for concrete shapes, the problem, so a bad call fails at trace time. The operators
+compute in their tensors' dtype, torch.autocast or not: autocnn.torch.Conv2d casts for autocast
+(autocnn.torch.dtypes says why there rather than by an autocast rule here). This module
 deliberately does not use ``from __future__ import annotations``: custom_op reads the annotations.
 """
 from typing import Optional, Sequence
 
 import torch
 
+from autocnn.torch.dtypes import conv_precision, pool_precision, same_dtype
 from autocnn.torch.geometry import concrete, conv_output_shape, conv_problem, pool_output_shape, pool_problem
 from autocnn.torch.launch import kernels_for
+from autocnn.torch.support import kernels_refusal
 
 Tensor = torch.Tensor
 
@@ -31,13 +41,10 @@ Tensor = torch.Tensor
 def _check(op: str, name: str, t: Tensor, device: torch.device) -> None:
     """A tensor a real implementation can hand to a generated kernel, or a message saying what to change."""
     if t.device.type != "cuda":
-        raise ValueError(f"autocnn::{op}: {name} is on {t.device}; autocnn's kernels run on CUDA float32 "
-                         f"tensors (move the model and its input with .cuda(), or use torch.nn's layers on "
-                         f"the CPU)")
+        raise ValueError(f"autocnn::{op}: {name} is on {t.device}; autocnn's kernels run on CUDA tensors "
+                         f"(move the model and its input with .cuda(), or use torch.nn's layers on the CPU)")
     if t.device != device:
         raise ValueError(f"autocnn::{op}: {name} is on {t.device} but the input is on {device}")
-    if t.dtype != torch.float32:
-        raise TypeError(f"autocnn::{op}: {name} is {t.dtype}; autocnn's kernels take torch.float32")
     if not t.is_contiguous():
         raise ValueError(f"autocnn::{op}: {name} must be contiguous (NCHW; weights KCRS), call .contiguous() "
                          f"first (channels_last and strided views are not supported)")
@@ -47,13 +54,32 @@ def _ints(values: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
+def _served(op: str, problem) -> None:
+    """Refuse, before any device work, a problem that no formulation of its operation computes (its
+    channel groups, dilation or precision: the kernels' own refusals)."""
+    reason = kernels_refusal(problem)
+    if reason is not None:
+        raise ValueError(f"autocnn::{op}: {problem.op} {problem.shape_string()}: {reason}; torch.nn.functional's "
+                         f"operator computes it (autocnn.torch.convert leaves such layers to PyTorch)")
+
+
+def _conv(op: str, kind: str, x_shape, w_shape, stride, padding, dilation, groups, precision, dtype, bias=False):
+    """The problem of one convolution call in ``dtype``'s precision, refused where no kernel serves it."""
+    computed = conv_precision(f"autocnn::{op}", dtype, precision)
+    problem = conv_problem(kind, tuple(x_shape), tuple(w_shape), _ints(stride), _ints(padding), computed.name, bias,
+                           _ints(dilation), int(groups))
+    _served(op, problem)
+    return problem
+
+
 # -- convolution ------------------------------------------------------------------------------------
 
 @torch.library.custom_op("autocnn::conv2d", mutates_args=())
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int], padding: Sequence[int],
-           precision: str) -> Tensor:
-    problem = conv_problem("conv_fwd", tuple(x.shape), tuple(weight.shape), _ints(stride), _ints(padding),
-                           precision, bias is not None)
+           dilation: Sequence[int], groups: int, precision: str) -> Tensor:
+    dtype = same_dtype("autocnn::conv2d", {"x": x, "weight": weight, "bias": bias})
+    problem = _conv("conv2d", "conv_fwd", x.shape, weight.shape, stride, padding, dilation, groups, precision, dtype,
+                    bias is not None)
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         if t is not None:
             _check("conv2d", name, t, x.device)
@@ -65,19 +91,22 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[i
 
 
 @conv2d.register_fake
-def _conv2d_fake(x, weight, bias, stride, padding, precision):
+def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups, precision):
+    dtype = same_dtype("autocnn::conv2d", {"x": x, "weight": weight, "bias": bias})
     if concrete(x.shape, weight.shape):
         # The same checks as the real operator, at trace time: a bad layer fails before any device work.
-        conv_problem("conv_fwd", tuple(x.shape), tuple(weight.shape), _ints(stride), _ints(padding), precision,
-                     bias is not None)
-    return x.new_empty(conv_output_shape(x.shape, weight.shape, stride, padding))
+        _conv("conv2d", "conv_fwd", x.shape, weight.shape, stride, padding, dilation, groups, precision, dtype,
+              bias is not None)
+    return x.new_empty(conv_output_shape(x.shape, weight.shape, stride, padding, dilation))
 
 
 @torch.library.custom_op("autocnn::conv2d_backward_data", mutates_args=())
 def conv2d_backward_data(dy: Tensor, weight: Tensor, input_size: Sequence[int], stride: Sequence[int],
-                         padding: Sequence[int], precision: str) -> Tensor:
-    x_shape = (dy.shape[0], weight.shape[1], *_ints(input_size))
-    problem = conv_problem("conv_bwd_data", x_shape, tuple(weight.shape), _ints(stride), _ints(padding), precision)
+                         padding: Sequence[int], dilation: Sequence[int], groups: int, precision: str) -> Tensor:
+    dtype = same_dtype("autocnn::conv2d_backward_data", {"dy": dy, "weight": weight})
+    x_shape = (dy.shape[0], weight.shape[1] * groups, *_ints(input_size))
+    problem = _conv("conv2d_backward_data", "conv_bwd_data", x_shape, weight.shape, stride, padding, dilation, groups,
+                    precision, dtype)
     _expect_dy("conv2d_backward_data", dy, problem.y_shape)
     _check("conv2d_backward_data", "weight", weight, dy.device)
     dx = dy.new_empty(problem.x_shape)
@@ -86,15 +115,19 @@ def conv2d_backward_data(dy: Tensor, weight: Tensor, input_size: Sequence[int], 
 
 
 @conv2d_backward_data.register_fake
-def _conv2d_backward_data_fake(dy, weight, input_size, stride, padding, precision):
-    return dy.new_empty((dy.shape[0], weight.shape[1], *input_size))
+def _conv2d_backward_data_fake(dy, weight, input_size, stride, padding, dilation, groups, precision):
+    same_dtype("autocnn::conv2d_backward_data", {"dy": dy, "weight": weight})
+    return dy.new_empty((dy.shape[0], weight.shape[1] * groups, *input_size))
 
 
 @torch.library.custom_op("autocnn::conv2d_weight_grad", mutates_args=())
 def conv2d_weight_grad(x: Tensor, dy: Tensor, kernel_size: Sequence[int], stride: Sequence[int],
-                       padding: Sequence[int], precision: str, bias: bool) -> tuple[Tensor, Tensor]:
-    w_shape = (dy.shape[1], x.shape[1], *_ints(kernel_size))
-    problem = conv_problem("conv_wgrad", tuple(x.shape), w_shape, _ints(stride), _ints(padding), precision, bias)
+                       padding: Sequence[int], dilation: Sequence[int], groups: int, precision: str,
+                       bias: bool) -> tuple[Tensor, Tensor]:
+    dtype = same_dtype("autocnn::conv2d_weight_grad", {"x": x, "dy": dy})
+    w_shape = (dy.shape[1], x.shape[1] // groups, *_ints(kernel_size))
+    problem = _conv("conv2d_weight_grad", "conv_wgrad", x.shape, w_shape, stride, padding, dilation, groups,
+                    precision, dtype, bias)
     _check("conv2d_weight_grad", "x", x, x.device)
     _expect_dy("conv2d_weight_grad", dy, problem.y_shape, x.device)
     dw = x.new_empty(problem.w_shape)
@@ -104,8 +137,10 @@ def conv2d_weight_grad(x: Tensor, dy: Tensor, kernel_size: Sequence[int], stride
 
 
 @conv2d_weight_grad.register_fake
-def _conv2d_weight_grad_fake(x, dy, kernel_size, stride, padding, precision, bias):
-    return (x.new_empty((dy.shape[1], x.shape[1], *kernel_size)), x.new_empty((dy.shape[1],) if bias else (0,)))
+def _conv2d_weight_grad_fake(x, dy, kernel_size, stride, padding, dilation, groups, precision, bias):
+    same_dtype("autocnn::conv2d_weight_grad", {"x": x, "dy": dy})
+    return (x.new_empty((dy.shape[1], x.shape[1] // groups, *kernel_size)),
+            x.new_empty((dy.shape[1],) if bias else (0,)))
 
 
 def _expect_dy(op: str, dy: Tensor, shape: Sequence[int], device: Optional[torch.device] = None) -> None:
@@ -115,26 +150,27 @@ def _expect_dy(op: str, dy: Tensor, shape: Sequence[int], device: Optional[torch
 
 
 def _conv2d_setup(ctx, inputs, output):
-    x, weight, bias, stride, padding, precision = inputs
+    x, weight, bias, stride, padding, dilation, groups, precision = inputs
     ctx.save_for_backward(x, weight)
-    ctx.geometry = (_ints(stride), _ints(padding), precision)
+    ctx.geometry = (_ints(stride), _ints(padding), _ints(dilation), int(groups), precision)
     ctx.has_bias = bias is not None
 
 
 def _conv2d_backward(ctx, dy):
     x, weight = ctx.saved_tensors
-    stride, padding, precision = ctx.geometry
+    stride, padding, dilation, groups, precision = ctx.geometry
     # The incoming gradient may be a broadcast or strided view (e.g. of y.sum()); the kernels read NCHW.
     dy = dy.contiguous()
     dx = dw = db = None
     if ctx.needs_input_grad[0]:
-        dx = torch.ops.autocnn.conv2d_backward_data(dy, weight, list(x.shape[2:]), stride, padding, precision)
+        dx = torch.ops.autocnn.conv2d_backward_data(dy, weight, list(x.shape[2:]), stride, padding, dilation, groups,
+                                                    precision)
     if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-        dw, db = torch.ops.autocnn.conv2d_weight_grad(x, dy, list(weight.shape[2:]), stride, padding, precision,
-                                                       ctx.has_bias)
+        dw, db = torch.ops.autocnn.conv2d_weight_grad(x, dy, list(weight.shape[2:]), stride, padding, dilation,
+                                                       groups, precision, ctx.has_bias)
         if not ctx.has_bias:
             db = None
-    return dx, dw, db, None, None, None
+    return dx, dw, db, None, None, None, None, None
 
 
 conv2d.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
@@ -146,7 +182,8 @@ conv2d.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
 def avg_pool2d(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int],
                count_include_pad: bool) -> Tensor:
     problem = pool_problem("avgpool_fwd", tuple(x.shape), _ints(kernel_size), _ints(stride), _ints(padding),
-                           count_include_pad)
+                           count_include_pad, pool_precision("autocnn::avg_pool2d", x.dtype).name)
+    _served("avg_pool2d", problem)
     _check("avg_pool2d", "x", x, x.device)
     y = x.new_empty(problem.y_shape)
     kernels_for(x.device).run(problem, x=x, y=y)
@@ -155,9 +192,10 @@ def avg_pool2d(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int], pad
 
 @avg_pool2d.register_fake
 def _avg_pool2d_fake(x, kernel_size, stride, padding, count_include_pad):
+    precision = pool_precision("autocnn::avg_pool2d", x.dtype)
     if concrete(x.shape):
-        pool_problem("avgpool_fwd", tuple(x.shape), _ints(kernel_size), _ints(stride), _ints(padding),
-                     count_include_pad)
+        _served("avg_pool2d", pool_problem("avgpool_fwd", tuple(x.shape), _ints(kernel_size), _ints(stride),
+                                           _ints(padding), count_include_pad, precision.name))
     return x.new_empty(pool_output_shape(x.shape, kernel_size, stride, padding))
 
 
@@ -166,7 +204,8 @@ def avg_pool2d_backward(dy: Tensor, input_size: Sequence[int], kernel_size: Sequ
                         padding: Sequence[int], count_include_pad: bool) -> Tensor:
     x_shape = (dy.shape[0], dy.shape[1], *_ints(input_size))
     problem = pool_problem("avgpool_bwd", x_shape, _ints(kernel_size), _ints(stride), _ints(padding),
-                           count_include_pad)
+                           count_include_pad, pool_precision("autocnn::avg_pool2d_backward", dy.dtype).name)
+    _served("avg_pool2d_backward", problem)
     _expect_dy("avg_pool2d_backward", dy, problem.y_shape)
     dx = dy.new_empty(problem.x_shape)
     kernels_for(dy.device).run(problem, dy=dy, dx=dx)
@@ -175,6 +214,7 @@ def avg_pool2d_backward(dy: Tensor, input_size: Sequence[int], kernel_size: Sequ
 
 @avg_pool2d_backward.register_fake
 def _avg_pool2d_backward_fake(dy, input_size, kernel_size, stride, padding, count_include_pad):
+    pool_precision("autocnn::avg_pool2d_backward", dy.dtype)
     return dy.new_empty((dy.shape[0], dy.shape[1], *input_size))
 
 

@@ -11,6 +11,7 @@ quick-tunes and compiles them before a first step, is autocnn.torch.first_use.)
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -19,13 +20,15 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
+from torch.nn.modules.conv import _ConvNd
 
-from autocnn.precision import DEFAULT_PRECISION
+from autocnn.precision import DEFAULT_PRECISION, FP32, Precision
 from autocnn.errors import ProblemTooLargeError
-from autocnn.torch.geometry import conv_padding, conv_problem, pair, pool_padding, pool_problem
+from autocnn.torch.dtypes import ELEMENTS, SIXTEEN_BIT, autocast_dtype, precision_of_call
+from autocnn.torch.geometry import check_precision, conv_padding, conv_problem, pair, pool_padding, pool_problem
 from autocnn.torch.launch import forget
 from autocnn.torch.modules import AvgPool2d, Conv2d
-from autocnn.torch.support import conv_reasons, pool_reasons
+from autocnn.torch.support import conv_reasons, conv_refusals, pool_reasons, pool_refusals
 
 
 @dataclass(frozen=True)
@@ -38,25 +41,41 @@ class ProblemUse:
 
 
 def _layer_problems(module: nn.Module, x: torch.Tensor, precision: str | None, training: bool) -> list[Any]:
-    """The problems one call of a layer runs on input ``x`` (none when the call falls back to PyTorch)."""
-    if x.dtype != torch.float32 or x.dim() not in (3, 4) or not x.is_contiguous():
+    """The problems one call of a layer runs on input ``x`` (none when the call falls back to
+    PyTorch), in the dtype the layer computes in: the input's, or torch.autocast's for a convolution."""
+    if x.dim() not in (3, 4) or not x.is_contiguous():
         return []
     shape = tuple(x.shape) if x.dim() == 4 else (1, *x.shape)
     if isinstance(module, nn.Conv2d):
-        prec = precision or getattr(module, "precision", DEFAULT_PRECISION.name)
+        cast = autocast_dtype(x)
+        dtype = cast if cast is not None and x.is_floating_point() and x.dtype != torch.float64 else x.dtype
+        if dtype not in ELEMENTS:
+            return []
+        float32 = precision or getattr(module, "precision", DEFAULT_PRECISION.name)
+        prec = precision_of_call(dtype, float32)
+        if conv_refusals(module)[prec] is not None:
+            return []   # the layer runs PyTorch's operator at this precision (modules.py)
         stride = pair("stride", module.stride)
+        dilation = pair("dilation", module.dilation)
         padding = conv_padding(module.padding, module.kernel_size, module.dilation)
         w_shape = tuple(module.weight.shape)
         has_bias = module.bias is not None
-        out = [conv_problem("conv_fwd", shape, w_shape, stride, padding, prec, has_bias)]
+        geometry = (shape, w_shape, stride, padding, prec)
+        grouping = (dilation, module.groups)
+        out = [conv_problem("conv_fwd", *geometry, has_bias, *grouping)]
         if training and x.requires_grad:
-            out.append(conv_problem("conv_bwd_data", shape, w_shape, stride, padding, prec))
+            out.append(conv_problem("conv_bwd_data", *geometry, False, *grouping))
         if training and (module.weight.requires_grad or (has_bias and module.bias.requires_grad)):
-            out.append(conv_problem("conv_wgrad", shape, w_shape, stride, padding, prec, has_bias))
+            out.append(conv_problem("conv_wgrad", *geometry, has_bias, *grouping))
         return out
+    if x.dtype not in ELEMENTS:
+        return []
+    prec = precision_of_call(x.dtype, FP32.name)
+    if pool_refusals(module)[prec] is not None:
+        return []
     window = pair("kernel_size", module.kernel_size)
     stride = pair("stride", module.stride if module.stride is not None else module.kernel_size)
-    args = (shape, window, stride, pool_padding(module.padding), bool(module.count_include_pad))
+    args = (shape, window, stride, pool_padding(module.padding), bool(module.count_include_pad), prec)
     out = [pool_problem("avgpool_fwd", *args)]
     if training and x.requires_grad:
         out.append(pool_problem("avgpool_bwd", *args))
@@ -67,7 +86,7 @@ def _runs_on_autocnn(module: nn.Module) -> bool:
     if isinstance(module, (Conv2d, AvgPool2d)):
         return True
     if type(module) is nn.Conv2d:
-        return not conv_reasons(module)
+        return not conv_reasons(module, getattr(module, "precision", DEFAULT_PRECISION.name))
     if type(module) is nn.AvgPool2d:
         return not pool_reasons(module)
     return False
@@ -90,18 +109,78 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
 
 
+def _trace_precision(precision: Any) -> tuple[str | None, torch.dtype | None]:
+    """A precision given to collect_problems as (the float32 layers' precision, the autocast dtype the
+    trace runs under): fp32 / tf32 are the float32 layers' precision; bf16 / fp16 trace the model as
+    under torch.autocast at their dtype; none given under torch.autocast("cuda") keeps its dtype. A
+    name that is no precision is refused."""
+    if precision is None:
+        return None, torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+    name = precision.name if isinstance(precision, Precision) else precision
+    sixteen = {p.name: dtype for dtype, p in SIXTEEN_BIT.items()}
+    if name in sixteen:
+        return None, sixteen[name]
+    check_precision("autocnn.torch.tune", precision)
+    return name, None
+
+
+# The modules whose operators torch.autocast runs in its lower precision (its conv and linear rules):
+# on meta tensors, which autocast passes by, a trace casts their inputs and parameters as a CUDA run
+# does (autocnn.torch's Conv2d casts its own, in its forward).
+_AUTOCAST_LOWER = (_ConvNd, nn.Linear)
+
+
+@contextlib.contextmanager
+def _cuda_autocast(dtype: torch.dtype | None):
+    """CUDA's autocast state on at ``dtype`` for a meta trace (None: unchanged), restored after; set
+    directly, since torch.autocast("cuda") is refused where PyTorch has no CUDA (a CPU host tracing
+    for ``autocnn tune --torch-model``), and the layers read only the state."""
+    if dtype is None:
+        yield
+        return
+    enabled, before = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", dtype)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled("cuda", enabled)
+        torch.set_autocast_dtype("cuda", before)
+
+
+def _cast(t: Any, dtype: torch.dtype) -> Any:
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+        return t.to(dtype)
+    return t
+
+
+def _autocast_inputs(dtype: torch.dtype) -> Callable[..., Any]:
+    def cast(module: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(_cast(t, dtype) for t in inputs)
+    return cast
+
+
+def _autocast_parameters(model: nn.Module) -> set[str]:
+    """The names of the parameters autocast casts: those of its lower-precision modules."""
+    return {f"{name}.{p}" if name else p for name, m in model.named_modules() if isinstance(m, _AUTOCAST_LOWER)
+            and not isinstance(m, Conv2d) for p, _ in m.named_parameters(recurse=False)}
+
+
 def collect_problems(model: nn.Module, example_input: Any, *, precision: str | None = None,
                      training: bool = True) -> list[ProblemUse]:
     """Every kernel problem a step of ``model`` on ``example_input`` runs on autocnn's kernels,
-    counted per call. Layers count that are autocnn.torch's or that ``convert`` would replace;
-    convolutions at ``precision`` if given, else at their own (torch.nn's: fp32). With
-    ``training`` false, forward problems only."""
-    from autocnn.torch.geometry import check_precision
-
+    counted per call, at the precision each layer computes at: its tensors' dtype's. Layers count
+    that are autocnn.torch's or that ``convert`` would replace. ``precision`` "fp32" or "tf32": the
+    float32 convolutions at it (else at their own: torch.nn's at fp32); "bf16" or "fp16": the model
+    as it runs under torch.autocast at that dtype (convolutions in it, pooling in its input's dtype);
+    none given, under torch.autocast("cuda"): the autocast dtype. A bfloat16 or float16 model
+    (``model.to(torch.bfloat16)``) traces in its dtype either way. The trace casts the inputs and
+    parameters of autocast's lower-precision modules (convolutions, linear layers); the rest run in
+    their inputs' dtypes there (autocast's float32 ops, such as layer_norm, too: a pooling layer after one is
+    met at its real dtype when it first runs). With ``training`` false, forward problems only."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"collect_problems takes a torch.nn.Module, not {type(model).__name__}")
-    if precision is not None:
-        check_precision("autocnn.torch.tune", precision)
+    precision, autocast = _trace_precision(precision)
     args = tuple(_meta(t) for t in as_args(example_input))
     found: dict[Any, list[str]] = {}
 
@@ -119,8 +198,12 @@ def collect_problems(model: nn.Module, example_input: Any, *, precision: str | N
     handles = [m.register_forward_pre_hook(hook(name)) for name, m in model.named_modules() if _runs_on_autocnn(m)]
     state = {**{n: _meta(p) for n, p in model.named_parameters()},
              **{n: _meta(b) for n, b in model.named_buffers()}}
+    if autocast is not None:
+        handles += [m.register_forward_pre_hook(_autocast_inputs(autocast)) for m in model.modules()
+                    if isinstance(m, _AUTOCAST_LOWER) and not isinstance(m, Conv2d)]
+        state.update({n: _cast(state[n], autocast) for n in _autocast_parameters(model)})
     try:
-        with torch.set_grad_enabled(training):
+        with torch.set_grad_enabled(training), _cuda_autocast(autocast):
             torch.func.functional_call(model, state, args)
     except Exception as exc:  # noqa: BLE001 - any failure of the user's forward on meta tensors
         raise MetaTraceError(f"autocnn.torch: the model's forward did not run on the meta device ({exc}); "
@@ -180,8 +263,10 @@ def tune(model: nn.Module, example_input: Any, trials: int = 200, *, timeout_s: 
     the winners in the tuning database (the model's layers use them from their next call).
 
     ``trials`` is the budget for the whole model (``timeout_s`` too, when given). ``precision``
-    overrides the layers' own. ``tuner``: an autocnn.search.tuner.Tuner to use instead of one on
-    ``device`` (default: the model's CUDA device, else 0). One TuneOutcome per problem.
+    as ``collect_problems`` takes it: "fp32" / "tf32" for the float32 layers, "bf16" / "fp16" for
+    the problems the model computes in that dtype (under torch.autocast, or converted to it).
+    ``tuner``: an autocnn.search.tuner.Tuner to use instead of one on ``device`` (default: the
+    model's CUDA device, else 0). One TuneOutcome per problem.
     """
     from autocnn.search.tuner import TuneSettings
 
