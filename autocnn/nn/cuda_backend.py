@@ -24,6 +24,7 @@ from autocnn.dispatch.quick import autotune_mode
 from autocnn.errors import DeviceError
 from autocnn.nn import fused
 from autocnn.nn.backend import Backend, CapturedStep
+from autocnn.precision import BFLOAT16, FLOAT16, FLOAT32, ElementType
 
 
 class CudaGraphStep(CapturedStep):
@@ -82,6 +83,7 @@ class CudaBackend(Backend):
         self._zeroed: tuple[int, int, Any] | None = None
         self._head_scratch: Any = None   # the fused classifier head's self-zeroing accumulators
         self._capture_stream: Any = None
+        self._runs: dict[tuple[tuple[int, int], ...], Any] = {}   # gradient runs -> their int64 device copy
 
     # -- memory ----------------------------------------------------------------------------------
     def to_numpy(self, a: Any) -> np.ndarray:
@@ -93,6 +95,43 @@ class CudaBackend(Backend):
 
     def synchronize(self) -> None:
         self.cp.cuda.get_current_stream().synchronize()
+
+    # -- element types: 16-bit tensors stored as such (mixed precision) --------------------------
+    def storage_dtype(self, element: ElementType) -> np.dtype:
+        """float32, float16, and bfloat16 as the uint16 bit patterns of its values (CuPy has no
+        bfloat16), as autocnn.measurement.element_arrays holds them."""
+        from autocnn.measurement.element_arrays import storage_dtype
+
+        return np.dtype(storage_dtype(element))
+
+    def round_to(self, element: ElementType, a: Any) -> Any:
+        # The arrays store the element type itself: the kernel that wrote them rounded already.
+        return a
+
+    def _element(self, a: Any) -> ElementType:
+        """The element type a device array of this backend stores."""
+        return {np.dtype(np.float16): FLOAT16, np.dtype(np.uint16): BFLOAT16}.get(np.dtype(a.dtype), FLOAT32)
+
+    def cast(self, src: Any, src_element: ElementType, dst: Any, dst_element: ElementType, scaler_state: Any,
+             use: Any) -> Any:
+        from autocnn.nn import fused_sixteen_bit
+
+        return fused_sixteen_bit.cast(src, src_element, dst, dst_element, scaler_state, use)
+
+    def gradients_to_fp32(self, g32: Any, g16: Any, element: ElementType, runs: Any, scaler_state: Any) -> None:
+        from autocnn.nn import fused_sixteen_bit
+
+        device_runs = self._runs.get(tuple(runs))
+        if device_runs is None:   # made by the first (eager) step, before any capture
+            flat = np.array([v for run in runs for v in run] or [0, 0], dtype=np.int64)
+            device_runs = self._runs[tuple(runs)] = self.cp.asarray(flat)
+        fused_sixteen_bit.gradients_to_fp32(g32, g16, element, device_runs, len(runs), scaler_state)
+
+    def loss_scale_update(self, state: Any, settings: Any) -> None:
+        from autocnn.nn import fused_sixteen_bit
+
+        fused_sixteen_bit.loss_scale_update(state, settings.growth_factor, settings.backoff_factor,
+                                            settings.growth_interval)
 
     def copy_into(self, dst: Any, src: Any) -> Any:
         # One asynchronous device-to-device copy: cheaper to issue than an element-wise kernel.
@@ -226,6 +265,10 @@ class CudaBackend(Backend):
     def activation(self, name: str, z: Any, out: Any) -> Any:
         if name == "none":
             return super().activation(name, z, out)
+        if self._element(z) != FLOAT32:
+            from autocnn.nn import fused_sixteen_bit
+
+            return fused_sixteen_bit.activation(self._element(z), name, z, out)
         return fused.activation(name, z, out)
 
     def bias_activation(self, y: Any, bias: Any, name: str) -> Any:
@@ -261,6 +304,10 @@ class CudaBackend(Backend):
     def activation_grad(self, name: str, y: Any, dy: Any, out: Any) -> Any:
         if name == "none":
             return super().activation_grad(name, y, dy, out)
+        if self._element(y) != FLOAT32:
+            from autocnn.nn import fused_sixteen_bit
+
+            return fused_sixteen_bit.activation_grad(self._element(y), name, y, dy, out)
         return fused.activation_grad(name, y, dy, out)
 
     # -- kernels ---------------------------------------------------------------------------------

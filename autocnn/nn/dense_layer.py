@@ -1,5 +1,6 @@
 """The fully connected layer, Dense (a cuBLAS SGEMM on a GPU: FP32, without TF32), with the
-model's last layer run together with the loss."""
+model's last layer run together with the loss. In a mixed-precision model it stays FP32: the model
+casts 16-bit features into it and its input gradient back (autocnn.nn.mixed_precision)."""
 from __future__ import annotations
 
 import math
@@ -9,6 +10,7 @@ import numpy as np
 
 from autocnn.nn.backend import Array, Backend
 from autocnn.nn.layer_base import Shape, WeightedLayer, check_activation, check_int, init_weights
+from autocnn.precision import FLOAT32
 
 
 class Dense(WeightedLayer):
@@ -31,6 +33,10 @@ class Dense(WeightedLayer):
     def config_text(self) -> str:
         text = f"{self.in_features}, {self.out_features}"
         return text + self._epilogue_text()
+
+    def takes_element(self, arriving):
+        # FP32 GEMMs (cuBLAS SGEMM) and the FP32 loss head, whatever the model's precision.
+        return FLOAT32
 
     def compute_output_shape(self, input_shape: Shape) -> Shape:
         if len(input_shape) != 1:
