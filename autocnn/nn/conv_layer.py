@@ -244,16 +244,16 @@ class Conv2d(WeightedLayer):
 
     def make_problems(self, input_shape: Shape, batch_size: int) -> list[KernelProblem]:
         fwd = self._fwd_problem(input_shape, batch_size)
+        if self.separable.enabled and fwd.precision.sixteen_bit:
+            raise ValueError(f"{self.describe()}: a separable layer runs float32 factors; precision "
+                             f"{fwd.precision.name} needs a 2D layer (separable=False), or give the layer "
+                             f"precision='fp32' or 'tf32'")
         if self.separable.enabled:
             rank = self.separable_rank
             if rank is None:
                 raise RuntimeError(f"{self.describe()}: the energy-chosen rank is chosen from the weights when "
                                    f"the layer is first built; build the model before asking for its problems")
             return separable_problems(fwd, rank, self.needs_input_grad)
-        if self.separable.enabled and fwd.precision.sixteen_bit:
-            raise ValueError(f"{self.describe()}: a separable layer runs float32 factors; precision "
-                             f"{fwd.precision.name} needs a 2D layer (separable=False), or give the layer "
-                             f"precision='fp32' or 'tf32'")
         problems: list[KernelProblem] = [fwd]
         if self.needs_input_grad:
             problems.append(fwd.with_op("conv_bwd_data"))

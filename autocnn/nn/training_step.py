@@ -142,6 +142,14 @@ class TrainingStep:
         Returns (loss, accuracy) as 0-d device arrays (written into ``loss_out``/``acc_out`` when
         given, else new ones) without waiting for the device.
         """
+        if self.loss_scaler is not None:
+            # fp16 overflows are expected (the loss scaler finds them and skips the step): NumPy's
+            # warnings of them (the numpy backend's emulation) say nothing the scaler does not.
+            with np.errstate(over="ignore", invalid="ignore"):
+                return self._forward_backward_once(loss_out, acc_out)
+        return self._forward_backward_once(loss_out, acc_out)
+
+    def _forward_backward_once(self, loss_out: Array | None, acc_out: Array | None) -> tuple[Array, Array]:
         be = self.backend
         loss = be.zeros(()) if loss_out is None else loss_out
         acc = be.zeros((), dtype=np.float64) if acc_out is None else acc_out
