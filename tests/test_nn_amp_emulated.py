@@ -1,0 +1,159 @@
+"""The mixed-precision kernels (nn_sixteen_bit.cu.j2) run on the CPU's CUDA emulator
+(tests/cuda_emulator.py: host definitions of the 16-bit types and their conversions, bit for bit
+as the GPU's) against the numpy backend's emulation of the same steps, which the CPU training
+tests use: a cast, the gradients' way back into FP32, the loss scale's update and the activation
+gradient must agree bit for bit, since both round the same FP32 values once. Grids smaller than
+the arrays, so that the grid-stride loops and the block-wide flag run as on a GPU."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+
+import numpy as np
+import pytest
+
+from autocnn.measurement import element_arrays
+from autocnn.nn import NumpyBackend
+from autocnn.nn.fused import ACTIVATION_CODES
+from autocnn.nn.mixed_precision import FOUND, LossScaling, ScaleUse
+from autocnn.precision import BFLOAT16, FLOAT16, FLOAT32
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
+
+BLOCKS, THREADS = 3, 64
+# __syncthreads_or on the emulator: a flag every thread of the block may set between two barriers.
+EXTRA = r"""
+static std::atomic<int> emu_or_flag{0};
+inline int __syncthreads_or(int predicate) {
+    __syncthreads();
+    if (predicate) emu_or_flag = 1;
+    __syncthreads();
+    const int any = emu_or_flag;
+    __syncthreads();
+    if (threadIdx.x == 0) emu_or_flag = 0;   // before any thread can reach the next call's first barrier
+    return any;
+}
+"""
+
+
+def _trampolines() -> str:
+    text = []
+    for suffix, ctype in (("bf16", "__nv_bfloat16"), ("fp16", "__half")):
+        text.append(
+            f'extern "C" void emu_to_{suffix}(void* s, void* d, long long n, void* st, int use) {{ gridDim.x = {BLOCKS}; '
+            f"emu_run({BLOCKS}u, {THREADS}u, [&] {{ nn_cast_f32_to_{suffix}((const float*)s, ({ctype}*)d, n, "
+            f"(const float*)st, use); }}); }}\n"
+            f'extern "C" void emu_from_{suffix}(void* s, void* d, long long n, void* st, int use) {{ gridDim.x = {BLOCKS}; '
+            f"emu_run({BLOCKS}u, {THREADS}u, [&] {{ nn_cast_{suffix}_to_f32((const {ctype}*)s, (float*)d, n, "
+            f"(const float*)st, use); }}); }}\n"
+            f'extern "C" void emu_grads_{suffix}(void* g32, void* g16, long long n, void* runs, int nruns, void* st) '
+            f"{{ gridDim.x = {BLOCKS}; emu_run({BLOCKS}u, {THREADS}u, [&] {{ nn_gradients_to_f32_{suffix}("
+            f"(float*)g32, (const {ctype}*)g16, n, (const long long*)runs, nruns, (float*)st); }}); }}\n"
+            f'extern "C" void emu_act_grad_{suffix}(void* y, void* dy, void* dz, long long n, int act) '
+            f"{{ gridDim.x = {BLOCKS}; emu_run({BLOCKS}u, {THREADS}u, [&] {{ nn_activation_grad_{suffix}("
+            f"(const {ctype}*)y, (const {ctype}*)dy, ({ctype}*)dz, n, act); }}); }}\n")
+    text.append('extern "C" void emu_scale_update(void* st, float growth, float backoff, float interval) '
+                "{ gridDim.x = 1; emu_run(1u, 32u, [&] { nn_loss_scale_update((float*)st, growth, backoff, interval); }); }\n")
+    return "".join(text)
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    import re
+
+    from autocnn.nn import fused_sixteen_bit
+    from tests.cuda_emulator import HOST_MIN, PRELUDE, compile_library
+
+    body = re.sub(r"#include <cuda_(?:bf16|fp16)\.h>\n", "", fused_sixteen_bit.render_source())
+    return compile_library(PRELUDE + HOST_MIN + EXTRA + body + "\n" + _trampolines(), tmp_path_factory.mktemp("emu"),
+                           "nn_sixteen_bit")
+
+
+def _p(a: np.ndarray) -> ctypes.c_void_p:
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+def _null_or(a: np.ndarray | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(0) if a is None else _p(a)
+
+
+ELEMENTS = {"bf16": BFLOAT16, "fp16": FLOAT16}
+
+
+@pytest.mark.parametrize("suffix", sorted(ELEMENTS))
+@pytest.mark.parametrize("use", list(ScaleUse))
+def test_casts_round_as_the_numpy_emulation(emu, suffix, use):
+    element, cpu = ELEMENTS[suffix], NumpyBackend()
+    rng = np.random.default_rng()
+    values = (rng.standard_normal(1001) * 3000).astype(np.float32)   # more elements than threads
+    values[:5] = [70000.0, -65520.0, np.nan, 3e-8, -0.0]             # fp16's Inf, NaN, a subnormal
+    state = np.array([32.0, 0, 0, 0], np.float32)
+    stored = np.zeros(values.size, dtype=element_arrays.storage_dtype(element))
+    getattr(emu, f"emu_to_{suffix}")(_p(values), _p(stored), ctypes.c_longlong(values.size), _p(state),
+                                     ctypes.c_int(use.value))
+    expected = cpu.cast(values, FLOAT32, np.zeros_like(values), element, state, use)
+    np.testing.assert_array_equal(element_arrays.values(stored, element, np), expected)
+    back = np.full(values.size, np.nan, np.float32)
+    getattr(emu, f"emu_from_{suffix}")(_p(stored), _p(back), ctypes.c_longlong(values.size), _p(state),
+                                       ctypes.c_int(use.value))
+    np.testing.assert_array_equal(back, cpu.cast(expected, element, np.zeros_like(values), FLOAT32, state, use))
+
+
+@pytest.mark.parametrize("suffix", sorted(ELEMENTS))
+def test_gradients_into_fp32_as_the_numpy_emulation(emu, suffix):
+    element, cpu = ELEMENTS[suffix], NumpyBackend()
+    rng = np.random.default_rng()
+    n, runs = 999, ((0, 250), (300, 301), (600, 999))
+    g16 = element_arrays.rounded(rng.standard_normal(n).astype(np.float32) * 100, element, np)
+    own = rng.standard_normal(n).astype(np.float32)
+    flat_runs = np.array([v for run in runs for v in run], np.int64)
+    for poisoned in (None, 123, 450):   # none; inside a run (a 16-bit gradient); outside (an FP32 layer's)
+        g32, expected = own.copy(), own.copy()
+        values = element_arrays.values(g16, element, np).copy()
+        if poisoned is not None:
+            (values if poisoned == 123 else expected)[poisoned] = np.inf
+            if poisoned != 123:
+                g32[poisoned] = np.inf
+        stored = element_arrays.rounded(values, element, np)
+        state, host_state = np.array([1024.0, 7, 0, 0], np.float32), np.array([1024.0, 7, 0, 0], np.float32)
+        getattr(emu, f"emu_grads_{suffix}")(_p(g32), _p(stored), ctypes.c_longlong(n), _p(flat_runs),
+                                            ctypes.c_int(len(runs)), _p(state))
+        cpu.gradients_to_fp32(expected, values, element, runs, host_state)
+        np.testing.assert_array_equal(g32, expected)
+        np.testing.assert_array_equal(state, host_state)
+        assert state[FOUND] == (poisoned is not None)
+    g32 = own.copy()
+    getattr(emu, f"emu_grads_{suffix}")(_p(g32), _p(g16), ctypes.c_longlong(n), _p(flat_runs),
+                                        ctypes.c_int(len(runs)), _null_or(None))   # bf16's way: no scaler
+    np.testing.assert_array_equal(g32[:250], element_arrays.values(g16, element, np)[:250])
+    np.testing.assert_array_equal(g32[250:300], own[250:300])
+
+
+def test_the_loss_scale_update_follows_the_numpy_state_machine(emu):
+    cpu = NumpyBackend()
+    settings = LossScaling(init_scale=2.0 ** 16, growth_interval=3)
+    device, host = (np.array([settings.init_scale, 0, 0, 0], np.float32) for _ in range(2))
+    for found in [0, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0]:
+        device[FOUND] = host[FOUND] = found
+        emu.emu_scale_update(_p(device), ctypes.c_float(settings.growth_factor), ctypes.c_float(settings.backoff_factor),
+                             ctypes.c_float(settings.growth_interval))
+        cpu.loss_scale_update(host, settings)
+        np.testing.assert_array_equal(device, host)
+    np.testing.assert_array_equal(host, [2.0 ** 16, 1, 0, 0])
+
+
+@pytest.mark.parametrize("suffix", sorted(ELEMENTS))
+@pytest.mark.parametrize("act", ["relu", "tanh", "logistic"])
+def test_activation_gradients_on_sixteen_bits_as_the_numpy_emulation(emu, suffix, act):
+    from autocnn.nn.backend import activation_grad
+
+    element, cpu = ELEMENTS[suffix], NumpyBackend()
+    rng = np.random.default_rng()
+    y = element_arrays.rounded(np.tanh(rng.standard_normal(777)).astype(np.float32), element, np)
+    dy = element_arrays.rounded(rng.standard_normal(777).astype(np.float32), element, np)
+    dz = np.zeros_like(y)
+    emu.__getattr__(f"emu_act_grad_{suffix}")(_p(y), _p(dy), _p(dz), ctypes.c_longlong(y.size),
+                                              ctypes.c_int(ACTIVATION_CODES[act]))
+    yv, dyv = element_arrays.values(y, element, np), element_arrays.values(dy, element, np)
+    expected = cpu.round_to(element, activation_grad(cpu, act, yv, dyv, np.zeros_like(yv)))
+    np.testing.assert_array_equal(element_arrays.values(dz, element, np), expected)
