@@ -28,9 +28,9 @@ pytestmark = pytest.mark.gpu
 SHAPE = (3, 11, 13)   # sizes that divide no tile or window evenly
 BATCH = 5
 CLASSES = 4
-# forward: the input's cast, the weights' copies, two convolution outputs and the pooling's; back:
-# their gradients; and the weight gradients themselves.
-ROUNDINGS = 5 + 5 + 2
+# forward: the input's cast, the weights' copies, two convolution outputs, the pooling's and the
+# Dense layer's (its GEMM on 16-bit operands); back: their gradients; the weight gradients themselves.
+ROUNDINGS = 6 + 6 + 2
 PRECISIONS = [BF16, FP16]
 
 
@@ -152,6 +152,34 @@ def test_a_flagged_step_leaves_the_optimizer_and_its_device_step_count():
     flag[0] = 0
     opt.apply({"p": p}, {"p": g}, skip=flag)
     assert bool((p < 1).all()) and int(opt._device_step[0]) == 1
+
+
+@pytest.mark.parametrize("element", [BFLOAT16, FLOAT16], ids=["bf16", "fp16"])
+def test_gemm_ex_on_sixteen_bit_operands_sums_in_fp32(element):
+    """cuBLAS GemmEx as the 16-bit Dense layers call it (transposed views included), against float64
+    products of the 16-bit values: FP32 sums (FP32's bound over the reduction) and, into a 16-bit
+    result, its one rounding (the precision's output_rounding)."""
+    import cupy as cp
+
+    from autocnn.nn.cuda_backend import CudaBackend
+
+    gpu = CudaBackend()
+    precision = BF16 if element == BFLOAT16 else FP16
+    rng = np.random.default_rng()
+    m, k, n = 37, 131, 19
+    a16 = element_arrays.rounded(rng.standard_normal((m, k)).astype(np.float32), element, np)
+    b16 = element_arrays.rounded(rng.standard_normal((k, n)).astype(np.float32), element, np)
+    a, b = (element_arrays.values(x, element, np).astype(np.float64) for x in (a16, b16))
+    cases = [("x @ W", cp.asarray(a16), cp.asarray(b16), a @ b),
+             ("x.T @ dz", cp.asarray(np.ascontiguousarray(a16.T)).T, cp.asarray(b16), a @ b),
+             ("dz @ W.T", cp.asarray(a16), cp.asarray(np.ascontiguousarray(b16.T)).T, a @ b)]
+    for what, da, db, reference in cases:
+        out32 = cp.full((m, n), np.nan, dtype=cp.float32)
+        gpu.matmul(da, db, out=out32)
+        assert _rel(cp.asnumpy(out32), reference) <= precision.base_bound * max(1.0, (k / 1024) ** 0.5), what
+        out16 = cp.zeros((m, n), dtype=gpu.storage_dtype(element))
+        gpu.matmul(da, db, out=out16)
+        assert _rel(element_arrays.values(cp.asnumpy(out16), element, np), reference) <= precision.error_bound(k), what
 
 
 # -- whole steps --------------------------------------------------------------------------------------

@@ -52,6 +52,13 @@ def _trampolines() -> str:
             f'extern "C" void emu_act_grad_{suffix}(void* y, void* dy, void* dz, long long n, int act) '
             f"{{ gridDim.x = {BLOCKS}; emu_run({BLOCKS}u, {THREADS}u, [&] {{ nn_activation_grad_{suffix}("
             f"(const {ctype}*)y, (const {ctype}*)dy, ({ctype}*)dz, n, act); }}); }}\n")
+        text.append(
+            f'extern "C" void emu_bias_act_{suffix}(void* z, void* b, void* y, long long n, int features, int act) '
+            f"{{ gridDim.x = {BLOCKS}; emu_run({BLOCKS}u, {THREADS}u, [&] {{ nn_bias_activation_to_{suffix}("
+            f"(const float*)z, (const {ctype}*)b, ({ctype}*)y, n, features, act); }}); }}\n"
+            f'extern "C" void emu_colsum_{suffix}(void* y, void* dy, void* dz, void* db, int rows, int cols, int act) '
+            f"{{ gridDim.x = 1; emu_run(1u, {THREADS}u, [&] {{ nn_activation_grad_colsum_{suffix}("
+            f"(const {ctype}*)y, (const {ctype}*)dy, ({ctype}*)dz, ({ctype}*)db, rows, cols, act); }}); }}\n")
     text.append('extern "C" void emu_scale_update(void* st, float growth, float backoff, float interval) '
                 "{ gridDim.x = 1; emu_run(1u, 32u, [&] { nn_loss_scale_update((float*)st, growth, backoff, interval); }); }\n")
     return "".join(text)
@@ -157,3 +164,37 @@ def test_activation_gradients_on_sixteen_bits_as_the_numpy_emulation(emu, suffix
     yv, dyv = element_arrays.values(y, element, np), element_arrays.values(dy, element, np)
     expected = cpu.round_to(element, activation_grad(cpu, act, yv, dyv, np.zeros_like(yv)))
     np.testing.assert_array_equal(element_arrays.values(dz, element, np), expected)
+
+
+@pytest.mark.parametrize("suffix", sorted(ELEMENTS))
+@pytest.mark.parametrize("act", ["none", "relu", "tanh"])
+def test_the_sixteen_bit_dense_epilogues_as_the_numpy_emulation(emu, suffix, act):
+    """The forward epilogue (FP32 GEMM result + bias, activation, one rounding) and the backward one
+    (dL/dz rounded, its column sums in FP32 rounded once), 37 rows by 70 columns (more columns than
+    the block's threads). Bit for bit where both compute the same FP32 operations in one order;
+    tanh (each side's own tanhf) and the column sums (NumPy sums pairwise, the kernel in row order)
+    may round to the neighbouring 16-bit value: one step, 2u of the value at most."""
+    element, cpu = ELEMENTS[suffix], NumpyBackend()
+    rng = np.random.default_rng()
+    rows, cols = 37, 70
+    z = rng.standard_normal((rows, cols)).astype(np.float32)
+    bias = element_arrays.rounded(rng.standard_normal(cols).astype(np.float32), element, np)
+    y = np.zeros((rows, cols), dtype=bias.dtype)
+    emu.__getattr__(f"emu_bias_act_{suffix}")(_p(z), _p(bias), _p(y), ctypes.c_longlong(z.size), ctypes.c_int(cols),
+                                              ctypes.c_int(ACTIVATION_CODES[act]))
+    expected = cpu.bias_activation_into(z, element_arrays.values(bias, element, np), np.zeros_like(z), act, element)
+    got = element_arrays.values(y, element, np)
+    one_step = 2 * (2.0 ** -8 if element == BFLOAT16 else 2.0 ** -11)
+    if act == "tanh":
+        assert (np.abs(got - expected) <= one_step * np.abs(expected)).all()
+    else:
+        np.testing.assert_array_equal(got, expected)
+    dy = element_arrays.rounded(rng.standard_normal((rows, cols)).astype(np.float32), element, np)
+    dz, db = np.zeros_like(y), np.zeros(cols, dtype=y.dtype)
+    emu.__getattr__(f"emu_colsum_{suffix}")(_p(y), _p(dy), _p(dz), _p(db), ctypes.c_int(rows), ctypes.c_int(cols),
+                                            ctypes.c_int(ACTIVATION_CODES[act]))
+    dz_cpu, db_cpu = np.zeros((rows, cols), np.float32), np.zeros(cols, np.float32)
+    dz_expected = cpu.activation_grad_bias(act, got, element_arrays.values(dy, element, np), dz_cpu, db_cpu, element)
+    if act != "none":
+        np.testing.assert_array_equal(element_arrays.values(dz, element, np), dz_expected)
+    assert (np.abs(element_arrays.values(db, element, np) - db_cpu) <= one_step * np.abs(db_cpu)).all()

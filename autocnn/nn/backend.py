@@ -40,7 +40,7 @@ from autocnn.kernels.problem import (
     ConvWgradProblem,
 )
 from autocnn.nn import activations
-from autocnn.precision import ElementType, precision_of
+from autocnn.precision import FLOAT32, ElementType, precision_of
 
 Array = Any  # numpy.ndarray or cupy.ndarray
 KernelProblem = Any  # one of the five frozen problem dataclasses of autocnn.kernels.problem
@@ -392,9 +392,12 @@ class Backend(abc.ABC):
             self.activation(name, y, out=y)
         return y
 
-    def dense_dispatch(self, in_features: int, out_features: int, head: bool) -> tuple[str, str]:
-        """(source, detail) of what runs a Dense layer; ``head``: the last layer, run with the loss."""
-        return "matmul", f"{self.xp.__name__}.matmul" + (" (then the loss, separately)" if head else "")
+    def dense_dispatch(self, in_features: int, out_features: int, head: bool,
+                       element: ElementType = FLOAT32) -> tuple[str, str]:
+        """(source, detail) of what runs a Dense layer; ``head``: the last layer, run with the loss;
+        ``element``: what its tensors are stored in (a 16-bit layer's emulated here)."""
+        emulated = f" on {element.name} values (emulated)" if element != FLOAT32 else ""
+        return "matmul", f"{self.xp.__name__}.matmul{emulated}" + (" (then the loss, separately)" if head else "")
 
     def dense_loss_step(self, x: Array, w: Array, bias: Array | None, labels: Array, weights: Array, *,
                         logits: Array, dlogits: Array, db: Array | None, dx: Array | None, loss_out: Array,
@@ -414,15 +417,24 @@ class Backend(abc.ABC):
         if dx is not None:
             self.matmul(dlogits, w.T, out=dx)
 
-    def activation_grad_bias(self, name: str, y: Array, dy: Array, out: Array | None, db_out: Array) -> Array:
+    def bias_activation_into(self, z: Array, bias: Array | None, y: Array, name: str, element: ElementType) -> Array:
+        """y = act(z + bias), the bias broadcast along the last axis, stored as ``element`` (rounded
+        once): a 16-bit Dense layer's epilogue after its GEMM's FP32 result ``z``."""
+        self.xp.copyto(y, z)
+        self.bias_activation(y, bias, name)
+        return self.round_to(element, y)
+
+    def activation_grad_bias(self, name: str, y: Array, dy: Array, out: Array | None, db_out: Array,
+                             element: ElementType = FLOAT32) -> Array:
         """A Dense layer's backward epilogue: dL/dz through the activation (into ``out``; with no
-        activation ``out`` may be None and dz is dy) and its sum over the batch into ``db_out``.
-        Returns dz."""
+        activation ``out`` may be None and dz is dy) and its sum over the batch into ``db_out``,
+        each stored as ``element`` (a 16-bit layer's: rounded once). Returns dz."""
         if name == "none":
             dz = dy
         else:
-            dz = activation_grad(self, name, y, dy, out=out)
+            dz = self.round_to(element, activation_grad(self, name, y, dy, out=out))
         self.xp.sum(dz, axis=0, out=db_out)
+        self.round_to(element, db_out)
         return dz
 
     def activation_grad(self, name: str, y: Array, dy: Array, out: Array) -> Array:

@@ -75,7 +75,7 @@ class CudaBackend(Backend):
         self.db = database
         self.kernels = GpuKernels(cp, device_id, self.device, database, autotune)
         self._graph_pool: Any = None
-        self._sgemm: Any = None  # autocnn.nn.cublas.Sgemm once made; False when cuBLAS cannot be loaded
+        self._gemm: Any = None  # autocnn.nn.cublas.Gemm once made; False when cuBLAS cannot be loaded
         # The stream weight gradients run on beside the backward pass, and the events to join.
         self._side_stream: Any = None
         self._side_done: list[Any] = []
@@ -208,8 +208,8 @@ class CudaBackend(Backend):
             self._graph_pool = cp.cuda.MemoryPool()
             self._capture_stream = cp.cuda.Stream(non_blocking=True)
         stream = self._capture_stream
-        if self._sgemm:
-            self._sgemm.prepare(stream.ptr)
+        if self._gemm:
+            self._gemm.prepare(stream.ptr)
         # Plans with library steps (cuBLAS, cuFFT) make their handles and FFT plans now: inside a
         # capture they cannot. The weight gradients' side stream is captured too.
         if self._side_stream is None:
@@ -244,22 +244,28 @@ class CudaBackend(Backend):
 
     # -- dense layers ----------------------------------------------------------------------------
     def matmul(self, a: Any, b: Any, out: Any = None) -> Any:
-        """a @ b by cuBLAS SGEMM: through a handle of our own when writing into ``out`` (so a
-        captured training step can hold it), through CuPy otherwise."""
-        if out is None or a.dtype != np.float32 or a.ndim != 2 or b.ndim != 2:
+        """a @ b by cuBLAS: SGEMM for float32, GemmEx (FP32 compute) for 16-bit operands, through a
+        handle of our own when writing into ``out`` (so a captured training step can hold it),
+        through CuPy otherwise (float32 only: CuPy would multiply bfloat16's bit patterns)."""
+        sixteen = self._element(a) != FLOAT32
+        if sixteen and (out is None or a.ndim != 2 or b.ndim != 2):
+            raise ValueError("matmul of 16-bit arrays runs through cuBLAS GemmEx: 2-D operands into an out= array")
+        if out is None or (a.dtype != np.float32 and not sixteen) or a.ndim != 2 or b.ndim != 2:
             return super().matmul(a, b, out=out)
-        if self._sgemm is None:
-            from autocnn.nn.cublas import CublasUnavailableError, Sgemm
+        if self._gemm is None:
+            from autocnn.nn.cublas import CublasUnavailableError, Gemm
 
             try:
-                self._sgemm = Sgemm(self.cp)
+                self._gemm = Gemm(self.cp)
             except (CublasUnavailableError, OSError, RuntimeError) as exc:
                 warnings.warn(f"{exc}; dense layers use CuPy's matmul, which a CUDA graph cannot capture",
                               RuntimeWarning, stacklevel=2)
-                self._sgemm = False
-        if self._sgemm is False:
+                self._gemm = False
+        if self._gemm is False:
+            if sixteen:
+                raise RuntimeError("16-bit Dense layers need cuBLAS GemmEx, and cuBLAS could not be loaded")
             return super().matmul(a, b, out=out)
-        return self._sgemm(a, b, out)
+        return self._gemm(a, b, out)
 
     # -- element-wise work, fused ----------------------------------------------------------------
     def activation(self, name: str, z: Any, out: Any) -> Any:
@@ -276,9 +282,13 @@ class CudaBackend(Backend):
             return self.activation(name, y, out=y)
         return fused.bias_activation(y, bias, name)
 
-    def dense_dispatch(self, in_features: int, out_features: int, head: bool) -> tuple[str, str]:
+    def dense_dispatch(self, in_features: int, out_features: int, head: bool,
+                       element: ElementType = FLOAT32) -> tuple[str, str]:
+        if element != FLOAT32:
+            return "cuBLAS", (f"cuBLAS GemmEx ({element.name} operands, FP32 compute; a handle per stream, "
+                              f"graph-capturable), epilogues nn_bias_activation_to / nn_activation_grad_colsum")
         gemm = "cuBLAS SGEMM (a handle per stream, graph-capturable)"
-        if self._sgemm is False:
+        if self._gemm is False:
             gemm = "CuPy matmul (cuBLAS could not be loaded: no CUDA graphs)"
         if head and fused.head_fits(in_features, out_features):
             return "fused head", f"nn_dense_softmax_xent (logits, loss, dlogits, db, dx); weight gradient by {gemm}"
@@ -296,7 +306,19 @@ class CudaBackend(Backend):
         fused.dense_softmax_xent(x, w, bias, labels, weights, dlogits, db, dx, loss_out, acc_out,
                                  self._head_scratch)
 
-    def activation_grad_bias(self, name: str, y: Any, dy: Any, out: Any, db_out: Any) -> Any:
+    def bias_activation_into(self, z: Any, bias: Any, y: Any, name: str, element: ElementType) -> Any:
+        if element == FLOAT32:
+            return super().bias_activation_into(z, bias, y, name, element)
+        from autocnn.nn import fused_sixteen_bit
+
+        return fused_sixteen_bit.bias_activation_to(element, z, bias, y, name)
+
+    def activation_grad_bias(self, name: str, y: Any, dy: Any, out: Any, db_out: Any,
+                             element: ElementType = FLOAT32) -> Any:
+        if element != FLOAT32:
+            from autocnn.nn import fused_sixteen_bit
+
+            return fused_sixteen_bit.activation_grad_colsum(element, name, y, dy, out, db_out)
         if dy.ndim != 2:
             return super().activation_grad_bias(name, y, dy, out, db_out)
         return fused.activation_grad_colsum(name, y, dy, out, db_out)

@@ -127,3 +127,28 @@ def activation_grad(element: ElementType, name: str, y: Any, dy: Any, out: Any) 
     n = int(y.size)
     _kernel(f"nn_activation_grad_{_suffix(element)}")(_grid(n), (THREADS,), (y, dy, out, np.int64(n), _code(name)))
     return out
+
+
+def bias_activation_to(element: ElementType, z: Any, bias: Any | None, y: Any, name: str) -> Any:
+    """y = act(z + bias) rounded once to ``element``, from the FP32 GEMM result z (a 16-bit Dense
+    layer's forward epilogue), one launch."""
+    _contiguous("bias_activation_to", z, bias, y)
+    if z.dtype != np.float32 or z.shape != y.shape:
+        raise ValueError(f"bias_activation_to: z is the FP32 GEMM result of y's shape, got {z.dtype} {z.shape}")
+    n, features = int(z.size), int(z.shape[-1])
+    _kernel(f"nn_bias_activation_to_{_suffix(element)}")(_grid(n), (THREADS,), (
+        z, np.uint64(0) if bias is None else bias, y, np.int64(n), np.int32(features), _code(name)))
+    return y
+
+
+def activation_grad_colsum(element: ElementType, name: str, y: Any, dy: Any, dz_out: Any | None, db_out: Any) -> Any:
+    """dz = dL/dz from y = act(z) and dy (into dz_out; with no activation dz is dy) and db_out = its
+    column sums, on 16-bit tensors, one launch. Returns dz."""
+    if name != "none" and dz_out is None:
+        raise ValueError("activation_grad_colsum: an activation needs a dz buffer")
+    dz = dy if name == "none" else dz_out
+    _contiguous("activation_grad_colsum", y, dy, dz, db_out)
+    rows, cols = (int(s) for s in dy.shape)
+    _kernel(f"nn_activation_grad_colsum_{_suffix(element)}")(_grid(cols), (THREADS,), (
+        y, dy, dz, db_out, np.int32(rows), np.int32(cols), _code(name)))
+    return dz

@@ -282,7 +282,7 @@ class WeightedLayer(Layer):
             raise RuntimeError(f"{self.describe()}: backward called before forward")
         self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
         if bias_grad is not None:
-            return self.backend.activation_grad_bias(self.activation, self._y, dy, self._dz, bias_grad)
+            return self.backend.activation_grad_bias(self.activation, self._y, dy, self._dz, bias_grad, self.element)
         if self._dz is None:
             return dy
         dz = activation_grad(self.backend, self.activation, self._y, dy, out=self._dz)

@@ -180,7 +180,7 @@ def describe_precision(model: Sequential) -> str:
            if getattr(layer, "precision", model.precision) != model.precision]
     text = model.precision.name + (f" ({', '.join(own)})" if own else "")
     if any(layer.element.size == 2 for layer in model.layers):
-        text += ", mixed: FP32 master weights, optimizer, dense layers and loss"
+        text += ", mixed: FP32 master weights, optimizer and loss"
         if model.loss_scaler is not None:
             text += f", dynamic loss scale {model.loss_scaler.scale:g}"
     return text
