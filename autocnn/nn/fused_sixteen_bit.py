@@ -41,7 +41,7 @@ def _module(device_id: int) -> Any:
 
     source = render_source()
     with cp.cuda.Device(device_id):
-        module = cp.RawModule(code=source, options=nvrtc_options(source, "-std=c++17"))
+        module = cp.RawModule(code=source, options=nvrtc_options(source))   # C++17 and the 16-bit headers
         module.compile()
     return module
 
