@@ -7,6 +7,7 @@ their own with a fixed workspace: ``cublasSgemm_v2`` for float32 (the same routi
 for a float32 matmul, without TF32: the default math mode), and for mixed precision's 16-bit
 Dense layers ``cublasGemmEx`` with bfloat16 or float16 operands, FP32 compute
 (CUBLAS_COMPUTE_32F: every product and sum in FP32) and an FP32 or 16-bit result (rounded once).
+"""
 from __future__ import annotations
 
 import ctypes
