@@ -35,8 +35,8 @@ The error bounds are set here and nowhere else (``Precision.error_bound``): veri
 (``autocnn.measurement.measure``) asks them.
 
 ``PRECISIONS`` is what problems, records and the command line's tune, bench and db accept;
-``FLOAT32_PRECISIONS`` the ones that store float32 tensors, which the training library and
-autocnn.torch run.
+``FLOAT32_PRECISIONS`` the ones that store float32 tensors, which autocnn.torch runs (the training
+library takes all four: bf16 and fp16 as mixed precision, autocnn.nn.mixed_precision).
 """
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ FP16 = Precision("fp16", FLOAT16, FLOAT16, FLOAT16, FLOAT32, TensorMath.FP16, FP
 
 PRECISIONS: tuple[Precision, ...] = (FP32, TF32, BF16, FP16)
 PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in PRECISIONS)
-# The training library's tensors and autocnn.torch's operators are float32.
+# autocnn.torch's operators are float32.
 FLOAT32_PRECISIONS: tuple[Precision, ...] = tuple(p for p in PRECISIONS if not p.sixteen_bit)
 FLOAT32_PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in FLOAT32_PRECISIONS)
 DEFAULT_PRECISION = FP32
