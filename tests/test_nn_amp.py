@@ -288,3 +288,24 @@ def test_the_mixed_precision_kernels_compile_without_spills(tmp_path, arch):
             assert f"Function properties for {name}" in result.stderr, name
     assert "Function properties for nn_loss_scale_update" in result.stderr
     assert not re.search(r"[1-9][0-9]* bytes spill", result.stderr), result.stderr
+
+
+def test_autocnn_train_runs_a_sixteen_bit_model_end_to_end(tmp_path, capsys):
+    """`autocnn train --precision bf16|fp16` on the numpy backend (its emulation): the report says
+    the precision, every convolution and the Dense layers dispatch at it, the weights saved are FP32."""
+    from autocnn.cli import main
+    from tests.test_nn_data import write_mnist_like
+
+    write_mnist_like(tmp_path / "fashion", n_train=32, n_test=16, seed=3)
+    for name in ("bf16", "fp16"):
+        saved = tmp_path / f"{name}.npz"
+        assert main(["train", "--network", "lenet5", "--data-root", str(tmp_path / "fashion"), "--epochs", "1",
+                     "--batch-size", "16", "--backend", "numpy", "--precision", name, "--seed", "0",
+                     "--save", str(saved)]) == 0
+        out = capsys.readouterr().out
+        assert f"precision {name}, mixed: FP32 master weights" in out.splitlines()[0]
+        rows = [line.split() for line in out.splitlines() if line.startswith(("conv2d_", "dense_"))]
+        assert rows and {row[2] for row in rows} == {name}
+        with np.load(saved) as weights:
+            params = [k for k in weights.files if k.startswith("layers/")]
+            assert params and all(weights[k].dtype == np.float32 for k in params)

@@ -10,9 +10,9 @@ its 16-bit kernels 16-bit tensors:
   gradients there, and after the backward pass one pass accumulates those into the FP32
   gradients (dividing out the loss scale) before the optimizer runs.
 * ``Boundary``: where a layer takes its input in another element type than the layer before it
-  gives (the float32 input batch into a 16-bit convolution, 16-bit features into an FP32 Dense
-  layer, 16-bit logits into the FP32 loss): a cast of the activations forward and of the gradient
-  back, each into a buffer of its own.
+  gives (the float32 input batch into a 16-bit convolution, a 16-bit layer into one set to fp32,
+  16-bit logits into the FP32 loss): a cast of the activations forward and of the gradient back,
+  each into a buffer of its own.
 * ``LossScaler``: fp16's dynamic loss scaling, as torch.cuda.amp.GradScaler: the gradient entering
   the 16-bit layers is multiplied by the scale (2^16 at first) and the gradients leaving them are
   divided by it; a step whose gradients hold an Inf or NaN is skipped (the optimizer updates
@@ -21,8 +21,8 @@ its 16-bit kernels 16-bit tensors:
   whole step, the skip included, stays one CUDA graph with nothing read back by the host. bfloat16
   has float32's exponent range: bf16 models have no scaler.
 
-FP32 layers (Dense, and any layer set to fp32 or tf32 in a 16-bit model) see true (unscaled)
-gradients: the scale applies only inside the 16-bit layers. A model's 16-bit layers share one
+FP32 layers (any layer set to fp32 or tf32 in a 16-bit model) see true (unscaled) gradients: the
+scale applies only inside the 16-bit layers. A model's 16-bit layers share one
 16-bit precision (bf16 or fp16, not both).
 """
 from __future__ import annotations

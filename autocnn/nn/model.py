@@ -66,8 +66,9 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
     changed later (``model.precision = "tf32"``; a built model is built again, keeping its
     weights). Building, fitting, tuning (``tune``), ``problems`` and the dispatch report all use
     it: each convolution's kernel problems carry their layer's precision, so tuning and lookups
-    use the records of that precision. Dense layers always compute in FP32 (cuBLAS SGEMM), the
-    model casting 16-bit features into them. The numpy backend computes fp32 and tf32 in ``dtype``
+    use the records of that precision. Dense layers take it too (``Dense(..., precision=)``): FP32
+    SGEMM at fp32 and tf32, cuBLAS GemmEx on 16-bit operands at bf16 and fp16; the loss is FP32
+    whatever the last layer's. The numpy backend computes fp32 and tf32 in ``dtype``
     (float32 or float64), and emulates bf16 and fp16: every tensor a 16-bit layer writes is
     rounded to its 16-bit type, so a CPU run follows the same steps and roundings as the GPU's.
 
