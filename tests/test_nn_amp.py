@@ -309,3 +309,17 @@ def test_autocnn_train_runs_a_sixteen_bit_model_end_to_end(tmp_path, capsys):
         with np.load(saved) as weights:
             params = [k for k in weights.files if k.startswith("layers/")]
             assert params and all(weights[k].dtype == np.float32 for k in params)
+
+
+def test_a_json_network_sets_the_precision_of_pooling_and_dense_layers():
+    from autocnn.nn.zoo import network_from_dict
+
+    layers = [{"type": "conv2d", "out_channels": 4, "kernel_size": 3, "activation": "tanh"},
+              {"type": "avgpool2d", "window": 2, "precision": "fp32"},
+              {"type": "flatten"}, {"type": "dense", "out_features": 3, "precision": "fp32"}]
+    model = network_from_dict({"input_shape": list(SHAPE), "layers": layers})
+    model.precision = "bf16"
+    model.build(2)
+    assert [layer.element for layer in model.layers] == [BFLOAT16, FLOAT32, FLOAT32, FLOAT32]
+    assert model.layers[3].can_end_with_loss and sorted(model._boundaries) == [0, 1]
+    assert "precision='fp32'" in repr(model.layers[1]) and "precision='fp32'" in repr(model.layers[3])
