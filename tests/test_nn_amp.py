@@ -323,3 +323,29 @@ def test_a_json_network_sets_the_precision_of_pooling_and_dense_layers():
     assert [layer.element for layer in model.layers] == [BFLOAT16, FLOAT32, FLOAT32, FLOAT32]
     assert model.layers[3].can_end_with_loss and sorted(model._boundaries) == [0, 1]
     assert "precision='fp32'" in repr(model.layers[1]) and "precision='fp32'" in repr(model.layers[3])
+
+
+@pytest.mark.parametrize("precision", [BF16, FP16])
+def test_a_replayed_sixteen_bit_step_gives_the_eager_results(precision):
+    """On a stand-in backend whose 'capture' keeps the step (tests/test_nn_step_replay.py), the
+    replayed mixed-precision steps, the weights' cast, the casts at the boundaries, the gradients'
+    way into FP32 and the loss scaler's update included, match eager steps bit for bit, and an
+    overflowing fp16 step is skipped inside the replayed step too."""
+    from tests.test_nn_step_replay import RecordingBackend
+
+    x, y = data(40, seed=5)
+    be = RecordingBackend()
+    scaling = LossScaling(init_scale=2.0 ** 30)   # the first steps overflow fp16 and are skipped
+    replayed = convnet(precision, backend=be, loss_scaling=scaling).compile(Adam(lr=3e-3)).build(8)
+    eager = convnet(precision, loss_scaling=scaling).compile(Adam(lr=3e-3)).build(8)
+    for start in range(0, 40, 8):
+        a = replayed.train_step(x[start:start + 8], y[start:start + 8])
+        b = eager.train_step(x[start:start + 8], y[start:start + 8])
+        assert (a.loss, a.accuracy) == (b.loss, b.accuracy)
+    assert (be.captures, be.replays) == (1, 4)
+    for k, v in eager.get_weights().items():
+        np.testing.assert_array_equal(replayed.get_weights()[k], v, err_msg=k)
+    if precision is FP16:
+        assert replayed.loss_scaler.scale == eager.loss_scaler.scale < 2.0 ** 30
+        np.testing.assert_array_equal(replayed.loss_scaler.state, eager.loss_scaler.state)
+        assert replayed.optimizer.iterations == eager.optimizer.iterations < 5
