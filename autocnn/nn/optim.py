@@ -149,8 +149,9 @@ class Optimizer(abc.ABC):
 
         ``skip``: a one-element float32 flag (fp16's loss scaler's, autocnn.nn.mixed_precision);
         where it is nonzero the step leaves parameters, state and step count as they were. On a
-        GPU the kernels read it there (nothing waits for the device); on the CPU it is read here,
-        and ``iterations`` is counted back.
+        GPU the kernels read it there (nothing waits for the device), so the device's step count
+        (what Adam's bias correction uses) skips the step while ``iterations``, the host's count,
+        does not; on the CPU it is read here, and ``iterations`` is counted back.
         """
         self._first_update = True
         self._skip = skip
