@@ -40,6 +40,7 @@ from autocnn.kernels.problem import (
     ConvWgradProblem,
 )
 from autocnn.nn import activations
+from autocnn.nn.mixed_precision import CLEAN_STEPS, FOUND, SCALE, SKIPPED, ScaleUse
 from autocnn.precision import FLOAT32, ElementType, precision_of
 
 Array = Any  # numpy.ndarray or cupy.ndarray
@@ -127,9 +128,9 @@ class Backend(abc.ABC):
         loss scale (``use`` SCALE_UP), divided by it (SCALE_DOWN) or kept (KEEP); ``scaler_state``
         None: no scaler, a scale of 1."""
         factor = 1.0
-        if scaler_state is not None and use.value:
-            scale = float(scaler_state[0])
-            factor = scale if use.value == 1 else 1.0 / scale
+        if scaler_state is not None and use is not ScaleUse.KEEP:
+            scale = float(scaler_state[SCALE])
+            factor = scale if use is ScaleUse.SCALE_UP else 1.0 / scale
         with np.errstate(over="ignore", invalid="ignore"):
             self.xp.multiply(src.reshape(dst.shape), np.float32(factor), out=dst)
         return self.round_to(dst_element, dst)
@@ -138,19 +139,19 @@ class Backend(abc.ABC):
                            scaler_state: Array | None) -> None:
         """g32 = g16 / scale inside ``runs`` ([lo, hi) element ranges: the 16-bit layers'
         parameters), g32 kept elsewhere; with a scaler, a non-finite value anywhere in g32 sets the
-        state's found flag (slot 2), which the optimizer reads to skip its update."""
-        inverse = 1.0 if scaler_state is None else 1.0 / float(scaler_state[0])
+        state's found flag, which the optimizer reads to skip its update."""
+        inverse = 1.0 if scaler_state is None else 1.0 / float(scaler_state[SCALE])
         with np.errstate(over="ignore", invalid="ignore"):
             for lo, hi in runs:
                 self.xp.multiply(g16[lo:hi], np.float32(inverse), out=g32[lo:hi])
         if scaler_state is not None and not bool(self.xp.isfinite(g32).all()):
-            scaler_state[2] = 1.0
+            scaler_state[FOUND] = 1.0
 
     def loss_scale_update(self, state: Array, settings: Any) -> None:
         """The dynamic loss scale's step (mixed_precision.LossScaler): on a flagged step the scale
         times ``backoff_factor`` and the clean count restarts; otherwise the count grows, and at
-        ``growth_interval`` the scale grows by ``growth_factor``. The flag moves to slot 3."""
-        scale, clean, found = (float(v) for v in state[:3])
+        ``growth_interval`` the scale grows by ``growth_factor``. The flag moves to the skipped slot."""
+        scale, clean, found = float(state[SCALE]), float(state[CLEAN_STEPS]), bool(state[FOUND])
         if found:
             scale, clean = scale * settings.backoff_factor, 0.0
         else:
@@ -158,7 +159,9 @@ class Backend(abc.ABC):
             if clean >= settings.growth_interval:
                 grown = np.float32(scale * settings.growth_factor)
                 scale, clean = (float(grown) if np.isfinite(grown) else scale), 0.0
-        state[:] = np.array([scale, clean, 0.0, 1.0 if found else 0.0], dtype=state.dtype)
+        values = np.zeros(len(state), dtype=state.dtype)
+        values[SCALE], values[CLEAN_STEPS], values[FOUND], values[SKIPPED] = scale, clean, 0.0, float(found)
+        state[:] = values
 
     def copy_into(self, dst: Array, src: Array) -> Array:
         """dst[...] = src for arrays of one shape and dtype (queued, not waited for, on a GPU)."""
