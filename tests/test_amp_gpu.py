@@ -285,3 +285,9 @@ def test_convnet18_trains_a_few_steps_in_bf16():
     assert set(be.generated_launches) == conv_ops and be.generated_launches == be.kernel_calls
     assert "bf16" in model.dispatch_report()
     assert model.loss_scaler is None
+    # Activations between the layers are 16-bit buffers (bfloat16 as uint16): the only casts are the
+    # input's and the logits' (the boundaries), and the weights' once a step.
+    outputs = [layer.output_buffer for layer in model.layers if hasattr(layer, "output_buffer")]
+    assert outputs and all(buffer.dtype == np.uint16 for buffer in outputs)
+    assert sorted(model._boundaries) == [0, len(model.layers)]
+    assert model._sixteen.weights.dtype == np.uint16 and model._arena.params.dtype == np.float32

@@ -349,3 +349,27 @@ def test_a_replayed_sixteen_bit_step_gives_the_eager_results(precision):
         assert replayed.loss_scaler.scale == eager.loss_scaler.scale < 2.0 ** 30
         np.testing.assert_array_equal(replayed.loss_scaler.state, eager.loss_scaler.state)
         assert replayed.optimizer.iterations == eager.optimizer.iterations < 5
+
+
+@pytest.mark.parametrize("precision", [BF16, FP16])
+def test_one_sixteen_bit_layer_in_an_fp32_model_trains(precision):
+    """Per layer: only the second convolution at 16 bits; casts before and after it, the loss
+    scaler there for fp16 alone, and the FP32 layers' parameters updated from unscaled gradients."""
+    x, y = data(32, seed=11)
+    model = Sequential([Conv2d(3, 6, 3, padding=1, activation="tanh"), AvgPool2d(2),
+                        Conv2d(6, 8, 3, activation="tanh", precision=precision), Flatten(),
+                        Dense(8 * 3 * 4, CLASSES)], input_shape=SHAPE, seed=3)
+    model.compile(Adam(lr=3e-3)).build(16)
+    assert [layer.element for layer in model.layers] == [FLOAT32, FLOAT32, precision.x, precision.x, FLOAT32]
+    assert sorted(model._boundaries) == [2, 4]
+    assert (model.loss_scaler is not None) == (precision is FP16)
+    reference = Sequential([Conv2d(3, 6, 3, padding=1, activation="tanh"), AvgPool2d(2),
+                            Conv2d(6, 8, 3, activation="tanh"), Flatten(), Dense(8 * 3 * 4, CLASSES)],
+                           input_shape=SHAPE, seed=3).build(16)
+    model.loss_and_gradients(x[:16], y[:16])
+    reference.loss_and_gradients(x[:16], y[:16])
+    for name, grad in reference.grads().items():   # unscaled: within the layer's roundings of FP32's
+        assert rel(model.grads()[name], grad) <= 6 * precision.output_rounding, name
+    losses = [model.train_step(x[i % 2 * 16:][:16], y[i % 2 * 16:][:16]).loss for i in range(30)]
+    assert losses[-1] < 0.7 * losses[0]
+    assert "precision=" in repr(model.layers[2]) and repr(precision.name) in repr(model.layers[2])
