@@ -373,3 +373,18 @@ def test_one_sixteen_bit_layer_in_an_fp32_model_trains(precision):
     losses = [model.train_step(x[i % 2 * 16:][:16], y[i % 2 * 16:][:16]).loss for i in range(30)]
     assert losses[-1] < 0.7 * losses[0]
     assert "precision=" in repr(model.layers[2]) and repr(precision.name) in repr(model.layers[2])
+
+
+def test_a_sixteen_bit_model_offers_tuning_no_fused_problem():
+    """Tuning a bf16 model (``problems(alternatives=True)``, ``autocnn tune --network``) covers the
+    kernels it runs: its layers at bf16, no fused alternative (those take float32 tensors)."""
+    from autocnn.nn.zoo import load_network
+
+    model = load_network("convnet18")
+    model.precision = "bf16"
+    problems = model.problems(16, alternatives=True)
+    assert problems and {p.op for p in problems} == {"conv_fwd", "conv_bwd_data", "conv_wgrad", "avgpool_fwd",
+                                                     "avgpool_bwd"}
+    assert all(p.precision is BF16 for p in problems)
+    model.precision = "fp32"
+    assert {"conv_pool_fwd", "conv_pool_dz"} <= {p.op for p in model.problems(16, alternatives=True)}
