@@ -236,10 +236,15 @@ def test_refusals_name_what_is_allowed():
         Sequential([Flatten(), Dense(3 * 11 * 13, 2)], input_shape=SHAPE, precision="half")
     with pytest.raises(ValueError, match="fp32, tf32, bf16, fp16 or None"):
         AvgPool2d(2, precision="fp8")
-    mixed = Sequential([Conv2d(3, 4, 3, precision="bf16"), Conv2d(4, 4, 3, precision="fp16"), Flatten(),
-                        Dense(4 * 7 * 9, 2)], input_shape=SHAPE)
     with pytest.raises(ValueError, match=r"share one 16-bit precision.*conv2d_1 bfloat16, conv2d_2 float16"):
-        mixed.build(2)
+        Sequential([Conv2d(3, 4, 3, precision="bf16"), Conv2d(4, 4, 3, precision="fp16"), Flatten(),
+                    Dense(4 * 7 * 9, 2)], input_shape=SHAPE, backend="cuda")   # refused before a GPU is asked for
+    model = Sequential([Conv2d(3, 4, 3, precision="bf16"), Conv2d(4, 4, 3), Flatten(), Dense(4 * 7 * 9, 2)],
+                       input_shape=SHAPE)
+    with pytest.raises(ValueError, match=r"share one 16-bit precision.*conv2d_1 bfloat16, conv2d_2 float16, "
+                                         r"flatten_1 float16, dense_1 float16"):
+        model.precision = "fp16"
+    assert model.precision == "fp32" and model.layers[1].precision == "fp32"   # as it was
     separable = Sequential([Conv2d(3, 4, 3, separable=1), Flatten(), Dense(4 * 9 * 11, 2)], input_shape=SHAPE,
                            precision="bf16")
     with pytest.raises(ValueError, match="separable layer runs float32 factors"):

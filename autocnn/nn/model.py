@@ -124,6 +124,11 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         self.loss_scaling = loss_scaling or LossScaling()
         if autotune is not None:
             check_autotune(autotune)   # before a backend (and a GPU) is started
+        self._name_layers()
+        # The precisions too: the model's and the layers' (bf16 and fp16 layers do not mix).
+        for layer in layers:
+            layer.use_model_precision(check_precision("Sequential", precision))
+        layer_elements(layers)
         self.backend: Backend = get_backend(backend, dtype=dtype)
         self._autotune: str | None = None
         if autotune is not None:
@@ -134,7 +139,6 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         self._init_rng = np.random.default_rng(init_seed)
         self._shuffle_rng = np.random.default_rng(shuffle_seed)
 
-        self._name_layers()
         # A layer needs dL/dx only if some layer before it has parameters to train.
         trainable_before = False
         for layer in layers:
@@ -211,9 +215,16 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
 
     @precision.setter
     def precision(self, value: str) -> None:
-        self._precision = check_precision("Sequential", value)
+        precision = check_precision("Sequential", value)
         for layer in self.layers:
-            layer.use_model_precision(self._precision)
+            layer.use_model_precision(precision)
+        try:
+            layer_elements(self.layers)   # bf16 and fp16 layers do not mix: refused here, not at the build
+        except ValueError:
+            for layer in self.layers:
+                layer.use_model_precision(getattr(self, "_precision", precision))
+            raise
+        self._precision = precision
         if self.batch_size is not None:
             self._rebuild()   # the layers' problems change: the backend must choose their kernels again
 
