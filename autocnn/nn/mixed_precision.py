@@ -1,8 +1,8 @@
 """Mixed precision in the training library, as automatic mixed precision (AMP) does it.
 
-A model whose convolutions (and pooling) run at bf16 or fp16 keeps its parameters, their
-gradients and the optimizer's state in FP32 (the master copies, in the ParameterArena) and gives
-its 16-bit kernels 16-bit tensors:
+A model whose convolutions, pooling and Dense layers run at bf16 or fp16 keeps its parameters,
+their gradients and the optimizer's state in FP32 (the master copies, in the ParameterArena) and
+gives its 16-bit kernels (and cuBLAS GemmEx) 16-bit tensors:
 
 * ``SixteenBitCopies``: a 16-bit mirror of the arena's parameters and one of its gradients. Each
   step casts the master weights into the mirror once (one pass over the arena; on a GPU one
@@ -22,8 +22,10 @@ its 16-bit kernels 16-bit tensors:
   has float32's exponent range: bf16 models have no scaler.
 
 FP32 layers (any layer set to fp32 or tf32 in a 16-bit model) see true (unscaled) gradients: the
-scale applies only inside the 16-bit layers. A model's 16-bit layers share one
-16-bit precision (bf16 or fp16, not both).
+scale applies only inside the 16-bit layers. Their weight gradients are 16-bit (as the kernels
+write them, and as autocast's are), so at fp16 a weight gradient summed over a large batch can
+overflow where an activation gradient does not: the scaler then settles lower. A model's 16-bit
+layers share one 16-bit precision (bf16 or fp16, not both).
 """
 from __future__ import annotations
 
