@@ -291,3 +291,26 @@ def test_convnet18_trains_a_few_steps_in_bf16():
     assert outputs and all(buffer.dtype == np.uint16 for buffer in outputs)
     assert sorted(model._boundaries) == [0, len(model.layers)]
     assert model._sixteen.weights.dtype == np.uint16 and model._arena.params.dtype == np.float32
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_autocnn_train_on_the_cuda_backend_in_sixteen_bits(tmp_path, capsys, name):
+    """`autocnn train --precision bf16|fp16 --backend cuda` end to end (fit, evaluation, the report)
+    on a small Fashion-MNIST-like set: every convolution, pooling and Dense row of the dispatch
+    table at the precision, the loss finite, the saved weights FP32."""
+    from autocnn.cli import main
+    from tests.test_nn_data import write_mnist_like
+
+    write_mnist_like(tmp_path / "fashion", n_train=64, n_test=32, seed=3)
+    saved = tmp_path / "weights.npz"
+    assert main(["train", "--network", "lenet5", "--data-root", str(tmp_path / "fashion"), "--epochs", "2",
+                 "--batch-size", "16", "--backend", "cuda", "--precision", name, "--seed", "0",
+                 "--save", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert f"precision {name}, mixed: FP32 master weights" in out.splitlines()[0]
+    assert "loss nan" not in out and "loss inf" not in out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("conv2d_", "avgpool2d_", "dense_"))]
+    assert rows and {row[2] for row in rows} == {name}
+    with np.load(saved) as weights:
+        params = [k for k in weights.files if k.startswith("layers/")]
+        assert params and all(weights[k].dtype == np.float32 for k in params)
