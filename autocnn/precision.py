@@ -35,9 +35,9 @@ The error bounds are set here and nowhere else (``Precision.error_bound``): veri
 (``autocnn.measurement.measure``) asks them.
 
 ``PRECISIONS`` is what problems, records and the command line's tune, bench and db accept;
-``FLOAT32_PRECISIONS`` the ones that store float32 tensors, which the training library runs and
-autocnn.torch's layers take as their float32 tensors' precision (their 16-bit tensors compute at
-bf16 and fp16).
+``FLOAT32_PRECISIONS`` the ones that store float32 tensors: autocnn.torch's layers take them as their
+float32 tensors' precision (their 16-bit tensors compute at bf16 and fp16), and the training library
+takes all four (bf16 and fp16 as mixed precision, autocnn.nn.mixed_precision).
 """
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ FP16 = Precision("fp16", FLOAT16, FLOAT16, FLOAT16, FLOAT32, TensorMath.FP16, FP
 
 PRECISIONS: tuple[Precision, ...] = (FP32, TF32, BF16, FP16)
 PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in PRECISIONS)
-# The training library's tensors are float32, and so are the tensors autocnn.torch's precision argument is for.
+# The precisions of float32 tensors: what autocnn.torch's precision argument is for.
 FLOAT32_PRECISIONS: tuple[Precision, ...] = tuple(p for p in PRECISIONS if not p.sixteen_bit)
 FLOAT32_PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in FLOAT32_PRECISIONS)
 DEFAULT_PRECISION = FP32

@@ -76,6 +76,14 @@ def test_the_training_library_kernels_compile_with_nvrtc():
     assert "warning" not in log.lower(), log
 
 
+def test_the_mixed_precision_kernels_compile_with_nvrtc():
+    from autocnn.nn import fused_sixteen_bit
+
+    rc, log = nvrtc_compile(fused_sixteen_bit.render_source())
+    assert rc == 0, log
+    assert "warning" not in log.lower(), log
+
+
 @pytest.mark.parametrize("op", sorted(OPERATIONS))
 def test_default_kernels_compile_with_nvrtc(op):
     # The training library loads its tuned kernels through NVRTC: the default config of a seed

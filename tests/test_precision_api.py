@@ -296,12 +296,11 @@ def test_dispatch_report_shows_each_kernels_precision():
 def test_bad_precisions_name_what_is_allowed():
     from autocnn.nn import Conv2d
 
-    with pytest.raises(ValueError, match=r"Sequential: precision must be one of fp32, tf32, got 'fp16' \(the training "
-                                         r"library's tensors are float32\)"):
-        _net("fp16")
-    with pytest.raises(ValueError, match=r"Conv2d: precision must be one of fp32, tf32 or None \(the model's\), "
-                                         r"got 'bf16'"):
-        Conv2d(1, 2, 3, precision="bf16")
+    with pytest.raises(ValueError, match=r"Sequential: precision must be one of fp32, tf32, bf16, fp16, got 'fp8'"):
+        _net("fp8")
+    with pytest.raises(ValueError, match=r"Conv2d: precision must be one of fp32, tf32, bf16, fp16 or None "
+                                         r"\(the model's\), got 'int8'"):
+        Conv2d(1, 2, 3, precision="int8")
     with pytest.raises(ValueError, match="got 32"):
         Conv2d(1, 2, 3, precision=32)
     model = _net().build(4)
@@ -362,8 +361,8 @@ def test_cli_train_takes_precision(fashion_root, capsys):
                  "--batch-size", "16", "--backend", "numpy", "--json", "--seed", "0"]) == 0
     assert json.loads(capsys.readouterr().out)["precision"] == "fp32"
     with pytest.raises(SystemExit):
-        main(["train", "--network", "lenet5", "--precision", "fp16"])
-    assert "invalid choice: 'fp16'" in capsys.readouterr().err
+        main(["train", "--network", "lenet5", "--precision", "fp8"])
+    assert "invalid choice: 'fp8'" in capsys.readouterr().err
 
 
 # -- on a GPU --------------------------------------------------------------------------------------
@@ -422,6 +421,6 @@ def test_a_json_network_sets_a_layers_precision():
     model = network_from_dict({"input_shape": [1, 8, 8], "layers": layers})
     precisions = {(p.op, p.C): p.precision for p in model.problems(2) if hasattr(p, "precision")}
     assert precisions[("conv_fwd", 1)] == "tf32" and precisions[("conv_fwd", 2)] == "fp32"
-    layers[0]["precision"] = "fp16"
-    with pytest.raises(ValueError, match=r"layers\[0\] \(conv2d\).*precision must be one of fp32, tf32"):
+    layers[0]["precision"] = "fp8"
+    with pytest.raises(ValueError, match=r"layers\[0\] \(conv2d\).*precision must be one of fp32, tf32, bf16, fp16"):
         network_from_dict({"input_shape": [1, 8, 8], "layers": layers})

@@ -12,7 +12,7 @@ from autocnn.cli.checks import say, train_preflight
 from autocnn.cli.problems import WORKSPACE_HELP, zoo_text
 from autocnn.device import set_workspace_limit
 from autocnn.dispatch.quick import AUTOTUNE_MODES
-from autocnn.precision import DEFAULT_PRECISION, FLOAT32_PRECISION_NAMES
+from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES
 
 
 def add_parser(sub: Any) -> None:
@@ -31,10 +31,12 @@ def add_parser(sub: Any) -> None:
                     help="learning-rate schedule over the epochs (default cosine; RPROP ignores it)")
     tr.add_argument("--no-standardize", action="store_true",
                     help="keep pixel values in [0, 1] instead of zero mean and unit variance")
-    tr.add_argument("--precision", choices=FLOAT32_PRECISION_NAMES, default=DEFAULT_PRECISION.name,
-                    help="the convolutions' precision on the cuda backend: fp32 (default, FP32-accurate) or "
-                         "tf32 (tensor cores round operands to TF32). The numpy backend computes in float32 "
-                         "either way. The dispatch table shows each layer's")
+    tr.add_argument("--precision", choices=PRECISION_NAMES, default=DEFAULT_PRECISION.name,
+                    help="the convolutions' precision on the cuda backend: fp32 (default, FP32-accurate), "
+                         "tf32 (tensor cores round operands to TF32), or mixed precision bf16 or fp16 "
+                         "(convolutions and pooling on 16-bit tensors, FP32 master weights, optimizer and loss; "
+                         "fp16 with dynamic loss scaling). The numpy backend computes fp32 and tf32 in float32 "
+                         "and emulates bf16 and fp16 roundings. The dispatch table shows each layer's")
     tr.add_argument("--autotune", choices=AUTOTUNE_MODES, default=None,
                     help="on the cuda backend, for kernel problems that no tuning record covers: quick "
                          "(measure a handful of candidates, about 2 s each, and keep the fastest as a quick "

@@ -27,6 +27,7 @@ from autocnn.nn.data import (  # noqa: F401
 from autocnn.nn.fitting import History  # noqa: F401
 from autocnn.nn.layers import Activation, AvgPool2d, Conv2d, Dense, Flatten, Layer  # noqa: F401
 from autocnn.nn.losses import SoftmaxCrossEntropy, accuracy, softmax  # noqa: F401
+from autocnn.nn.mixed_precision import LossScaler, LossScaling  # noqa: F401
 from autocnn.nn.model import Sequential  # noqa: F401
 from autocnn.nn.numpy_backend import NumpyBackend  # noqa: F401
 from autocnn.nn.optim import RPROP, SGD, Adam, Optimizer, get_optimizer  # noqa: F401
@@ -41,7 +42,7 @@ __all__ = [
     "read_idx", "resize", "to_channels",
     "Activation", "AvgPool2d", "Conv2d", "Dense", "Flatten", "Layer",
     "SoftmaxCrossEntropy", "accuracy", "softmax",
-    "History", "Sequential", "StepResult",
+    "History", "Sequential", "StepResult", "LossScaler", "LossScaling",
     "RPROP", "SGD", "Adam", "Optimizer", "get_optimizer",
     "TrainingReport", "load_dataset", "train",
     "NETWORKS", "build_network", "input_shape", "load_network", "network_from_json",

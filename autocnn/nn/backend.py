@@ -40,6 +40,8 @@ from autocnn.kernels.problem import (
     ConvWgradProblem,
 )
 from autocnn.nn import activations
+from autocnn.nn.mixed_precision import CLEAN_STEPS, FOUND, SCALE, SKIPPED, ScaleUse
+from autocnn.precision import FLOAT32, ElementType, precision_of
 
 Array = Any  # numpy.ndarray or cupy.ndarray
 KernelProblem = Any  # one of the five frozen problem dataclasses of autocnn.kernels.problem
@@ -103,6 +105,64 @@ class Backend(abc.ABC):
     def synchronize(self) -> None:
         """Wait for queued work (a no-op on the CPU); called before timing an epoch."""
 
+    # -- element types (mixed precision: autocnn.nn.mixed_precision) -----------------------------
+    def storage_dtype(self, element: ElementType) -> np.dtype:
+        """The dtype of this backend's arrays that hold ``element``'s values. Here (the CPU) every
+        type is emulated in the backend's dtype: a 16-bit tensor is an array of its values, which
+        ``round_to`` keeps on the 16-bit grid after every operation that writes one."""
+        return self.dtype
+
+    def round_to(self, element: ElementType, a: Array) -> Array:
+        """Round ``a``'s values to ``element`` in place, to nearest even (a float16 beyond 65504
+        becomes +-Inf), as a GPU kernel storing a 16-bit output does; nothing for float32. A backend
+        whose arrays store the 16-bit types themselves has nothing to do."""
+        if element.size == 2:
+            from autocnn.measurement import element_arrays
+
+            a[...] = element_arrays.values(element_arrays.rounded(a, element, self.xp), element, self.xp)
+        return a
+
+    def cast(self, src: Array, src_element: ElementType, dst: Array, dst_element: ElementType,
+             scaler_state: Array | None, use: Any) -> Array:
+        """dst = src, from one element type into another (FP32 to 16-bit or back), multiplied by the
+        loss scale (``use`` SCALE_UP), divided by it (SCALE_DOWN) or kept (KEEP); ``scaler_state``
+        None: no scaler, a scale of 1."""
+        factor = 1.0
+        if scaler_state is not None and use is not ScaleUse.KEEP:
+            scale = float(scaler_state[SCALE])
+            factor = scale if use is ScaleUse.SCALE_UP else 1.0 / scale
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.xp.multiply(src.reshape(dst.shape), np.float32(factor), out=dst)
+        return self.round_to(dst_element, dst)
+
+    def gradients_to_fp32(self, g32: Array, g16: Array, element: ElementType, runs: Sequence[tuple[int, int]],
+                           scaler_state: Array | None) -> None:
+        """g32 = g16 / scale inside ``runs`` ([lo, hi) element ranges: the 16-bit layers'
+        parameters), g32 kept elsewhere; with a scaler, a non-finite value anywhere in g32 sets the
+        state's found flag, which the optimizer reads to skip its update."""
+        inverse = 1.0 if scaler_state is None else 1.0 / float(scaler_state[SCALE])
+        with np.errstate(over="ignore", invalid="ignore"):
+            for lo, hi in runs:
+                self.xp.multiply(g16[lo:hi], np.float32(inverse), out=g32[lo:hi])
+        if scaler_state is not None and not bool(self.xp.isfinite(g32).all()):
+            scaler_state[FOUND] = 1.0
+
+    def loss_scale_update(self, state: Array, settings: Any) -> None:
+        """The dynamic loss scale's step (mixed_precision.LossScaler): on a flagged step the scale
+        times ``backoff_factor`` and the clean count restarts; otherwise the count grows, and at
+        ``growth_interval`` the scale grows by ``growth_factor``. The flag moves to the skipped slot."""
+        scale, clean, found = float(state[SCALE]), float(state[CLEAN_STEPS]), bool(state[FOUND])
+        if found:
+            scale, clean = scale * settings.backoff_factor, 0.0
+        else:
+            clean += 1
+            if clean >= settings.growth_interval:
+                grown = np.float32(scale * settings.growth_factor)
+                scale, clean = (float(grown) if np.isfinite(grown) else scale), 0.0
+        values = np.zeros(len(state), dtype=state.dtype)
+        values[SCALE], values[CLEAN_STEPS], values[FOUND], values[SKIPPED] = scale, clean, 0.0, float(found)
+        state[:] = values
+
     def copy_into(self, dst: Array, src: Array) -> Array:
         """dst[...] = src for arrays of one shape and dtype (queued, not waited for, on a GPU)."""
         self.xp.copyto(dst, src)
@@ -162,6 +222,7 @@ class Backend(abc.ABC):
         self._expect_bias(problem, bias)
         self.kernel_calls[problem.op] += 1
         self._conv_fwd(problem, x, w, bias if problem.bias else None, out)
+        self._stored(problem, out)
         return out
 
     def conv_bwd_data(self, problem: ConvBwdDataProblem, dy: Array, w: Array, out: Array) -> Array:
@@ -171,6 +232,7 @@ class Backend(abc.ABC):
         self._expect(problem, "out", out, problem.x_shape)
         self.kernel_calls[problem.op] += 1
         self._conv_bwd_data(problem, dy, w, out)
+        self._stored(problem, out)
         return out
 
     def conv_wgrad(self, problem: ConvWgradProblem, x: Array, dy: Array, dw_out: Array,
@@ -181,6 +243,7 @@ class Backend(abc.ABC):
         self._expect_weight_gradients(problem, dw_out, db_out)
         self.kernel_calls[problem.op] += 1
         self._conv_wgrad(problem, x, dy, dw_out, db_out)
+        self._stored(problem, dw_out, db_out)
         return dw_out
 
     def conv_bwd_fused(self, problem: Any, x: Array, dy: Array, w: Array, dx_out: Array, dw_out: Array,
@@ -194,6 +257,7 @@ class Backend(abc.ABC):
         self._expect_weight_gradients(problem, dw_out, db_out)
         self.kernel_calls[problem.op] += 1
         self._conv_bwd_fused(problem, x, dy, w, dx_out, dw_out, db_out)
+        self._stored(problem, dx_out, dw_out, db_out)
         return dx_out
 
     def _expect_bias(self, problem: Any, bias: Array | None) -> None:
@@ -240,6 +304,7 @@ class Backend(abc.ABC):
         self._expect_bias(problem, bias)
         self.kernel_calls[problem.op] += 1
         self._conv_pool_fwd(problem, x, w, bias if problem.bias else None, y_out, a_out)
+        self._stored(problem, y_out, a_out)
         return y_out
 
     def conv_pool_dz(self, problem: Any, dy: Array, a: Array, dz_out: Array) -> Array:
@@ -250,6 +315,7 @@ class Backend(abc.ABC):
         self._expect(problem, "dz_out", dz_out, problem.x_shape)
         self.kernel_calls[problem.op] += 1
         self._conv_pool_dz(problem, dy, a, dz_out)
+        self._stored(problem, dz_out)
         return dz_out
 
     def _conv_pool_fwd(self, problem: Any, x: Array, w: Array, bias: Array | None, y_out: Array, a_out: Array) -> None:
@@ -268,6 +334,7 @@ class Backend(abc.ABC):
         self._expect(problem, "out", out, problem.y_shape)
         self.kernel_calls[problem.op] += 1
         self._avgpool_fwd(problem, x, out)
+        self._stored(problem, out)
         return out
 
     def avgpool_bwd(self, problem: AvgPoolBwdProblem, dy: Array, out: Array) -> Array:
@@ -275,6 +342,7 @@ class Backend(abc.ABC):
         self._expect(problem, "out", out, problem.x_shape)
         self.kernel_calls[problem.op] += 1
         self._avgpool_bwd(problem, dy, out)
+        self._stored(problem, out)
         return out
 
     @abc.abstractmethod
@@ -293,14 +361,22 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def _avgpool_bwd(self, problem: AvgPoolBwdProblem, dy: Array, out: Array) -> None: ...
 
+    def _stored(self, problem: KernelProblem, *outputs: Array | None) -> None:
+        # What a kernel of the problem's precision stores: its outputs on the 16-bit grid (round_to).
+        element = precision_of(problem).x
+        for out in outputs:
+            if out is not None:
+                self.round_to(element, out)
+
     def _expect(self, problem: KernelProblem, what: str, array: Array, shape: tuple[int, ...]) -> None:
         # Cheap checks that turn a wiring mistake into a message instead of a wrong result or a crash.
         if tuple(array.shape) != tuple(shape):
             raise ValueError(f"{problem.op} ({problem.shape_string()}): {what} has shape "
                              f"{tuple(array.shape)}, expected {tuple(shape)}")
-        if array.dtype != self.dtype:
-            raise TypeError(f"{problem.op}: {what} has dtype {array.dtype}, the {self.name} backend "
-                            f"runs in {self.dtype.name}")
+        expected = self.storage_dtype(precision_of(problem).x)
+        if array.dtype != expected:
+            raise TypeError(f"{problem.op}: {what} has dtype {array.dtype}; at precision {precision_of(problem).name} "
+                            f"the {self.name} backend holds it in {np.dtype(expected).name}")
 
     # -- dense layers and element-wise work (generic over xp) ----------------------------------
     def matmul(self, a: Array, b: Array, out: Array | None = None) -> Array:
@@ -319,9 +395,12 @@ class Backend(abc.ABC):
             self.activation(name, y, out=y)
         return y
 
-    def dense_dispatch(self, in_features: int, out_features: int, head: bool) -> tuple[str, str]:
-        """(source, detail) of what runs a Dense layer; ``head``: the last layer, run with the loss."""
-        return "matmul", f"{self.xp.__name__}.matmul" + (" (then the loss, separately)" if head else "")
+    def dense_dispatch(self, in_features: int, out_features: int, head: bool,
+                       element: ElementType = FLOAT32) -> tuple[str, str]:
+        """(source, detail) of what runs a Dense layer; ``head``: the last layer, run with the loss;
+        ``element``: what its tensors are stored in (a 16-bit layer's emulated here)."""
+        emulated = f" on {element.name} values (emulated)" if element != FLOAT32 else ""
+        return "matmul", f"{self.xp.__name__}.matmul{emulated}" + (" (then the loss, separately)" if head else "")
 
     def dense_loss_step(self, x: Array, w: Array, bias: Array | None, labels: Array, weights: Array, *,
                         logits: Array, dlogits: Array, db: Array | None, dx: Array | None, loss_out: Array,
@@ -341,15 +420,24 @@ class Backend(abc.ABC):
         if dx is not None:
             self.matmul(dlogits, w.T, out=dx)
 
-    def activation_grad_bias(self, name: str, y: Array, dy: Array, out: Array | None, db_out: Array) -> Array:
+    def bias_activation_into(self, z: Array, bias: Array | None, y: Array, name: str, element: ElementType) -> Array:
+        """y = act(z + bias), the bias broadcast along the last axis, stored as ``element`` (rounded
+        once): a 16-bit Dense layer's epilogue after its GEMM's FP32 result ``z``."""
+        self.xp.copyto(y, z)
+        self.bias_activation(y, bias, name)
+        return self.round_to(element, y)
+
+    def activation_grad_bias(self, name: str, y: Array, dy: Array, out: Array | None, db_out: Array,
+                             element: ElementType = FLOAT32) -> Array:
         """A Dense layer's backward epilogue: dL/dz through the activation (into ``out``; with no
-        activation ``out`` may be None and dz is dy) and its sum over the batch into ``db_out``.
-        Returns dz."""
+        activation ``out`` may be None and dz is dy) and its sum over the batch into ``db_out``,
+        each stored as ``element`` (a 16-bit layer's: rounded once). Returns dz."""
         if name == "none":
             dz = dy
         else:
-            dz = activation_grad(self, name, y, dy, out=out)
+            dz = self.round_to(element, activation_grad(self, name, y, dy, out=out))
         self.xp.sum(dz, axis=0, out=db_out)
+        self.round_to(element, db_out)
         return dz
 
     def activation_grad(self, name: str, y: Array, dy: Array, out: Array) -> Array:

@@ -27,11 +27,17 @@ class Conv2d(WeightedLayer):
 
     ``precision``: what this layer's three convolutions (forward, backward-data, weight gradient)
     must be as accurate as on a GPU. None (the default) takes the model's (``Sequential(...,
-    precision=)``, itself "fp32" unless told otherwise); "fp32" or "tf32" overrides it for this
-    layer only. "fp32" is FP32-accurate whatever kernel runs; "tf32" lets tensor cores round the
-    operands to TF32 (faster, with a looser bound). The layer's kernel problems carry the
-    effective precision (``precision``), so tuning, lookups and dispatch use the records of it.
-    The numpy backend ignores it: it computes in the model's dtype (float32 or float64) either way.
+    precision=)``, itself "fp32" unless told otherwise); "fp32", "tf32", "bf16" or "fp16"
+    overrides it for this layer only. "fp32" is FP32-accurate whatever kernel runs; "tf32" lets
+    tensor cores round the operands to TF32 (faster, with a looser bound). "bf16" and "fp16" are
+    mixed precision (autocnn.nn.mixed_precision): the layer's input, output and their gradients
+    are 16-bit tensors, its kernels read 16-bit copies of the FP32 master weights and sum in FP32,
+    and its weight gradients reach the FP32 gradients before the optimizer. The layer's kernel
+    problems carry the effective precision (``precision``), so tuning, lookups and dispatch use
+    the records of it. The numpy backend computes fp32 and tf32 in the model's dtype (float32 or
+    float64) either way, and emulates bf16 and fp16: every tensor such a layer writes is rounded
+    to the 16-bit type, as the GPU stores it. A 16-bit layer is not separable (the factors are
+    float32) and runs no fused kernel.
 
     ``separable``: replace each filter W[k, c] by a rank-r approximation W_eff = sum_j u_j v_j^T
     (autocnn.separable.setting lists the values: None takes the model's, ``Sequential(...,
@@ -114,6 +120,10 @@ class Conv2d(WeightedLayer):
 
     def use_model_precision(self, precision: str) -> None:
         self._model_precision = precision
+
+    def takes_element(self, arriving):
+        # Its kernels' storage: float32 at fp32 and tf32, 16 bits at bf16 and fp16.
+        return self.precision.x
 
     # -- separable filters ------------------------------------------------------------------------
     @property
@@ -234,6 +244,10 @@ class Conv2d(WeightedLayer):
 
     def make_problems(self, input_shape: Shape, batch_size: int) -> list[KernelProblem]:
         fwd = self._fwd_problem(input_shape, batch_size)
+        if self.separable.enabled and fwd.precision.sixteen_bit:
+            raise ValueError(f"{self.describe()}: a separable layer runs float32 factors; precision "
+                             f"{fwd.precision.name} needs a 2D layer (separable=False), or give the layer "
+                             f"precision='fp32' or 'tf32'")
         if self.separable.enabled:
             rank = self.separable_rank
             if rank is None:
@@ -250,7 +264,7 @@ class Conv2d(WeightedLayer):
         """The one-pass backward (conv_bwd_fused: dX, dW and db from one read of dY, Scherer et al.)
         of a 2D layer that needs its input gradient: tuned beside the layer's own problems, and run
         instead of conv_bwd_data + conv_wgrad where the backend finds it tuned faster."""
-        if self.separable.enabled or not self.needs_input_grad:
+        if self.separable.enabled or not self.needs_input_grad or self.precision.sixteen_bit:
             return []
         from autocnn.kernels.conv_bwd_fused import ConvBwdFusedProblem
 
@@ -291,10 +305,10 @@ class Conv2d(WeightedLayer):
 
     def _allocate(self, backend: Backend, batch_size: int) -> None:
         assert self.output_shape is not None and self.input_shape is not None
-        self._y = backend.zeros((batch_size, *self.output_shape))
+        self._y = self._zeros(backend, (batch_size, *self.output_shape))
         # dL/dz (before the activation) needs its own buffer unless the activation is the identity.
-        self._dz = backend.zeros(self._y.shape) if self.activation != "none" else None
-        self._dx = backend.zeros((batch_size, *self.input_shape)) if self.needs_input_grad else None
+        self._dz = self._zeros(backend, self._y.shape) if self.activation != "none" else None
+        self._dx = self._zeros(backend, (batch_size, *self.input_shape)) if self.needs_input_grad else None
         self._x = None
         rank = self.separable_rank
         old = self._separable
@@ -321,10 +335,10 @@ class Conv2d(WeightedLayer):
             # The pooled output goes straight to the pooling layer's buffer; a (kept here) is what
             # the pooling layer then takes as its input and the backward reads.
             problem, pool = self._pool_forward
-            backend.conv_pool_fwd(problem, x, self._params["weight"], self._params.get("bias"), pool.output_buffer,
-                                  self._y)
+            backend.conv_pool_fwd(problem, x, self._kernel_param("weight"), self._kernel_param("bias"),
+                                  pool.output_buffer, self._y)
             return self._y
-        backend.conv_fwd(self.forward_problem, x, self._params["weight"], self._params.get("bias"), self._y)
+        backend.conv_fwd(self.forward_problem, x, self._kernel_param("weight"), self._kernel_param("bias"), self._y)
         return self._y
 
     @property
@@ -365,12 +379,12 @@ class Conv2d(WeightedLayer):
             return self._dx
         if self._fused_backward is not None:
             # One kernel writes dX (on the critical path) and dW: it runs on the main stream.
-            backend.conv_bwd_fused(self._fused_backward, self._x, dz, self._params["weight"], self._dx,
-                                   self._grads["weight"], self._grads.get("bias"))
+            backend.conv_bwd_fused(self._fused_backward, self._x, dz, self._kernel_param("weight"), self._dx,
+                                   self._kernel_grad("weight"), self._kernel_grad("bias"))
             return self._dx
         with backend.parameter_gradients():
-            backend.conv_wgrad(self.wgrad_problem, self._x, dz, self._grads["weight"], self._grads.get("bias"))
+            backend.conv_wgrad(self.wgrad_problem, self._x, dz, self._kernel_grad("weight"), self._kernel_grad("bias"))
         if not self.needs_input_grad:
             return None
-        backend.conv_bwd_data(self.backward_data_problem, dz, self._params["weight"], self._dx)
+        backend.conv_bwd_data(self.backward_data_problem, dz, self._kernel_param("weight"), self._dx)
         return self._dx

@@ -24,6 +24,7 @@ from autocnn.dispatch.quick import autotune_mode
 from autocnn.errors import DeviceError
 from autocnn.nn import fused
 from autocnn.nn.backend import Backend, CapturedStep
+from autocnn.precision import BFLOAT16, FLOAT16, FLOAT32, ElementType
 
 
 class CudaGraphStep(CapturedStep):
@@ -74,7 +75,7 @@ class CudaBackend(Backend):
         self.db = database
         self.kernels = GpuKernels(cp, device_id, self.device, database, autotune)
         self._graph_pool: Any = None
-        self._sgemm: Any = None  # autocnn.nn.cublas.Sgemm once made; False when cuBLAS cannot be loaded
+        self._gemm: Any = None  # autocnn.nn.cublas.Gemm once made; False when cuBLAS cannot be loaded
         # The stream weight gradients run on beside the backward pass, and the events to join.
         self._side_stream: Any = None
         self._side_done: list[Any] = []
@@ -82,6 +83,7 @@ class CudaBackend(Backend):
         self._zeroed: tuple[int, int, Any] | None = None
         self._head_scratch: Any = None   # the fused classifier head's self-zeroing accumulators
         self._capture_stream: Any = None
+        self._runs: dict[tuple[tuple[int, int], ...], Any] = {}   # gradient runs -> their int64 device copy
 
     # -- memory ----------------------------------------------------------------------------------
     def to_numpy(self, a: Any) -> np.ndarray:
@@ -93,6 +95,43 @@ class CudaBackend(Backend):
 
     def synchronize(self) -> None:
         self.cp.cuda.get_current_stream().synchronize()
+
+    # -- element types: 16-bit tensors stored as such (mixed precision) --------------------------
+    def storage_dtype(self, element: ElementType) -> np.dtype:
+        """float32, float16, and bfloat16 as the uint16 bit patterns of its values (CuPy has no
+        bfloat16), as autocnn.measurement.element_arrays holds them."""
+        from autocnn.measurement.element_arrays import storage_dtype
+
+        return np.dtype(storage_dtype(element))
+
+    def round_to(self, element: ElementType, a: Any) -> Any:
+        # The arrays store the element type itself: the kernel that wrote them rounded already.
+        return a
+
+    def _element(self, a: Any) -> ElementType:
+        """The element type a device array of this backend stores."""
+        return {np.dtype(np.float16): FLOAT16, np.dtype(np.uint16): BFLOAT16}.get(np.dtype(a.dtype), FLOAT32)
+
+    def cast(self, src: Any, src_element: ElementType, dst: Any, dst_element: ElementType, scaler_state: Any,
+             use: Any) -> Any:
+        from autocnn.nn import fused_sixteen_bit
+
+        return fused_sixteen_bit.cast(src, src_element, dst, dst_element, scaler_state, use)
+
+    def gradients_to_fp32(self, g32: Any, g16: Any, element: ElementType, runs: Any, scaler_state: Any) -> None:
+        from autocnn.nn import fused_sixteen_bit
+
+        device_runs = self._runs.get(tuple(runs))
+        if device_runs is None:   # made by the first (eager) step, before any capture
+            flat = np.array([v for run in runs for v in run] or [0, 0], dtype=np.int64)
+            device_runs = self._runs[tuple(runs)] = self.cp.asarray(flat)
+        fused_sixteen_bit.gradients_to_fp32(g32, g16, element, device_runs, len(runs), scaler_state)
+
+    def loss_scale_update(self, state: Any, settings: Any) -> None:
+        from autocnn.nn import fused_sixteen_bit
+
+        fused_sixteen_bit.loss_scale_update(state, settings.growth_factor, settings.backoff_factor,
+                                            settings.growth_interval)
 
     def copy_into(self, dst: Any, src: Any) -> Any:
         # One asynchronous device-to-device copy: cheaper to issue than an element-wise kernel.
@@ -169,8 +208,8 @@ class CudaBackend(Backend):
             self._graph_pool = cp.cuda.MemoryPool()
             self._capture_stream = cp.cuda.Stream(non_blocking=True)
         stream = self._capture_stream
-        if self._sgemm:
-            self._sgemm.prepare(stream.ptr)
+        if self._gemm:
+            self._gemm.prepare(stream.ptr)
         # Plans with library steps (cuBLAS, cuFFT) make their handles and FFT plans now: inside a
         # capture they cannot. The weight gradients' side stream is captured too.
         if self._side_stream is None:
@@ -205,27 +244,37 @@ class CudaBackend(Backend):
 
     # -- dense layers ----------------------------------------------------------------------------
     def matmul(self, a: Any, b: Any, out: Any = None) -> Any:
-        """a @ b by cuBLAS SGEMM: through a handle of our own when writing into ``out`` (so a
-        captured training step can hold it), through CuPy otherwise."""
-        if out is None or a.dtype != np.float32 or a.ndim != 2 or b.ndim != 2:
+        """a @ b by cuBLAS: SGEMM for float32, GemmEx (FP32 compute) for 16-bit operands, through a
+        handle of our own when writing into ``out`` (so a captured training step can hold it),
+        through CuPy otherwise (float32 only: CuPy would multiply bfloat16's bit patterns)."""
+        sixteen = self._element(a) != FLOAT32
+        if sixteen and (out is None or a.ndim != 2 or b.ndim != 2):
+            raise ValueError("matmul of 16-bit arrays runs through cuBLAS GemmEx: 2-D operands into an out= array")
+        if out is None or (a.dtype != np.float32 and not sixteen) or a.ndim != 2 or b.ndim != 2:
             return super().matmul(a, b, out=out)
-        if self._sgemm is None:
-            from autocnn.nn.cublas import CublasUnavailableError, Sgemm
+        if self._gemm is None:
+            from autocnn.nn.cublas import CublasUnavailableError, Gemm
 
             try:
-                self._sgemm = Sgemm(self.cp)
+                self._gemm = Gemm(self.cp)
             except (CublasUnavailableError, OSError, RuntimeError) as exc:
                 warnings.warn(f"{exc}; dense layers use CuPy's matmul, which a CUDA graph cannot capture",
                               RuntimeWarning, stacklevel=2)
-                self._sgemm = False
-        if self._sgemm is False:
+                self._gemm = False
+        if self._gemm is False:
+            if sixteen:
+                raise RuntimeError("16-bit Dense layers need cuBLAS GemmEx, and cuBLAS could not be loaded")
             return super().matmul(a, b, out=out)
-        return self._sgemm(a, b, out)
+        return self._gemm(a, b, out)
 
     # -- element-wise work, fused ----------------------------------------------------------------
     def activation(self, name: str, z: Any, out: Any) -> Any:
         if name == "none":
             return super().activation(name, z, out)
+        if self._element(z) != FLOAT32:
+            from autocnn.nn import fused_sixteen_bit
+
+            return fused_sixteen_bit.activation(self._element(z), name, z, out)
         return fused.activation(name, z, out)
 
     def bias_activation(self, y: Any, bias: Any, name: str) -> Any:
@@ -233,9 +282,13 @@ class CudaBackend(Backend):
             return self.activation(name, y, out=y)
         return fused.bias_activation(y, bias, name)
 
-    def dense_dispatch(self, in_features: int, out_features: int, head: bool) -> tuple[str, str]:
+    def dense_dispatch(self, in_features: int, out_features: int, head: bool,
+                       element: ElementType = FLOAT32) -> tuple[str, str]:
+        if element != FLOAT32:
+            return "cuBLAS", (f"cuBLAS GemmEx ({element.name} operands, FP32 compute; a handle per stream, "
+                              f"graph-capturable), epilogues nn_bias_activation_to / nn_activation_grad_colsum")
         gemm = "cuBLAS SGEMM (a handle per stream, graph-capturable)"
-        if self._sgemm is False:
+        if self._gemm is False:
             gemm = "CuPy matmul (cuBLAS could not be loaded: no CUDA graphs)"
         if head and fused.head_fits(in_features, out_features):
             return "fused head", f"nn_dense_softmax_xent (logits, loss, dlogits, db, dx); weight gradient by {gemm}"
@@ -253,7 +306,19 @@ class CudaBackend(Backend):
         fused.dense_softmax_xent(x, w, bias, labels, weights, dlogits, db, dx, loss_out, acc_out,
                                  self._head_scratch)
 
-    def activation_grad_bias(self, name: str, y: Any, dy: Any, out: Any, db_out: Any) -> Any:
+    def bias_activation_into(self, z: Any, bias: Any, y: Any, name: str, element: ElementType) -> Any:
+        if element == FLOAT32:
+            return super().bias_activation_into(z, bias, y, name, element)
+        from autocnn.nn import fused_sixteen_bit
+
+        return fused_sixteen_bit.bias_activation_to(element, z, bias, y, name)
+
+    def activation_grad_bias(self, name: str, y: Any, dy: Any, out: Any, db_out: Any,
+                             element: ElementType = FLOAT32) -> Any:
+        if element != FLOAT32:
+            from autocnn.nn import fused_sixteen_bit
+
+            return fused_sixteen_bit.activation_grad_colsum(element, name, y, dy, out, db_out)
         if dy.ndim != 2:
             return super().activation_grad_bias(name, y, dy, out, db_out)
         return fused.activation_grad_colsum(name, y, dy, out, db_out)
@@ -261,6 +326,10 @@ class CudaBackend(Backend):
     def activation_grad(self, name: str, y: Any, dy: Any, out: Any) -> Any:
         if name == "none":
             return super().activation_grad(name, y, dy, out)
+        if self._element(y) != FLOAT32:
+            from autocnn.nn import fused_sixteen_bit
+
+            return fused_sixteen_bit.activation_grad(self._element(y), name, y, dy, out)
         return fused.activation_grad(name, y, dy, out)
 
     # -- kernels ---------------------------------------------------------------------------------

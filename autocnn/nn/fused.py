@@ -179,14 +179,16 @@ def softmax_xent(logits: Any, labels: Any, weights: Any, grad_out: Any, loss_out
 # The optimizer kernels share a step counter (int64 [step, finished blocks]): the first update of
 # a step passes first=True and advances it, the others of the same step read the new value.
 
-def adam(p: Any, g: Any, m: Any, v: Any, hyper: Any, counter: Any, first: bool = True) -> None:
-    """One Adam update; hyper = [lr, beta1, beta2, eps, weight_decay] (float64)."""
+def adam(p: Any, g: Any, m: Any, v: Any, hyper: Any, counter: Any, first: bool = True, skip: Any = None) -> None:
+    """One Adam update; hyper = [lr, beta1, beta2, eps, weight_decay] (float64). ``skip``: a float32
+    flag on the device (the loss scaler's), nonzero to leave everything as it is."""
     _contiguous("adam", p, g, m, v)
     n = int(p.size)
-    _kernel("nn_adam")(_grid(n, OPT_ITEMS), (THREADS,), (p, g, m, v, hyper, counter, np.int32(first), np.int64(n)))
+    _kernel("nn_adam")(_grid(n, OPT_ITEMS), (THREADS,), (p, g, m, v, hyper, counter, np.int32(first), np.int64(n),
+                                                         _or_null(skip)))
 
 
-def sgd(p: Any, g: Any, velocity: Any, hyper: Any, counter: Any, first: bool = True) -> None:
+def sgd(p: Any, g: Any, velocity: Any, hyper: Any, counter: Any, first: bool = True, skip: Any = None) -> None:
     """One SGD update; hyper = [lr, momentum, weight_decay, nesterov].
 
     velocity has p's size even without momentum: the kernel reads it always (writes it only with
@@ -196,12 +198,13 @@ def sgd(p: Any, g: Any, velocity: Any, hyper: Any, counter: Any, first: bool = T
     n = int(p.size)
     if int(velocity.size) != n:
         raise ValueError(f"sgd: velocity has {velocity.size} elements, the parameters {n}")
-    _kernel("nn_sgd")(_grid(n, OPT_ITEMS), (THREADS,), (p, g, velocity, hyper, counter, np.int32(first), np.int64(n)))
+    _kernel("nn_sgd")(_grid(n, OPT_ITEMS), (THREADS,), (p, g, velocity, hyper, counter, np.int32(first), np.int64(n),
+                                                        _or_null(skip)))
 
 
-def rprop(p: Any, g: Any, step: Any, prev: Any, hyper: Any, counter: Any, first: bool = True) -> None:
+def rprop(p: Any, g: Any, step: Any, prev: Any, hyper: Any, counter: Any, first: bool = True, skip: Any = None) -> None:
     """One iRprop- update; hyper = [eta_plus, eta_minus, step_min, step_max]."""
     _contiguous("rprop", p, g, step, prev)
     n = int(p.size)
     _kernel("nn_rprop")(_grid(n, OPT_ITEMS), (THREADS,),
-                        (p, g, step, prev, hyper, counter, np.int32(first), np.int64(n)))
+                        (p, g, step, prev, hyper, counter, np.int32(first), np.int64(n), _or_null(skip)))

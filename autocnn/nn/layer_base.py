@@ -24,7 +24,7 @@ import numpy as np
 
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import ACTIVATIONS
-from autocnn.precision import FLOAT32_PRECISION_NAMES, FLOAT32_PRECISIONS, Precision, precision_named
+from autocnn.precision import FLOAT32, PRECISION_NAMES, PRECISIONS, ElementType, Precision, precision_named
 from autocnn.nn.backend import Array, Backend, KernelProblem, activation_grad
 
 Shape = tuple[int, ...]
@@ -67,16 +67,15 @@ def check_activation(owner: str, name: Any) -> str:
 
 
 def check_precision(owner: str, value: Any, inherit: bool = False) -> Precision | None:
-    """The Precision a name ("fp32" or "tf32", any case) or a Precision of float32 tensors stands for; with
-    ``inherit``, None (take the model's) is allowed too."""
+    """The Precision a name ("fp32", "tf32", "bf16" or "fp16", any case) or a Precision stands for;
+    with ``inherit``, None (take the model's) is allowed too."""
     if inherit and value is None:
         return None
-    if isinstance(value, Precision) and value in FLOAT32_PRECISIONS:
+    if isinstance(value, Precision) and value in PRECISIONS:
         return value
-    if not isinstance(value, (str, Precision)) or str(value).lower() not in FLOAT32_PRECISION_NAMES:
-        allowed = ", ".join(FLOAT32_PRECISION_NAMES) + (" or None (the model's)" if inherit else "")
-        raise ValueError(f"{owner}: precision must be one of {allowed}, got {value!r} (the training library's "
-                         f"tensors are float32)")
+    if not isinstance(value, (str, Precision)) or str(value).lower() not in PRECISION_NAMES:
+        allowed = ", ".join(PRECISION_NAMES) + (" or None (the model's)" if inherit else "")
+        raise ValueError(f"{owner}: precision must be one of {allowed}, got {value!r}")
     return precision_named(str(value).lower())
 
 
@@ -117,6 +116,12 @@ class Layer(abc.ABC):
         self._grads: dict[str, Array] = {}
         self._problems: list[KernelProblem] = []
         self._model: Any = None  # the Sequential that owns this layer's buffers, once there is one
+        # The element type its input and output are stored in (set by the model before each build:
+        # mixed_precision.layer_elements), and the 16-bit copies of its parameters and gradients that
+        # its kernels use in a 16-bit layer (None: the FP32 parameters themselves).
+        self.element: ElementType = FLOAT32
+        self._kernel_params: dict[str, Array] | None = None
+        self._kernel_grads: dict[str, Array] | None = None
 
     # -- description ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -147,7 +152,30 @@ class Layer(abc.ABC):
 
     def use_model_precision(self, precision: str) -> None:
         """Told the model's precision (by Sequential, before the next build). Only layers whose
-        kernels have a precision (Conv2d) keep it; the others compute in FP32 and ignore it."""
+        kernels have a precision (Conv2d, AvgPool2d) keep it; the others ignore it."""
+
+    def takes_element(self, arriving: ElementType) -> ElementType:
+        """The element type this layer stores its input and output in, given what the layer before
+        gives (``arriving``): a layer without a precision of its own keeps what arrives; one with a
+        precision takes its storage, and the model casts at the boundary."""
+        return arriving
+
+    def use_kernel_tensors(self, params: dict[str, Array] | None, grads: dict[str, Array] | None) -> None:
+        """The 16-bit copies of the parameters and gradients the layer's kernels use (by the model,
+        mixed_precision.SixteenBitCopies), or None: the FP32 parameters and gradients themselves."""
+        self._kernel_params, self._kernel_grads = params, grads
+
+    def _kernel_param(self, name: str) -> Array | None:
+        """The parameter ``name`` as the layer's kernels take it (None when the layer has none such)."""
+        return (self._params if self._kernel_params is None else self._kernel_params).get(name)
+
+    def _kernel_grad(self, name: str) -> Array | None:
+        """Where the layer's kernels write the gradient of parameter ``name`` (None: no such)."""
+        return (self._grads if self._kernel_grads is None else self._kernel_grads).get(name)
+
+    def _zeros(self, backend: Backend, shape: Sequence[int]) -> Array:
+        """A zeroed activation buffer of the layer's element type."""
+        return backend.zeros(tuple(shape), dtype=backend.storage_dtype(self.element))
 
     # -- allocation ------------------------------------------------------------------------------
     def build(self, input_shape: Sequence[int], batch_size: int, backend: Backend,
@@ -254,7 +282,8 @@ class WeightedLayer(Layer):
             raise RuntimeError(f"{self.describe()}: backward called before forward")
         self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
         if bias_grad is not None:
-            return self.backend.activation_grad_bias(self.activation, self._y, dy, self._dz, bias_grad)
+            return self.backend.activation_grad_bias(self.activation, self._y, dy, self._dz, bias_grad, self.element)
         if self._dz is None:
             return dy
-        return activation_grad(self.backend, self.activation, self._y, dy, out=self._dz)
+        dz = activation_grad(self.backend, self.activation, self._y, dy, out=self._dz)
+        return self.backend.round_to(self.element, dz)   # stored in the layer's type (emulated on the CPU)

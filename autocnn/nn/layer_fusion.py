@@ -53,6 +53,8 @@ def conv_pool_pairs(layers: Sequence[Layer], input_shapes: Sequence[Shape], batc
         conv, pool = layers[i], layers[i + 1]
         if not isinstance(conv, Conv2d) or not isinstance(pool, AvgPool2d) or conv.separable.enabled:
             continue
+        if conv.precision.sixteen_bit or pool.precision.sixteen_bit:
+            continue   # the fused kernels take float32 tensors: mixed-precision layers stay split
         fwd = conv._fwd_problem(input_shapes[i], batch_size)
         try:
             fused = ConvPoolFwdProblem(**fwd.geometry(), bias=fwd.bias, activation=fwd.activation,

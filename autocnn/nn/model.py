@@ -34,6 +34,8 @@ from autocnn.nn.layer_base import check_precision
 from autocnn.nn.layer_fusion import choose_fusions
 from autocnn.nn.layers import Layer
 from autocnn.nn.losses import Accuracy, SoftmaxCrossEntropy
+from autocnn.nn.mixed_precision import (Boundary, LossScaler, LossScaling, SixteenBitCopies, layer_elements,
+                                        make_boundaries, needs_loss_scaling, sixteen_bit_element)
 from autocnn.nn.model_kernels import ModelKernels
 from autocnn.nn.optim import Optimizer
 from autocnn.nn.parameter_files import ParameterFiles
@@ -54,14 +56,21 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
 
     ``precision``: what the model's convolutions must be as accurate as on a GPU, "fp32" (the
     default: FP32-accurate, whatever kernel runs) or "tf32" (tensor cores may round operands to
-    TF32: faster, with a looser error bound). It is the model's setting for every Conv2d that does
-    not set its own (``Conv2d(..., precision="fp32")`` keeps a layer in fp32 in a tf32 model), and
-    may be changed later (``model.precision = "tf32"``; a built model is built again, keeping its
+    TF32: faster, with a looser error bound), or mixed precision, "bf16" or "fp16"
+    (autocnn.nn.mixed_precision): convolutions and pooling on 16-bit tensors, summing in FP32,
+    while parameters, gradients and the optimizer's state stay FP32 (each step casts the weights
+    into 16-bit copies for the kernels and brings the weight gradients back), and the loss in FP32;
+    fp16 with dynamic loss scaling (``loss_scaler``; ``loss_scaling`` sets it), bf16 without. It
+    is the model's setting for every Conv2d and AvgPool2d that does not set its own
+    (``Conv2d(..., precision="fp32")`` keeps a layer in fp32 in a tf32 or bf16 model), and may be
+    changed later (``model.precision = "tf32"``; a built model is built again, keeping its
     weights). Building, fitting, tuning (``tune``), ``problems`` and the dispatch report all use
     it: each convolution's kernel problems carry their layer's precision, so tuning and lookups
-    use the records of that precision. Pooling has no precision, and Dense layers always compute
-    in FP32 (cuBLAS SGEMM). The numpy backend computes in ``dtype`` (float32 or float64) at either
-    precision: precision only chooses among the GPU kernels.
+    use the records of that precision. Dense layers take it too (``Dense(..., precision=)``): FP32
+    SGEMM at fp32 and tf32, cuBLAS GemmEx on 16-bit operands at bf16 and fp16; the loss is FP32
+    whatever the last layer's. The numpy backend computes fp32 and tf32 in ``dtype``
+    (float32 or float64), and emulates bf16 and fp16: every tensor a 16-bit layer writes is
+    rounded to its 16-bit type, so a CPU run follows the same steps and roundings as the GPU's.
 
     ``autotune``: what building on the cuda backend does for a kernel problem that no tuning record
     covers (as ``torch.backends.cudnn.benchmark`` does for new shapes): "quick" (the default)
@@ -89,7 +98,8 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
 
     def __init__(self, layers: Sequence[Layer], input_shape: Sequence[int], backend: str | Backend = "numpy",
                  seed: int | None = None, dtype: Any = None, precision: str = DEFAULT_PRECISION,
-                 autotune: str | None = None, separable: Any = None, fuse: bool = True) -> None:
+                 autotune: str | None = None, separable: Any = None, fuse: bool = True,
+                 loss_scaling: LossScaling | None = None) -> None:
         if not isinstance(fuse, bool):
             raise TypeError(f"Sequential: fuse must be True or False, got {fuse!r}")
         layers = list(layers)
@@ -108,8 +118,17 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         if not self.input_shape or any(s < 1 for s in self.input_shape):
             raise ValueError(f"input_shape must be a tuple of positive integers, got {input_shape!r}")
         self.layers = layers
+        if loss_scaling is not None and not isinstance(loss_scaling, LossScaling):
+            raise TypeError(f"Sequential: loss_scaling must be an autocnn.nn.mixed_precision.LossScaling, "
+                            f"got {loss_scaling!r}")
+        self.loss_scaling = loss_scaling or LossScaling()
         if autotune is not None:
             check_autotune(autotune)   # before a backend (and a GPU) is started
+        self._name_layers()
+        # The precisions too: the model's and the layers' (bf16 and fp16 layers do not mix).
+        for layer in layers:
+            layer.use_model_precision(check_precision("Sequential", precision))
+        layer_elements(layers)
         self.backend: Backend = get_backend(backend, dtype=dtype)
         self._autotune: str | None = None
         if autotune is not None:
@@ -120,7 +139,6 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         self._init_rng = np.random.default_rng(init_seed)
         self._shuffle_rng = np.random.default_rng(shuffle_seed)
 
-        self._name_layers()
         # A layer needs dL/dx only if some layer before it has parameters to train.
         trainable_before = False
         for layer in layers:
@@ -153,6 +171,12 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         self._graph_key: tuple[Any, ...] | None = None
         self._eager_key: tuple[Any, ...] | None = None  # the last key that ran an eager (warm-up) step
         self._ready_key: tuple[Any, ...] | None = None  # the last key _ready_optimizer checked
+        # Mixed precision (set by build): the 16-bit copies of the parameters, the element-type
+        # boundaries between layers, and fp16's loss scaler (kept across rebuilds).
+        self._sixteen: SixteenBitCopies | None = None
+        self._boundaries: dict[int, Boundary] = {}
+        self._loss_scaler: LossScaler | None = None
+        self._scaling = False
 
     # -- description ---------------------------------------------------------------------------
     def _name_layers(self) -> None:
@@ -180,15 +204,27 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
                 f"backend={self.backend.name}, dtype={self.dtype.name}, precision={self.precision.name!r})")
 
     @property
+    def loss_scaler(self) -> LossScaler | None:
+        """fp16's dynamic loss scaler, while the built model has fp16 layers; None otherwise."""
+        return self._loss_scaler if self._scaling else None
+
+    @property
     def precision(self) -> str:
-        """The model's precision: "fp32" or "tf32" (see the class docstring)."""
+        """The model's precision: "fp32", "tf32", "bf16" or "fp16" (see the class docstring)."""
         return self._precision
 
     @precision.setter
     def precision(self, value: str) -> None:
-        self._precision = check_precision("Sequential", value)
+        precision = check_precision("Sequential", value)
         for layer in self.layers:
-            layer.use_model_precision(self._precision)
+            layer.use_model_precision(precision)
+        try:
+            layer_elements(self.layers)   # bf16 and fp16 layers do not mix: refused here, not at the build
+        except ValueError:
+            for layer in self.layers:
+                layer.use_model_precision(getattr(self, "_precision", precision))
+            raise
+        self._precision = precision
         if self.batch_size is not None:
             self._rebuild()   # the layers' problems change: the backend must choose their kernels again
 
@@ -273,6 +309,9 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
                 print(self.dispatch_report())
             return self
         self.batch_size = None  # until the rebuild has finished: a failed one leaves the model unbuilt
+        elements = layer_elements(self.layers)   # before any buffer: bf16 and fp16 layers do not mix
+        for layer, element in zip(self.layers, elements):
+            layer.element = element
         shape = self.input_shape
         for layer in self.layers:
             shape = layer.build(shape, batch_size, self.backend, self._init_rng)
@@ -280,6 +319,17 @@ class Sequential(TrainingStep, FitLoop, BatchStaging, ModelKernels, ParameterFil
         if self._arena is None:
             self._arena = ParameterArena.gather(self.layers, be)
         self._apply_pending_params()
+        sixteen = sixteen_bit_element(elements)
+        self._sixteen = (SixteenBitCopies(self._arena, self.layers, sixteen, be)
+                         if sixteen is not None and self._arena is not None else None)
+        if self._sixteen is None:
+            for layer in self.layers:
+                layer.use_kernel_tensors(None, None)
+        self._boundaries = make_boundaries(self.layers, elements, self.input_shape, self.layer_output_shapes,
+                                           batch_size, be)
+        self._scaling = needs_loss_scaling(sixteen)
+        if self._scaling and self._loss_scaler is None:
+            self._loss_scaler = LossScaler(be, self.loss_scaling)
         self._x_buf = be.zeros((batch_size, *self.input_shape))
         self._labels_buf = be.zeros((batch_size,), dtype=np.int64)
         self._weights_buf = be.zeros((batch_size,))

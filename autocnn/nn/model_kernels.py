@@ -89,9 +89,11 @@ class ModelKernels:
                              d.detail))
             if isinstance(layer, Dense):
                 head = i == len(self.layers) - 1 and layer.can_end_with_loss
-                source, detail = self.backend.dense_dispatch(layer.in_features, layer.out_features, head)
+                source, detail = self.backend.dense_dispatch(layer.in_features, layer.out_features, head,
+                                                             layer.element)
                 shape = f"N={self.batch_size},in={layer.in_features},out={layer.out_features}"
-                rows.append((str(layer.name), "dense+loss" if head else "dense", "fp32", shape, source, detail))
+                precision = layer.precision.name if layer.element.size == 2 else "fp32"
+                rows.append((str(layer.name), "dense+loss" if head else "dense", precision, shape, source, detail))
         title = (f"kernels on the {self.backend.name} backend at batch size {self.batch_size}, "
                  f"model precision {self.precision}")
         if not self.dispatch:

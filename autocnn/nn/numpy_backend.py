@@ -21,7 +21,9 @@ class NumpyBackend(Backend):
 
     float32 by default; float64 is allowed so that finite-difference gradient checks are exact
     enough (kernel problems still say float32: they describe the GPU kernels, which this
-    backend does not use).
+    backend does not use). A problem of a 16-bit precision (mixed precision, bf16 or fp16) is
+    emulated: its tensors are arrays of this dtype holding 16-bit values, and every output is
+    rounded to the 16-bit type as a kernel stores it (``Backend.round_to``).
     """
 
     name: ClassVar[str] = "numpy"

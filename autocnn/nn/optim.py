@@ -71,6 +71,7 @@ class Optimizer(abc.ABC):
         self._device_step: Array | None = None
         self._hyper_on_device: tuple[float, ...] | None = None
         self._first_update = True
+        self._skip: Array | None = None   # this step's skip flag (apply's), which the GPU kernels read
         # Bumped by every setup: the model re-captures a graphed step when it changes.
         self.generation = 0
 
@@ -139,14 +140,24 @@ class Optimizer(abc.ABC):
                 self._device_hyper.set(np.array(values, dtype=np.float64))
                 self._hyper_on_device = values
 
-    def apply(self, params: Params, grads: Params) -> None:
+    def apply(self, params: Params, grads: Params, skip: Array | None = None) -> None:
         """The device part of a step (after ``begin_step``): update every parameter in place.
 
         Launches only fixed kernels on fixed buffers when the parameters are on a GPU, reading
         the hyper-parameters and the step counter from device memory (so it can be captured in
         a CUDA graph); on the CPU it uses ``iterations`` and the attributes directly.
+
+        ``skip``: a one-element float32 flag (fp16's loss scaler's, autocnn.nn.mixed_precision);
+        where it is nonzero the step leaves parameters, state and step count as they were. On a
+        GPU the kernels read it there (nothing waits for the device), so the device's step count
+        (what Adam's bias correction uses) skips the step while ``iterations``, the host's count,
+        does not; on the CPU it is read here, and ``iterations`` is counted back.
         """
         self._first_update = True
+        self._skip = skip
+        if skip is not None and not _on_gpu(array_module(skip)) and float(skip[0]) != 0.0:
+            self.iterations -= 1
+            return
         arena = self._arena
         if arena is not None and arena.holds(params) and arena.holds_grads(grads):
             self._update(arena.params, arena.grads, self._flat_state)
@@ -238,7 +249,8 @@ class SGD(Optimizer):
         if _on_gpu(xp):
             from autocnn.nn import fused
 
-            fused.sgd(p, g, state["velocity"], self._device_hyper, self._device_step, self._take_first())
+            fused.sgd(p, g, state["velocity"], self._device_hyper, self._device_step, self._take_first(),
+                      skip=self._skip)
             return
         d = self._effective_grad(xp, p, g, self.weight_decay, state["scratch"])
         if self.momentum:
@@ -284,7 +296,8 @@ class Adam(Optimizer):
         if _on_gpu(xp):
             from autocnn.nn import fused
 
-            fused.adam(p, g, state["m"], state["v"], self._device_hyper, self._device_step, self._take_first())
+            fused.adam(p, g, state["m"], state["v"], self._device_hyper, self._device_step, self._take_first(),
+                       skip=self._skip)
             return
         t = self.iterations
         m, v, d = state["m"], state["v"], state["scratch"]
@@ -349,7 +362,7 @@ class RPROP(Optimizer):
             from autocnn.nn import fused
 
             fused.rprop(p, g, state["step"], state["prev_grad"], self._device_hyper, self._device_step,
-                        self._take_first())
+                        self._take_first(), skip=self._skip)
             return
         step, prev, agreement = state["step"], state["prev_grad"], state["scratch"]
         same_sign = self._buffer("same_sign", p, np.bool_)

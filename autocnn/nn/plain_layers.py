@@ -50,13 +50,14 @@ class Activation(Layer):
         return tuple(input_shape)
 
     def _allocate(self, backend: Backend, batch_size: int) -> None:
-        self._y = backend.zeros((batch_size, *self.output_shape))  # type: ignore[misc]
-        self._dx = backend.zeros(self._y.shape) if self.needs_input_grad else None
+        self._y = self._zeros(backend, (batch_size, *self.output_shape))  # type: ignore[misc]
+        self._dx = self._zeros(backend, self._y.shape) if self.needs_input_grad else None
 
     def forward(self, x: Array) -> Array:
         backend = self._require_built()
         self._check_batch("input", x, self.input_shape)  # type: ignore[arg-type]
-        return backend.activation(self.activation, x, out=self._y)
+        # In the element type of what arrives (a 16-bit layer's output stays 16-bit).
+        return backend.round_to(self.element, backend.activation(self.activation, x, out=self._y))
 
     @property
     def output_buffer(self) -> Array:
@@ -69,4 +70,4 @@ class Activation(Layer):
         self._check_batch("output gradient", dy, self.output_shape)  # type: ignore[arg-type]
         if not self.needs_input_grad:
             return None
-        return activation_grad(backend, self.activation, self._y, dy, out=self._dx)
+        return backend.round_to(self.element, activation_grad(backend, self.activation, self._y, dy, out=self._dx))

@@ -1,4 +1,4 @@
-"""The pooling layer, AvgPool2d (pooling kernels compute in FP32: they have no precision)."""
+"""The pooling layer, AvgPool2d (its kernels sum in FP32; its precision is its tensors' storage)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -6,7 +6,8 @@ from typing import Any, Sequence
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import AvgPoolFwdProblem
 from autocnn.nn.backend import Array, Backend, KernelProblem
-from autocnn.nn.layer_base import Layer, Shape, check_padding, check_pair
+from autocnn.nn.layer_base import Layer, Shape, check_padding, check_pair, check_precision
+from autocnn.precision import DEFAULT_PRECISION, Precision, without_products
 
 
 class AvgPool2d(Layer):
@@ -14,12 +15,20 @@ class AvgPool2d(Layer):
 
     ``count_pad``: True divides by the full window size everywhere (PyTorch's
     count_include_pad); False divides by the positions inside the image only.
+
+    ``precision``: None (the default) takes the model's; a precision overrides it for this layer.
+    Pooling forms no products, so fp32 and tf32 are the same here (float32 tensors); at bf16 and
+    fp16 the layer's tensors are 16-bit (its kernels sum in FP32 and round each output once), as
+    the convolutions around it in a mixed-precision model (autocnn.nn.mixed_precision).
     """
 
     def __init__(self, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                 padding: int | Sequence[int] = 0, count_pad: bool = True, name: str | None = None) -> None:
+                 padding: int | Sequence[int] = 0, count_pad: bool = True, name: str | None = None,
+                 precision: str | None = None) -> None:
         super().__init__(name)
         owner = "AvgPool2d"
+        self.precision_override = check_precision(owner, precision, inherit=True)
+        self._model_precision: Precision = DEFAULT_PRECISION
         self.window = check_pair(owner, "window", window)
         self.stride = self.window if stride is None else check_pair(owner, "stride", stride)
         self.padding = check_padding(owner, padding)
@@ -44,12 +53,24 @@ class AvgPool2d(Layer):
             text += f", padding={self.padding}"
         if not self.count_pad:
             text += ", count_pad=False"
-        return text
+        return text + (f", precision={self.precision_override.name!r}" if self.precision_override else "")
+
+    @property
+    def precision(self) -> Precision:
+        """The layer's precision: its own, else the model's (its kernels run at ``without_products`` of it)."""
+        return self.precision_override or self._model_precision
+
+    def use_model_precision(self, precision: Precision) -> None:
+        self._model_precision = precision
+
+    def takes_element(self, arriving):
+        return self.precision.x
 
     def _fwd_problem(self, input_shape: Shape, batch_size: int) -> AvgPoolFwdProblem:
         C, H, W = input_shape
         return AvgPoolFwdProblem(N=batch_size, C=C, H=H, W=W, window=self.window, stride=self.stride,
-                                 padding=self.padding, count_pad=self.count_pad)
+                                 padding=self.padding, count_pad=self.count_pad,
+                                 precision=without_products(self.precision))
 
     def compute_output_shape(self, input_shape: Shape) -> Shape:
         if len(input_shape) != 3:
@@ -66,8 +87,8 @@ class AvgPool2d(Layer):
         return [fwd, fwd.with_op("avgpool_bwd")] if self.needs_input_grad else [fwd]
 
     def _allocate(self, backend: Backend, batch_size: int) -> None:
-        self._y = backend.zeros((batch_size, *self.output_shape))  # type: ignore[misc]
-        self._dx = backend.zeros((batch_size, *self.input_shape)) if self.needs_input_grad else None  # type: ignore[misc]
+        self._y = self._zeros(backend, (batch_size, *self.output_shape))  # type: ignore[misc]
+        self._dx = self._zeros(backend, (batch_size, *self.input_shape)) if self.needs_input_grad else None  # type: ignore[misc]
         # make_problems' list, kept by name: a fusion (nn.layer_fusion) replaces entries of _problems.
         self._fwd, self._bwd = (*self._problems, None)[:2]
         self._output_from = None

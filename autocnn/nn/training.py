@@ -107,7 +107,7 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
     are held in memory; a run that would need more than ``memory_limit_gib`` (scherer10's
     256x256 inputs: 256 KiB per image) is refused with the number, so pass ``limit``.
     ``backend`` and ``seed`` apply when the network is given by name or file.
-    ``precision`` ("fp32" or "tf32") becomes the model's precision (``Sequential.precision``:
+    ``precision`` ("fp32", "tf32", "bf16" or "fp16") becomes the model's precision (``Sequential.precision``:
     layers that set their own keep it); None keeps the model's, fp32 for a network by name or file.
     ``autotune`` ("off", "quick" or "full") becomes the model's (``Sequential.autotune``: on the
     cuda backend, how kernel problems no record covers are tuned when the model is built); None
@@ -174,7 +174,13 @@ def train(network: str | Path | Sequential, dataset: str = "fashion-mnist", epoc
 
 
 def describe_precision(model: Sequential) -> str:
-    """The model's precision, and the layers that differ from it: "tf32 (conv2d_1 fp32)"."""
+    """The model's precision, and the layers that differ from it: "tf32 (conv2d_1 fp32)"; for a
+    mixed-precision model what stays FP32, and fp16's loss scale (reading it waits for the device)."""
     own = [f"{layer.name} {layer.precision}" for layer in model.layers
            if getattr(layer, "precision", model.precision) != model.precision]
-    return model.precision.name + (f" ({', '.join(own)})" if own else "")
+    text = model.precision.name + (f" ({', '.join(own)})" if own else "")
+    if any(layer.element.size == 2 for layer in model.layers):
+        text += ", mixed: FP32 master weights, optimizer and loss"
+        if model.loss_scaler is not None:
+            text += f", dynamic loss scale {model.loss_scaler.scale:g}"
+    return text

@@ -18,6 +18,7 @@ import numpy as np
 
 from autocnn.nn.backend import Array
 from autocnn.nn.layers import Dense
+from autocnn.nn.mixed_precision import ScaleUse
 from autocnn.nn.optim import Optimizer, get_optimizer
 
 
@@ -89,20 +90,51 @@ class TrainingStep:
         return (self._build_count, id(optimizer), optimizer.generation)
 
     def _forward(self, upto: int | None = None) -> Array:
-        """The staged batch through the layers before index ``upto`` (all by default)."""
+        """The staged batch through the layers before index ``upto`` (all by default, then cast to
+        FP32 for the loss where the last layer is 16-bit). Casts the master weights into the 16-bit
+        layers' copies first, and the activations at each change of element type
+        (autocnn.nn.mixed_precision)."""
+        if self._sixteen is not None:
+            self._sixteen.cast_weights()
         out = self._x_buf
-        for layer in self.layers[:upto]:
-            out = layer.forward(out)
-        return out
+        stop = len(self.layers) if upto is None else range(len(self.layers))[upto]
+        for index, layer in enumerate(self.layers[:stop]):
+            out = layer.forward(self._cast_forward(index, out))
+        return out if upto is not None else self._cast_forward(stop, out)
+
+    def _cast_forward(self, index: int, x: Array) -> Array:
+        """``x`` as layer ``index`` takes it: cast into the boundary's buffer where there is one."""
+        boundary = self._boundaries.get(index)
+        if boundary is None:
+            return x
+        return self.backend.cast(x, boundary.before, boundary.forward, boundary.after, None, ScaleUse.KEEP)
+
+    def _cast_backward(self, index: int, grad: Array | None) -> Array | None:
+        """The gradient layer ``index`` hands back, as the layer before it takes it: cast (times the
+        loss scale into 16 bits, divided by it out of them) where a boundary lies before ``index``."""
+        boundary = self._boundaries.get(index)
+        if boundary is None or grad is None or boundary.backward is None:
+            return grad
+        scaler = self.loss_scaler
+        return self.backend.cast(grad, boundary.after, boundary.backward, boundary.before,
+                                 None if scaler is None else scaler.state, boundary.backward_use)
 
     def _backward(self, grad: Array | None, below: int | None = None) -> None:
-        """Backward through the layers before index ``below`` (all by default), from ``grad``."""
-        for layer in reversed(self.layers[:below]):
+        """Backward through the layers before index ``below`` (all by default), from ``grad`` (the
+        gradient of layer ``below - 1``'s output, in the element type that follows it)."""
+        below = len(self.layers) if below is None else below
+        grad = self._cast_backward(below, grad)
+        for index in reversed(range(below)):
+            layer = self.layers[index]
             if grad is None or (not layer.trainable and not layer.needs_input_grad):
                 break  # nothing (further) before it has parameters
-            grad = layer.backward(grad)
+            grad = self._cast_backward(index, layer.backward(grad))
         # Weight gradients may have run beside the backward pass: every one is done after this.
         self.backend.join_parameter_gradients()
+        if self._sixteen is not None:
+            # The 16-bit layers' weight gradients into the FP32 ones, the loss scale divided out
+            # (and, with a scaler, the step flagged where any gradient is not finite).
+            self._sixteen.gradients_to_fp32(self.loss_scaler)
 
     def _forward_backward(self, loss_out: Array | None = None, acc_out: Array | None = None) -> tuple[Array, Array]:
         """Forward and backward on the staged batch: fills every layer's grads().
@@ -110,6 +142,14 @@ class TrainingStep:
         Returns (loss, accuracy) as 0-d device arrays (written into ``loss_out``/``acc_out`` when
         given, else new ones) without waiting for the device.
         """
+        if self.loss_scaler is not None:
+            # fp16 overflows are expected (the loss scaler finds them and skips the step): NumPy's
+            # warnings of them (the numpy backend's emulation) say nothing the scaler does not.
+            with np.errstate(over="ignore", invalid="ignore"):
+                return self._forward_backward_once(loss_out, acc_out)
+        return self._forward_backward_once(loss_out, acc_out)
+
+    def _forward_backward_once(self, loss_out: Array | None, acc_out: Array | None) -> tuple[Array, Array]:
         be = self.backend
         loss = be.zeros(()) if loss_out is None else loss_out
         acc = be.zeros((), dtype=np.float64) if acc_out is None else acc_out
@@ -118,11 +158,12 @@ class TrainingStep:
         head = self.layers[-1]
         if isinstance(head, Dense) and head.can_end_with_loss:
             # The last layer, the loss and its backward in one call (one fused kernel on a GPU).
-            features = self._forward(upto=-1)
+            last = len(self.layers) - 1
+            features = self._cast_forward(last, self._forward(upto=-1))
             be.gradients_ready()
             grad = head.loss_step(features, self._labels_buf, self._weights_buf, self.loss, self.metric, loss, acc,
                                   self._dlogits)
-            self._backward(grad, below=len(self.layers) - 1)
+            self._backward(grad, below=last)
             return loss, acc
         logits = self._forward()
         be.gradients_ready()
@@ -134,10 +175,14 @@ class TrainingStep:
     def _device_step(self, optimizer: Optimizer) -> None:
         """Every device operation of a training step on the staged batch, after the optimizer's
         ``begin_step``: forward, loss, backward and update, the loss and accuracy left in the
-        step buffers. Nothing here may wait for the device or allocate what outlives the step:
-        this is what a CUDA graph captures."""
+        step buffers; with fp16's loss scaler, the update skipped on the device where a gradient
+        is not finite, and the scale's step after it. Nothing here may wait for the device or
+        allocate what outlives the step: this is what a CUDA graph captures."""
         self._forward_backward(self._step_loss, self._step_acc)
-        optimizer.apply(self.params(), self.grads())
+        scaler = self.loss_scaler
+        optimizer.apply(self.params(), self.grads(), skip=None if scaler is None else scaler.found_flag)
+        if scaler is not None:
+            scaler.update()
 
     def _run_step(self, optimizer: Optimizer) -> None:
         """One training step on the staged batch, as a replayed CUDA graph where possible.
@@ -216,4 +261,7 @@ class TrainingStep:
         """
         self._require_built()
         xb, yb, w = self._check_batch(xb, yb, weights)
-        return float(self._gradients(xb, yb, w)[0])
+        loss = float(self._gradients(xb, yb, w)[0])
+        if self.loss_scaler is not None:
+            self.loss_scaler.forget_found()   # no update follows: the flag is this call's alone
+        return loss

@@ -180,8 +180,8 @@ def build_network(name: str, backend: str | Backend = "numpy", seed: int | None 
 _JSON_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "conv2d": (("out_channels", "kernel_size"), ("in_channels", "stride", "padding", "bias", "activation", "precision",
                                                  "separable", "name")),
-    "avgpool2d": (("window",), ("stride", "padding", "count_pad", "name")),
-    "dense": (("out_features",), ("in_features", "bias", "activation", "name")),
+    "avgpool2d": (("window",), ("stride", "padding", "count_pad", "precision", "name")),
+    "dense": (("out_features",), ("in_features", "bias", "activation", "precision", "name")),
     "flatten": ((), ("name",)),
     "activation": (("activation",), ("name",)),
 }
