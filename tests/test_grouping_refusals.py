@@ -14,11 +14,10 @@ from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgra
 
 LIMITS = DeviceLimits.for_arch("sm_90")
 CONV_OPS = {"conv_fwd": ConvFwdProblem, "conv_bwd_data": ConvBwdDataProblem, "conv_wgrad": ConvWgradProblem}
-# The formulations that serve each grouping (by the values of "formulation" that select them).
-SERVING: dict[str, dict[str, set[str]]] = {
-    "grouped": {op: set() for op in CONV_OPS},
-    "dilated": {op: set() for op in CONV_OPS},
-}
+# The formulations that serve each grouping (by the values of "formulation" that select them):
+# igemm's GEMM per group, taps dilated (conv_wgrad's igemm answers to atomic and two_pass).
+IGEMM = {"conv_fwd": {"igemm"}, "conv_bwd_data": {"igemm"}, "conv_wgrad": {"atomic", "two_pass"}}
+SERVING: dict[str, dict[str, set[str]]] = {"grouped": IGEMM, "dilated": IGEMM}
 
 
 def _problems(op):
@@ -68,5 +67,5 @@ def test_a_run_held_to_a_dense_formulation_is_refused_before_any_gpu_work():
     from autocnn.search.tuner import problems_offering
 
     grouped = _problems("conv_fwd")["grouped"]
-    with pytest.raises(InfeasibleConfigError, match="igemm computes dense, undilated convolutions only"):
-        problems_offering({"formulation": "igemm"}, [grouped])
+    with pytest.raises(InfeasibleConfigError, match="direct computes dense, undilated convolutions only"):
+        problems_offering({"formulation": "direct"}, [grouped])

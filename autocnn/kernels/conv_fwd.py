@@ -20,6 +20,10 @@ class ConvFwd(Operation):
     outputs = ("y",)
 
     def default_candidates(self, problem: ConvFwdProblem) -> Sequence[dict[str, Any]]:
+        if problem.depthwise:
+            # depthwise's direct kernels first (one channel a filter leaves a GEMM no channels to
+            # reduce over); igemm's GEMM per group, which serves them too, follows.
+            return self.candidates(problem, "depthwise") + self.candidates_besides(problem, ("depthwise",))
         # Few input channels make a short GEMM reduction, where the direct core's reuse of staged
         # input across filters wins (measured on an H200: scherer10_l1, convnet18_c1, chellapilla06_c1).
         direct = self.candidates(problem, "direct")

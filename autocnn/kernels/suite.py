@@ -126,9 +126,9 @@ def _registered_suite(op: str, which: str) -> list[tuple[str, Any]]:
     return out
 
 
-# Depthwise and dilated shapes that divide nothing evenly (a channel multiplier, dilation with
-# stride, a 31x31 filter on a 20x20 map): the formulations of channel groups are tested on these,
-# apart from ODD_SHAPES, which every dense formulation is.
+# Depthwise, grouped and dilated shapes that divide nothing evenly (a channel multiplier, dilation
+# with stride, a 31x31 filter on a 20x20 map, groups of several channels): the formulations of
+# channel groups are tested on these, apart from ODD_SHAPES, which every dense formulation is.
 GROUPED_ODD_SHAPES: tuple[SeedShape, ...] = tuple(
     SeedShape(name, "conv", tuple(geometry.items()), "odd grouped") for name, geometry in (
         ("odd_dw_3x3", dict(N=3, C=5, H=13, W=11, K=5, R=3, S=3, stride=(1, 1), padding=(1, 1, 1, 1), groups=5)),
@@ -138,6 +138,14 @@ GROUPED_ODD_SHAPES: tuple[SeedShape, ...] = tuple(
                              dilation=(1, 2))),
         ("odd_dw_31x31", dict(N=1, C=3, H=20, W=20, K=3, R=31, S=31, stride=(1, 1), padding=(15, 15, 15, 15),
                               groups=3)),
+        # Grouped (channels per group > 1) and dilated: 15 channels in 3 groups of 5 and 9 filters,
+        # dilation 2 with stride 3; 12 channels in 4 groups of 3 at stride 1; dilation alone (3 by 2)
+        # with stride 2, groups = 1.
+        ("odd_g3_d2_s3", dict(N=3, C=15, H=23, W=19, K=9, R=3, S=3, stride=(3, 3), padding=(2, 1, 2, 2), groups=3,
+                              dilation=(2, 2))),
+        ("odd_g4_3x3", dict(N=2, C=12, H=11, W=13, K=20, R=3, S=3, stride=(1, 1), padding=(1, 1, 1, 1), groups=4)),
+        ("odd_d3x2_s2", dict(N=2, C=6, H=17, W=15, K=10, R=3, S=2, stride=(2, 2), padding=(3, 1, 2, 1),
+                             dilation=(3, 2))),
     ))
 
 

@@ -339,7 +339,7 @@ OPERAND_TEMPLATES = {
     "conv_fwd": ("gemm_operands_conv_fwd.cuh.j2", "_conv_fwd_operands.cuh.j2", "_operand_access.cuh.j2",
                  "nhwc_stage_conv_fwd.cuh.j2", "_wgmma_ops.cuh.j2"),
     "conv_bwd_data": ("gemm_operands_conv_bwd_data.cuh.j2", "_bwd_data_operands.cuh.j2", "_operand_access.cuh.j2",
-                      "_bwd_data_phases.cuh.j2"),
+                      "_bwd_data_phases.cuh.j2", "_conv_groups.cuh.j2"),
     "conv_wgrad": ("_conv_wgrad_operands.cuh.j2", "_operand_access.cuh.j2", "igemm_conv_wgrad_reduce.cu.j2"),
 }
 
