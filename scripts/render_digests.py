@@ -14,7 +14,7 @@ where the problem has one; for each problem the formulation's default config whe
 there, and sampled configs to make up twelve a formulation, operation and precision. The odd side
 holds the dense shapes, and for a formulation of channel groups alone (depthwise) the grouped ones
 (suite.GROUPED_ODD_SHAPES); a formulation that serves both has a second group,
-"<op>/<formulation>/<precision>/grouped", of up to four grouped or dilated shapes.
+"<op>/<formulation>/<precision>/grouped", of up to six grouped or dilated shapes.
 
     python scripts/render_digests.py            # sample and write the file anew
     python scripts/render_digests.py --check    # render the file's cases; exit 1 on any difference
@@ -45,7 +45,7 @@ DIGESTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "render_di
 ARCH = "sm_90"                   # the limits configs are sampled under: every formulation serves it
 CONFIGS_PER_GROUP = 12           # configs per (operation, formulation value, precision)
 PROBLEMS_PER_SIDE = 3            # seed-side and odd-side problems per group
-GROUPED_PROBLEMS = 4             # grouped or dilated problems of a formulation that serves dense ones too
+GROUPED_PROBLEMS = 6             # grouped or dilated problems of a formulation that serves dense ones too
 FORMAT = 1
 
 # Odd shapes that the formulations for 3x3 stride-1 layers (winograd, winograd_fused, halo, tma) and

@@ -190,12 +190,15 @@ GROUPED_ODD_SHAPES: tuple[SeedShape, ...] = tuple(
                               groups=3)),
         # Grouped (channels per group > 1) and dilated: 15 channels in 3 groups of 5 and 9 filters,
         # dilation 2 with stride 3; 12 channels in 4 groups of 3 at stride 1; dilation alone (3 by 2)
-        # with stride 2, groups = 1.
+        # with stride 2, groups = 1; 48 channels in 3 groups of 16.
         ("odd_g3_d2_s3", dict(N=3, C=15, H=23, W=19, K=9, R=3, S=3, stride=(3, 3), padding=(2, 1, 2, 2), groups=3,
                               dilation=(2, 2))),
         ("odd_g4_3x3", dict(N=2, C=12, H=11, W=13, K=20, R=3, S=3, stride=(1, 1), padding=(1, 1, 1, 1), groups=4)),
         ("odd_d3x2_s2", dict(N=2, C=6, H=17, W=15, K=10, R=3, S=2, stride=(2, 2), padding=(3, 1, 2, 1),
                              dilation=(3, 2))),
+        # Groups of 16 channels (a 16-bit mma's k-step: the tensor cores' grouped GEMMs), 7 filters each.
+        ("odd_g3_c16", dict(N=2, C=48, H=11, W=13, K=21, R=3, S=3, stride=(2, 1), padding=(1, 2, 1, 1), groups=3,
+                            dilation=(1, 2))),
     ))
 
 

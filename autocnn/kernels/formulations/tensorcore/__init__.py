@@ -39,6 +39,14 @@ splits' partial sums combined by atomics, or written to a workspace and summed i
 the second pass igemm runs too (cores/workspaces.py): deterministic results, no zeroing of the
 outputs).
 
+Channel groups and dilation, conv_fwd only: a GEMM per group (M = output pixels, N = K/groups
+filters, a reduction over C/groups*R*S), the groups blocks along z, each offsetting its indices to
+its group's channels and filters (cores/_conv_groups.cuh.j2, the operands igemm shares), taps the
+dilation apart. It takes groups of at least one mma k-step of channels (8 for the TF32 mmas, 16 for
+the 16-bit ones: ResNeXt-50 32x4d's later stages; igemm serves the smaller ones) and reads a grouped
+layer's filters as stored (NHWC=0: the staging kernels copy dense filters); a dilated one may stage.
+conv_bwd_data and conv_wgrad refuse both.
+
 In fp32 and tf32 the operations' heuristic defaults do not prefer it (they list the FP32 cores
 first): its speed against the other formulations is for the tuner to find. For bf16 and fp16 they
 list its defaults first, where the tensor cores run at twice the TF32 rate (the SIMT cores follow,
@@ -50,7 +58,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
+from autocnn.kernels.formulations.base import (Buffers, Formulation, OpFormulation, choices_upto, grouping_text,
+                                               pragma_unroll)
 from autocnn.kernels.formulations.cores.mma_rules import (accumulator_violation, arch_violation, mma16_operand,
                                                            warp_tile_violation)
 from autocnn.kernels.formulations.cores.staging import nhwc_stage_launches, nhwc_stage_workspaces
@@ -88,7 +97,7 @@ class TcGemm:
     GM: int
     GN: int
     GK: int
-    grid_z: int       # stride phases (conv_bwd_data); splits come from the config
+    grid_z: int       # blocks along z: stride phases (conv_bwd_data), groups (conv_fwd); splits: the config's
     split3: bool      # fp32: 3xTF32
     C: int = 0        # conv_fwd: input channels (the NHWC float4 runs)
     staged_floats: int = 0   # conv_fwd: X and W as staged for NHWC
@@ -323,7 +332,9 @@ def gemm_for(problem: Any) -> TcGemm:
     split3 = p.precision.tf32x3
     mma16 = mma16_operand(p.precision)
     if p.op == "conv_fwd":
-        return TcGemm(p.op, p.N * p.P * p.Q, p.K, p.C * p.R * p.S, 1, split3, C=p.C,
+        # One group's GEMM (the whole problem's where groups = 1), the groups along z.
+        cg = p.C // p.groups
+        return TcGemm(p.op, p.N * p.P * p.Q, p.K // p.groups, cg * p.R * p.S, p.groups, split3, C=cg,
                       staged_floats=sum(n for _, n in nhwc_stage_workspaces(p)), mma16=mma16)
     if p.op == "conv_bwd_data":
         phases = stride_phases(p)
@@ -337,7 +348,7 @@ def gemm_for(problem: Any) -> TcGemm:
 # reduction it shares with igemm.
 OPERAND_TEMPLATES = {
     "conv_fwd": ("gemm_operands_conv_fwd.cuh.j2", "_conv_fwd_operands.cuh.j2", "_operand_access.cuh.j2",
-                 "nhwc_stage_conv_fwd.cuh.j2", "_wgmma_ops.cuh.j2"),
+                 "nhwc_stage_conv_fwd.cuh.j2", "_wgmma_ops.cuh.j2", "_conv_groups.cuh.j2"),
     "conv_bwd_data": ("gemm_operands_conv_bwd_data.cuh.j2", "_bwd_data_operands.cuh.j2", "_operand_access.cuh.j2",
                       "_bwd_data_phases.cuh.j2", "_conv_groups.cuh.j2"),
     "conv_wgrad": ("_conv_wgrad_operands.cuh.j2", "_operand_access.cuh.j2", "igemm_conv_wgrad_reduce.cu.j2"),
@@ -362,6 +373,18 @@ class TcConv(OpFormulation):
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         gemm = gemm_for(problem)
+        return [*self._grouping_constraints(problem, gemm), *self._precision_constraints(problem, gemm, limits)]
+
+    def _grouping_constraints(self, problem: Any, gemm: TcGemm) -> list[Constraint]:
+        """A grouped conv_fwd's groups are blocks along z; its filters have no NHWC staging (the
+        staging kernels copy dense filters). None for a dense problem, whose space stays as it was."""
+        if self.op != "conv_fwd" or problem.groups == 1:
+            return []
+        return [Constraint(("NHWC",), lambda nhwc: None if not nhwc else
+                           "a grouped convolution's filters are read as stored (NCHW): NHWC=0"),
+                grid_rule(("BM",), lambda bm: gemm.grid_z, "z")]
+
+    def _precision_constraints(self, problem: Any, gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
         if gemm.mma16:   # bf16, fp16: m16n8k16 on the values as stored
             return constraints(gemm, limits)
         return [sixteen_bit_rule(problem, self.formulation, "BM", "its mma.sync products take 16-bit operands only "
@@ -372,6 +395,18 @@ class TcConv(OpFormulation):
 
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         return default_candidates(gemm_for(problem))
+
+    def grouping_refusal(self, problem: Any) -> str | None:
+        """conv_fwd serves any dilation, and groups of at least one mma k-step of channels (a GEMM
+        per group); conv_bwd_data and conv_wgrad refuse both (the base's reason)."""
+        if self.op != "conv_fwd" or not problem.grouped_or_dilated:
+            return super().grouping_refusal(problem)
+        k_step, channels = gemm_for(problem).k_step, problem.C // problem.groups
+        if problem.groups > 1 and channels < k_step:
+            return (f"tc computes grouped convolutions of at least {k_step} channels a group, one k-step of its "
+                    f"{problem.precision} mma ({grouping_text(problem)} with C={problem.C} gives {channels}; igemm "
+                    "serves it)")
+        return None
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         nhwc = config["NHWC"] if "NHWC" in config else 0
