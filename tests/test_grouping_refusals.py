@@ -16,9 +16,9 @@ LIMITS = DeviceLimits.for_arch("sm_90")
 CONV_OPS = {"conv_fwd": ConvFwdProblem, "conv_bwd_data": ConvBwdDataProblem, "conv_wgrad": ConvWgradProblem}
 # The formulations that serve each grouping (by the values of "formulation" that select them):
 # igemm's GEMM per group, taps dilated (conv_wgrad's igemm answers to atomic and two_pass), and tc's
-# conv_fwd (dilated; grouped with a k-step of channels a group, which these 3 channels are not).
+# (dilated; grouped with a k-step of channels a group, which these 3 channels are not).
 IGEMM = {"conv_fwd": {"igemm"}, "conv_bwd_data": {"igemm"}, "conv_wgrad": {"atomic", "two_pass"}}
-SERVING: dict[str, dict[str, set[str]]] = {"grouped": IGEMM, "dilated": {**IGEMM, "conv_fwd": {"igemm", "tc"}}}
+SERVING: dict[str, dict[str, set[str]]] = {"grouped": IGEMM, "dilated": {op: {*IGEMM[op], "tc"} for op in IGEMM}}
 
 
 def _problems(op):
@@ -39,7 +39,7 @@ def test_every_formulation_but_those_serving_refuses_with_its_reason(op, kind):
         if formulation == "depthwise":   # it serves groups == C alone (tests/test_depthwise.py)
             assert why.startswith("depthwise computes depthwise convolutions only"), why
             continue
-        if formulation == "tc" and op == "conv_fwd":   # groups of fewer channels than an mma's k-step
+        if formulation == "tc":   # groups of fewer channels than an mma's k-step
             assert why.startswith("tc computes grouped convolutions of at least 8 channels a group"), why
             assert "gives 3; igemm serves it" in why
             continue
@@ -48,8 +48,7 @@ def test_every_formulation_but_those_serving_refuses_with_its_reason(op, kind):
     space = operation.space(problem, LIMITS)
     dense = dataclasses.replace(problem, groups=1, dilation=(1, 1), padding=1)   # the same P x Q
     checked = 0
-    for formulation in {operation.formulation(name).formulation for name in refusals} - {"depthwise"} - (
-            {"tc"} if op == "conv_fwd" else set()):
+    for formulation in {operation.formulation(name).formulation for name in refusals} - {"depthwise", "tc"}:
         # A default config of the dense shape breaks the refusal on the grouped or dilated one.
         try:
             config = operation.default_config(dense, LIMITS, formulation)
