@@ -61,7 +61,7 @@ def _verify(op, shapes, precision, device, loader):
             formulations.add(config["formulation"])
             if not check.verification.passed:
                 failures.append(f"{name} {config}: {check.verification.message}")
-    assert checked >= 2 * len(shapes)
+    assert checked >= len(shapes)   # at least a default of each shape (AUTOCNN_GPU_SAMPLES=0: defaults alone)
     assert not failures, f"seed {SEED}:\n" + "\n".join(failures[:8])
     return formulations
 
