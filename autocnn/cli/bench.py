@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def bench_settings(args: argparse.Namespace) -> BenchSettings:
-    return BenchSettings(ops=args.ops, shapes=args.shapes, suite=args.suite, precision=args.precision, samples=args.samples,
+    return BenchSettings(ops=args.ops, shapes=args.shapes, suite=args.suite, precision=args.precision,
+                         samples=args.samples,
                          budget=args.budget, seed=args.seed, out=args.out, device=args.device,
                          cudnn_processes=args.cudnn_processes, workspace_limit=args.workspace_limit)
 

@@ -14,10 +14,10 @@ over KG times the phase's taps; conv_wgrad: M = KG, N = CG*R*S), batched over th
 grid: conv_fwd's blocks along z are the groups, conv_bwd_data's are group * phases + phase, and
 conv_wgrad's along x group * (filter tiles of a group) + tile (its z holds the splits). Each block
 adds its group's offset (channel g*CG, filter g*KG) to the operands' row indices and the epilogue's,
-so the index maps change only in the per-group sizes and in the taps, which are the dilation apart. conv_bwd_data of a dilated layer
-keeps the stride phases and takes, in each, the taps whose dilated offset falls on it
-(geometry.tap_phases: a step of SH / gcd(SH, dilation) between them), so that every phase stays a
-dense GEMM; a phase that no tap reaches is written as zeros. The tiles are held to the per-group
+so the index maps change only in the per-group sizes and in the taps, which are the dilation apart.
+conv_bwd_data of a dilated layer keeps the stride phases and takes, in each, the taps whose dilated
+offset falls on it (geometry.tap_phases: a step of SH / gcd(SH, dilation) between them), so that
+every phase stays a dense GEMM; a phase that no tap reaches is written as zeros. The tiles are held to the per-group
 GEMM (its envelope), so that no config tiles past a group. The code of a dense, undilated problem
 is rendered as it was (_conv_groups.cuh.j2).
 

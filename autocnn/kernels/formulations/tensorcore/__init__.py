@@ -262,7 +262,8 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
             Constraint(("TWO_PASS", "SPLITK"), lambda t, s: None if t or s == 1 or not gemm.mma16
                        else f"16-bit gradients take SPLITK={s} splits through the FP32 workspace (TWO_PASS=1), not atomics"),
             Constraint(("TWO_PASS", "SPLITK"),
-                       lambda t, s: None if not t or WORKSPACE_ELEMENT.size * s * gemm.groups * (gemm.GM * gemm.GN + gemm.GM) <= limits.workspace_bytes
+                       lambda t, s: None if not t or WORKSPACE_ELEMENT.size * s * gemm.groups * (gemm.GM * gemm.GN + gemm.GM)
+                       <= limits.workspace_bytes
                        else f"the two-pass workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
         ]
     else:
