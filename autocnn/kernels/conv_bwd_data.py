@@ -59,4 +59,5 @@ class ConvBwdData(Operation):
 
     def min_bytes(self, p: ConvBwdDataProblem) -> int:
         t = KernelTypes.of(p.precision)
-        return t.dy.size * p.N * p.K * p.P * p.Q + t.w.size * p.K * p.C * p.R * p.S + t.dx.size * p.N * p.C * p.H * p.W
+        return (t.dy.size * p.N * p.K * p.P * p.Q + t.w.size * p.K * (p.C // p.groups) * p.R * p.S
+                + t.dx.size * p.N * p.C * p.H * p.W)

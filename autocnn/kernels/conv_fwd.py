@@ -45,5 +45,7 @@ class ConvFwd(Operation):
 
     def min_bytes(self, p: ConvFwdProblem) -> int:
         t = KernelTypes.of(p.precision)
-        return (t.x.size * p.N * p.C * p.H * p.W + t.w.size * (p.K * p.C * p.R * p.S + (p.K if p.bias else 0))
+        # The filters hold C/groups channels each.
+        return (t.x.size * p.N * p.C * p.H * p.W
+                + t.w.size * (p.K * (p.C // p.groups) * p.R * p.S + (p.K if p.bias else 0))
                 + t.y.size * p.N * p.K * p.P * p.Q)

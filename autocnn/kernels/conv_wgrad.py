@@ -39,4 +39,4 @@ class ConvWgrad(Operation):
     def min_bytes(self, p: ConvWgradProblem) -> int:
         t = KernelTypes.of(p.precision)
         return (t.x.size * p.N * p.C * p.H * p.W + t.dy.size * p.N * p.K * p.P * p.Q
-                + t.dw.size * (p.K * p.C * p.R * p.S + (p.K if p.bias else 0)))
+                + t.dw.size * (p.K * (p.C // p.groups) * p.R * p.S + (p.K if p.bias else 0)))   # C/groups a filter
