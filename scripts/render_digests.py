@@ -11,7 +11,10 @@ its "formulation" parameter) and precision it serves (every formulation serves f
 layers and up to three of its odd ones (sizes that divide no tile, plus the few odd shapes below
 that the 3x3 stride-1 and large-filter formulations accept), the odd ones with a fused epilogue
 where the problem has one; for each problem the formulation's default config where it has one
-there, and sampled configs to make up twelve a formulation, operation and precision.
+there, and sampled configs to make up twelve a formulation, operation and precision. The odd side
+holds the dense shapes, and for a formulation of channel groups alone (depthwise) the grouped ones
+(suite.GROUPED_ODD_SHAPES); a formulation that serves both has a second group,
+"<op>/<formulation>/<precision>/grouped", of up to six grouped or dilated shapes.
 
     python scripts/render_digests.py            # sample and write the file anew
     python scripts/render_digests.py --check    # render the file's cases; exit 1 on any difference
@@ -42,6 +45,7 @@ DIGESTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "render_di
 ARCH = "sm_90"                   # the limits configs are sampled under: every formulation serves it
 CONFIGS_PER_GROUP = 12           # configs per (operation, formulation value, precision)
 PROBLEMS_PER_SIDE = 3            # seed-side and odd-side problems per group
+GROUPED_PROBLEMS = 6             # grouped or dilated problems of a formulation that serves dense ones too
 FORMAT = 1
 
 # Odd shapes that the formulations for 3x3 stride-1 layers (winograd, winograd_fused, halo, tma) and
@@ -51,8 +55,8 @@ EXTRA_CONV_SHAPES = (
     ("odd_3x3_wide", dict(N=2, C=12, H=10, W=14, K=20, R=3, S=3, stride=(1, 1), padding=(1, 0, 1, 2))),
     ("odd_5x5", dict(N=2, C=6, H=19, W=17, K=12, R=5, S=5, stride=(1, 1), padding=(2, 2, 2, 2))),
     ("odd_5x5_s2", dict(N=3, C=4, H=21, W=18, K=9, R=5, S=5, stride=(2, 2), padding=(2, 1, 2, 2))),
-    # Depthwise and dilated (the formulations of channel groups serve only these; appended, so that
-    # the dense formulations' samples stay what they were).
+    # Depthwise, grouped and dilated (appended, so that the dense shapes' epilogues stay what they
+    # were; cases() samples them apart from the dense ones).
     *((s.name, dict(s.geometry)) for s in GROUPED_ODD_SHAPES),
 )
 EPILOGUES = (dict(bias=True, activation="relu"), dict(bias=True, activation="tanh"),
@@ -174,7 +178,7 @@ def cases(arch: str = ARCH) -> Iterator[tuple[str, Any, dict[str, Any]]]:
                 if not _served(operation, value, precision, limits, space_cache):
                     continue
                 group = f"{op}/{value}/{precision or '-'}"
-                chosen = []
+                chosen, grouped = [], []
                 for side in (seed_side, odd_side):
                     feasible = []
                     for label, problem in side:
@@ -184,15 +188,35 @@ def cases(arch: str = ARCH) -> Iterator[tuple[str, Any, dict[str, Any]]]:
                         probe = _sample(operation, value, problem, limits, 1, _seeded(group, label, "probe"), space_cache)
                         if probe:
                             feasible.append((label, problem))
-                    # Spread over the problems the formulation serves, first and last included.
-                    k = min(PROBLEMS_PER_SIDE, len(feasible))
-                    chosen += [feasible[round(i * (len(feasible) - 1) / (k - 1))] if k > 1 else feasible[0]
-                               for i in range(k)]
-                for i, (label, problem) in enumerate(chosen):
-                    count = CONFIGS_PER_GROUP // len(chosen) + (i < CONFIGS_PER_GROUP % len(chosen))
-                    key = f"{op}/{label}/{precision or '-'}"
-                    for config in _sample(operation, value, problem, limits, count, _seeded(group, label), space_cache):
-                        yield key, problem, {"group": group, "problem": key, "config": config.as_dict()}
+                    if side is odd_side:
+                        dense = [(label, problem) for label, problem in feasible if not _grouped(problem)]
+                        grouped = [(label, problem) for label, problem in feasible if _grouped(problem)] if dense else []
+                        feasible = dense or feasible   # a formulation of channel groups alone: the grouped shapes
+                    chosen += _spread(feasible, PROBLEMS_PER_SIDE)
+                yield from _group_cases(operation, group, value, precision, chosen, limits, space_cache)
+                if grouped:
+                    yield from _group_cases(operation, f"{group}/grouped", value, precision,
+                                            _spread(grouped, GROUPED_PROBLEMS), limits, space_cache)
+
+
+def _grouped(problem: Any) -> bool:
+    return getattr(problem, "grouped_or_dilated", False)
+
+
+def _spread(feasible: list, k: int) -> list:
+    """Up to k of the problems a formulation serves, spread over them, first and last included."""
+    k = min(k, len(feasible))
+    return [feasible[round(i * (len(feasible) - 1) / (k - 1))] if k > 1 else feasible[0] for i in range(k)]
+
+
+def _group_cases(operation: Any, group: str, value: str, precision: str | None, chosen: list, limits: DeviceLimits,
+                 space_cache: dict) -> Iterator[tuple[str, Any, dict[str, Any]]]:
+    """CONFIGS_PER_GROUP configs of one group, spread over its chosen problems."""
+    for i, (label, problem) in enumerate(chosen):
+        count = CONFIGS_PER_GROUP // len(chosen) + (i < CONFIGS_PER_GROUP % len(chosen))
+        key = f"{operation.name}/{label}/{precision or '-'}"
+        for config in _sample(operation, value, problem, limits, count, _seeded(group, label), space_cache):
+            yield key, problem, {"group": group, "problem": key, "config": config.as_dict()}
 
 
 def render(problem_dict: dict[str, Any], config: dict[str, Any], limits: DeviceLimits,
@@ -237,9 +261,23 @@ def groups_registered(arch: str = ARCH) -> set[str]:
     out = set()
     for op in OPERATIONS:
         operation, space_cache = get_operation(op), {}
-        out |= {f"{op}/{value}/{precision or '-'}" for value in operation.formulation_names
-                for precision in _precisions(op) if _served(operation, value, precision, limits, space_cache)}
+        for value in operation.formulation_names:
+            for precision in _precisions(op):
+                if _served(operation, value, precision, limits, space_cache):
+                    group = f"{op}/{value}/{precision or '-'}"
+                    out |= {group, f"{group}/grouped"} if _serves_dense_and_grouped(operation, value) else {group}
     return out
+
+
+def _serves_dense_and_grouped(operation: Any, value: str) -> bool:
+    """Whether a formulation takes the odd dense shapes and some grouped or dilated ones (its own
+    rule, grouping_refusal, says; depthwise takes the grouped ones alone)."""
+    formulation = operation.formulation(value)
+    seed_side, odd_side = _sides(operation.name)
+    dense = [p for _, p in [*seed_side, *odd_side] if not _grouped(p)]
+    grouped = [p for _, p in odd_side if _grouped(p)]
+    return bool(dense and grouped) and formulation.grouping_refusal(dense[0]) is None and any(
+        formulation.grouping_refusal(p) is None for p in grouped)
 
 
 def differences(document: dict[str, Any]) -> list[str]:

@@ -22,6 +22,11 @@ CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 
 
+def _depthwise_problems(op):
+    """The odd grouped shapes that are depthwise (the others have several channels a group)."""
+    return [(name, problem) for name, problem in grouped_odd_problems(op) if problem.depthwise]
+
+
 def _depthwise_space(op, problem):
     return get_operation(op).space(problem, LIMITS).restrict({"formulation": "depthwise"})
 
@@ -34,7 +39,7 @@ def test_default_and_sampled_configs_verify_under_emulation(op, precision, tmp_p
     seed = random.randrange(2**31)
     failures, checked = [], 0
     # The 31x31 filter is left to the GPU tests: emulated, its every tap is a loop of the host's.
-    for name, problem in [s for s in grouped_odd_problems(op) if s[0] != "odd_dw_31x31"]:
+    for name, problem in [s for s in _depthwise_problems(op) if s[0] != "odd_dw_31x31"]:
         problem = dataclasses.replace(problem, precision=precision)
         configs = [operation.default_config(problem, LIMITS, formulation="depthwise")]
         configs += _depthwise_space(op, problem).sample(random.Random(seed + checked), 2, exclude=configs)
@@ -74,7 +79,7 @@ def test_default_and_sampled_configs_compile_for_sm90_without_spills(op, tmp_pat
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     rng = random.Random(11)
     failures = []
-    for name, problem in grouped_odd_problems(op):
+    for name, problem in _depthwise_problems(op):
         for precision in ("fp32", "fp16"):
             problem = dataclasses.replace(problem, precision=precision)
             default = operation.default_config(problem, LIMITS, formulation="depthwise")

@@ -90,3 +90,15 @@ def test_lookup_borrows_only_within_a_grouping_class():
     assert shape_distance(depthwise, dataclasses.replace(depthwise, dilation=2)) == pytest.approx(4.0)
     multiplier = ConvFwdProblem(**{**BASE, "K": 24}, groups=12)
     assert grouping_class(multiplier) == "depthwise"
+
+
+@pytest.mark.parametrize("cls", [ConvFwdProblem, ConvBwdDataProblem, ConvWgradProblem])
+def test_the_least_bytes_of_a_grouped_problem_count_its_filters_at_c_over_groups_channels(cls):
+    """The physical floor a stored time is held to (store/evidence.py) counts the filters as they
+    are: K x C/groups x R x S, not K x C x R x S."""
+    from autocnn.kernels import get_operation
+
+    dense = cls(N=2, C=64, H=8, W=8, K=64, R=3, S=3, padding=1)
+    grouped = dataclasses.replace(dense, groups=32)
+    operation = get_operation(dense.op)
+    assert operation.min_bytes(dense) - operation.min_bytes(grouped) == 4 * 64 * (64 - 2) * 9

@@ -14,11 +14,11 @@ from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgra
 
 LIMITS = DeviceLimits.for_arch("sm_90")
 CONV_OPS = {"conv_fwd": ConvFwdProblem, "conv_bwd_data": ConvBwdDataProblem, "conv_wgrad": ConvWgradProblem}
-# The formulations that serve each grouping (by the values of "formulation" that select them).
-SERVING: dict[str, dict[str, set[str]]] = {
-    "grouped": {op: set() for op in CONV_OPS},
-    "dilated": {op: set() for op in CONV_OPS},
-}
+# The formulations that serve each grouping (by the values of "formulation" that select them):
+# igemm's GEMM per group, taps dilated (conv_wgrad's igemm answers to atomic and two_pass), and tc's
+# (dilated; grouped with a k-step of channels a group, which these 3 channels are not).
+IGEMM = {"conv_fwd": {"igemm"}, "conv_bwd_data": {"igemm"}, "conv_wgrad": {"atomic", "two_pass"}}
+SERVING: dict[str, dict[str, set[str]]] = {"grouped": IGEMM, "dilated": {op: {*IGEMM[op], "tc"} for op in IGEMM}}
 
 
 def _problems(op):
@@ -39,12 +39,16 @@ def test_every_formulation_but_those_serving_refuses_with_its_reason(op, kind):
         if formulation == "depthwise":   # it serves groups == C alone (tests/test_depthwise.py)
             assert why.startswith("depthwise computes depthwise convolutions only"), why
             continue
+        if formulation == "tc":   # groups of fewer channels than an mma's k-step
+            assert why.startswith("tc computes grouped convolutions of at least 8 channels a group"), why
+            assert "gives 3; igemm serves it" in why
+            continue
         assert why.startswith(f"{formulation} computes dense, undilated convolutions only"), why
         assert ("groups=4, dilation=1 given" if kind == "grouped" else "groups=1, dilation=2 given") in why
     space = operation.space(problem, LIMITS)
     dense = dataclasses.replace(problem, groups=1, dilation=(1, 1), padding=1)   # the same P x Q
     checked = 0
-    for formulation in {operation.formulation(name).formulation for name in refusals} - {"depthwise"}:
+    for formulation in {operation.formulation(name).formulation for name in refusals} - {"depthwise", "tc"}:
         # A default config of the dense shape breaks the refusal on the grouped or dilated one.
         try:
             config = operation.default_config(dense, LIMITS, formulation)
@@ -68,5 +72,5 @@ def test_a_run_held_to_a_dense_formulation_is_refused_before_any_gpu_work():
     from autocnn.search.tuner import problems_offering
 
     grouped = _problems("conv_fwd")["grouped"]
-    with pytest.raises(InfeasibleConfigError, match="igemm computes dense, undilated convolutions only"):
-        problems_offering({"formulation": "igemm"}, [grouped])
+    with pytest.raises(InfeasibleConfigError, match="direct computes dense, undilated convolutions only"):
+        problems_offering({"formulation": "direct"}, [grouped])

@@ -20,6 +20,7 @@ row keeps every draw in the JSON (``cudnn_draws_us``).
 
     autocnn bench --samples 64 --out bench.json      (or python scripts/bench_kernels.py ...)
     autocnn bench --precision tf32 --ops conv_fwd --shapes modern_14,modern_56
+    autocnn bench --suite depthwise --precision fp32      (or --suite grouped: kernels.suite.SUITES)
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from typing import Any
 from autocnn.device import set_workspace_limit
 from autocnn.kernels import OPERATIONS, operation_for
 from autocnn.precision import PRECISION_NAMES, precision_named, without_products
-from autocnn.kernels.suite import CONV_OPS, POOL_OPS, TARGET_SHAPES, named_problems, seed_shapes
+from autocnn.kernels.suite import CONV_OPS, POOL_OPS, SUITES, named_problems, suite_problems
 from autocnn.benchmark.table import (CONV_PRECISIONS, GpuRates, fastest_draws, progress_line, row_from_results,
                                          tables)
 
@@ -45,7 +46,8 @@ class BenchSettings:
     """What ``autocnn bench`` was asked for (autocnn.cli.bench reads it from the command line)."""
 
     ops: str = ",".join(CONV_OPS + POOL_OPS)   # comma-separated operations
-    shapes: str = ""                  # comma-separated shape names; empty: the seed suite
+    shapes: str = ""                  # comma-separated shape names; empty: the suite's
+    suite: str = "seed"               # a named suite (kernels.suite.SUITES): its shapes, unless named
     precision: str = "both"           # a key of PRECISION_CHOICES
     samples: int = 64                 # random valid configs per family and shape
     budget: float = 0.08              # seconds of timed repetitions per variant
@@ -71,7 +73,9 @@ def plan(args: BenchSettings) -> BenchPlan:
     if unknown:
         raise ValueError(f"--ops: unknown operation(s) {unknown}; choose from {', '.join(OPERATIONS)}")
     wanted = {s.strip() for s in args.shapes.split(",") if s.strip()}
-    known = {s.name for s in seed_shapes()} | {s.name for s in TARGET_SHAPES}
+    if args.suite not in SUITES:
+        raise ValueError(f"--suite: unknown suite {args.suite!r}; choose from {', '.join(SUITES)}")
+    known = {name for op in OPERATIONS if op in CONV_OPS + POOL_OPS for name, _ in named_problems(op)}
     if wanted - known:
         raise ValueError(f"--shapes: unknown shape(s) {sorted(wanted - known)}; known: {', '.join(sorted(known))}")
     if args.samples < 0:
@@ -81,12 +85,12 @@ def plan(args: BenchSettings) -> BenchPlan:
     if args.workspace_limit is not None:
         set_workspace_limit(args.workspace_limit)
     precisions = PRECISION_CHOICES[args.precision]
-    seed_names = {s.name for s in seed_shapes()}
+    suite_names = {name for op in ops for name, _ in suite_problems(args.suite, op)}
     problems = []
     for op in ops:
-        # The target shapes only when named: the default run is the seed suite.
+        # Named shapes, else the suite's (the target shapes only when named).
         for name, problem in named_problems(op):
-            if name not in (wanted or seed_names):
+            if name not in (wanted or suite_names):
                 continue
             if op in CONV_OPS:
                 problems += [(op, name, dataclasses.replace(problem, precision=p)) for p in precisions]

@@ -8,6 +8,7 @@ from typing import Any
 
 from autocnn.benchmark import kernels as benchmark
 from autocnn.benchmark.kernels import PRECISION_CHOICES, BenchSettings
+from autocnn.kernels.suite import SUITES
 
 
 def add_parser(sub: Any) -> None:
@@ -28,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--shapes", default=defaults.shapes,
                     help="comma-separated shape names: the seed suite's, or pointwise_s1 / pointwise_s2 "
                          "(today's 1x1 layers, 256->512 channels on 28x28, batch 64; default: the seed suite)")
+    ap.add_argument("--suite", choices=SUITES, default=defaults.suite,
+                    help="the shapes run when --shapes names none: seed (default), grouped (ResNeXt-50 32x4d's "
+                         "grouped 3x3 layers) or depthwise (MobileNetV2's, ConvNeXt-T's and RepLKNet-31B's)")
     ap.add_argument("--precision", choices=tuple(PRECISION_CHOICES), default=defaults.precision,
                     help="the convolutions' precision: fp32 (against cuDNN FP32), tf32 (against cuDNN TF32), "
                          "bf16 or fp16 (against cuDNN on bfloat16 or float16 tensors; pooling too), or both "
@@ -45,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def bench_settings(args: argparse.Namespace) -> BenchSettings:
-    return BenchSettings(ops=args.ops, shapes=args.shapes, precision=args.precision, samples=args.samples,
+    return BenchSettings(ops=args.ops, shapes=args.shapes, suite=args.suite, precision=args.precision,
+                         samples=args.samples,
                          budget=args.budget, seed=args.seed, out=args.out, device=args.device,
                          cudnn_processes=args.cudnn_processes, workspace_limit=args.workspace_limit)
 

@@ -15,6 +15,7 @@ from autocnn.cli.checks import check_seed, quiet_database, say, tune_preflight
 from autocnn.cli.problems import (WORKSPACE_HELP, at_precision, fmt, has_precision, precision_text, shape_problem,
                                   zoo_text)
 from autocnn.device import set_workspace_limit
+from autocnn.kernels.suite import SUITES
 from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES, Precision, precision_named
 
 if TYPE_CHECKING:   # the search's modules import Optuna: only a run needs them
@@ -24,6 +25,7 @@ EXAMPLES = """examples:
   autocnn tune --op conv_fwd --shape N=128,C=3,H=32,W=32,K=64,R=8,S=8,stride=1,pad=4,4,3,3 --trials 100
   autocnn tune --network kriz09 --batch 128 --trials 400
   autocnn tune --suite seed --ops conv_fwd --precision tf32
+  autocnn tune --suite grouped --ops conv_fwd,conv_bwd_data,conv_wgrad --precision bf16
   autocnn db list --precision tf32
   autocnn train --network lenet5 --epochs 10 --backend cuda --precision tf32
   autocnn bench --ops conv_fwd --shapes modern_14 --precision both
@@ -38,8 +40,10 @@ def add_parser(sub: Any) -> None:
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = t.add_mutually_exclusive_group(required=True)
     what.add_argument("--op", help="operation: conv_fwd, conv_bwd_data, conv_wgrad, avgpool_fwd, avgpool_bwd")
-    what.add_argument("--suite", choices=("seed",),
-                      help="every seed shape of the five source documents (with --ops to choose operations)")
+    what.add_argument("--suite", choices=SUITES,
+                      help="every shape of a named suite (with --ops to choose operations): seed, the five "
+                           "source documents' layers; grouped, ResNeXt-50 32x4d's grouped 3x3 layers; depthwise, "
+                           "MobileNetV2's, ConvNeXt-T's and RepLKNet-31B's depthwise layers (batch 64)")
     what.add_argument("--network", help=f"a zoo network ({zoo_text()}) "
                                         "or a network JSON file: tunes every kernel it needs, forward and backward")
     what.add_argument("--stale", action="store_true",
@@ -201,9 +205,10 @@ def _tune_problems(args: argparse.Namespace, precision: Precision, op_problem: A
     if torch_uses is not None:
         return [u.problem for u in torch_uses]
     if args.suite:
-        from autocnn.kernels.suite import seed_problems
+        from autocnn.kernels.suite import suite_problems
 
-        return [at_precision(problem, precision) for op in parse_ops(args.ops) for _, problem in seed_problems(op)]
+        return [at_precision(problem, precision) for op in parse_ops(args.ops)
+                for _, problem in suite_problems(args.suite, op)]
     if args.network:
         from autocnn.nn.zoo import load_network
 

@@ -24,6 +24,10 @@ class ConvBwdData(Operation):
     outputs = ("dx",)
 
     def default_candidates(self, problem: ConvBwdDataProblem) -> Sequence[dict[str, Any]]:
+        if problem.depthwise:
+            # depthwise's direct kernels first (one channel a filter leaves a GEMM no channels to
+            # reduce over); igemm's GEMM per group, which serves them too, follows.
+            return self.candidates(problem, "depthwise") + self.candidates_besides(problem, ("depthwise",))
         # Per stride phase the direct core is dense; it won on strided, large-filter and few-channel
         # shapes on an H200, the GEMM core on wide stride-1 layers.
         direct = self.candidates(problem, "direct")
@@ -55,4 +59,5 @@ class ConvBwdData(Operation):
 
     def min_bytes(self, p: ConvBwdDataProblem) -> int:
         t = KernelTypes.of(p.precision)
-        return t.dy.size * p.N * p.K * p.P * p.Q + t.w.size * p.K * p.C * p.R * p.S + t.dx.size * p.N * p.C * p.H * p.W
+        return (t.dy.size * p.N * p.K * p.P * p.Q + t.w.size * p.K * (p.C // p.groups) * p.R * p.S
+                + t.dx.size * p.N * p.C * p.H * p.W)

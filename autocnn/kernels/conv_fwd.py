@@ -20,6 +20,10 @@ class ConvFwd(Operation):
     outputs = ("y",)
 
     def default_candidates(self, problem: ConvFwdProblem) -> Sequence[dict[str, Any]]:
+        if problem.depthwise:
+            # depthwise's direct kernels first (one channel a filter leaves a GEMM no channels to
+            # reduce over); igemm's GEMM per group, which serves them too, follows.
+            return self.candidates(problem, "depthwise") + self.candidates_besides(problem, ("depthwise",))
         # Few input channels make a short GEMM reduction, where the direct core's reuse of staged
         # input across filters wins (measured on an H200: scherer10_l1, convnet18_c1, chellapilla06_c1).
         direct = self.candidates(problem, "direct")
@@ -41,5 +45,7 @@ class ConvFwd(Operation):
 
     def min_bytes(self, p: ConvFwdProblem) -> int:
         t = KernelTypes.of(p.precision)
-        return (t.x.size * p.N * p.C * p.H * p.W + t.w.size * (p.K * p.C * p.R * p.S + (p.K if p.bias else 0))
+        # The filters hold C/groups channels each.
+        return (t.x.size * p.N * p.C * p.H * p.W
+                + t.w.size * (p.K * (p.C // p.groups) * p.R * p.S + (p.K if p.bias else 0))
                 + t.y.size * p.N * p.K * p.P * p.Q)

@@ -24,7 +24,11 @@ class ConvWgrad(Operation):
     def default_candidates(self, problem: ConvWgradProblem) -> Sequence[dict[str, Any]]:
         """The formulations in registration order (the GEMM's split-K candidates, then the rows
         formulation's); for 16-bit tensors tc's first, whose m16n8k16 mmas take them as stored (the
-        SIMT GEMM follows)."""
+        SIMT GEMM follows); for a depthwise problem, depthwise's first."""
+        if problem.depthwise:
+            # depthwise's direct kernels first (one channel a filter leaves a GEMM no channels to
+            # reduce over); igemm's GEMM per group, which serves them too, follows.
+            return self.candidates(problem, "depthwise") + self.candidates_besides(problem, ("depthwise",))
         if problem.precision.sixteen_bit:
             return self.candidates(problem, "tc") + self.candidates_besides(problem, ("tc",))
         return super().default_candidates(problem)
@@ -35,4 +39,4 @@ class ConvWgrad(Operation):
     def min_bytes(self, p: ConvWgradProblem) -> int:
         t = KernelTypes.of(p.precision)
         return (t.x.size * p.N * p.C * p.H * p.W + t.dy.size * p.N * p.K * p.P * p.Q
-                + t.dw.size * (p.K * p.C * p.R * p.S + (p.K if p.bias else 0)))
+                + t.dw.size * (p.K * (p.C // p.groups) * p.R * p.S + (p.K if p.bias else 0)))   # C/groups a filter

@@ -65,11 +65,13 @@ def _check_int(op: str, name: str, value: Any, minimum: int) -> None:
         raise InvalidProblemError(op, name, value, f"an integer >= {minimum}")
 
 
-def conv_index_extents(N: Any, C: Any, H: Any, W: Any, K: Any, R: Any, S: Any, P: Any, Q: Any) -> dict[str, tuple]:
-    """What a convolution's kernels index, by name: each must stay within INDEX_LIMIT elements.
-    Plain arithmetic on the sizes, so that autocnn.torch can evaluate it on a trace's symbolic sizes."""
-    return {"input N*C*H*W": (N, C, H, W), "filters K*C*R*S": (K, C, R, S), "output N*K*P*Q": (N, K, P, Q),
-            "unrolled input N*P*Q*C*R*S": (N, P, Q, C, R, S)}
+def conv_index_extents(N: Any, C: Any, H: Any, W: Any, K: Any, R: Any, S: Any, P: Any, Q: Any,
+                       groups: int = 1) -> dict[str, tuple]:
+    """What a convolution's kernels index, by name: each must stay within INDEX_LIMIT elements (filters and
+    a group's unrolled input hold C/groups channels). Plain arithmetic: autocnn.torch evaluates it on a trace."""
+    cg, per = (C, "C") if groups == 1 else (C // groups, "C/groups")
+    return {"input N*C*H*W": (N, C, H, W), f"filters K*{per}*R*S": (K, cg, R, S), "output N*K*P*Q": (N, K, P, Q),
+            f"unrolled input N*P*Q*{per}*R*S": (N, P, Q, cg, R, S)}
 
 
 def pool_index_extents(N: Any, C: Any, H: Any, W: Any, P: Any, Q: Any) -> dict[str, tuple]:
@@ -161,7 +163,7 @@ class ConvProblem:
                 op, "S", self.S, f"at most the padded width W+pad_left+pad_right={self.W + pl + pr}"
                 + self._dilated_text(1))
         for what, shape in conv_index_extents(self.N, self.C, self.H, self.W, self.K, self.R, self.S,
-                                              self.P, self.Q).items():
+                                              self.P, self.Q, self.groups).items():
             _check_elements(op, what, shape)
 
     def _check_grouping(self) -> None:

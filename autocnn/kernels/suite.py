@@ -71,6 +71,56 @@ TARGET_SHAPES: tuple[SeedShape, ...] = (
     _conv("pointwise_s2", "today's pointwise layers", 64, 256, 28, 28, 512, 1, 1, 2, (0, 0, 0, 0)),
 )
 
+
+
+def _grouped(name: str, source: str, C: int, H: int, R: int, stride: int, groups: int) -> SeedShape:
+    """A grouped (or depthwise: groups == C) layer of a named suite: C -> C channels, batch 64,
+    square, padded to keep the size at stride 1."""
+    pad = R // 2
+    geo = (("N", 64), ("C", C), ("H", H), ("W", H), ("K", C), ("R", R), ("S", R), ("stride", (stride, stride)),
+           ("padding", (pad, pad, pad, pad)), ("groups", groups))
+    return SeedShape(name, "conv", geo, source)
+
+
+# ResNeXt-50 32x4d's grouped 3x3 convolutions (torchvision's resnext50_32x4d: 32 groups, a stage's width
+# 128/256/512/1024 at 56/28/14/7; the first block of stages 2-4 has the stride 2 at its 3x3, reading the
+# previous stage's map), batch 64.
+GROUPED_SHAPES: tuple[SeedShape, ...] = tuple(
+    _grouped(name, "ResNeXt-50 32x4d", c, h, 3, stride, 32) for name, c, h, stride in (
+        ("resnext_128_56", 128, 56, 1),
+        ("resnext_256_56_s2", 256, 56, 2),
+        ("resnext_256_28", 256, 28, 1),
+        ("resnext_512_28_s2", 512, 28, 2),
+        ("resnext_512_14", 512, 14, 1),
+        ("resnext_1024_14_s2", 1024, 14, 2),
+        ("resnext_1024_7", 1024, 7, 1),
+    ))
+
+# Depthwise layers, batch 64: MobileNetV2's 3x3 ones at stride 1 and 2 (torchvision's mobilenet_v2: the
+# expanded channels of a block at its input's size), ConvNeXt-T's 7x7 ones at 56/28/14/7 and
+# RepLKNet-31B's 31x31 and 13x13 ones at 56/28/14.
+DEPTHWISE_SHAPES: tuple[SeedShape, ...] = tuple(
+    _grouped(name, source, c, h, r, stride, c) for name, source, c, h, r, stride in (
+        ("mobilenet_32_112", "MobileNetV2", 32, 112, 3, 1),
+        ("mobilenet_96_112_s2", "MobileNetV2", 96, 112, 3, 2),
+        ("mobilenet_144_56", "MobileNetV2", 144, 56, 3, 1),
+        ("mobilenet_144_56_s2", "MobileNetV2", 144, 56, 3, 2),
+        ("mobilenet_192_28", "MobileNetV2", 192, 28, 3, 1),
+        ("mobilenet_192_28_s2", "MobileNetV2", 192, 28, 3, 2),
+        ("mobilenet_384_14", "MobileNetV2", 384, 14, 3, 1),
+        ("mobilenet_576_14_s2", "MobileNetV2", 576, 14, 3, 2),
+        ("convnext_96_56", "ConvNeXt-T", 96, 56, 7, 1),
+        ("convnext_192_28", "ConvNeXt-T", 192, 28, 7, 1),
+        ("convnext_384_14", "ConvNeXt-T", 384, 14, 7, 1),
+        ("convnext_768_7", "ConvNeXt-T", 768, 7, 7, 1),
+        ("replknet31_128_56", "RepLKNet-31B", 128, 56, 31, 1),
+        ("replknet31_256_28", "RepLKNet-31B", 256, 28, 31, 1),
+        ("replknet31_512_14", "RepLKNet-31B", 512, 14, 31, 1),
+        ("replknet13_128_56", "RepLKNet-31B", 128, 56, 13, 1),
+        ("replknet13_256_28", "RepLKNet-31B", 256, 28, 13, 1),
+        ("replknet13_512_14", "RepLKNet-31B", 512, 14, 13, 1),
+    ))
+
 # Shapes that divide nothing evenly: odd sizes, K not a multiple of 8, batch 1 and 3, non-square
 # images and filters, asymmetric padding, stride 3, strides larger than the filter, 1x1 filters.
 ODD_SHAPES: tuple[SeedShape, ...] = (
@@ -126,9 +176,9 @@ def _registered_suite(op: str, which: str) -> list[tuple[str, Any]]:
     return out
 
 
-# Depthwise and dilated shapes that divide nothing evenly (a channel multiplier, dilation with
-# stride, a 31x31 filter on a 20x20 map): the formulations of channel groups are tested on these,
-# apart from ODD_SHAPES, which every dense formulation is.
+# Depthwise, grouped and dilated shapes that divide nothing evenly (a channel multiplier, dilation
+# with stride, a 31x31 filter on a 20x20 map, groups of several channels): the formulations of
+# channel groups are tested on these, apart from ODD_SHAPES, which every dense formulation is.
 GROUPED_ODD_SHAPES: tuple[SeedShape, ...] = tuple(
     SeedShape(name, "conv", tuple(geometry.items()), "odd grouped") for name, geometry in (
         ("odd_dw_3x3", dict(N=3, C=5, H=13, W=11, K=5, R=3, S=3, stride=(1, 1), padding=(1, 1, 1, 1), groups=5)),
@@ -138,6 +188,17 @@ GROUPED_ODD_SHAPES: tuple[SeedShape, ...] = tuple(
                              dilation=(1, 2))),
         ("odd_dw_31x31", dict(N=1, C=3, H=20, W=20, K=3, R=31, S=31, stride=(1, 1), padding=(15, 15, 15, 15),
                               groups=3)),
+        # Grouped (channels per group > 1) and dilated: 15 channels in 3 groups of 5 and 9 filters,
+        # dilation 2 with stride 3; 12 channels in 4 groups of 3 at stride 1; dilation alone (3 by 2)
+        # with stride 2, groups = 1; 48 channels in 3 groups of 16.
+        ("odd_g3_d2_s3", dict(N=3, C=15, H=23, W=19, K=9, R=3, S=3, stride=(3, 3), padding=(2, 1, 2, 2), groups=3,
+                              dilation=(2, 2))),
+        ("odd_g4_3x3", dict(N=2, C=12, H=11, W=13, K=20, R=3, S=3, stride=(1, 1), padding=(1, 1, 1, 1), groups=4)),
+        ("odd_d3x2_s2", dict(N=2, C=6, H=17, W=15, K=10, R=3, S=2, stride=(2, 2), padding=(3, 1, 2, 1),
+                             dilation=(3, 2))),
+        # Groups of 16 channels (a 16-bit mma's k-step: the tensor cores' grouped GEMMs), 7 filters each.
+        ("odd_g3_c16", dict(N=2, C=48, H=11, W=13, K=21, R=3, S=3, stride=(2, 1), padding=(1, 2, 1, 1), groups=3,
+                            dilation=(1, 2))),
     ))
 
 
@@ -169,9 +230,28 @@ def target_problems(op: str) -> list[tuple[str, Any]]:
     return [(s.name, s.problem(op)) for s in TARGET_SHAPES] if op in CONV_OPS else []
 
 
+# The suites a command names (autocnn tune --suite, autocnn bench --suite): the seed suite, and the
+# grouped and depthwise layers (convolutions only).
+SUITES = ("seed", "grouped", "depthwise")
+
+
+def suite_problems(suite: str, op: str) -> list[tuple[str, Any]]:
+    """A named suite's problems of op (none where the suite has no such layer: pooling in grouped)."""
+    if suite == "seed":
+        return seed_problems(op)
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
+    if op not in CONV_OPS:
+        return []
+    shapes = GROUPED_SHAPES if suite == "grouped" else DEPTHWISE_SHAPES
+    return [(s.name, s.problem(op)) for s in shapes]
+
+
 def named_problems(op: str) -> list[tuple[str, Any]]:
-    """Every problem of op that a command may name: the seed suite's rows, then the target layers'."""
-    return [*seed_problems(op), *target_problems(op)]
+    """Every problem of op that a command may name: the seed suite's rows, the target layers', then
+    the grouped and depthwise suites'."""
+    return [*seed_problems(op), *target_problems(op), *suite_problems("grouped", op),
+            *suite_problems("depthwise", op)]
 
 
 def seed_shape(name: str) -> SeedShape:

@@ -47,6 +47,8 @@ Templates (found by file name, kernels/codegen.py):
     nhwc_stage_conv_fwd.cuh.j2, wgmma_stage_conv_bwd_data.cuh.j2
                                             the staging kernels
     _bwd_data_phases.cuh.j2                 conv_bwd_data's GEMM per stride phase and its kernel (igemm, tc)
+    _conv_groups.cuh.j2                     a grouped or dilated problem's constants, the block's group and
+                                            conv_bwd_data's tap phases (igemm, tc; the operands above)
     igemm_conv_wgrad_reduce.cu.j2           conv_wgrad's two-pass reduction (igemm, tc)
     _bias_grad.cuh.j2                       the bias gradient (fft, sep_tiles, unrolled, winograd)
     circular_rows.cuh.j2                    the circular row buffer

@@ -200,7 +200,7 @@ class WgmmaConvBwdData(SplitOutputGemm):
     summary = "Hopper warpgroup tensor-core implicit GEMM per stride phase (sm_90a; fp32 as 3xTF32)"
     templates = ("wgmma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2",
                  "gemm_operands_conv_bwd_data.cuh.j2", "_bwd_data_operands.cuh.j2", "_operand_access.cuh.j2",
-                 "wgmma_stage_conv_bwd_data.cuh.j2")
+                 "wgmma_stage_conv_bwd_data.cuh.j2", "_conv_groups.cuh.j2")
     ARGS = ("dyt", "wt", "dx")
     output = "dx"
 

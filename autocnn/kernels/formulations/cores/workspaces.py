@@ -18,6 +18,6 @@ REDUCE_THREADS = 256
 def wgrad_reduce_launch(p: ConvWgradProblem) -> Launch:
     """The second pass of a two-pass combine (igemm_conv_wgrad_reduce.cu.j2): a fixed-order sum of
     the splits' partial sums of dW and db."""
-    n = p.K * p.C * p.R * p.S + p.K
+    n = p.K * (p.C // p.groups) * p.R * p.S + p.K      # dW (K filters of C/groups channels) and db
     return Launch("conv_wgrad_reduce", (cdiv(n, REDUCE_THREADS), 1, 1), (REDUCE_THREADS, 1, 1), 0,
                   ("ws", "ws_bias", "dw", "db"))

@@ -39,6 +39,15 @@ splits' partial sums combined by atomics, or written to a workspace and summed i
 the second pass igemm runs too (cores/workspaces.py): deterministic results, no zeroing of the
 outputs).
 
+Channel groups and dilation, for the three: a GEMM per group (igemm's views over C/groups channels
+and K/groups filters), the groups blocks along z (conv_fwd; conv_bwd_data's group * phases +
+phase, its phases those of geometry.tap_phases) or x (conv_wgrad, whose z holds the splits), each
+block offsetting its indices to its group's channels and filters (cores/_conv_groups.cuh.j2, the
+operands igemm shares), taps the dilation apart. It takes groups of at least one mma k-step of
+channels (8 for the TF32 mmas, 16 for the 16-bit ones: ResNeXt-50 32x4d's later stages; igemm
+serves the smaller ones) and reads a grouped conv_fwd's filters as stored (NHWC=0: the staging
+kernels copy dense filters); a dilated one may stage.
+
 In fp32 and tf32 the operations' heuristic defaults do not prefer it (they list the FP32 cores
 first): its speed against the other formulations is for the tuner to find. For bf16 and fp16 they
 list its defaults first, where the tensor cores run at twice the TF32 rate (the SIMT cores follow,
@@ -50,12 +59,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocnn.device import DeviceLimits
-from autocnn.kernels.formulations.base import Buffers, Formulation, OpFormulation, choices_upto, pragma_unroll
+from autocnn.kernels.formulations.base import (Buffers, Formulation, OpFormulation, choices_upto, grouping_text,
+                                               pragma_unroll)
 from autocnn.kernels.formulations.cores.mma_rules import (accumulator_violation, arch_violation, mma16_operand,
                                                            warp_tile_violation)
 from autocnn.kernels.formulations.cores.staging import nhwc_stage_launches, nhwc_stage_workspaces
 from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES, wgrad_reduce_launch
-from autocnn.kernels.geometry import cdiv, next_pow2, stride_phases
+from autocnn.kernels.geometry import cdiv, next_pow2, tap_phases, tap_steps
 from autocnn.kernels.rules import GRID_YZ_LIMIT, at_most, grid_rule, sixteen_bit_rule, smem_rule, threads_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
@@ -88,11 +98,12 @@ class TcGemm:
     GM: int
     GN: int
     GK: int
-    grid_z: int       # stride phases (conv_bwd_data); splits come from the config
+    grid_z: int       # blocks along z: stride phases (conv_bwd_data), groups (conv_fwd); splits: the config's
     split3: bool      # fp32: 3xTF32
     C: int = 0        # conv_fwd: input channels (the NHWC float4 runs)
     staged_floats: int = 0   # conv_fwd: X and W as staged for NHWC
     mma16: str = ""   # bf16, fp16: the m16n8k16 operand type ("bf16", "f16"); "" for the TF32 mmas
+    groups: int = 1   # channel groups: a GEMM each (conv_wgrad: the groups' blocks along x)
 
     @property
     def element_size(self) -> int:
@@ -251,7 +262,8 @@ def constraints(gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
             Constraint(("TWO_PASS", "SPLITK"), lambda t, s: None if t or s == 1 or not gemm.mma16
                        else f"16-bit gradients take SPLITK={s} splits through the FP32 workspace (TWO_PASS=1), not atomics"),
             Constraint(("TWO_PASS", "SPLITK"),
-                       lambda t, s: None if not t or WORKSPACE_ELEMENT.size * s * (gemm.GM * gemm.GN + gemm.GM) <= limits.workspace_bytes
+                       lambda t, s: None if not t or WORKSPACE_ELEMENT.size * s * gemm.groups * (gemm.GM * gemm.GN + gemm.GM)
+                       <= limits.workspace_bytes
                        else f"the two-pass workspace exceeds the workspace limit of {limits.workspace_bytes} bytes"),
         ]
     else:
@@ -291,7 +303,7 @@ def default_candidates(gemm: TcGemm) -> list[dict[str, Any]]:
 def wgrad_splits(gemm: TcGemm, bm: int, bn: int, bk: int) -> int:
     """conv_wgrad's default splits: about two blocks per SM of an H100 (132), each split at least
     16 reduction steps."""
-    tiles = cdiv(gemm.GM, bm) * cdiv(gemm.GN, bn)
+    tiles = gemm.groups * cdiv(gemm.GM, bm) * cdiv(gemm.GN, bn)
     want = max(1, min(2 * 132 // max(1, tiles), cdiv(gemm.GK, 16 * bk)))
     return max(s for s in SPLITS if s <= want)
 
@@ -323,13 +335,18 @@ def gemm_for(problem: Any) -> TcGemm:
     split3 = p.precision.tf32x3
     mma16 = mma16_operand(p.precision)
     if p.op == "conv_fwd":
-        return TcGemm(p.op, p.N * p.P * p.Q, p.K, p.C * p.R * p.S, 1, split3, C=p.C,
+        # One group's GEMM (the whole problem's where groups = 1), the groups along z.
+        cg = p.C // p.groups
+        return TcGemm(p.op, p.N * p.P * p.Q, p.K // p.groups, cg * p.R * p.S, p.groups, split3, C=cg,
                       staged_floats=sum(n for _, n in nhwc_stage_workspaces(p)), mma16=mma16)
     if p.op == "conv_bwd_data":
-        phases = stride_phases(p)
-        return TcGemm(p.op, max(p.N * ph.Ha * ph.Wb for ph in phases), p.C,
-                      max(1, max(p.K * ph.Ra * ph.Sb for ph in phases)), len(phases), split3, mma16=mma16)
-    return TcGemm(p.op, p.K, p.C * p.R * p.S, p.N * p.P * p.Q, 1, split3, mma16=mma16)
+        # The largest phase's GEMM of one group (geometry.tap_phases: the taps through the dilation).
+        phases = tap_phases(p)
+        return TcGemm(p.op, max(p.N * ph.Ha * ph.Wb for ph in phases), p.C // p.groups,
+                      max(1, max(p.K // p.groups * ph.Ra * ph.Sb for ph in phases)), len(phases) * p.groups, split3,
+                      mma16=mma16, groups=p.groups)
+    return TcGemm(p.op, p.K // p.groups, p.C // p.groups * p.R * p.S, p.N * p.P * p.Q, 1, split3, mma16=mma16,
+                  groups=p.groups)
 
 
 # What each op's glue renders from besides the core: its operands and what they import (conv_fwd's
@@ -337,10 +354,11 @@ def gemm_for(problem: Any) -> TcGemm:
 # reduction it shares with igemm.
 OPERAND_TEMPLATES = {
     "conv_fwd": ("gemm_operands_conv_fwd.cuh.j2", "_conv_fwd_operands.cuh.j2", "_operand_access.cuh.j2",
-                 "nhwc_stage_conv_fwd.cuh.j2", "_wgmma_ops.cuh.j2"),
+                 "nhwc_stage_conv_fwd.cuh.j2", "_wgmma_ops.cuh.j2", "_conv_groups.cuh.j2"),
     "conv_bwd_data": ("gemm_operands_conv_bwd_data.cuh.j2", "_bwd_data_operands.cuh.j2", "_operand_access.cuh.j2",
-                      "_bwd_data_phases.cuh.j2"),
-    "conv_wgrad": ("_conv_wgrad_operands.cuh.j2", "_operand_access.cuh.j2", "igemm_conv_wgrad_reduce.cu.j2"),
+                      "_bwd_data_phases.cuh.j2", "_conv_groups.cuh.j2"),
+    "conv_wgrad": ("_conv_wgrad_operands.cuh.j2", "_operand_access.cuh.j2", "igemm_conv_wgrad_reduce.cu.j2",
+                   "_conv_groups.cuh.j2"),
 }
 
 
@@ -362,6 +380,23 @@ class TcConv(OpFormulation):
 
     def constraints(self, problem: Any, limits: DeviceLimits) -> list[Constraint]:
         gemm = gemm_for(problem)
+        return [*self._grouping_constraints(problem, gemm), *self._precision_constraints(problem, gemm, limits)]
+
+    def _grouping_constraints(self, problem: Any, gemm: TcGemm) -> list[Constraint]:
+        """A grouped problem's groups are blocks along z (conv_fwd; conv_bwd_data's with its phases)
+        or x (conv_wgrad, whose z holds the splits); a grouped conv_fwd's filters have no NHWC staging
+        (the staging kernels copy dense filters). None for a dense problem: its space stays as it was."""
+        if problem.groups == 1:
+            return []
+        if self.op == "conv_wgrad":
+            return []   # groups * filter tiles along x: far below the grid's limit there
+        out = [grid_rule(("BM",), lambda bm: gemm.grid_z, "z")]
+        if self.op == "conv_fwd":
+            out.append(Constraint(("NHWC",), lambda nhwc: None if not nhwc else
+                                  "a grouped convolution's filters are read as stored (NCHW): NHWC=0"))
+        return out
+
+    def _precision_constraints(self, problem: Any, gemm: TcGemm, limits: DeviceLimits) -> list[Constraint]:
         if gemm.mma16:   # bf16, fp16: m16n8k16 on the values as stored
             return constraints(gemm, limits)
         return [sixteen_bit_rule(problem, self.formulation, "BM", "its mma.sync products take 16-bit operands only "
@@ -373,6 +408,17 @@ class TcConv(OpFormulation):
     def default_candidates(self, problem: Any) -> list[dict[str, Any]]:
         return default_candidates(gemm_for(problem))
 
+    def grouping_refusal(self, problem: Any) -> str | None:
+        """Any dilation, and groups of at least one mma k-step of channels (a GEMM per group)."""
+        if not problem.grouped_or_dilated:
+            return None
+        k_step, channels = gemm_for(problem).k_step, problem.C // problem.groups
+        if problem.groups > 1 and channels < k_step:
+            return (f"tc computes grouped convolutions of at least {k_step} channels a group, one k-step of its "
+                    f"{problem.precision} mma ({grouping_text(problem)} with C={problem.C} gives {channels}; igemm "
+                    "serves it)")
+        return None
+
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
         nhwc = config["NHWC"] if "NHWC" in config else 0
         vec_a, vec_b = vector_widths(gemm_for(problem), config["VEC"] if "VEC" in config else 1, nhwc)
@@ -382,7 +428,11 @@ class TcConv(OpFormulation):
                 "NHWC": nhwc, "VEC_A": vec_a, "VEC_B": vec_b,
                 "TF32_ROUND": config["TF32_ROUND"] if "TF32_ROUND" in config else "nearest",
                 "cross": config["CROSS"] if "CROSS" in config else 0,
-                "stage_threads": "tc::THREADS", "STAGE_SPLIT": 0, "ROW_VECTORS": 0}
+                "stage_threads": "tc::THREADS", "STAGE_SPLIT": 0, "ROW_VECTORS": 0,
+                # conv_bwd_data's phases with the taps that reach them through the dilation (rendered
+                # for a grouped or dilated problem; the op's own "phases" for the others).
+                **({"tap_phases": tap_phases(problem), "tap_steps": tap_steps(problem)} if self.op == "conv_bwd_data"
+                   else {})}
 
     def launches(self, problem: Any, config: Config) -> tuple[Launch, ...]:
         gemm, c = gemm_for(problem), config
@@ -391,7 +441,9 @@ class TcConv(OpFormulation):
         smem = smem_bytes(gemm.op, c["BM"], c["BN"], c["BK"], c["STAGES"], c["PAD_A"], c["PAD_B"], table, gemm.GK,
                           nhwc, bool(gemm.mma16))
         z = c["SPLITK"] if gemm.op == "conv_wgrad" else gemm.grid_z
-        grid = (cdiv(gemm.GM, c["BM"]), cdiv(gemm.GN, c["BN"]), z)
+        # conv_wgrad's groups are blocks along x (the other ops' along z: grid_z).
+        rows = cdiv(gemm.GM, c["BM"]) * (gemm.groups if gemm.op == "conv_wgrad" else 1)
+        grid = (rows, cdiv(gemm.GN, c["BN"]), z)
         threads = (32 * c["WM"] * c["WN"], 1, 1)
         if nhwc:
             return (*nhwc_stage_launches(problem, threads),
@@ -408,7 +460,8 @@ class TcConv(OpFormulation):
             return (), ()
         if config["TWO_PASS"]:
             gemm = gemm_for(problem)
-            return (), (("ws", config["SPLITK"] * gemm.GM * gemm.GN), ("ws_bias", config["SPLITK"] * gemm.GM))
+            splits = config["SPLITK"] * gemm.groups   # every group's split sums
+            return (), (("ws", splits * gemm.GM * gemm.GN), ("ws_bias", splits * gemm.GM))
         if config["SPLITK"] > 1:
             return ("dw", "db"), ()   # the splits' atomics add into zeroed outputs
         return (), ()
@@ -416,7 +469,7 @@ class TcConv(OpFormulation):
     def code_helpers(self) -> tuple:
         return (gemm_for, TcGemm, smem_bytes, kmajor, vector_widths, pragma_unroll, KMAJOR, TABLE_ENTRY_BYTES, self.ARGS,
                 wgrad_reduce_launch, WORKSPACE_LIMIT_BYTES, nhwc_stage_launches, nhwc_stage_workspaces, mma16_operand,
-                sixteen_bit_candidates, wgrad_splits)
+                sixteen_bit_candidates, wgrad_splits, tap_phases, tap_steps)
 
 
 TENSOR_CORE = Formulation(FORMULATION_TC, tuple(TcConv(op) for op in TC_OPS))

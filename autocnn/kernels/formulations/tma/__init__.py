@@ -204,7 +204,7 @@ class TmaConvBwdData(WgmmaConvBwdData):
     summary = "Hopper warpgroup tensor-core implicit GEMM fed by TMA copies (stride 1; sm_90a; fp32 as 3xTF32)"
     templates = ("tma_conv_bwd_data.cu.j2", "wgmma_core.cuh.j2", "_wgmma_ops.cuh.j2", "wgmma_mainloop.cuh.j2",
                  "gemm_operands_conv_bwd_data.cuh.j2", "_bwd_data_operands.cuh.j2", "_operand_access.cuh.j2",
-                 "wgmma_stage_conv_bwd_data.cuh.j2", "_tma_ops.cuh.j2")
+                 "wgmma_stage_conv_bwd_data.cuh.j2", "_tma_ops.cuh.j2", "_conv_groups.cuh.j2")
     ARGS = ("dx",)
 
     def workspace_params(self, problem: Any) -> tuple[str, ...]:
