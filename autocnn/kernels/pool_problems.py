@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from autocnn.errors import InvalidProblemError
-from autocnn.kernels.problem_fields import (DTYPES, check_elements, check_int, padding_field, pair_field,
-                                            pool_index_extents, problem_dict)
+from autocnn.kernels.problem_fields import (DTYPES, check_elements, check_int, checked_layout, layout_string,
+                                            padding_field, pair_field, pool_index_extents, problem_dict)
+from autocnn.layout import DEFAULT_LAYOUT, Layout
 from autocnn.kernels.problem_registry import PROBLEM_TYPES
 from autocnn.precision import DEFAULT_PRECISION, PRECISIONS, Precision, precision_named, without_products
 
@@ -22,6 +23,7 @@ POOL_PRECISIONS: tuple[Precision, ...] = tuple(p for p in PRECISIONS if without_
 class PoolProblem:
     """Average pooling geometry: X is N x C x H x W, Y is N x C x P x Q.
 
+    ``layout`` orders x and y in memory (NCHW, the default, or NHWC; autocnn/layout.py).
     ``count_pad`` says whether padded positions count in the divisor (True: always kh*kw, as
     PyTorch's count_include_pad; False: only the positions inside the image). ``precision`` is the
     storage of x and y (fp32, bf16 or fp16; the sums run in FP32 in each): one of POOL_PRECISIONS.
@@ -37,8 +39,11 @@ class PoolProblem:
     count_pad: bool = True
     dtype: str = "float32"
     precision: Precision = DEFAULT_PRECISION   # a name ("bf16") is taken for its Precision
+    layout: Layout = DEFAULT_LAYOUT            # a name ("nhwc") is taken for its Layout
 
     op: ClassVar[str] = "pool"
+    # Whether the operation has a layout other than NCHW (conv_pool_dz has none).
+    takes_layout: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         op = self.op
@@ -58,6 +63,7 @@ class PoolProblem:
                                       f"one of {', '.join(p.name for p in POOL_PRECISIONS)} (pooling forms no "
                                       f"products, so {precision.name} is {without_products(precision).name} there)")
         object.__setattr__(self, "precision", precision)
+        object.__setattr__(self, "layout", checked_layout(self, self.layout))
         kh, kw = self.window
         pt, pl, pb, pr = self.padding
         if pt >= kh or pb >= kh:
@@ -94,7 +100,8 @@ class PoolProblem:
     def geometry(self) -> dict[str, Any]:
         return {"N": self.N, "C": self.C, "H": self.H, "W": self.W, "window": self.window,
                 "stride": self.stride, "padding": self.padding, "count_pad": self.count_pad,
-                "dtype": self.dtype, "precision": self.precision}
+                "dtype": self.dtype, "precision": self.precision,
+                **({} if self.layout is DEFAULT_LAYOUT else {"layout": self.layout})}
 
     def to_dict(self) -> dict[str, Any]:
         # As a convolution's: the default precision is left out, so that records made before pooling
@@ -108,7 +115,7 @@ class PoolProblem:
         stride = f"{sh}" if sh == sw else f"{sh},{sw}"
         pad = str(self.padding[0]) if len(set(self.padding)) == 1 else ",".join(map(str, self.padding))
         text = f"N={self.N},C={self.C},H={self.H},W={self.W},window={win},stride={stride},pad={pad}"
-        text += "" if self.count_pad else ",count_pad=0"
+        text += ("" if self.count_pad else ",count_pad=0") + layout_string(self)
         return text + ("" if self.precision is DEFAULT_PRECISION else f",precision={self.precision.name}")
 
     def with_op(self, op: str) -> "PoolProblem":

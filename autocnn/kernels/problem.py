@@ -15,8 +15,9 @@ from autocnn.errors import InvalidProblemError
 from autocnn.kernels.pool_problems import (  # noqa: F401
     POOL_PRECISIONS, AvgPoolBwdProblem, AvgPoolFwdProblem, PoolProblem)
 from autocnn.kernels.problem_fields import (  # noqa: F401
-    ACTIVATIONS, DTYPES, INDEX_LIMIT, beyond_index_limit, check_elements, check_int, conv_index_extents,
-    padding_field, pair_field, pool_index_extents, problem_dict)
+    ACTIVATIONS, DTYPES, INDEX_LIMIT, beyond_index_limit, check_elements, check_int, checked_layout,
+    conv_index_extents, layout_string, padding_field, pair_field, pool_index_extents, problem_dict)
+from autocnn.layout import DEFAULT_LAYOUT, Layout
 from autocnn.kernels.problem_registry import (  # noqa: F401
     PROBLEM_TYPES, ReferenceProblem, parse_shape, problem_from_dict, problem_type, register_problem_type)
 # What a convolution's result must be as accurate as: a Precision (autocnn/precision.py, where the
@@ -34,7 +35,9 @@ class ConvProblem:
     ``groups`` splits the channels into that many groups, filter k reading only group
     k // (K/groups) of the input (groups == C == K: depthwise); ``dilation`` spaces the filter's taps.
     Both at their defaults (1, (1, 1)) are left out of to_dict, shape_string and geometry, so a dense,
-    undilated problem keeps the keys it had before they existed.
+    undilated problem keeps the keys it had before they existed. ``layout`` orders the tensors in
+    memory (NCHW with KCRS filters, the default and likewise left out, or NHWC with KRSC;
+    autocnn/layout.py); the sizes and x_shape, w_shape, y_shape are logical, the same in both.
     """
 
     N: int
@@ -50,10 +53,13 @@ class ConvProblem:
     precision: Precision = DEFAULT_PRECISION   # a name ("tf32") is taken for its Precision
     groups: int = 1
     dilation: tuple[int, int] = (1, 1)
+    layout: Layout = DEFAULT_LAYOUT            # a name ("nhwc") is taken for its Layout
 
     op: ClassVar[str] = "conv"
     # Whether the operation has a grouped or dilated form (the fused ones have none).
     takes_grouping: ClassVar[bool] = True
+    # Whether it has a layout other than NCHW (the fused and separable ones have none).
+    takes_layout: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         op = self.op
@@ -64,6 +70,7 @@ class ConvProblem:
         if self.dtype not in DTYPES:
             raise InvalidProblemError(op, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         object.__setattr__(self, "precision", precision_named(self.precision, op))
+        object.__setattr__(self, "layout", checked_layout(self, self.layout))
         self._check_grouping()
         pt, pl, pb, pr = self.padding
         extent_h, extent_w = self.filter_extent
@@ -155,8 +162,8 @@ class ConvProblem:
             "N": self.N, "C": self.C, "H": self.H, "W": self.W, "K": self.K, "R": self.R, "S": self.S,
             "stride": self.stride, "padding": self.padding, "dtype": self.dtype, "precision": self.precision,
         }
-        # Only where they are not the default: the problems with no grouped form (fused, separable)
-        # take this geometry too.
+        # Only where they are not the default: the problems with no grouped form or other layout
+        # (fused, separable) take this geometry too.
         return {**out, **self._grouping_fields()}
 
     def _grouping_fields(self) -> dict[str, Any]:
@@ -165,6 +172,8 @@ class ConvProblem:
             out["groups"] = self.groups
         if self.dilation != (1, 1):
             out["dilation"] = self.dilation
+        if self.layout is not DEFAULT_LAYOUT:
+            out["layout"] = self.layout
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,7 +195,7 @@ class ConvProblem:
         if self.dilation != (1, 1):
             dh, dw = self.dilation
             text += f",dilation={dh}" if dh == dw else f",dilation={dh},{dw}"
-        text += self._epilogue_string()
+        text += self._epilogue_string() + layout_string(self)
         return text + ("" if self.precision is DEFAULT_PRECISION else f",precision={self.precision.name}")
 
     def _epilogue_string(self) -> str:

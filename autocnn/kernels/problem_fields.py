@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from autocnn.errors import InvalidProblemError, ProblemTooLargeError
+from autocnn.layout import DEFAULT_LAYOUT, LAYOUT_NAMES, Layout, layout_named
 from autocnn.precision import DEFAULT_PRECISION
 
 # Generated kernels index with 32-bit signed integers; every tensor (and every product the index
@@ -107,7 +108,28 @@ def problem_dict(problem: Any, defaults: Mapping[str, Any]) -> dict[str, Any]:
         del out["precision"]
     else:
         out["precision"] = problem.precision.name
+    # Likewise the default layout: records made before layouts existed keep their keys.
+    if problem.layout is DEFAULT_LAYOUT:
+        del out["layout"]
+    else:
+        out["layout"] = problem.layout.name
     for name, value in defaults.items():
         if getattr(problem, name) == value:
             del out[name]
     return out
+
+
+def checked_layout(problem: Any, value: Any) -> Layout:
+    """The Layout ``value`` names for ``problem``: one of LAYOUT_NAMES, and NCHW alone where the
+    problem's operation has no other layout (``takes_layout``)."""
+    layout = layout_named(value, problem.op)
+    if layout is not DEFAULT_LAYOUT and not problem.takes_layout:
+        raise InvalidProblemError(problem.op, "layout", layout.name,
+                                  f"only {DEFAULT_LAYOUT.name}: {problem.op} has no {layout.name} form "
+                                  f"(the layouts are {', '.join(LAYOUT_NAMES)}; run its operations apart)")
+    return layout
+
+
+def layout_string(problem: Any) -> str:
+    """The layout's part of a shape string: nothing for the default, so existing keys stay."""
+    return "" if problem.layout is DEFAULT_LAYOUT else f",layout={problem.layout.name}"

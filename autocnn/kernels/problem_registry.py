@@ -111,7 +111,7 @@ def parse_shape(op: str, text: str) -> Any:
     for key, values in fields.items():
         if key not in names:
             raise InvalidProblemError(op, key, ",".join(values), f"fields are {', '.join(sorted(names))}")
-        if key in ("activation", "dtype", "precision"):
+        if key in ("activation", "dtype", "precision", "layout"):
             kwargs[key] = values[0]
             continue
         try:
