@@ -11,7 +11,9 @@ its "formulation" parameter) and precision it serves (every formulation serves f
 layers and up to three of its odd ones (sizes that divide no tile, plus the few odd shapes below
 that the 3x3 stride-1 and large-filter formulations accept), the odd ones with a fused epilogue
 where the problem has one; for each problem the formulation's default config where it has one
-there, and sampled configs to make up twelve a formulation, operation and precision.
+there, and sampled configs to make up twelve a formulation, operation and precision. The
+formulations that serve NHWC problems have groups of their own (``<op>/<value>/<precision>/nhwc``)
+over the suite's NHWC odd shapes, sampled after the others so that theirs stay what they were.
 
     python scripts/render_digests.py            # sample and write the file anew
     python scripts/render_digests.py --check    # render the file's cases; exit 1 on any difference
@@ -36,7 +38,8 @@ from autocnn.device import DeviceLimits  # noqa: E402
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError, InvalidProblemError  # noqa: E402
 from autocnn.kernels import OPERATIONS, get_operation, problem_from_dict  # noqa: E402
 from autocnn.kernels.problem import PRECISIONS, precision_label  # noqa: E402
-from autocnn.kernels.suite import GROUPED_ODD_SHAPES, odd_problems, seed_problems, target_problems  # noqa: E402
+from autocnn.kernels.suite import (GROUPED_ODD_SHAPES, nhwc_odd_problems, odd_problems, seed_problems,  # noqa: E402
+                                   target_problems)
 
 DIGESTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "render_digests.json"
 ARCH = "sm_90"                   # the limits configs are sampled under: every formulation serves it
@@ -193,6 +196,33 @@ def cases(arch: str = ARCH) -> Iterator[tuple[str, Any, dict[str, Any]]]:
                     key = f"{op}/{label}/{precision or '-'}"
                     for config in _sample(operation, value, problem, limits, count, _seeded(group, label), space_cache):
                         yield key, problem, {"group": group, "problem": key, "config": config.as_dict()}
+    yield from _nhwc_cases(limits)
+
+
+def _nhwc_served(operation: Any, value: str, precision: str | None, limits: DeviceLimits) -> list[tuple[str, Any]]:
+    """The suite's NHWC odd problems of the operation at the precision that the formulation value serves."""
+    out = []
+    for label, problem in nhwc_odd_problems(operation.name):
+        problem = _with_precision(problem, precision)
+        if problem is not None and value not in operation.refusals(problem, limits):
+            out.append((label, problem))
+    return out
+
+
+def _nhwc_cases(limits: DeviceLimits) -> Iterator[tuple[str, Any, dict[str, Any]]]:
+    """The NHWC groups' cases: twelve configs a formulation value, operation and precision, spread
+    over the NHWC problems it serves."""
+    for op in sorted(OPERATIONS):
+        operation, space_cache = get_operation(op), {}
+        for value in operation.formulation_names:
+            for precision in _precisions(op):
+                chosen = _nhwc_served(operation, value, precision, limits)
+                group = f"{op}/{value}/{precision or '-'}/nhwc"
+                for i, (label, problem) in enumerate(chosen):
+                    count = CONFIGS_PER_GROUP // len(chosen) + (i < CONFIGS_PER_GROUP % len(chosen))
+                    key = f"{op}/{label}/{precision or '-'}"
+                    for config in _sample(operation, value, problem, limits, count, _seeded(group, label), space_cache):
+                        yield key, problem, {"group": group, "problem": key, "config": config.as_dict()}
 
 
 def render(problem_dict: dict[str, Any], config: dict[str, Any], limits: DeviceLimits,
@@ -239,6 +269,8 @@ def groups_registered(arch: str = ARCH) -> set[str]:
         operation, space_cache = get_operation(op), {}
         out |= {f"{op}/{value}/{precision or '-'}" for value in operation.formulation_names
                 for precision in _precisions(op) if _served(operation, value, precision, limits, space_cache)}
+        out |= {f"{op}/{value}/{precision or '-'}/nhwc" for value in operation.formulation_names
+                for precision in _precisions(op) if _nhwc_served(operation, value, precision, limits)}
     return out
 
 

@@ -3,7 +3,7 @@ evenly (kernels.suite.NHWC_ODD_SHAPES: C=5 and K=7 beside whole vector runs, str
 padding, batch 3, depthwise 7x7 at dilation 2 and with a channel multiplier): each formulation's
 default and sampled configs of each operation it serves, in every precision, run by the CPU
 emulator (tests/cuda_emulator.py) and verified against the float64 reference, every element; the
-defaults compiled by nvcc for sm_90 without errors or spills."""
+defaults (and a sampled fp32 config each) compiled by nvcc for sm_90 without errors or spills."""
 from __future__ import annotations
 
 import dataclasses
@@ -91,13 +91,20 @@ def test_defaults_compile_for_sm90_without_spills(formulation, op, tmp_path):
     operation = get_operation(op)
     compiler = NvccCompiler("sm_90", cache_dir=tmp_path)
     failures = []
+    rng = random.Random(17)
     for precision in ("fp32", "bf16", "fp16"):
         for name, problem in served(formulation, op, precision):
-            config = operation.default_config(problem, LIMITS, formulation=formulation)
-            plan = operation.plan(problem, config)
-            module = compiler.compile(plan.source, config=config)
-            missing = set(plan.kernel_names) - set(module.reports)
-            spills = [str(r) for r in module.reports.values() if r.spills]
-            if missing or spills:
-                failures.append(f"{name} {precision} {config}: missing {missing}, spills {spills}")
+            default = operation.default_config(problem, LIMITS, formulation=formulation)
+            space = operation.space(problem, LIMITS)
+            if "formulation" in {p.name for p in space.params}:
+                space = space.restrict({"formulation": formulation})
+            # A sampled config beside each fp32 default: the parameters' other code paths build too.
+            sampled = space.sample(rng, 1, exclude=[default]) if precision == "fp32" else []
+            for config in [default, *sampled]:
+                plan = operation.plan(problem, config)
+                module = compiler.compile(plan.source, config=config)
+                missing = set(plan.kernel_names) - set(module.reports)
+                spills = [str(r) for r in module.reports.values() if r.spills]
+                if missing or spills:
+                    failures.append(f"{name} {precision} {config}: missing {missing}, spills {spills}")
     assert not failures, "\n".join(failures[:10])
