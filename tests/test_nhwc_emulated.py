@@ -7,6 +7,7 @@ defaults (and a sampled fp32 config each) compiled by nvcc for sm_90 without err
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import shutil
 
@@ -28,6 +29,9 @@ NHWC_FORMULATIONS = (
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 # tf32 renders these SIMT kernels as fp32 does (FP32 products): emulated once, in fp32.
 EMULATED_PRECISIONS = ("fp32", "bf16", "fp16")
+# Sampled configs per problem beside the default (each emulation runs a thread per CUDA thread on
+# the host; AUTOCNN_EMULATED_SAMPLES asks for more).
+SAMPLED = int(os.environ.get("AUTOCNN_EMULATED_SAMPLES", "1"))
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 
 
@@ -75,7 +79,7 @@ def test_default_and_sampled_configs_verify_under_emulation(formulation, op, pre
         default = operation.default_config(problem, LIMITS, formulation=formulation)
         # Sampled configs where the emulation stays quick: fp32 and bf16 (the others share their code
         # paths but for the element type).
-        sampled = space.sample(random.Random(seed + checked), 2, exclude=[default]) if precision in ("fp32", "bf16") else []
+        sampled = space.sample(random.Random(seed + checked), SAMPLED, exclude=[default]) if precision in ("fp32", "bf16") else []
         for config in [default, *sampled]:
             why = emulated_failure(operation, problem, config, tmp_path, seed + checked)
             checked += 1

@@ -111,3 +111,27 @@ def test_a_nan_in_an_nhwc_input_reaches_the_outputs_it_touches(op, device, loade
     want = reference.run_problem(problem, {k: v.astype(np.float64) for k, v in inputs.items()})["y"]
     assert np.isnan(want).any() and not np.isnan(want).all()
     assert np.array_equal(np.isnan(got), np.isnan(want))
+
+
+def test_the_cudnn_baseline_runs_nhwc_problems_on_channels_last_tensors(device, monkeypatch):
+    """autocnn bench --layout nhwc compares with cuDNN in the same layout: its tensors channels_last."""
+    from autocnn.benchmark.baselines import time_baseline, torch_available
+
+    if not torch_available():
+        pytest.skip("PyTorch with CUDA is not installed")
+    import torch
+
+    seen = []
+    conv2d = torch.nn.functional.conv2d
+
+    def recording(x, w, *args, **kwargs):
+        seen.append(x.is_contiguous(memory_format=torch.channels_last) and w.is_contiguous(
+            memory_format=torch.channels_last) and x.dim() == 4 and not x.is_contiguous())
+        return conv2d(x, w, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "conv2d", recording)
+    for op in ("conv_fwd", "conv_bwd_data", "conv_wgrad", "avgpool_fwd", "avgpool_bwd"):
+        problem = network_problems(op)[0][1]
+        timed = time_baseline(op, problem, budget_s=0.05)
+        assert timed.us is not None and timed.us > 0, f"{op}: {timed.reason}"
+    assert seen and all(seen)
