@@ -15,6 +15,9 @@ there, and sampled configs to make up twelve a formulation, operation and precis
 holds the dense shapes, and for a formulation of channel groups alone (depthwise) the grouped ones
 (suite.GROUPED_ODD_SHAPES); a formulation that serves both has a second group,
 "<op>/<formulation>/<precision>/grouped", of up to six grouped or dilated shapes.
+The formulations that serve NHWC problems have groups of their own
+(``<op>/<value>/<precision>/nhwc``) over the suite's NHWC odd shapes, sampled after the others so
+that theirs stay what they were.
 
     python scripts/render_digests.py            # sample and write the file anew
     python scripts/render_digests.py --check    # render the file's cases; exit 1 on any difference
@@ -39,7 +42,8 @@ from autocnn.device import DeviceLimits  # noqa: E402
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError, InvalidProblemError  # noqa: E402
 from autocnn.kernels import OPERATIONS, get_operation, problem_from_dict  # noqa: E402
 from autocnn.kernels.problem import PRECISIONS, precision_label  # noqa: E402
-from autocnn.kernels.suite import GROUPED_ODD_SHAPES, odd_problems, seed_problems, target_problems  # noqa: E402
+from autocnn.kernels.suite import (GROUPED_ODD_SHAPES, nhwc_odd_problems, odd_problems, seed_problems,  # noqa: E402
+                                   target_problems)
 
 DIGESTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "render_digests.json"
 ARCH = "sm_90"                   # the limits configs are sampled under: every formulation serves it
@@ -198,6 +202,8 @@ def cases(arch: str = ARCH) -> Iterator[tuple[str, Any, dict[str, Any]]]:
                     yield from _group_cases(operation, f"{group}/grouped", value, precision,
                                             _spread(grouped, GROUPED_PROBLEMS), limits, space_cache)
 
+    yield from _nhwc_cases(limits)
+
 
 def _grouped(problem: Any) -> bool:
     return getattr(problem, "grouped_or_dilated", False)
@@ -217,6 +223,28 @@ def _group_cases(operation: Any, group: str, value: str, precision: str | None, 
         key = f"{operation.name}/{label}/{precision or '-'}"
         for config in _sample(operation, value, problem, limits, count, _seeded(group, label), space_cache):
             yield key, problem, {"group": group, "problem": key, "config": config.as_dict()}
+
+
+def _nhwc_served(operation: Any, value: str, precision: str | None, limits: DeviceLimits) -> list[tuple[str, Any]]:
+    """The suite's NHWC odd problems of the operation at the precision that the formulation value serves."""
+    out = []
+    for label, problem in nhwc_odd_problems(operation.name):
+        problem = _with_precision(problem, precision)
+        if problem is not None and value not in operation.refusals(problem, limits):
+            out.append((label, problem))
+    return out
+
+
+def _nhwc_cases(limits: DeviceLimits) -> Iterator[tuple[str, Any, dict[str, Any]]]:
+    """The NHWC groups' cases: twelve configs a formulation value, operation and precision, spread
+    over the NHWC problems it serves."""
+    for op in sorted(OPERATIONS):
+        operation, space_cache = get_operation(op), {}
+        for value in operation.formulation_names:
+            for precision in _precisions(op):
+                chosen = _nhwc_served(operation, value, precision, limits)
+                group = f"{op}/{value}/{precision or '-'}/nhwc"
+                yield from _group_cases(operation, group, value, precision, chosen, limits, space_cache)
 
 
 def render(problem_dict: dict[str, Any], config: dict[str, Any], limits: DeviceLimits,
@@ -266,6 +294,8 @@ def groups_registered(arch: str = ARCH) -> set[str]:
                 if _served(operation, value, precision, limits, space_cache):
                     group = f"{op}/{value}/{precision or '-'}"
                     out |= {group, f"{group}/grouped"} if _serves_dense_and_grouped(operation, value) else {group}
+        out |= {f"{op}/{value}/{precision or '-'}/nhwc" for value in operation.formulation_names
+                for precision in _precisions(op) if _nhwc_served(operation, value, precision, limits)}
     return out
 
 

@@ -30,6 +30,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
+from autocnn.layout import layout_of
 from autocnn.precision import BF16, DEFAULT_PRECISION, FP16, FP32, TF32, Precision, precision_named, precision_of
 
 
@@ -224,12 +225,17 @@ def cudnn_runner(op: str, problem: Any) -> Callable[[], None]:
     g.manual_seed(1234)
     dtype = torch_dtype(torch, problem_precision(problem))
 
+    # The problem's layout: an NHWC problem's tensors are channels_last, as a PyTorch user in that
+    # layout holds them (cuDNN then runs its NHWC kernels); their logical shapes stay NCHW's.
+    memory_format = torch.channels_last if layout_of(problem).channels_last else torch.contiguous_format
+
     def randn(*shape):
-        return torch.randn(*shape, device=dev, dtype=torch.float32, generator=g).to(dtype)
+        t = torch.randn(*shape, device=dev, dtype=torch.float32, generator=g).to(dtype)
+        return t.contiguous(memory_format=memory_format) if t.dim() == 4 else t
 
     activations = {"none": None, "relu": torch.relu, "tanh": torch.tanh, "logistic": torch.sigmoid}
     if op in ("conv_fwd", "conv_pool_fwd"):
-        x, pad = _conv_input(F, randn, problem)
+        x, pad = _conv_input(F, randn, problem, memory_format)
         w = randn(*problem.w_shape)
         bias = randn(problem.K) if getattr(problem, "bias", False) else None
         act = activations[problem.activation]
@@ -250,7 +256,7 @@ def cudnn_runner(op: str, problem: Any) -> Callable[[], None]:
             F.avg_pool2d(a, kernel, pool_stride, pool_pad, False, problem.count_pad)
         return run
     if op in ("conv_bwd_data", "conv_wgrad", "conv_bwd_fused"):
-        x, pad = _conv_input(F, randn, problem)
+        x, pad = _conv_input(F, randn, problem, memory_format)
         w = randn(*problem.w_shape)
         stride = list(problem.stride)
         dy = randn(*problem.y_shape)
@@ -289,14 +295,14 @@ def cudnn_runner(op: str, problem: Any) -> Callable[[], None]:
     return run
 
 
-def _conv_input(F: Any, randn: Callable[..., Any], problem: Any) -> tuple[Any, list[int]]:
+def _conv_input(F: Any, randn: Callable[..., Any], problem: Any, memory_format: Any) -> tuple[Any, list[int]]:
     """The convolution's input and the padding to give PyTorch: its own where the padding is
     symmetric, else the input padded beforehand (outside the timed region) and none."""
     pt, pl, pb, pr = problem.padding
     x = randn(*problem.x_shape)
     if pt == pb and pl == pr:
         return x, [pt, pl]
-    return F.pad(x, (pl, pr, pt, pb)), [0, 0]
+    return F.pad(x, (pl, pr, pt, pb)).contiguous(memory_format=memory_format), [0, 0]
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from typing import Any
 
 from autocnn.device import set_workspace_limit
 from autocnn.kernels import OPERATIONS, operation_for
+from autocnn.layout import DEFAULT_LAYOUT, layout_named, layout_of
 from autocnn.precision import PRECISION_NAMES, precision_named, without_products
 from autocnn.kernels.suite import CONV_OPS, POOL_OPS, SUITES, named_problems, suite_problems
 from autocnn.benchmark.table import (CONV_PRECISIONS, GpuRates, fastest_draws, progress_line, row_from_results,
@@ -49,6 +50,7 @@ class BenchSettings:
     shapes: str = ""                  # comma-separated shape names; empty: the suite's
     suite: str = "seed"               # a named suite (kernels.suite.SUITES): its shapes, unless named
     precision: str = "both"           # a key of PRECISION_CHOICES
+    layout: str = DEFAULT_LAYOUT.name  # one of LAYOUT_NAMES: the problems' memory order
     samples: int = 64                 # random valid configs per family and shape
     budget: float = 0.08              # seconds of timed repetitions per variant
     seed: int | None = None           # sampling seed; None: random, printed
@@ -85,6 +87,7 @@ def plan(args: BenchSettings) -> BenchPlan:
     if args.workspace_limit is not None:
         set_workspace_limit(args.workspace_limit)
     precisions = PRECISION_CHOICES[args.precision]
+    layout = layout_named(args.layout, "--layout")
     suite_names = {name for op in ops for name, _ in suite_problems(args.suite, op)}
     problems = []
     for op in ops:
@@ -92,6 +95,11 @@ def plan(args: BenchSettings) -> BenchPlan:
         for name, problem in named_problems(op):
             if name not in (wanted or suite_names):
                 continue
+            if layout is not layout_of(problem):
+                if not problem.takes_layout:
+                    raise ValueError(f"--layout {layout.name}: {op} has only the {layout_of(problem).name} layout; "
+                                     f"leave it out of --ops")
+                problem = dataclasses.replace(problem, layout=layout)
             if op in CONV_OPS:
                 problems += [(op, name, dataclasses.replace(problem, precision=p)) for p in precisions]
             else:   # once per storage: fp32 and tf32 share float32 pooling

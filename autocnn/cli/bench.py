@@ -9,6 +9,8 @@ from typing import Any
 from autocnn.benchmark import kernels as benchmark
 from autocnn.benchmark.kernels import PRECISION_CHOICES, BenchSettings
 from autocnn.kernels.suite import SUITES
+from autocnn.cli.problems import LAYOUT_HELP
+from autocnn.layout import LAYOUT_NAMES
 
 
 def add_parser(sub: Any) -> None:
@@ -36,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the convolutions' precision: fp32 (against cuDNN FP32), tf32 (against cuDNN TF32), "
                          "bf16 or fp16 (against cuDNN on bfloat16 or float16 tensors; pooling too), or both "
                          "fp32 and tf32, side by side (default)")
+    ap.add_argument("--layout", choices=LAYOUT_NAMES, default=defaults.layout,
+                    help=LAYOUT_HELP + "; cuDNN runs in the same layout (channels_last for nhwc)")
     ap.add_argument("--budget", type=float, default=defaults.budget, help="seconds of timed repetitions per variant")
     ap.add_argument("--seed", type=int, default=defaults.seed, help="sampling seed (default: random, printed)")
     ap.add_argument("--out", type=Path, default=defaults.out, help="JSON results")
@@ -50,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def bench_settings(args: argparse.Namespace) -> BenchSettings:
     return BenchSettings(ops=args.ops, shapes=args.shapes, suite=args.suite, precision=args.precision,
+                         layout=args.layout,
                          samples=args.samples,
                          budget=args.budget, seed=args.seed, out=args.out, device=args.device,
                          cudnn_processes=args.cudnn_processes, workspace_limit=args.workspace_limit)

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from autocnn.cli.checks import check_seed, quiet_database, say, tune_preflight
-from autocnn.cli.problems import (WORKSPACE_HELP, at_precision, fmt, has_precision, precision_text, shape_problem,
-                                  zoo_text)
+from autocnn.cli.problems import (LAYOUT_HELP, WORKSPACE_HELP, at_layout, at_precision, fmt, has_precision,
+                                  precision_text, shape_problem, takes_layout, zoo_text)
 from autocnn.device import set_workspace_limit
 from autocnn.kernels.suite import SUITES
+from autocnn.layout import LAYOUT_NAMES, layout_named, layout_of
 from autocnn.precision import DEFAULT_PRECISION, PRECISION_NAMES, Precision, precision_named
 
 if TYPE_CHECKING:   # the search's modules import Optuna: only a run needs them
@@ -99,6 +100,9 @@ def add_parser(sub: Any) -> None:
                         "Applies to every convolution tuned (--op, --suite, --network, --stale: there, only "
                         "the stale records of this precision); pooling has no precision. With --op it may "
                         "also be given in --shape as precision=tf32")
+    t.add_argument("--layout", choices=LAYOUT_NAMES, default=None,
+                   help=LAYOUT_HELP + ". Applies to the problems of --op (where --shape may also say layout=nhwc) "
+                        "and --suite; the training library and autocnn.torch (--network, --torch-model) run nchw")
     t.add_argument("--cudnn", action=argparse.BooleanOptionalAction, default=None,
                    help="time PyTorch/cuDNN on each tuned shape, show the ratio and keep it in the record "
                         "(TF32 off for fp32 problems, on for tf32 ones); default: on when PyTorch with CUDA "
@@ -207,8 +211,9 @@ def _tune_problems(args: argparse.Namespace, precision: Precision, op_problem: A
     if args.suite:
         from autocnn.kernels.suite import suite_problems
 
-        return [at_precision(problem, precision) for op in parse_ops(args.ops)
-                for _, problem in suite_problems(args.suite, op)]
+        problems = [at_precision(problem, precision) for op in parse_ops(args.ops)
+                    for _, problem in suite_problems(args.suite, op)]
+        return problems if args.layout is None else _in_layout(problems, args.layout)
     if args.network:
         from autocnn.nn.zoo import load_network
 
@@ -229,6 +234,17 @@ def _tune_problems(args: argparse.Namespace, precision: Precision, op_problem: A
                 raise ValueError(f"--ops: {args.network} runs no {', '.join(ops)} kernel")
         return problems
     return None
+
+
+def _in_layout(problems: list[Any], layout: str) -> list[Any]:
+    """The suite's problems in --layout; says how many are left out (operations with no such layout)."""
+    wanted = layout_named(layout, "--layout")
+    kept = [at_layout(p, wanted) for p in problems if takes_layout(p) or layout_of(p) is wanted]
+    if len(kept) < len(problems):
+        ops = sorted({p.op for p in problems if not takes_layout(p)})
+        print(f"autocnn: {len(problems) - len(kept)} problems ({', '.join(ops)}) left out: their operations have "
+              f"only the nchw layout", file=sys.stderr)
+    return kept
 
 
 def _offering(fixed: dict[str, Any], problems: list[Any]) -> list[Any]:
@@ -268,7 +284,10 @@ def tune_command(args: argparse.Namespace) -> TuneCommand:
     if args.devices is not None:
         parse_devices(args.devices)
     precision = precision_named(args.precision) if args.precision else DEFAULT_PRECISION
-    op_problem = shape_problem(args.op, args.shape, args.precision) if args.op else None
+    if args.layout is not None and not (args.op or args.suite):
+        raise ValueError("--layout goes with --op or --suite: the training library and autocnn.torch (--network, "
+                         "--torch-model) run nchw, and --stale tunes each stale record in its own layout")
+    op_problem = shape_problem(args.op, args.shape, args.precision, args.layout) if args.op else None
     torch_uses = None
     if args.torch_model:
         try:

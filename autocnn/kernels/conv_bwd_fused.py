@@ -35,6 +35,7 @@ class ConvBwdFusedProblem(ConvProblem):
     bias: bool = True
     op: ClassVar[str] = "conv_bwd_fused"
     takes_grouping: ClassVar[bool] = False
+    takes_layout: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -39,6 +39,7 @@ class ConvPoolFwdProblem(ConvFwdProblem):
     keep_activation: bool = False
     op: ClassVar[str] = "conv_pool_fwd"
     takes_grouping: ClassVar[bool] = False
+    takes_layout: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -123,6 +124,7 @@ class ConvPoolDzProblem(PoolProblem):
 
     activation: str = "none"
     op: ClassVar[str] = "conv_pool_dz"
+    takes_layout: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

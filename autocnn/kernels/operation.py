@@ -150,12 +150,12 @@ class Operation:
 
     def refusals(self, problem: Any, limits: DeviceLimits) -> dict[str, str]:
         """Why each formulation that cannot serve ``problem`` at all (its precision, its channel
-        groups or dilation: rules.Refusal) refuses it, by each value of "formulation" that selects it; the others are
+        groups or dilation, its layout: rules.Refusal) refuses it, by each value of "formulation" that selects it; the others are
         not in it. Read before any config is drawn: what a run holds to a formulation, or runs an
         operation none of whose formulations serve, is refused before a GPU opens."""
         out: dict[str, str] = {}
         for f in self.formulations:
-            why = f.grouping_refusal(problem) or refusal(f.constraints(problem, limits))
+            why = f.grouping_refusal(problem) or f.layout_refusal(problem) or refusal(f.constraints(problem, limits))
             if why is not None:
                 out.update({name: why for name in f.names})
         return out
@@ -288,10 +288,10 @@ def compose_space(op: str, formulations: Sequence["OpFormulation"], problem: Any
 
 
 def _grouping_refusals(f: "OpFormulation", problem: Any, param: str) -> list[Constraint]:
-    """The formulation's refusal of the problem's channel groups or dilation, as a rule on ``param``
-    ("formulation", or a parameter of the only formulation), scoped to its configs; none where it
-    serves them, so a dense problem's space is what it was."""
-    reason = f.grouping_refusal(problem)
+    """The formulation's refusal of the problem's channel groups or dilation, or of its layout, as a
+    rule on ``param`` ("formulation", or a parameter of the only formulation), scoped to its configs;
+    none where it serves them, so a dense NCHW problem's space is what it was."""
+    reason = f.grouping_refusal(problem) or f.layout_refusal(problem)
     if reason is None:
         return []
     if param == "formulation":

@@ -16,7 +16,9 @@ Grouped convolutions (``groups`` > 1; filters K x C/groups x R x S) take one tap
 as one batched product over the groups (einsum), and ``dilation`` (dh, dw) moves tap (r, s) to the
 view starting at (r*dh, s*dw).
 
-Layouts: activations NCHW, filters KCRS, padding (top, left, bottom, right), stride (sh, sw).
+Layouts: activations NCHW, filters KCRS, padding (top, left, bottom, right), stride (sh, sw). The
+problem-level wrappers (input_shapes, run_problem) take and give arrays in the problem's layout
+(autocnn/layout.py: NHWC with KRSC filters too), moved to NCHW around these functions.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import numpy
 
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import ACTIVATIONS, ReferenceProblem
+from autocnn.layout import DEFAULT_LAYOUT, layout_of
 
 # numpy.ndarray or cupy.ndarray: CuPy is optional, so it cannot appear in the annotations.
 Array = Any
@@ -454,10 +457,25 @@ def avgpool_bwd(dy: Array, *, input_hw: Any, window: Any, stride: Any, padding: 
 
 # -- problem-level wrappers ---------------------------------------------------------------------
 
+_FILTERS = ("w", "dw")   # the tensors of a convolution's filter shape; the other 4-D ones are activations
+
+
+def _in_layout(problem: Any, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The logical (NCHW, KCRS) shapes of the five operations' tensors as the problem's layout holds them."""
+    layout = layout_of(problem)
+    return {name: (layout.filter_shape(shape) if name in _FILTERS else layout.activation_shape(shape))
+            if len(shape) == 4 else shape for name, shape in shapes.items()}
+
+
 def input_shapes(problem: Any) -> dict[str, tuple[int, ...]]:
-    """The arrays ``run_problem`` takes for ``problem``, by name, with their shapes."""
+    """The arrays ``run_problem`` takes for ``problem``, by name, with their shapes (in the problem's
+    layout: an NHWC problem's x is N x H x W x C, its filters K x R x S x C)."""
     if isinstance(problem, ReferenceProblem):
         return problem.input_shapes()
+    return _in_layout(problem, _logical_inputs(problem))
+
+
+def _logical_inputs(problem: Any) -> dict[str, tuple[int, ...]]:
     op = problem.op
     if op == "conv_fwd":
         shapes = {"x": problem.x_shape, "w": problem.w_shape}
@@ -476,9 +494,14 @@ def input_shapes(problem: Any) -> dict[str, tuple[int, ...]]:
 
 
 def output_shapes(problem: Any) -> dict[str, tuple[int, ...]]:
-    """The arrays ``run_problem`` returns for ``problem``, by name, with their shapes."""
+    """The arrays ``run_problem`` returns for ``problem``, by name, with their shapes (in the
+    problem's layout, as input_shapes)."""
     if isinstance(problem, ReferenceProblem):
         return problem.output_shapes()
+    return _in_layout(problem, _logical_outputs(problem))
+
+
+def _logical_outputs(problem: Any) -> dict[str, tuple[int, ...]]:
     op = problem.op
     if op == "conv_fwd":
         return {"y": problem.y_shape}
@@ -509,6 +532,17 @@ def run_problem(problem: Any, inputs: Mapping[str, Array]) -> dict[str, Array]:
 
     if isinstance(problem, ReferenceProblem):
         return problem.reference(inputs)
+    # The references compute in NCHW (KCRS filters): another layout's arrays are moved there and
+    # the outputs moved back, so every layout is checked against the same float64 arithmetic.
+    layout = layout_of(problem)
+    if layout is DEFAULT_LAYOUT:
+        return _run_nchw(problem, inputs)
+    nchw = {name: layout.to_nchw(a, filters=name in _FILTERS) if a.ndim == 4 else a for name, a in inputs.items()}
+    return {name: layout.from_nchw(a, filters=name in _FILTERS) if a.ndim == 4 else a
+            for name, a in _run_nchw(problem, nchw).items()}
+
+
+def _run_nchw(problem: Any, inputs: Mapping[str, Array]) -> dict[str, Array]:
     op = problem.op
     geo = {"stride": problem.stride, "padding": problem.padding}
     if op in ("conv_fwd", "conv_bwd_data", "conv_wgrad"):

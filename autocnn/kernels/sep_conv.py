@@ -48,6 +48,8 @@ class _Separable:
 
     rank: int
     op: ClassVar[str]
+    # Their factors and kernels are NCHW's (kernels/problem.py: ConvProblem.takes_layout).
+    takes_layout: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         # The convolution's checks first (the next class in the MRO), then the separable ones.

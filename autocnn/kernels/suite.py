@@ -202,6 +202,32 @@ GROUPED_ODD_SHAPES: tuple[SeedShape, ...] = tuple(
     ))
 
 
+# Channels-last (NHWC) shapes that divide nothing evenly, for the formulations that serve that layout
+# (window_gather, depthwise, direct): channel counts that no vector width divides (C=5, K=7) beside
+# ones that 8 divides (whole vector runs), stride 2, asymmetric padding, odd batches; depthwise with
+# dilation and with a channel multiplier.
+NHWC_ODD_SHAPES: tuple[SeedShape, ...] = tuple(
+    SeedShape(name, kind, (*geometry.items(), ("layout", "nhwc")), "odd nhwc") for name, kind, geometry in (
+        ("odd_nhwc", "conv", dict(N=3, C=5, H=13, W=13, K=7, R=3, S=3, stride=(2, 2), padding=(1, 0, 2, 1))),
+        ("odd_nhwc_runs", "conv", dict(N=2, C=16, H=9, W=11, K=24, R=3, S=3, stride=(1, 1), padding=(1, 1, 1, 1))),
+        ("odd_nhwc_dw_d2", "conv", dict(N=3, C=6, H=13, W=13, K=6, R=7, S=7, stride=(1, 1), padding=(6, 5, 6, 6),
+                                    groups=6, dilation=(2, 2))),
+        ("odd_nhwc_dw_mult", "conv", dict(N=2, C=8, H=9, W=10, K=16, R=3, S=3, stride=(2, 2), padding=(1, 1, 0, 1),
+                                      groups=8)),
+        ("odd_nhwc_pool", "pool", dict(N=3, C=5, H=13, W=11, window=(3, 3), stride=(2, 2), padding=(1, 0, 0, 1),
+                                       count_pad=False)),
+        ("odd_nhwc_pool_runs", "pool", dict(N=2, C=24, H=9, W=9, window=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0))),
+    ))
+
+
+def nhwc_odd_problems(op: str) -> list[tuple[str, Any]]:
+    """NHWC_ODD_SHAPES as problems of one of the five operations (none for the others)."""
+    if op not in CONV_OPS + POOL_OPS:
+        return []
+    kind = "conv" if op in CONV_OPS else "pool"
+    return [(s.name, s.problem(op)) for s in NHWC_ODD_SHAPES if s.kind == kind]
+
+
 def grouped_odd_problems(op: str) -> list[tuple[str, Any]]:
     """GROUPED_ODD_SHAPES as problems of a convolution op (none for the others)."""
     return [(s.name, s.problem(op)) for s in GROUPED_ODD_SHAPES] if op in CONV_OPS else []

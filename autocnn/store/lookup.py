@@ -22,6 +22,7 @@ from autocnn.device import DeviceInfo
 from autocnn.errors import InfeasibleConfigError, InvalidConfigError
 from autocnn.kernels import get_operation, problem_from_dict
 from autocnn.kernels.space import Config, SearchSpace
+from autocnn.layout import layout_of
 from autocnn.precision import precision_of
 from autocnn.store.feasibility import ResourceCheck, ptxas_check
 from autocnn.store.files import CorruptFile, Entry, ForeignFormat, Origin, file_signature, read_raw
@@ -65,9 +66,10 @@ def shape_distance(a: Any, b: Any) -> float:
     runs as the tf32 problem's code, which meets the looser bound as well; it was tuned for another
     cost, so a tf32 record of a shape as near wins. Problems of different grouping classes
     (grouping_class: dense, depthwise, grouped) are infinitely far apart; within one, the number
-    of groups counts as a size, and each axis's dilation as its stride does.
+    of groups counts as a size, and each axis's dilation as its stride does. Problems of different
+    layouts are infinitely far apart: a config indexes its tensors in one layout's order.
     """
-    if a.op != b.op or a.dtype != b.dtype:
+    if a.op != b.op or a.dtype != b.dtype or layout_of(a) is not layout_of(b):
         return math.inf
     d = 0.0
     pa, pb = precision_of(a), precision_of(b)

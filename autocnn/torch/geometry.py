@@ -177,7 +177,8 @@ def conv_beyond_index_limit(x_shape: Sequence[Any], w_shape: Sequence[Any], stri
     K, R, S = w_shape[0], w_shape[2], w_shape[3]
     P = (H + padding[0] + padding[2] - filter_extent(R, dilation[0])) // stride[0] + 1
     Q = (W + padding[1] + padding[3] - filter_extent(S, dilation[1])) // stride[1] + 1
-    return beyond_index_limit(conv_index_extents(N, C, H, W, K, R, S, P, Q))
+    # The filters hold C/groups channels a filter: the groups are what the input has beyond them.
+    return beyond_index_limit(conv_index_extents(N, C, H, W, K, R, S, P, Q, C // w_shape[1]))
 
 
 def pool_beyond_index_limit(x_shape: Sequence[Any], window: Sequence[int], stride: Sequence[int],

@@ -51,7 +51,8 @@ own configs only. An operation with a single formulation has no "formulation" pa
 configs name none). A formulation that serves only some problems of an operation (a precision, an
 architecture) says so with a constraint whose reason tells the user why. Channel groups and
 dilation are refused for every formulation by default (OpFormulation.grouping_refusal, which the
-operation adds to its rules); one that serves them overrides it.
+operation adds to its rules); one that serves them overrides it. So are layouts other than NCHW
+(OpFormulation.layout_refusal): one that serves them lists them in ``layouts``.
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ from autocnn.device import DeviceLimits
 from autocnn.kernels.geometry import next_pow2
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import Launch
+from autocnn.layout import NCHW, Layout, layout_of
 
 FULL_UNROLL = 0   # an unroll value of 0 renders as a plain "#pragma unroll" (unroll completely)
 
@@ -100,6 +102,7 @@ class OpFormulation:
     summary: str = ""                     # a few words for the "formulation" parameter's description
     templates: tuple[str, ...] = ()       # its own template files; the first is included by the op template
     target_suffix: str = ""               # "a": compiled for the architecture-specific target (sm_90a)
+    layouts: tuple[Layout, ...] = (NCHW,)  # the layouts (autocnn/layout.py) whose problems it computes
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -136,6 +139,16 @@ class OpFormulation:
         return (f"{self.formulation} computes dense, undilated convolutions only (groups=1, dilation=1; "
                 f"{grouping_text(problem)} given): its index maps read all C channels for every filter, "
                 "at consecutive taps")
+
+    def layout_refusal(self, problem: Any) -> str | None:
+        """Why it cannot compute ``problem`` in its layout (the operation turns this into a
+        rules.Refusal, as grouping_refusal's); None where ``layouts`` holds it."""
+        layout = layout_of(problem)
+        if layout in self.layouts:
+            return None
+        served = ", ".join(f"{s.name} ({s.activation_axes} activations, {s.filter_axes} filters)" for s in self.layouts)
+        return (f"{self.formulation} computes {self.op} in the {served} layout only ({layout.name} given): "
+                f"its index maps read and write that memory order")
 
     def compile_suffix(self, config: Config) -> str:
         """The target suffix a config is compiled for: the formulation's, unless some of its

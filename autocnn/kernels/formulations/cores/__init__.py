@@ -25,10 +25,14 @@ Python:
     circular_rows.py        the circular row buffer (circular, circular_bwd)
     sep_geometry.py         the separable correlation's tiles (the four sep_* formulations, sep_conv)
     pool_blocks.py          pooling windows per block (igemm_pool, conv_pool_problems)
+    channels_last.py        the channel runs of NHWC kernels: widths, when a run is whole
+                            (window_gather, direct, depthwise)
 
 Templates (found by file name, kernels/codegen.py):
     _igemm.cuh.j2, _direct.cuh.j2           the implicit-GEMM and direct cores (igemm, igemm_pool;
                                             direct, direct_pool)
+    _channels_last.cuh.j2                   NHWC channel runs' loads and stores (window_gather,
+                                            direct, depthwise)
     tcgemm.cuh.j2, _mma_sync.cuh.j2         the mma.sync GEMM and its instructions
     _mma_tiles.cuh.j2                       a warp's mma tiles: accumulators, partial sums, products
                                             (tcgemm.cuh.j2, tc_rows)

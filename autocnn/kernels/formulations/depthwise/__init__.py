@@ -18,6 +18,9 @@ Parameters: DW_TH, DW_TW (the output tile), DW_CPB (channels, or conv_wgrad's fi
 (outputs per thread along a row), DW_UNROLL (the tap loop's unrolling; conv_wgrad's: the tile row's),
 and conv_wgrad's DW_THREADS and DW_SPLIT (named apart from other formulations' parameters, whose choices would merge). Untimed: the GPU tests verify it, tuning records will say
 where it wins.
+
+NHWC problems (channels last) run kernels of their own, channel-fastest with vector channel runs
+(depthwise_nhwc.py says how, and what their parameters are), in every precision the NCHW ones serve.
 """
 from __future__ import annotations
 
@@ -30,6 +33,9 @@ from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.rules import GRID_YZ_LIMIT, code_size_rule, grid_rule, smem_rule, threads_rule, workspace_rule
 from autocnn.kernels.space import Config, Constraint, Param
 from autocnn.kernels.steps import WORKSPACE_ELEMENT, Launch
+from autocnn.layout import LAYOUTS
+
+from . import depthwise_nhwc as nhwc
 
 NAME = "depthwise"
 REDUCE_THREADS = 256
@@ -63,18 +69,22 @@ def _refuse_unless_depthwise(problem: Any) -> str | None:
 class _Depthwise(OpFormulation):
     formulation = NAME
     summary = "direct depthwise (groups == C)"
+    layouts = LAYOUTS
 
     def grouping_refusal(self, problem: Any) -> str | None:
         return _refuse_unless_depthwise(problem)
 
     def context(self, problem: Any, config: Config) -> dict[str, Any]:
-        return {"unroll": pragma_unroll(config["DW_UNROLL"]), "threads": self.threads(problem, config)}
+        # NHWC's conv_wgrad unrolls no loop of its own choosing (it has no DW_UNROLL).
+        unroll = config.as_dict().get("DW_UNROLL")
+        return {"unroll": "" if unroll is None else pragma_unroll(unroll), "threads": self.threads(problem, config)}
 
     def threads(self, problem: Any, config: Config) -> int:
         raise NotImplementedError
 
     def code_helpers(self) -> tuple:
-        return (input_tile, gradient_tile, row_threads)
+        return (input_tile, gradient_tile, row_threads, nhwc.row_items, nhwc.row_channels, nhwc.row_positions,
+                nhwc.row_grid)
 
 
 class _RowTiles(_Depthwise):
@@ -87,6 +97,8 @@ class _RowTiles(_Depthwise):
         raise NotImplementedError
 
     def params(self, p: Any) -> list[Param]:
+        if p.layout.channels_last:
+            return nhwc.row_params(p, self.op)
         oh, ow = self.out_hw(p)
         return [
             Param("DW_TH", choices_upto((1, 2, 4, 8, 16), next_pow2(oh)), "output rows per block"),
@@ -101,6 +113,8 @@ class _RowTiles(_Depthwise):
         return p.precision.accumulator.size * CPB * (th * tw + (p.K // p.C) * p.R * p.S)
 
     def constraints(self, p: Any, limits: DeviceLimits) -> list[Constraint]:
+        if p.layout.channels_last:
+            return nhwc.row_constraints(p, self.op, limits)
         oh, ow = self.out_hw(p)
         return [
             Constraint(("DW_TW", "DW_OPT"), lambda tw, opt: None if tw % opt == 0 else f"DW_OPT={opt} does not divide DW_TW={tw}"),
@@ -114,22 +128,32 @@ class _RowTiles(_Depthwise):
         ]
 
     def default_candidates(self, p: Any) -> list[dict[str, Any]]:
+        if p.layout.channels_last:
+            return nhwc.row_defaults(p, self.op, NAME)
         out = []
         for th, tw, opt, cpb in ((4, 32, 4, 4), (8, 16, 2, 2), (8, 8, 2, 4), (4, 8, 1, 1), (1, 4, 1, 8), (1, 4, 4, 32)):
             out.append({"formulation": NAME, "DW_TH": th, "DW_TW": tw, "DW_OPT": opt, "DW_CPB": cpb, "DW_UNROLL": FULL_UNROLL if p.S <= 7 else 1})
         return out
 
     def threads(self, p: Any, c: Config) -> int:
+        if p.layout.channels_last:
+            return c["DW_THREADS"]
         return row_threads(c["DW_TH"], c["DW_TW"], c["DW_OPT"], c["DW_CPB"])
 
+    def shared_bytes(self, p: Any, c: Config) -> int:
+        # The NHWC kernels stage nothing.
+        return 0 if p.layout.channels_last else self.smem_bytes(p, c["DW_TH"], c["DW_TW"], c["DW_CPB"])
+
     def grid(self, p: Any, c: Config) -> tuple[int, int, int]:
+        if p.layout.channels_last:
+            return nhwc.row_grid(p, self.op, c)
         oh, ow = self.out_hw(p)
         return (cdiv(oh, c["DW_TH"]) * cdiv(ow, c["DW_TW"]), cdiv(p.C, c["DW_CPB"]), p.N)
 
 
 class DepthwiseConvFwd(_RowTiles):
     op = "conv_fwd"
-    templates = ("depthwise_conv_fwd.cu.j2", "_depthwise.cuh.j2")
+    templates = ("depthwise_conv_fwd.cu.j2", "_depthwise.cuh.j2", "depthwise_nhwc_conv_fwd.cuh.j2", "_channels_last.cuh.j2")
 
     def out_hw(self, p: Any) -> tuple[int, int]:
         return p.P, p.Q
@@ -138,13 +162,14 @@ class DepthwiseConvFwd(_RowTiles):
         return input_tile(p, TH, TW)
 
     def launches(self, p: Any, c: Config) -> tuple[Launch, ...]:
-        return (Launch("conv_fwd", self.grid(p, c), (self.threads(p, c), 1, 1),
-                       self.smem_bytes(p, c["DW_TH"], c["DW_TW"], c["DW_CPB"]), ("x", "w", "bias", "y")),)
+        return (Launch("conv_fwd", self.grid(p, c), (self.threads(p, c), 1, 1), self.shared_bytes(p, c),
+                       ("x", "w", "bias", "y")),)
 
 
 class DepthwiseConvBwdData(_RowTiles):
     op = "conv_bwd_data"
-    templates = ("depthwise_conv_bwd_data.cu.j2", "_depthwise.cuh.j2")
+    templates = ("depthwise_conv_bwd_data.cu.j2", "_depthwise.cuh.j2", "depthwise_nhwc_conv_bwd_data.cuh.j2",
+                 "_channels_last.cuh.j2")
 
     def out_hw(self, p: Any) -> tuple[int, int]:
         return p.H, p.W
@@ -153,8 +178,8 @@ class DepthwiseConvBwdData(_RowTiles):
         return gradient_tile(p, TH, TW)
 
     def launches(self, p: Any, c: Config) -> tuple[Launch, ...]:
-        return (Launch("conv_bwd_data", self.grid(p, c), (self.threads(p, c), 1, 1),
-                       self.smem_bytes(p, c["DW_TH"], c["DW_TW"], c["DW_CPB"]), ("dy", "w", "dx")),)
+        return (Launch("conv_bwd_data", self.grid(p, c), (self.threads(p, c), 1, 1), self.shared_bytes(p, c),
+                       ("dy", "w", "dx")),)
 
 
 def wgrad_items(p: Any, TH: int, TW: int) -> int:
@@ -164,9 +189,11 @@ def wgrad_items(p: Any, TH: int, TW: int) -> int:
 
 class DepthwiseConvWgrad(_Depthwise):
     op = "conv_wgrad"
-    templates = ("depthwise_conv_wgrad.cu.j2", "_depthwise.cuh.j2")
+    templates = ("depthwise_conv_wgrad.cu.j2", "_depthwise.cuh.j2", "depthwise_nhwc_conv_wgrad.cuh.j2")
 
     def params(self, p: Any) -> list[Param]:
+        if p.layout.channels_last:
+            return nhwc.wgrad_params(p)
         return [
             Param("DW_TH", choices_upto((1, 2, 4, 8, 16), next_pow2(p.P)), "output rows per staged tile"),
             Param("DW_TW", choices_upto((4, 8, 16, 32, 64), next_pow2(p.Q)), "output columns per staged tile"),
@@ -182,6 +209,8 @@ class DepthwiseConvWgrad(_Depthwise):
         return p.precision.accumulator.size * CPB * (ih * iw + TH * TW)
 
     def constraints(self, p: Any, limits: DeviceLimits) -> list[Constraint]:
+        if p.layout.channels_last:
+            return nhwc.wgrad_constraints(p, limits)
         return [
             smem_rule(limits, ("DW_TH", "DW_TW", "DW_CPB"), lambda th, tw, cpb: self.smem_bytes(p, th, tw, cpb)),
             Constraint(("DW_CPB", "DW_THREADS"), lambda cpb, t: None if cdiv(cpb * p.R * p.S, t) <= 32
@@ -195,6 +224,8 @@ class DepthwiseConvWgrad(_Depthwise):
         ]
 
     def default_candidates(self, p: Any) -> list[dict[str, Any]]:
+        if p.layout.channels_last:
+            return nhwc.wgrad_defaults(p, NAME)
         out = []
         for th, tw, cpb, threads, split in ((8, 32, 8, 128, 64), (8, 8, 4, 64, 32), (4, 8, 1, 64, 8), (1, 4, 1, 64, 1)):
             out.append({"formulation": NAME, "DW_TH": th, "DW_TW": tw, "DW_CPB": cpb, "DW_THREADS": threads, "DW_SPLIT": split,
@@ -205,8 +236,10 @@ class DepthwiseConvWgrad(_Depthwise):
         return c["DW_THREADS"]
 
     def launches(self, p: Any, c: Config) -> tuple[Launch, ...]:
-        partial = Launch("conv_wgrad", (c["DW_SPLIT"], cdiv(p.K, c["DW_CPB"]), 1), (c["DW_THREADS"], 1, 1),
-                         self.smem_bytes(p, c["DW_TH"], c["DW_TW"], c["DW_CPB"]), ("x", "dy", "ws", "ws_bias"))
+        # The NHWC kernel stages nothing.
+        smem = 0 if p.layout.channels_last else self.smem_bytes(p, c["DW_TH"], c["DW_TW"], c["DW_CPB"])
+        partial = Launch("conv_wgrad", (c["DW_SPLIT"], cdiv(p.K, c["DW_CPB"]), 1), (c["DW_THREADS"], 1, 1), smem,
+                         ("x", "dy", "ws", "ws_bias"))
         n = p.K * p.R * p.S + p.K
         reduce = Launch("depthwise_wgrad_reduce", (cdiv(n, REDUCE_THREADS), 1, 1), (REDUCE_THREADS, 1, 1), 0,
                         ("ws", "ws_bias", "dw", "db"))
