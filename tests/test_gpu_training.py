@@ -266,13 +266,13 @@ def test_fused_classifier_head_matches_the_composed_numpy_step(n, features, clas
 def test_cublas_sgemm_of_every_operand_layout_matches_numpy(m, k, n):
     import cupy as cp
 
-    from autocnn.nn.cublas import Sgemm
+    from autocnn.nn.cublas import Gemm
 
     rng = np.random.default_rng()
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     want = a.astype(np.float64) @ b.astype(np.float64)
-    gemm = Sgemm(cp)
+    gemm = Gemm(cp)
     for ga in (cp.asarray(a), cp.asarray(np.ascontiguousarray(a.T)).T):      # C- and F-contiguous
         for gb in (cp.asarray(b), cp.asarray(np.ascontiguousarray(b.T)).T):
             out = cp.full((m, n), cp.nan, dtype=cp.float32)

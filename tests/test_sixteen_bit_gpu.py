@@ -52,7 +52,9 @@ def test_sixteen_bit_formulations_verify_on_odd_and_seed_shapes(op, value, preci
             checked += 1
             if not check.verification.passed:
                 failures.append(f"{name} {config}: {check.verification.message}")
-    assert checked >= 3
+    # Sampled configs on each of the three shapes; with AUTOCNN_GPU_SAMPLES=0 the defaults alone, which
+    # some shapes lack for this formulation value.
+    assert checked >= (3 if SAMPLES else 1)
     assert not failures, f"seed {SEED}:\n" + "\n".join(failures[:8])
 
 
