@@ -32,7 +32,7 @@ from torch import nn
 
 from autocnn.dispatch.kernels import PrepareOutcome
 from autocnn.dispatch.quick import AutotuneMode, TuningBudget, autotune_mode, model_budget
-from autocnn.torch.launch import kernels_for
+from autocnn.torch.launch import kernels_for, outside_the_forward
 from autocnn.torch.tuning import MetaTraceError, as_args, collect_problems
 
 # Where a config came from, for the report's counts (autocnn.dispatch.quick's choice sources).
@@ -263,7 +263,7 @@ class FirstUse:
         self.seen.add(key)
         settings = PrepareSettings.resolve(self.autotune, self.budget_s, self.verbose)
         try:
-            prepare_on(kernels_for(device), module, args, settings, training)
+            outside_the_forward(lambda: prepare_on(kernels_for(device), module, args, settings, training))
         except MetaTraceError as exc:
             warnings.warn(f"{exc}; autocnn.torch prepares each kernel when its layer first runs instead",
                           RuntimeWarning, stacklevel=2)

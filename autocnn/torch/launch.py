@@ -100,12 +100,27 @@ class DeviceKernels:
         with cp.cuda.Device(self.index), self.cupy_stream(cp, stream):
             if problem not in self.kernels.dispatch:
                 # On PyTorch's stream: what loading a plan queues (and a library GEMM's handle) is for it.
-                _say_tuned(self.prepare([problem]))
+                _say_tuned(outside_the_forward(self.prepare, [problem]))
             self.kernels.run(problem, {name: None if t is None else as_cupy(cp, t) for name, t in tensors.items()})
 
     def forget(self, problems: Iterable[Any]) -> None:
         with self.lock:
             self.kernels.forget(list(problems))
+
+
+def outside_the_forward(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` run in a generator's frame, whose link back to its caller lasts only while it runs.
+
+    Preparing kernels happens inside a model's forward (the first-use hook, a problem met one at a
+    time); what the preparation imports for the first time may
+    keep a traceback (Optuna keeps the ImportError of each optional module it tries), and a frame
+    finished as a plain call keeps its caller, so the forward's frames, and with them the step's
+    output and its autograd graph, would stay alive for good: the parameters' AccumulateGrad nodes,
+    made on the stream of that first step, would then break a later CUDA-graph capture. A
+    generator's frame does not keep its caller once it is suspended, so the chain stops there."""
+    def run() -> Any:
+        yield fn(*args)
+    return next(run())
 
 
 def _say_tuned(outcome: Any) -> None:
@@ -149,17 +164,21 @@ def kernels_for(device: torch.device) -> DeviceKernels:
         return found
     with _DEVICES_LOCK:
         if index not in _DEVICES:
-            from autocnn.device import current_device
-            from autocnn.dispatch.kernels import GpuKernels
-            from autocnn.dispatch.quick import autotune_mode
-            from autocnn.store import TuningDatabase
-
-            autotune = autotune_mode()   # $AUTOCNN_AUTOTUNE checked before the GPU is touched
-            cp = _cupy()
-            with cp.cuda.Device(index):
-                kernels = GpuKernels(cp, index, current_device(index), TuningDatabase(), autotune)
-                _DEVICES[index] = DeviceKernels(index, kernels)
+            # Often first called inside a forward: what it imports must not keep the forward's frames.
+            _DEVICES[index] = outside_the_forward(_device_kernels, index)
         return _DEVICES[index]
+
+
+def _device_kernels(index: int) -> DeviceKernels:
+    from autocnn.device import current_device
+    from autocnn.dispatch.kernels import GpuKernels
+    from autocnn.dispatch.quick import autotune_mode
+    from autocnn.store import TuningDatabase
+
+    autotune = autotune_mode()   # $AUTOCNN_AUTOTUNE checked before the GPU is touched
+    cp = _cupy()
+    with cp.cuda.Device(index):
+        return DeviceKernels(index, GpuKernels(cp, index, current_device(index), TuningDatabase(), autotune))
 
 
 def forget(problems: Iterable[Any]) -> None:
