@@ -11,15 +11,15 @@ from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from autocnn.precision import DEFAULT_PRECISION
 from autocnn.nn.backend import Array, Backend, KernelProblem
-from autocnn.nn.layer_base import (Shape, WeightedLayer, check_activation, check_int, check_pair, check_padding,
-                                   check_precision, init_weights)
+from autocnn.nn.layer_base import (OwnPrecision, Shape, WeightedLayer, check_activation, check_int, check_pair,
+                                   check_padding, check_precision, init_weights)
 from autocnn.separable.execution import make_execution, separable_problems
 from autocnn.separable.rank import RankChoice, energy_rank
 from autocnn.separable.setting import OFF, SeparableSetting, ineligibility, parse_separable
 from autocnn.separable.svd import SvdReport, SvdSettings
 
 
-class Conv2d(WeightedLayer):
+class Conv2d(OwnPrecision, WeightedLayer):
     """2-D convolution with fused bias and activation: y = act(conv(x, W) + b).
 
     ``padding``: an int, (height, width) or (top, left, bottom, right) (asymmetric padding, as
@@ -111,19 +111,7 @@ class Conv2d(WeightedLayer):
         text += self._epilogue_text()
         if self.separable_override is not None:
             text += f", separable={self.separable_override.value()!r}"
-        return text + (f", precision={self.precision_override.name!r}" if self.precision_override else "")
-
-    @property
-    def precision(self) -> str:
-        """The precision this layer's convolutions run at: its own, else the model's."""
-        return self.precision_override or self._model_precision
-
-    def use_model_precision(self, precision: str) -> None:
-        self._model_precision = precision
-
-    def takes_element(self, arriving):
-        # Its kernels' storage: float32 at fp32 and tf32, 16 bits at bf16 and fp16.
-        return self.precision.x
+        return text + self.precision_text()
 
     # -- separable filters ------------------------------------------------------------------------
     @property

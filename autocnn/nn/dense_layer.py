@@ -10,11 +10,11 @@ import numpy as np
 
 from autocnn.nn.backend import Array, Backend
 from autocnn.nn.layer_base import Shape, WeightedLayer, check_activation, check_int, init_weights
-from autocnn.nn.layer_base import check_precision
+from autocnn.nn.layer_base import OwnPrecision, check_precision
 from autocnn.precision import DEFAULT_PRECISION, FLOAT32, Precision
 
 
-class Dense(WeightedLayer):
+class Dense(OwnPrecision, WeightedLayer):
     """Fully connected: y = act(x @ W + b), W of shape (in_features, out_features).
 
     ``precision``: None (the default) takes the model's; a precision overrides it for this layer.
@@ -45,19 +45,7 @@ class Dense(WeightedLayer):
 
     def config_text(self) -> str:
         text = f"{self.in_features}, {self.out_features}" + self._epilogue_text()
-        return text + (f", precision={self.precision_override.name!r}" if self.precision_override else "")
-
-    @property
-    def precision(self) -> Precision:
-        """The layer's precision: its own, else the model's."""
-        return self.precision_override or self._model_precision
-
-    def use_model_precision(self, precision: Precision) -> None:
-        self._model_precision = precision
-
-    def takes_element(self, arriving):
-        # FP32 SGEMMs at fp32 and tf32; 16-bit tensors at bf16 and fp16.
-        return self.precision.x
+        return text + self.precision_text()
 
     def compute_output_shape(self, input_shape: Shape) -> Shape:
         if len(input_shape) != 1:

@@ -262,6 +262,31 @@ class Layer(abc.ABC):
         return ValueError(f"{self.describe()} cannot run on input {shape_text(input_shape)}: {exc}")
 
 
+class OwnPrecision:
+    """What a layer whose kernels have a precision (Conv2d, AvgPool2d, Dense) shares: its own
+    precision (``precision_override``, set by its constructor; None: the model's) over the model's,
+    and its tensors stored in that precision's element type (the model casts at the boundary).
+    Placed before Layer among a layer's bases, so that these answer instead of Layer's."""
+
+    precision_override: Precision | None
+    _model_precision: Precision
+
+    @property
+    def precision(self) -> Precision:
+        """The layer's precision: its own, else the model's."""
+        return self.precision_override or self._model_precision
+
+    def use_model_precision(self, precision: Precision) -> None:
+        self._model_precision = precision
+
+    def takes_element(self, arriving: ElementType) -> ElementType:
+        return self.precision.x
+
+    def precision_text(self) -> str:
+        """The constructor argument that sets its own precision, for config_text (empty for none)."""
+        return f", precision={self.precision_override.name!r}" if self.precision_override else ""
+
+
 class WeightedLayer(Layer):
     """A layer with weights and a fused activation (Conv2d, Dense): their backward passes begin alike."""
 

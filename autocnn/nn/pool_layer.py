@@ -6,11 +6,11 @@ from typing import Any, Sequence
 from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import AvgPoolFwdProblem
 from autocnn.nn.backend import Array, Backend, KernelProblem
-from autocnn.nn.layer_base import Layer, Shape, check_padding, check_pair, check_precision
+from autocnn.nn.layer_base import Layer, OwnPrecision, Shape, check_padding, check_pair, check_precision
 from autocnn.precision import DEFAULT_PRECISION, Precision, without_products
 
 
-class AvgPool2d(Layer):
+class AvgPool2d(OwnPrecision, Layer):
     """Average pooling over ``window`` (stride defaults to the window: non-overlapping).
 
     ``count_pad``: True divides by the full window size everywhere (PyTorch's
@@ -53,18 +53,7 @@ class AvgPool2d(Layer):
             text += f", padding={self.padding}"
         if not self.count_pad:
             text += ", count_pad=False"
-        return text + (f", precision={self.precision_override.name!r}" if self.precision_override else "")
-
-    @property
-    def precision(self) -> Precision:
-        """The layer's precision: its own, else the model's (its kernels run at ``without_products`` of it)."""
-        return self.precision_override or self._model_precision
-
-    def use_model_precision(self, precision: Precision) -> None:
-        self._model_precision = precision
-
-    def takes_element(self, arriving):
-        return self.precision.x
+        return text + self.precision_text()
 
     def _fwd_problem(self, input_shape: Shape, batch_size: int) -> AvgPoolFwdProblem:
         C, H, W = input_shape
