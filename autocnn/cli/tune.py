@@ -220,13 +220,9 @@ def _tune_problems(args: argparse.Namespace, precision: Precision, op_problem: A
         if args.batch < 1:
             raise ValueError(f"--batch must be at least 1, not {args.batch}")
         model = load_network(args.network)
-        if precision.sixteen_bit:
-            # The training library is float32: its problems, each moved to the 16-bit precision
-            # (the fused kernels, which no formulation serves in 16 bits, are left out later).
-            problems = [at_precision(p, precision) for p in model.problems(args.batch, alternatives=True)]
-        else:
-            model.precision = precision
-            problems = model.problems(args.batch, alternatives=True)
+        # The model's own problems at this precision (a 16-bit model offers no fused kernels).
+        model.precision = precision
+        problems = model.problems(args.batch, alternatives=True)
         if args.ops:
             ops = parse_ops(args.ops)
             problems = [p for p in problems if p.op in ops]
