@@ -1,6 +1,6 @@
 """The named suites that `autocnn tune --suite` and `autocnn bench --suite` run: seed, grouped
-(ResNeXt-50 32x4d's grouped 3x3 layers) and depthwise (MobileNetV2's, ConvNeXt-T's and
-RepLKNet-31B's depthwise layers), each at batch 64."""
+(ResNeXt-50 32x4d's grouped 3x3 layers), depthwise (MobileNetV2's, ConvNeXt-T's and RepLKNet-31B's
+depthwise layers) and resnet50 (ResNet-50's distinct convolutions), each at batch 64."""
 from __future__ import annotations
 
 import pytest
@@ -36,11 +36,36 @@ def test_the_depthwise_suite_holds_the_issues_layers():
     assert by_filter[31] == by_filter[13] == {(56, 1), (28, 1), (14, 1)}
 
 
+def _resnet50_layers() -> set[tuple[int, int, int, int, int]]:
+    """(C, K, H, R, stride) of every convolution of ResNet-50 v1.5 on 224x224 images, walked block by
+    block: 3, 4, 6, 3 bottlenecks of widths 64-512 (expanded 4x), the stride at a stage's first 3x3
+    (stages 2-4) and a strided 1x1 downsampling beside it."""
+    layers = {(3, 64, 224, 7, 2)}
+    c, h = 64, 56
+    for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+        for block in range(blocks):
+            stride = 2 if stage > 0 and block == 0 else 1
+            layers |= {(c, width, h, 1, 1), (width, width, h, 3, stride)}
+            if block == 0:
+                layers.add((c, 4 * width, h, 1, stride))   # the downsampling of the identity path
+            h //= stride
+            layers.add((width, 4 * width, h, 1, 1))
+            c = 4 * width
+    return layers
+
+
+def test_the_resnet50_suite_is_resnet50s_distinct_convolutions():
+    problems = [p for _, p in suite_problems("resnet50", "conv_fwd")]
+    assert {(p.C, p.K, p.H, p.R, p.stride[0]) for p in problems} == _resnet50_layers()
+    assert len(problems) == len(_resnet50_layers())   # each once
+    assert all(p.N == 64 and p.padding == (p.R // 2,) * 4 and p.P == -(-p.H // p.stride[0]) for p in problems)
+
+
 def test_suites_have_convolutions_only_except_seed_and_an_unknown_one_is_refused():
-    assert SUITES == ("seed", "grouped", "depthwise")
+    assert SUITES == ("seed", "grouped", "depthwise", "resnet50")
     assert suite_problems("seed", "conv_fwd") == seed_problems("conv_fwd")
     assert suite_problems("grouped", "avgpool_fwd") == []
-    with pytest.raises(ValueError, match="unknown suite 'resnext'; choose from seed, grouped, depthwise"):
+    with pytest.raises(ValueError, match="unknown suite 'resnext'; choose from seed, grouped, depthwise, resnet50"):
         suite_problems("resnext", "conv_fwd")
 
 

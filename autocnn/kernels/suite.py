@@ -121,6 +121,41 @@ DEPTHWISE_SHAPES: tuple[SeedShape, ...] = tuple(
         ("replknet13_512_14", "RepLKNet-31B", 512, 14, 13, 1),
     ))
 
+# torchvision's ResNet-50 (v1.5: the stride at the 3x3 of a stage's first block) on 224x224 images, its
+# distinct convolutions at batch 64: the 7x7 stem, each stage's 1x1 reduce and expand and 3x3, the
+# strided 3x3 and 1x1 downsampling of stages 2-4 (a 1x1 whose shape another layer already has, as
+# stage 1's downsampling has the expand's, is listed once).
+def _resnet50(name: str, C: int, K: int, H: int, R: int, stride: int) -> SeedShape:
+    pad = R // 2
+    return _conv(name, "ResNet-50", 64, C, H, H, K, R, R, stride, (pad, pad, pad, pad))
+
+
+RESNET50_SHAPES: tuple[SeedShape, ...] = (
+    _resnet50("resnet50_stem", 3, 64, 224, 7, 2),
+    _resnet50("resnet50_1x1_64_64_56", 64, 64, 56, 1, 1),
+    _resnet50("resnet50_3x3_64_56", 64, 64, 56, 3, 1),
+    _resnet50("resnet50_1x1_64_256_56", 64, 256, 56, 1, 1),
+    _resnet50("resnet50_1x1_256_64_56", 256, 64, 56, 1, 1),
+    _resnet50("resnet50_1x1_256_128_56", 256, 128, 56, 1, 1),
+    _resnet50("resnet50_3x3_128_56_s2", 128, 128, 56, 3, 2),
+    _resnet50("resnet50_1x1_128_512_28", 128, 512, 28, 1, 1),
+    _resnet50("resnet50_down_256_512_56_s2", 256, 512, 56, 1, 2),
+    _resnet50("resnet50_1x1_512_128_28", 512, 128, 28, 1, 1),
+    _resnet50("resnet50_3x3_128_28", 128, 128, 28, 3, 1),
+    _resnet50("resnet50_1x1_512_256_28", 512, 256, 28, 1, 1),
+    _resnet50("resnet50_3x3_256_28_s2", 256, 256, 28, 3, 2),
+    _resnet50("resnet50_1x1_256_1024_14", 256, 1024, 14, 1, 1),
+    _resnet50("resnet50_down_512_1024_28_s2", 512, 1024, 28, 1, 2),
+    _resnet50("resnet50_1x1_1024_256_14", 1024, 256, 14, 1, 1),
+    _resnet50("resnet50_3x3_256_14", 256, 256, 14, 3, 1),
+    _resnet50("resnet50_1x1_1024_512_14", 1024, 512, 14, 1, 1),
+    _resnet50("resnet50_3x3_512_14_s2", 512, 512, 14, 3, 2),
+    _resnet50("resnet50_1x1_512_2048_7", 512, 2048, 7, 1, 1),
+    _resnet50("resnet50_down_1024_2048_14_s2", 1024, 2048, 14, 1, 2),
+    _resnet50("resnet50_1x1_2048_512_7", 2048, 512, 7, 1, 1),
+    _resnet50("resnet50_3x3_512_7", 512, 512, 7, 3, 1),
+)
+
 # Shapes that divide nothing evenly: odd sizes, K not a multiple of 8, batch 1 and 3, non-square
 # images and filters, asymmetric padding, stride 3, strides larger than the filter, 1x1 filters.
 ODD_SHAPES: tuple[SeedShape, ...] = (
@@ -257,8 +292,9 @@ def target_problems(op: str) -> list[tuple[str, Any]]:
 
 
 # The suites a command names (autocnn tune --suite, autocnn bench --suite): the seed suite, and the
-# grouped and depthwise layers (convolutions only).
-SUITES = ("seed", "grouped", "depthwise")
+# grouped, depthwise and ResNet-50 layers (convolutions only).
+SUITES = ("seed", "grouped", "depthwise", "resnet50")
+_SUITE_SHAPES = {"grouped": GROUPED_SHAPES, "depthwise": DEPTHWISE_SHAPES, "resnet50": RESNET50_SHAPES}
 
 
 def suite_problems(suite: str, op: str) -> list[tuple[str, Any]]:
@@ -269,15 +305,14 @@ def suite_problems(suite: str, op: str) -> list[tuple[str, Any]]:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
     if op not in CONV_OPS:
         return []
-    shapes = GROUPED_SHAPES if suite == "grouped" else DEPTHWISE_SHAPES
-    return [(s.name, s.problem(op)) for s in shapes]
+    return [(s.name, s.problem(op)) for s in _SUITE_SHAPES[suite]]
 
 
 def named_problems(op: str) -> list[tuple[str, Any]]:
     """Every problem of op that a command may name: the seed suite's rows, the target layers', then
-    the grouped and depthwise suites'."""
-    return [*seed_problems(op), *target_problems(op), *suite_problems("grouped", op),
-            *suite_problems("depthwise", op)]
+    the other suites'."""
+    return [*seed_problems(op), *target_problems(op),
+            *(p for suite in _SUITE_SHAPES for p in suite_problems(suite, op))]
 
 
 def seed_shape(name: str) -> SeedShape:
