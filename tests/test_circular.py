@@ -24,7 +24,7 @@ from autocnn.kernels.formulations.cores.circular_rows import (RowWindow, block_s
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import odd_problems, seed_problems
-from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with
+from tests.formulation_checks import BUILD_ARCHES, assert_verifies_on_gpu, build_failures, operations_with
 
 LIMITS = DeviceLimits.for_arch("sm_90")
 OPERATIONS = operations_with(CIRCULAR)
@@ -307,7 +307,7 @@ def test_shipped_records_carry_the_digest_of_the_code_they_were_tuned_with():
 # -- nvcc ------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+@pytest.mark.parametrize("arch", BUILD_ARCHES)
 def test_templates_build_without_spills(arch, tmp_path):
     """The default and two sampled configs of the scherer10 layers (the zoo's and the seed suite's)
     and of shapes that divide nothing evenly: every kernel reported by ptxas, no default spilling."""

@@ -23,6 +23,7 @@ from autocnn.kernels.formulations.cores.circular_rows import phase_len, strip_wi
 from autocnn.kernels.geometry import cdiv
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvWgradProblem, parse_shape, problem_from_dict
 from autocnn.kernels.suite import odd_problems, seed_problems
+from tests.formulation_checks import BUILD_ARCHES
 from tests.test_circular import load_rows, scherer10_problems, uneven_problems
 
 LIMITS = DeviceLimits.for_arch("sm_90")
@@ -247,7 +248,7 @@ def build_problems() -> list[tuple[str, ConvBwdFusedProblem]]:
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+@pytest.mark.parametrize("arch", BUILD_ARCHES)
 def test_templates_build_without_spills(arch, tmp_path):
     """Each shape's default (no spills) and two sampled configs of each way of combining: every
     kernel of the plan reported by ptxas."""

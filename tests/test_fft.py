@@ -31,8 +31,8 @@ from autocnn.kernels.geometry import cdiv, next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.steps import LibraryComplexGemm, LibraryFft
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
-from tests.formulation_checks import (BUILDS, assert_verifies_on_gpu, build_failures, build_sample, compile_failures,
-                                      operations_with)
+from tests.formulation_checks import (BUILD_ARCHES, BUILDS, assert_verifies_on_gpu, build_failures, build_sample,
+                                      compile_failures, operations_with)
 from tests.plan_numpy import check_plans, frequency_major as frequency_major_view
 
 LIMITS = DeviceLimits.for_arch("sm_90")
@@ -756,7 +756,7 @@ def test_configs_from_before_the_tiled_multiply_accumulate_complete_to_the_threa
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+@pytest.mark.parametrize("arch", BUILD_ARCHES)
 def test_templates_build_without_spills(arch, tmp_path):
     problems = {op: [*((n, p) for n, p in seed_problems(op) if n in SEEDS[:2]), *small_problems(op)[:3]]
                 for op in CONV_OPS}

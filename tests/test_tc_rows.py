@@ -16,7 +16,8 @@ from autocnn.kernels.formulations.cores.workspaces import WORKSPACE_LIMIT_BYTES
 from autocnn.kernels.formulations.tc_rows import NAME, TC_ROWS, slab_geometry, smem_bytes
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import odd_problems, seed_problems
-from tests.formulation_checks import EMULATIONS, assert_verifies_on_gpu, build_failures, build_sample, operations_with
+from tests.formulation_checks import (BUILD_ARCHES, EMULATIONS, assert_verifies_on_gpu, build_failures, build_sample,
+                                      operations_with)
 
 LIMITS = DeviceLimits.for_arch("sm_90")
 OPERATION = operations_with(TC_ROWS)["conv_wgrad"]
@@ -92,7 +93,7 @@ def test_defaults_fit_every_seed_and_odd_shape_and_precision():
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+@pytest.mark.parametrize("arch", BUILD_ARCHES)
 def test_defaults_and_samples_build_without_spills(arch, tmp_path):
     problems = {"conv_wgrad": [(f"{n} {precision}", dataclasses.replace(p, precision=precision))
                                for precision in PRECISIONS

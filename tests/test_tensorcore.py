@@ -15,6 +15,7 @@ from autocnn.kernels import OPERATIONS
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.formulations.tensorcore import FORMULATION_TC, TC_OPS, gemm_for
 from autocnn.kernels.suite import odd_problems, seed_problems
+from tests.formulation_checks import BUILD_ARCHES
 
 SEED_SHAPES = ("modern_56", "modern_14", "sweep_3x3", "scherer10_l2")
 PRECISIONS = ("fp32", "tf32")
@@ -76,7 +77,7 @@ def test_precision_decides_the_kernel_and_the_fingerprint_is_its_own():
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+@pytest.mark.parametrize("arch", BUILD_ARCHES)
 def test_defaults_and_samples_build_without_spills(arch, tmp_path):
     """The default of every op, precision and shape builds with no spill (the tuner stores none);
     sampled configs build (ptxas may report spills for them: the tuner then skips them)."""

@@ -20,7 +20,7 @@ from autocnn.kernels.formulations.unrolled import (NAME, PER_IMAGE_T, SIDE_BY_SI
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.steps import LibraryGemm, MatrixView
 from autocnn.kernels.suite import CONV_OPS, odd_problems, seed_problems
-from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with
+from tests.formulation_checks import BUILD_ARCHES, assert_verifies_on_gpu, build_failures, operations_with
 from tests.plan_numpy import check_plans
 
 LIMITS = DeviceLimits.for_arch("sm_90")
@@ -235,7 +235,7 @@ def test_other_formulations_keep_their_fingerprints_and_defaults():
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+@pytest.mark.parametrize("arch", BUILD_ARCHES)
 def test_templates_build_without_spills(arch, tmp_path):
     problems = {op: small_problems(op)[:4] + seed_problems(op)[:2] + [("pointwise", pointwise(op, stride=2))]
                 for op in CONV_OPS}

@@ -24,7 +24,8 @@ from autocnn.kernels.geometry import next_pow2
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import seed_problems
 from autocnn.measurement.measure import error_bound
-from tests.formulation_checks import assert_verifies_on_gpu, build_failures, compile_failures, operations_with
+from tests.formulation_checks import (BUILD_ARCHES, assert_verifies_on_gpu, build_failures, compile_failures,
+                                      operations_with)
 from tests.plan_numpy import check_plans, relative_errors, run_plan
 from tests.test_precision import split_tf32
 
@@ -568,7 +569,7 @@ def test_wgmma_products_build_for_sm90a_without_spills_or_serialized_wgmmas(tmp_
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+@pytest.mark.parametrize("arch", BUILD_ARCHES)
 def test_templates_build_without_spills(arch, tmp_path):
     problems = {op: [*((n, p) for n, p in seed_problems(op) if n in SEEDS[:1]), *odd_problems(op)[:3]] for op in OPS}
     failures = build_failures(OPERATIONS, NAME, problems, arch, tmp_path)

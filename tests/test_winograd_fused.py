@@ -20,7 +20,7 @@ from autocnn.kernels.formulations.winograd_fused import (NAME, WINOGRAD_FUSED, a
 from autocnn.kernels.geometry import next_pow2
 from autocnn.kernels.problem import PROBLEM_TYPES
 from autocnn.kernels.suite import seed_problems
-from tests.formulation_checks import assert_verifies_on_gpu, build_failures, operations_with
+from tests.formulation_checks import BUILD_ARCHES, assert_verifies_on_gpu, build_failures, operations_with
 
 LIMITS = DeviceLimits.for_arch("sm_90")
 OPERATIONS = operations_with(WINOGRAD_FUSED)
@@ -114,7 +114,7 @@ def test_defaults_fit_every_3x3_seed_and_small_shape_and_precision(op):
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+@pytest.mark.parametrize("arch", BUILD_ARCHES)
 def test_defaults_and_samples_build_without_spills(arch, tmp_path):
     problems = {op: [(f"{n} {precision}", dataclasses.replace(p, precision=precision))
                      for precision in PRECISIONS for n, p in seed_rows(op) + small_problems(op)[:1]]
