@@ -182,9 +182,11 @@ def test_tune_network_at_a_sixteen_bit_precision_takes_its_convolutions_and_pool
     with pytest.raises(no_gpu_source):
         cli.main(["tune", "--network", "kriz09", "--precision", "fp16", "--trials", "1"])
     assert all(p.precision is FP16 for p in seen["asked"])
-    fused = {p.op for p in seen["asked"]} - {p.op for p in seen["kept"]}
-    assert fused == {"conv_pool_fwd", "conv_pool_dz"} and {"conv_fwd", "conv_wgrad"} <= {p.op for p in seen["kept"]}
-    assert "left out: no formulation of their operations serves their precision" in capsys.readouterr().err
+    # The model's own 16-bit problems: a 16-bit model offers no fused conv-pool kernels, so none is
+    # asked for and none left out; its convolutions and pools are all kept.
+    assert not {"conv_pool_fwd", "conv_pool_dz"} & {p.op for p in seen["asked"]}
+    assert seen["kept"] == seen["asked"]
+    assert {"conv_fwd", "conv_wgrad", "avgpool_fwd", "avgpool_bwd"} <= {p.op for p in seen["kept"]}
 
 
 def test_the_lookup_hands_no_record_across_element_types(tmp_path):
