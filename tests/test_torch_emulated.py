@@ -22,6 +22,7 @@ from autocnn.kernels import get_operation, reference  # noqa: E402
 from autocnn.measurement.measure import verify_outputs  # noqa: E402
 from autocnn.torch import ops  # noqa: E402
 from tests.cuda_emulator import run_emulated  # noqa: E402
+from tests.torch_references import conv64  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 LIMITS = DeviceLimits.for_arch("sm_90")
@@ -78,14 +79,6 @@ def _check(problem, name: str, got: torch.Tensor, ref: torch.Tensor, scale: torc
     assert worst <= 1.0, f"{problem.op} {problem.shape_string()} {name}: an element is {worst:.3g} x its bound"
 
 
-def _conv64(x, w, b, stride, padding, dilation, groups, dy):
-    x, w = x.double().requires_grad_(), w.double().requires_grad_()
-    b = None if b is None else b.double().requires_grad_()
-    y = F.conv2d(x, w, b, stride, padding, dilation, groups)
-    grads = torch.autograd.grad(y, [x, w] + ([b] if b is not None else []), dy.double())
-    return {"y": y.detach(), "dx": grads[0], "dw": grads[1], **({"db": grads[2]} if b is not None else {})}
-
-
 @pytest.mark.parametrize("dtype,x_shape,w_shape,stride,padding,dilation,groups", [
     (torch.bfloat16, (3, 6, 15, 13), (12, 1, 3, 3), 2, 2, 2, 6),   # depthwise, two filters a channel
     (torch.float16, (3, 5, 9, 7), (7, 5, 3, 3), 2, 1, 1, 1),
@@ -105,8 +98,8 @@ def test_the_operators_and_their_autograd_compute_the_layer(emulated, dtype, x_s
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     assert all(p.precision.name == name and p.groups == groups for p in emulated.ran)
     geometry = (stride, padding, dilation, groups)
-    refs = _conv64(x.detach(), w.detach(), b.detach(), *geometry, dy)
-    scales = _conv64(x.detach().abs(), w.detach().abs(), b.detach().abs(), *geometry, dy.abs())
+    refs = conv64(x.detach(), w.detach(), b.detach(), *geometry, dy)
+    scales = conv64(x.detach().abs(), w.detach().abs(), b.detach().abs(), *geometry, dy.abs())
     problems = {"y": emulated.ran[0], "dx": emulated.ran[1], "dw": emulated.ran[2], "db": emulated.ran[2]}
     for out, got in (("y", y), ("dx", x.grad), ("dw", w.grad), ("db", b.grad)):
         assert got.dtype == dtype
@@ -171,8 +164,8 @@ def test_a_converted_conv_under_autocast_computes_in_its_dtype_and_its_gradients
     assert x.grad.dtype == conv.weight.grad.dtype == conv.bias.grad.dtype == torch.float32
     x16, w16, b16 = x.detach().to(cast), conv.weight.detach().to(cast), conv.bias.detach().to(cast)
     geometry = (2, 4, 2, 6)
-    refs = _conv64(x16, w16, b16, *geometry, dy)
-    scales = _conv64(x16.abs(), w16.abs(), b16.abs(), *geometry, dy.abs())
+    refs = conv64(x16, w16, b16, *geometry, dy)
+    scales = conv64(x16.abs(), w16.abs(), b16.abs(), *geometry, dy.abs())
     fwd, _, _, bwd, wgrad = emulated.ran
     for problem, out, got in ((fwd, "y", y), (bwd, "dx", x.grad), (wgrad, "dw", conv.weight.grad),
                               (wgrad, "db", conv.bias.grad)):

@@ -20,19 +20,9 @@ from autocnn.kernels import reference  # noqa: E402
 from autocnn.torch.geometry import conv_problem, pool_problem  # noqa: E402
 from autocnn.measurement.measure import verify_outputs  # noqa: E402
 from tests.bench_module import load_bench  # noqa: E402
+from tests.torch_references import cuda_without_tf32  # noqa: E402,F401  (autouse)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def cuda_fp32():
-    """A CUDA build of PyTorch, and its float32 convolutions and matmuls without TF32 (the references)."""
-    if not torch.cuda.is_available():
-        pytest.skip("this PyTorch has no CUDA (a CPU build?): install a CUDA build of PyTorch for these tests")
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def _cupy(t):

@@ -24,32 +24,13 @@ from autocnn.torch.dtypes import ELEMENTS  # noqa: E402
 from autocnn.torch.geometry import conv_problem, pool_problem  # noqa: E402
 from autocnn.torch.launch import as_cupy  # noqa: E402
 from tests.bench_module import load_bench  # noqa: E402
+from tests.torch_references import conv64, cuda_without_tf32  # noqa: E402,F401  (autouse)
 
 pytestmark = pytest.mark.gpu
 
 AUTOCAST = [torch.bfloat16, torch.float16]
 PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}   # the problems' names
 DTYPE_OF_ELEMENT = {element: dtype for dtype, element in ELEMENTS.items()}
-
-
-@pytest.fixture(autouse=True)
-def cuda_without_tf32():
-    """A CUDA build of PyTorch, and its float32 convolutions without TF32 (the float32 comparisons)."""
-    if not torch.cuda.is_available():
-        pytest.skip("this PyTorch has no CUDA (a CPU build?): install a CUDA build of PyTorch for these tests")
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-def _conv64(x, w, b, stride, padding, dilation, groups, dy):
-    """PyTorch's float64 convolution of these values and its three gradients for dy."""
-    x, w = x.double().requires_grad_(), w.double().requires_grad_()
-    b = None if b is None else b.double().requires_grad_()
-    y = F.conv2d(x, w, b, stride, padding, dilation, groups)
-    grads = torch.autograd.grad(y, [x, w] + ([b] if b is not None else []), dy.double())
-    return {"y": y.detach(), "dx": grads[0], "dw": grads[1], **({"db": grads[2]} if b is not None else {})}
 
 
 def _check(problem, name: str, got: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> float:
@@ -135,8 +116,8 @@ def test_a_converted_conv_under_autocast_is_pytorchs_conv_in_16_bits(c_in, c_out
     x16, w16 = x.to(cast), ours.weight.detach().to(cast)
     b16 = None if ours.bias is None else ours.bias.detach().to(cast)
     geometry = (tuple(ours.stride), tuple(ours.padding), tuple(ours.dilation), ours.groups)
-    refs = _conv64(x16, w16, b16, *geometry, dy)
-    scales = _conv64(x16.abs(), w16.abs(), None if b16 is None else b16.abs(), *geometry, dy.abs())
+    refs = conv64(x16, w16, b16, *geometry, dy)
+    scales = conv64(x16.abs(), w16.abs(), None if b16 is None else b16.abs(), *geometry, dy.abs())
     problems = _problems(x.shape, ours, PRECISION[cast])
     outputs = {"y": y, **grads}
     for name, ref in refs.items():
@@ -206,8 +187,8 @@ def test_depthwise_layers_match_pytorch(kernel, stride, dilation, dtype):
     theirs_y, theirs, _ = _run_conv(plain, x, dy_of, None)
     assert y.dtype == theirs_y.dtype == dtype and y.shape == theirs_y.shape
     geometry = (tuple(ours.stride), tuple(ours.padding), tuple(ours.dilation), ours.groups)
-    refs = _conv64(x, ours.weight.detach(), ours.bias.detach(), *geometry, dy)
-    scales = _conv64(x.abs(), ours.weight.detach().abs(), ours.bias.detach().abs(), *geometry, dy.abs())
+    refs = conv64(x, ours.weight.detach(), ours.bias.detach(), *geometry, dy)
+    scales = conv64(x.abs(), ours.weight.detach().abs(), ours.bias.detach().abs(), *geometry, dy.abs())
     problems = _problems(x.shape, ours, PRECISION[dtype])
     outputs = {"y": y, **grads}
     for name, ref in refs.items():
