@@ -19,6 +19,7 @@ from autocnn.kernels import get_operation
 
 import autocnn.kernels.sep_conv as sep
 from tests.cuda_emulator import emulated_failure
+from tests.formulation_checks import EMULATIONS, build_sample
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 
@@ -70,19 +71,25 @@ def cache(tmp_path_factory) -> Path:
                                      ("sep_conv_fwd", "sep_twopass"), ("sep_conv_bwd_data", "sep_register"),
                                      ("sep_conv_bwd_data", "sep_onepass"), ("sep_conv_bwd_data", "sep_twopass"),
                                      ("sep_conv_wgrad", None)])
-def test_kernels_compute_the_reference_under_emulation(op, name, cache):
-    """The first and last default candidates and sampled configs of each formulation, on every small
-    odd shape, run in the emulator: every element within the FP32 bound of float64."""
+@pytest.mark.parametrize("emulations", EMULATIONS)
+def test_kernels_compute_the_reference_under_emulation(op, name, emulations, cache):
+    """The first default candidate of each formulation on every small odd shape, and its last default
+    candidate and a sampled config on each (all of those under -m slow, a fresh random sample of
+    them otherwise), run in the emulator: every element within the FP32 bound of float64."""
     rng = random.Random()
     seed = rng.randrange(2**31)
-    failures, checked = [], 0
+    firsts, others = [], []
     for problem in problems(op):
-        for config in formulation_configs(op, problem, name, rng, samples=1):
-            checked += 1
-            why = check(op, problem, config, cache, seed + checked)
-            if why:
-                failures.append(why)
-    assert checked >= 3 * len(problems(op))
+        first, *rest = formulation_configs(op, problem, name, rng, samples=1)
+        firsts.append((problem, first))
+        others += [(problem, config) for config in rest]
+    failures, checked = [], 0
+    for problem, config in firsts + build_sample(others, emulations):
+        checked += 1
+        why = check(op, problem, config, cache, seed + checked)
+        if why:
+            failures.append(why)
+    assert len(others) >= 2 * len(problems(op)) and checked >= len(problems(op)) + min(len(others), emulations or 0)
     assert not failures, f"seed {seed}: {len(failures)} of {checked} failed:\n" + "\n".join(failures[:6])
 
 
