@@ -149,8 +149,9 @@ class Conv2d(OwnPrecision, WeightedLayer):
             return None
         if self.grouped_or_dilated:
             # The separable operations factor dense, undilated filters only.
-            return (f"groups={self.groups}, dilation={self.dilation} (separable kernels run dense, undilated "
-                    f"filters)")
+            what = [f"groups={self.groups}"] * (self.groups != 1) + [f"dilation={self.dilation}"] * (
+                self.dilation != (1, 1))
+            return f"{', '.join(what)} (separable kernels run dense, undilated filters)"
         return ineligibility(setting, self.kernel_size, self.stride)
 
     @property
