@@ -128,3 +128,24 @@ def test_autocnn_train_network_takes_them(name, tmp_path, capsys):
     assert out.startswith(f"{name} on Fashion-MNIST (8 train / 4 test samples)")
     assert "loss nan" not in out
     assert sum(line.startswith("conv2d_") for line in out.splitlines()) >= 3 * len(DEPTHWISE[name])
+
+
+@pytest.mark.parametrize("name", NETWORKS)
+def test_the_training_benchmarks_pytorch_twin_computes_the_same_function(name):
+    """scripts/bench_training.py times these networks against a PyTorch twin: groups and dilation
+    reach its nn.Conv2d layers."""
+    torch = pytest.importorskip("torch", reason="the PyTorch twin needs PyTorch (pip install 'autocnn[torch]')")
+    from tests.bench_module import load_bench
+
+    bench = load_bench()
+    model = nn.build_network(name, backend=nn.NumpyBackend(np.float64), seed=3)
+    model.build(2)
+    twin = bench.torch_model(model, device="cpu").double()
+    assert sorted(m.groups for m in twin.modules() if isinstance(m, torch.nn.Conv2d) and m.groups > 1) == \
+        sorted(c for c, *_ in DEPTHWISE[name])
+    bench.copy_weights(model, twin)
+    x = np.random.default_rng(1).standard_normal((2, 3, 32, 32))
+    ours = model.predict(x, batch_size=2)
+    with torch.no_grad():
+        theirs = torch.softmax(twin(torch.from_numpy(x)), dim=1).numpy()
+    np.testing.assert_allclose(theirs, ours, rtol=1e-9, atol=1e-12)
