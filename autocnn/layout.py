@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autocnn.errors import InvalidProblemError
+from autocnn.named_values import NamedValues
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,18 +100,13 @@ NHWC = Layout("nhwc", "NHWC", "KRSC", "channels last: a pixel's channels adjacen
 LAYOUTS: tuple[Layout, ...] = (NCHW, NHWC)
 LAYOUT_NAMES: tuple[str, ...] = tuple(layout.name for layout in LAYOUTS)
 DEFAULT_LAYOUT = NCHW
-_BY_NAME = {layout.name: layout for layout in LAYOUTS}
+_BY_NAME = NamedValues(Layout, LAYOUTS)
 
 
 def layout_named(value: Any, where: str = "autocnn", field: str = "layout") -> Layout:
     """The Layout a name (or a Layout) stands for; InvalidProblemError naming the allowed ones
     otherwise. ``where`` and ``field`` say whose value it was, for the message."""
-    if isinstance(value, Layout):
-        return value
-    found = _BY_NAME.get(value) if isinstance(value, str) else None
-    if found is None:
-        raise InvalidProblemError(where, field, value, f"one of {', '.join(LAYOUT_NAMES)}")
-    return found
+    return _BY_NAME.named(value, where, field)
 
 
 def _defined(name: str) -> Layout:

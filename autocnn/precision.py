@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from autocnn.errors import InvalidProblemError
+from autocnn.named_values import NamedValues
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ FLOAT32_PRECISIONS: tuple[Precision, ...] = tuple(p for p in PRECISIONS if not p
 FLOAT32_PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in FLOAT32_PRECISIONS)
 DEFAULT_PRECISION = FP32
 _ORDER = PRECISIONS
-_BY_NAME = {p.name: p for p in PRECISIONS}
+_BY_NAME = NamedValues(Precision, PRECISIONS)
 
 
 @dataclass(frozen=True)
@@ -226,17 +226,12 @@ class KernelTypes:
 def precision_named(value: Any, where: str = "autocnn", field: str = "precision") -> Precision:
     """The Precision a name (or a Precision) stands for; InvalidProblemError naming the allowed
     ones otherwise. ``where`` and ``field`` say whose value it was, for the message."""
-    if isinstance(value, Precision):
-        return value
-    found = _BY_NAME.get(value) if isinstance(value, str) else None
-    if found is None:
-        raise InvalidProblemError(where, field, value, f"one of {', '.join(PRECISION_NAMES)}")
-    return found
+    return _BY_NAME.named(value, where, field)
 
 
 def _defined(name: str) -> Precision:
     """The one object of a defined precision (what unpickling asks for)."""
-    return {p.name: p for p in _ORDER}[name]
+    return _BY_NAME[name]
 
 
 def precision_of(problem: Any) -> Precision:

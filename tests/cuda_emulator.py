@@ -27,17 +27,26 @@ measurement.element_arrays gives (float16, and uint16 bit patterns for bfloat16)
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+import os
+import random
 import re
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
-from typing import Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 import numpy as np
+import pytest
 
 from autocnn.kernels.steps import Launch
 from autocnn.measurement.measure import output_buffers, random_inputs, verify_outputs
 from tests.plan_numpy import LIBRARY_STEPS, run_library_step
+
+# The mark of a test that emulates kernels: the emulator compiles each plan's kernels with g++.
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 
 PRELUDE = r"""
 #include <math.h>
@@ -422,6 +431,37 @@ def emulated_source(plan, host: Collection[str] = ()) -> str:
     return PRELUDE + HOST_MIN + body + "\n" + "".join(trampolines)
 
 
+# g++'s options for every emulated library. The prelude's headers (<thread>, <functional>, ...) are
+# most of a library's compile time, so where a source starts with PRELUDE it is compiled once per
+# machine as a precompiled header, under these same options (a header compiled otherwise is refused).
+GXX_OPTIONS = ("-std=c++20", "-O1", "-w", "-fPIC", "-pthread")
+
+
+@functools.cache
+def _precompiled_prelude() -> Path | None:
+    """PRELUDE as a header with its precompiled form beside it (g++ reads prelude.h.gch for
+    ``-include prelude.h``), in a temporary folder named by the prelude, the options and the
+    compiler; None where g++ cannot make one (each library then compiles the prelude itself)."""
+    version = subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join((PRELUDE, *GXX_OPTIONS, version)).encode()).hexdigest()[:20]
+    folder = Path(tempfile.gettempdir()) / f"autocnn-emulator-{os.getuid()}-{key}"
+    header = folder / "prelude.h"
+    if (folder / "prelude.h.gch").exists():
+        return header
+    folder.mkdir(parents=True, exist_ok=True)
+    # Written under names of this process's, then renamed: another process may be making them too.
+    part = folder / f"prelude.{os.getpid()}.h"
+    part.write_text(PRELUDE)
+    os.replace(part, header)
+    gch = folder / f"prelude.h.{os.getpid()}.gch"
+    done = subprocess.run(["g++", *GXX_OPTIONS, "-x", "c++-header", str(header), "-o", str(gch)],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return None
+    os.replace(gch, folder / "prelude.h.gch")
+    return header
+
+
 def compile_library(source: str, cache: Path, what: object = "") -> ctypes.CDLL:
     """C++ for the emulator (the prelude included by the caller) as a loaded shared library,
     cached in ``cache`` by the source's hash; ``what`` names it if g++ fails."""
@@ -429,9 +469,15 @@ def compile_library(source: str, cache: Path, what: object = "") -> ctypes.CDLL:
     lib = cache / f"{digest}.so"
     if not lib.exists():
         src = cache / f"{digest}.cpp"
-        src.write_text(source)
-        done = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(src),
-                               "-o", str(lib)], capture_output=True, text=True, timeout=600)
+        header = _precompiled_prelude() if source.startswith(PRELUDE) else None
+        if header is None:
+            src.write_text(source)
+            include = []
+        else:   # the same translation unit: the prelude first, then the rest
+            src.write_text(source[len(PRELUDE):])
+            include = ["-include", str(header)]
+        done = subprocess.run(["g++", *GXX_OPTIONS, "-shared", *include, str(src), "-o", str(lib)],
+                              capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"g++ failed on {what}:\n{done.stderr[-4000:]}"
     return ctypes.CDLL(str(lib))
 
@@ -486,3 +532,18 @@ def emulated_failure(operation, problem, config, cache: Path, seed: int,
     inputs = random_inputs(problem, np, seed)
     result = verify_outputs(problem, inputs, run_emulated(plan, inputs, cache, host))
     return None if result.passed else f"{problem.op} {problem.shape_string()} {config}: {result.message}"
+
+
+def emulation_failures(operation, problems: Iterable[tuple[str, Any]],
+                       configs: Callable[[Any, random.Random], list], cache: Path, seed: int) -> tuple[list[str], int]:
+    """``configs(problem, rng)`` of each (name, problem) run under the emulator, the i-th case on
+    inputs of seed + i and its configs drawn from random.Random(seed + i) (i counts the cases
+    before it): the failures, each named by its problem, and how many cases ran."""
+    failures, checked = [], 0
+    for name, problem in problems:
+        for config in configs(problem, random.Random(seed + checked)):
+            why = emulated_failure(operation, problem, config, cache, seed + checked)
+            checked += 1
+            if why:
+                failures.append(f"{name}: {why}")
+    return failures, checked

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import shutil
 
 import pytest
 
@@ -15,11 +14,11 @@ from autocnn.kernels import get_operation
 from autocnn.kernels.compiler import NvccCompiler, nvcc_path
 from autocnn.kernels.problem import ConvFwdProblem
 from autocnn.kernels.suite import grouped_odd_problems
-from tests.cuda_emulator import emulated_failure
+from tests.cuda_emulator import emulated_failure, emulation_failures, needs_gxx
+from tests.formulation_checks import sampled
 
 LIMITS = DeviceLimits.for_arch("sm_90")
 CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 
 
 def _depthwise_problems(op):
@@ -37,17 +36,11 @@ def _depthwise_space(op, problem):
 def test_default_and_sampled_configs_verify_under_emulation(op, precision, tmp_path):
     operation = get_operation(op)
     seed = random.randrange(2**31)
-    failures, checked = [], 0
     # The 31x31 filter is left to the GPU tests: emulated, its every tap is a loop of the host's.
-    for name, problem in [s for s in _depthwise_problems(op) if s[0] != "odd_dw_31x31"]:
-        problem = dataclasses.replace(problem, precision=precision)
-        configs = [operation.default_config(problem, LIMITS, formulation="depthwise")]
-        configs += _depthwise_space(op, problem).sample(random.Random(seed + checked), 2, exclude=configs)
-        for config in configs:
-            why = emulated_failure(operation, problem, config, tmp_path, seed + checked)
-            checked += 1
-            if why:
-                failures.append(f"{name}: {why}")
+    problems = [(name, dataclasses.replace(problem, precision=precision))
+                for name, problem in _depthwise_problems(op) if name != "odd_dw_31x31"]
+    failures, checked = emulation_failures(operation, problems, lambda problem, rng: sampled(
+        operation, "depthwise", problem, LIMITS, rng, 2), tmp_path, seed)
     assert checked >= 6
     assert not failures, f"seed {seed}:\n" + "\n".join(failures)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-import shutil
 
 import pytest
 
@@ -21,7 +20,7 @@ from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.geometry import stride_phases, tap_phases, tap_steps
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem
 from autocnn.kernels.suite import grouped_odd_problems
-from tests.cuda_emulator import emulated_failure
+from tests.cuda_emulator import emulated_failure, emulation_failures, needs_gxx
 from tests.formulation_checks import compile_failures
 
 LIMITS = DeviceLimits.for_arch("sm_90")
@@ -31,7 +30,6 @@ IGEMM = {"conv_fwd": ("igemm",), "conv_bwd_data": ("igemm",), "conv_wgrad": ("at
 # Grouped with dilation and stride (C = 15 in 3 groups of 5, K = 9), dilation alone with stride, and
 # a depthwise one with a channel multiplier: the emulated ones (the others go to the GPU tests).
 EMULATED = ("odd_g3_d2_s3", "odd_d3x2_s2", "odd_dw_mult")
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 
 
 def _problems(op, names=EMULATED):
@@ -79,14 +77,9 @@ def test_tap_phases_hold_exactly_the_taps_that_reach_each_output():
 def test_default_and_sampled_configs_verify_under_emulation(op, precision, tmp_path):
     operation = get_operation(op)
     seed = random.randrange(2**31)
-    failures, checked = [], 0
-    for name, problem in _problems(op):
-        problem = dataclasses.replace(problem, precision=precision)
-        for config in _configs(op, problem, random.Random(seed + checked), 1):
-            why = emulated_failure(operation, problem, config, tmp_path, seed + checked)
-            checked += 1
-            if why:
-                failures.append(f"{name}: {why}")
+    problems = [(name, dataclasses.replace(problem, precision=precision)) for name, problem in _problems(op)]
+    failures, checked = emulation_failures(operation, problems, lambda problem, rng: _configs(op, problem, rng, 1),
+                                           tmp_path, seed)
     assert checked >= 2 * len(EMULATED)
     assert not failures, f"seed {seed}:\n" + "\n".join(failures)
 

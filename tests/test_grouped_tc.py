@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import shutil
 
 import pytest
 
@@ -16,13 +15,12 @@ from autocnn.kernels import get_operation
 from autocnn.kernels.compiler import nvcc_path
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem
 from autocnn.kernels.suite import grouped_odd_problems
-from tests.cuda_emulator import emulated_failure
+from tests.cuda_emulator import emulated_failure, emulation_failures, needs_gxx
 from tests.formulation_checks import compile_failures
 
 LIMITS = DeviceLimits.for_arch("sm_90")
 # 48 channels in 3 groups of 16 (dilated along w), and dilation alone with stride.
 SHAPES = ("odd_g3_c16", "odd_d3x2_s2")
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 
 
 CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_wgrad")
@@ -46,13 +44,8 @@ def _configs(problem, rng, samples, fixed=None):
 def test_default_and_sampled_configs_verify_under_emulation(op, precision, tmp_path):
     operation = get_operation(op)
     seed = random.randrange(2**31)
-    failures, checked = [], 0
-    for name, problem in _problems(precision, op):
-        for config in _configs(problem, random.Random(seed + checked), 1):
-            why = emulated_failure(operation, problem, config, tmp_path, seed + checked)
-            checked += 1
-            if why:
-                failures.append(f"{name}: {why}")
+    failures, checked = emulation_failures(operation, _problems(precision, op),
+                                           lambda problem, rng: _configs(problem, rng, 1), tmp_path, seed)
     assert checked == 2 * len(SHAPES)
     assert not failures, f"seed {seed}:\n" + "\n".join(failures)
 

@@ -23,6 +23,7 @@ from autocnn.measurement import element_arrays
 from autocnn.measurement.measure import output_buffers, random_inputs, reference_outputs, tensor_values, verify_outputs
 from autocnn.precision import BF16, FLOAT32, FP16, FP32, TF32
 from autocnn.store.lookup import shape_distance
+from tests.cuda_emulator import needs_gxx
 from tests.test_sixteen_bit_bounds import to_bf16, to_fp16
 
 LIMITS = DeviceLimits.for_arch("sm_90")
@@ -31,7 +32,6 @@ SIXTEEN = ("bf16", "fp16")
 SERVING = {"conv_fwd": {"direct", "igemm", "tc"}, "conv_bwd_data": {"direct", "igemm", "tc"},
            "conv_wgrad": {"atomic", "two_pass", "tc"},
            "avgpool_fwd": {"window_gather"}, "avgpool_bwd": {"window_gather"}}
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
 
 
 def _at(problem, precision):

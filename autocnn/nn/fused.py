@@ -6,13 +6,13 @@ sequence of launches that a CUDA graph can capture once and replay (autocnn.nn.m
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from autocnn.kernels.problem import ACTIVATIONS
+from autocnn.nn.source_kernels import SourceKernels
 
 # Activation name -> the number the kernels switch on (the order of ACTIVATIONS).
 ACTIVATION_CODES = {name: i for i, name in enumerate(ACTIVATIONS)}
@@ -47,25 +47,9 @@ def render_source() -> str:
         head_max_wt=HEAD_MAX_PADDED, opt_items=OPT_ITEMS)
 
 
-@functools.lru_cache(maxsize=None)
-def _module(device_id: int) -> Any:
-    import cupy as cp
-
-    with cp.cuda.Device(device_id):
-        module = cp.RawModule(code=render_source(), options=("-std=c++17",))
-        module.compile()
-    return module
-
-
-@functools.lru_cache(maxsize=None)
-def _function(device_id: int, name: str) -> Any:
-    return _module(device_id).get_function(name)
-
-
-def _kernel(name: str) -> Any:
-    import cupy as cp
-
-    return _function(cp.cuda.Device().id, name)
+# Compiled once per device; C++17 is all the source needs of NVRTC.
+KERNELS = SourceKernels(render_source, lambda source: ("-std=c++17",))
+_kernel = KERNELS.kernel   # what each launch below calls (tests stand in for it)
 
 
 def _grid(n: int, per_thread: int = 1) -> tuple[int]:

@@ -10,7 +10,6 @@ CUDA graph replays them as they are.
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import numpy as np
 from autocnn.kernels.problem import ACTIVATIONS
 from autocnn.nn.fused import MAX_BLOCKS, THREADS, _code, _contiguous
 from autocnn.nn.mixed_precision import ScaleUse
+from autocnn.nn.source_kernels import SourceKernels
 from autocnn.precision import BFLOAT16, FLOAT16, FLOAT32, ElementType
 
 # The 16-bit element types by the suffix their kernels carry.
@@ -33,28 +33,14 @@ def render_source() -> str:
         activations=ACTIVATIONS, types=[(SUFFIXES[e], e.c_type) for e in (BFLOAT16, FLOAT16)])
 
 
-@functools.lru_cache(maxsize=None)
-def _module(device_id: int) -> Any:
-    import cupy as cp
-
+def _options(source: str) -> tuple[str, ...]:
     from autocnn.kernels.compiler import nvrtc_options
 
-    source = render_source()
-    with cp.cuda.Device(device_id):
-        module = cp.RawModule(code=source, options=nvrtc_options(source))   # C++17 and the 16-bit headers
-        module.compile()
-    return module
+    return nvrtc_options(source)   # C++17 and the 16-bit headers
 
 
-@functools.lru_cache(maxsize=None)
-def _function(device_id: int, name: str) -> Any:
-    return _module(device_id).get_function(name)
-
-
-def _kernel(name: str) -> Any:
-    import cupy as cp
-
-    return _function(cp.cuda.Device().id, name)
+KERNELS = SourceKernels(render_source, _options)
+_kernel = KERNELS.kernel   # what each launch below calls (tests stand in for it)
 
 
 def _grid(n: int) -> tuple[int]:
