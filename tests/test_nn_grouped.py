@@ -7,7 +7,6 @@ the CPU's CUDA emulator against float64."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from autocnn import nn
 from autocnn.nn import AvgPool2d, Conv2d, Dense, Flatten, NumpyBackend, Sequential
 from autocnn.precision import BF16, FP32
+from tests.cuda_emulator import needs_gxx
 from tests.test_nn_gradients import check_layer
 
 # (constructor arguments, input shape): shapes that divide no tile, stride or window evenly.
@@ -239,7 +239,7 @@ def test_every_problem_of_the_layers_has_a_planned_default_on_sm90_and_sm80(prec
                 assert config["formulation"] == "depthwise", (arch, p.op)
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
+@needs_gxx
 @pytest.mark.parametrize("which,precision", [
     ("grouped", "fp32"),
     pytest.param("depthwise", "bf16", marks=pytest.mark.slow),
