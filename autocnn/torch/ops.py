@@ -134,9 +134,13 @@ def conv2d_backward_data(dy: Tensor, weight: Tensor, input_size: Sequence[int], 
 
 @conv2d_backward_data.register_fake
 def _conv2d_backward_data_fake(dy, weight, input_size, stride, padding, dilation, groups, precision):
-    same_dtype("autocnn::conv2d_backward_data", {"dy": dy, "weight": weight})
+    dtype = same_dtype("autocnn::conv2d_backward_data", {"dy": dy, "weight": weight})
     layout = call_layout("autocnn::conv2d_backward_data", {"dy": dy, "weight": weight})
-    return empty(dy, (dy.shape[0], weight.shape[1] * groups, *input_size), layout)
+    x_shape = (dy.shape[0], weight.shape[1] * groups, *input_size)
+    if concrete(x_shape, weight.shape):
+        _conv("conv2d_backward_data", "conv_bwd_data", x_shape, weight.shape, stride, padding, dilation, groups,
+              precision, dtype, False, layout)
+    return empty(dy, x_shape, layout)
 
 
 @torch.library.custom_op("autocnn::conv2d_weight_grad", mutates_args=())
@@ -160,9 +164,13 @@ def conv2d_weight_grad(x: Tensor, dy: Tensor, kernel_size: Sequence[int], stride
 
 @conv2d_weight_grad.register_fake
 def _conv2d_weight_grad_fake(x, dy, kernel_size, stride, padding, dilation, groups, precision, bias):
-    same_dtype("autocnn::conv2d_weight_grad", {"x": x, "dy": dy})
+    dtype = same_dtype("autocnn::conv2d_weight_grad", {"x": x, "dy": dy})
     layout = call_layout("autocnn::conv2d_weight_grad", {"x": x, "dy": dy})
-    return (empty(x, (dy.shape[1], x.shape[1] // groups, *kernel_size), layout),
+    w_shape = (dy.shape[1], x.shape[1] // groups, *kernel_size)
+    if concrete(x.shape, w_shape):
+        _conv("conv2d_weight_grad", "conv_wgrad", x.shape, w_shape, stride, padding, dilation, groups, precision,
+              dtype, bias, layout)
+    return (empty(x, w_shape, layout),
             x.new_empty((dy.shape[1],) if bias else (0,)))
 
 

@@ -22,13 +22,14 @@ import torch
 from torch import nn
 from torch.nn.modules.conv import _ConvNd
 
-from autocnn.layout import DEFAULT_LAYOUT, Layout, layout_named
+from autocnn.layout import DEFAULT_LAYOUT, NHWC, Layout, layout_named
 from autocnn.precision import DEFAULT_PRECISION, FP32, Precision
 from autocnn.errors import ProblemTooLargeError
 from autocnn.torch.dtypes import ELEMENTS, SIXTEEN_BIT, autocast_dtype, precision_of_call
 from autocnn.torch.geometry import check_precision, conv_padding, conv_problem, pair, pool_padding, pool_problem
 from autocnn.torch.launch import forget
-from autocnn.torch.memory_formats import call_layout, in_either_layout, memory_format, model_layout
+from autocnn.torch.memory_formats import (as_layout, call_layout, in_either_layout, memory_format, model_layout,
+                                         tensor_layout)
 from autocnn.torch.modules import AvgPool2d, Conv2d
 from autocnn.torch.support import conv_reasons, conv_refusals, pool_reasons, pool_refusals
 
@@ -170,6 +171,21 @@ def _autocast_inputs(dtype: torch.dtype) -> Callable[..., Any]:
     return cast
 
 
+def _cuda_conv_layout(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
+    """A 2-D convolution's output in the memory format CUDA's gives it: channels_last where its input or
+    its weight is (cuDNN's rule, which autocnn's operators follow). PyTorch's meta convolution makes
+    every output contiguous, so that without this a trace would meet the layers after a convolution
+    PyTorch runs (one convert left, say) in NCHW where a CUDA step has them in NHWC."""
+    x, weight = inputs[0] if inputs else None, getattr(module, "weight", None)
+    if not (isinstance(output, torch.Tensor) and output.dim() == 4 and isinstance(x, torch.Tensor) and x.dim() == 4
+            and isinstance(weight, torch.Tensor) and weight.dim() == 4):
+        return None
+    layouts = (tensor_layout(x), tensor_layout(weight))
+    if any(layout is not None and layout.channels_last for layout in layouts):
+        return as_layout(output, NHWC)
+    return None
+
+
 def _autocast_parameters(model: nn.Module) -> set[str]:
     """The names of the parameters autocast casts: those of its lower-precision modules."""
     return {f"{name}.{p}" if name else p for name, m in model.named_modules() if isinstance(m, _AUTOCAST_LOWER)
@@ -211,6 +227,7 @@ def collect_problems(model: nn.Module, example_input: Any, *, precision: str | N
     pools = model_layout(model)
     handles = [m.register_forward_pre_hook(hook(name)) for name, m in model.named_modules()
                if _runs_on_autocnn(m, pools)]
+    handles += [m.register_forward_hook(_cuda_conv_layout) for m in model.modules() if isinstance(m, nn.Conv2d)]
     state = {**{n: _meta(p) for n, p in model.named_parameters()},
              **{n: _meta(b) for n, b in model.named_buffers()}}
     if autocast is not None:
