@@ -298,3 +298,30 @@ def test_a_converted_channels_last_pool_in_bfloat16_in_the_emulator(emulated, mo
     refs, scales = ref(x, dy), ref(x.abs(), dy.abs())
     _check_against(emulated.ran[0], "y", y, refs["y"], scales["y"])
     _check_against(emulated.ran[1], "dx", x.grad, refs["dx"], scales["dx"])
+
+
+# -- preparing a channels_last model's kernels ----------------------------------------------------------
+
+def test_the_first_step_of_each_memory_format_prepares_its_own_layouts_kernels(tmp_path, monkeypatch):
+    """The first-use hook on fake kernels (tests/torch_fake_gpu.py): a channels_last step quick-tunes and
+    stores NHWC records; the same shapes in NCHW are another step, prepared again, in NCHW."""
+    from autocnn.torch import first_use
+    from tests import torch_fake_gpu as fake
+
+    for name in ("AUTOCNN_AUTOTUNE", "AUTOCNN_QUICK_BUDGET"):
+        monkeypatch.delenv(name, raising=False)
+    kernels = fake.fake_kernels(tmp_path / "db", fake.RecordedSource())
+    monkeypatch.setattr(first_use, "_cuda_step", lambda args, kwargs: torch.device("cuda", 0))
+    monkeypatch.setattr(first_use, "kernels_for", lambda device: kernels)
+    model = nn.Sequential(nn.Conv2d(6, 6, 3, padding=1, groups=6), nn.AvgPool2d(2)).to(memory_format=CL)
+    at.convert(model, verbose=False)
+    x = torch.randn(2, 6, 9, 7).contiguous(memory_format=CL).requires_grad_()
+    model(x)
+    nhwc = set(kernels.kernels.dispatch)
+    assert len(nhwc) == 5 and all(p.layout is NHWC for p in nhwc)
+    stored = kernels.kernels.db.records()
+    assert len(stored) == 5 and all(r.quick and r.key.problem["layout"] == "nhwc" for r in stored)
+    model(x)                                           # the same step: nothing more
+    assert set(kernels.kernels.dispatch) == nhwc
+    model.to(memory_format=torch.contiguous_format)(x.detach().contiguous().requires_grad_())
+    assert {p.layout for p in set(kernels.kernels.dispatch) - nhwc} == {NCHW}
