@@ -145,6 +145,12 @@ def test_convert_decides_a_channels_last_model_by_the_kernels_refusals_and_says_
     assert "channels_last (NHWC): no conv_wgrad kernel of autocnn computes it" in left["3"]
     assert type(model[3]) is nn.Conv2d
     assert report.to_dict()["replaced"][0]["layout"] == "nhwc" and "NHWC" in str(report)
+    # Converted again after its dense layer became autocnn's in NCHW: the report says where its calls go.
+    converted = channels_last_model().to(memory_format=torch.contiguous_format)
+    at.convert(converted, verbose=False)
+    again = at.convert(converted.to(memory_format=CL), verbose=False)
+    dense = next(m for m in again.replaced if m.name == "3")
+    assert "its calls run PyTorch's operator: channels_last (NHWC): no conv_wgrad" in dense.detail
     # The same model in NCHW converts whole, as before.
     plain = at.convert(channels_last_model().to(memory_format=torch.contiguous_format), verbose=False)
     assert not plain.left and all(m.layout is NCHW for m in plain.replaced)
@@ -203,6 +209,29 @@ def test_the_command_line_traces_a_torch_model_in_channels_last():
     assert nhwc and all(u.problem.layout is NHWC for u in nhwc)
     nchw = factory_problems(spec, "6,12,10", 4, None)   # the factory's channels_last weights decide too
     assert {u.problem.layout for u in nchw} == {NHWC}
+
+
+def nchw_model() -> nn.Module:
+    """channels_last_model as a factory builds it, in NCHW (for --layout nhwc)."""
+    return channels_last_model().to(memory_format=torch.contiguous_format)
+
+
+def test_tune_torch_model_layout_nhwc_traces_the_model_in_channels_last(no_gpu_source, monkeypatch):
+    from autocnn import cli
+
+    seen = {}
+    real = at.factory_problems
+
+    def spy(*args):
+        seen["uses"] = real(*args)
+        return seen["uses"]
+
+    monkeypatch.setattr(at, "factory_problems", spy)
+    with pytest.raises(no_gpu_source):
+        cli.main(["tune", "--torch-model", f"{__name__}:nchw_model", "--input-shape", "6,12,10", "--batch", "4",
+                  "--layout", "nhwc"])
+    assert seen["uses"] and all(u.problem.layout is NHWC for u in seen["uses"])
+    assert {u.modules[0] for u in seen["uses"]} == {"0", "2", "4"}   # the dense layer is left to PyTorch
 
 
 def _recording_backend(graphs: dict):

@@ -35,7 +35,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.modules.pooling import _AdaptiveAvgPoolNd, _AvgPoolNd
 
 from autocnn.layout import Layout
-from autocnn.precision import DEFAULT_PRECISION
+from autocnn.precision import DEFAULT_PRECISION, FP32
 from autocnn.nn.text_table import format_table
 from autocnn.torch.first_use import PrepareSettings, install
 from autocnn.torch.geometry import check_precision
@@ -164,9 +164,14 @@ def _convert_one(name: str, module: nn.Module, precision: str, pools: Layout) ->
         module.precision = precision
         layout = conv_layout(module)
         runs_at, detail = _conv_detail(module, precision, layout)
+        refusal = module._autocnn_refusals.at(runs_at, layout) if runs_at is not None else None
+        if refusal is not None:   # an autocnn layer of a layout its kernels refuse: its calls go to PyTorch's
+            detail = f"its calls run PyTorch's operator: {refusal}"
         return ModuleOutcome(name, kind, True, f"already autocnn.torch.Conv2d; {detail}", runs_at, layout)
     if isinstance(module, AvgPool2d):
         runs_at, detail = _pool_detail(module, pools)
+        if not module._autocnn_refusals.served(pools):
+            detail = f"its calls run PyTorch's operator: {module._autocnn_refusals.at(FP32.name, pools)}"
         return ModuleOutcome(name, kind, True, f"already autocnn.torch.AvgPool2d; {detail}", runs_at, pools)
     if type(module) is nn.Conv2d:
         reasons = conv_reasons(module, precision)
