@@ -116,6 +116,13 @@ def test_the_backward_operators_take_the_layout_of_their_tensors():
     assert dxp.shape == (2, 8, 7, 7) and _is_cl(dxp)
 
 
+def test_opcheck_passes_on_channels_last_tensors():
+    x, w = _meta((2, 6, 9, 7), True).requires_grad_(), _meta((6, 1, 3, 3), True).requires_grad_()
+    b = torch.empty(6, device=META, requires_grad=True)
+    torch.library.opcheck(torch.ops.autocnn.conv2d.default, (x, w, b, [1, 1], [1, 1, 1, 1], [1, 1], 6, "fp32"))
+    torch.library.opcheck(torch.ops.autocnn.avg_pool2d.default, (x, [2, 2], [2, 2], [0, 0, 0, 0], True))
+
+
 def test_a_dense_nhwc_weight_gradient_is_refused_with_the_kernels_reason_at_trace_time():
     x, dy = _meta((2, 8, 5, 5), True), _meta((2, 4, 5, 5), True)
     # The forward and the input gradient are served in NHWC; the dense weight gradient is not (yet).
