@@ -8,8 +8,6 @@ test_torch_channels_last_gpu.py.
 """
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
@@ -21,6 +19,7 @@ from torch import nn  # noqa: E402
 import autocnn.torch as at  # noqa: E402
 from autocnn.layout import NCHW, NHWC  # noqa: E402
 from autocnn.torch.memory_formats import as_layout, call_layout, tensor_layout  # noqa: E402
+from tests.cuda_emulator import needs_gxx  # noqa: E402
 
 META = torch.device("meta")
 CL = torch.channels_last
@@ -254,9 +253,6 @@ def _autocnn_ops(gm) -> set[str]:
 
 
 # -- the operators and a layer in the CPU emulator -------------------------------------------------------
-
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (needed to emulate kernels)")
-
 
 @pytest.fixture
 def emulated(monkeypatch, tmp_path):
