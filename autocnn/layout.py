@@ -63,6 +63,12 @@ class Layout:
         """An NCHW (KCRS for ``filters``) array in this layout, C-contiguous."""
         return _contiguous(array.transpose(self._filter_order if filters else self._activation_order))
 
+    def memory_axes(self, *, filters: bool = False) -> tuple[int, ...]:
+        """The logical axes (NCHW's, KCRS's for ``filters``) in this layout's memory order, slowest
+        first: the permutation that views a logically indexed tensor in memory order (a PyTorch
+        channels_last tensor permuted by NHWC's (0, 2, 3, 1) is its NHWC array, C-contiguous)."""
+        return self._filter_order if filters else self._activation_order
+
     @property
     def _activation_order(self) -> tuple[int, ...]:
         return tuple("NCHW".index(a) for a in self.activation_axes)

@@ -59,7 +59,7 @@ def torch_model(model, device: str = "cuda"):
                 mods.append(tnn.ZeroPad2d((pl, pr, pt, pb)))
                 pad = (0, 0)
             mods.append(tnn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride, pad,
-                                   bias=layer.use_bias))
+                                   dilation=layer.dilation, groups=layer.groups, bias=layer.use_bias))
         elif isinstance(layer, AvgPool2d):
             pt, pl, pb, pr = layer.padding
             if pt != pb or pl != pr:

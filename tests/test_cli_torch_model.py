@@ -20,8 +20,8 @@ def test_the_model_is_traced_before_the_gpu_is_opened(no_gpu_source, monkeypatch
     seen = {}
     real = autocnn_torch.factory_problems
 
-    def spy(spec, shape, batch, precision):
-        seen["uses"] = real(spec, shape, batch, precision)
+    def spy(spec, shape, batch, precision, layout):
+        seen["uses"] = real(spec, shape, batch, precision, layout)
         return seen["uses"]
 
     monkeypatch.setattr(autocnn_torch, "factory_problems", spy)

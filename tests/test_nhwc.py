@@ -226,7 +226,7 @@ def test_tune_and_bench_take_layout_where_problems_are_built():
     problems = tune_command(args).problems
     # Dense NHWC weight gradients have no formulation yet: the suite keeps the pools only.
     assert problems and all(p.layout is NHWC and p.op == "avgpool_fwd" for p in problems)
-    with pytest.raises(ValueError, match="--layout goes with --op or --suite"):
+    with pytest.raises(ValueError, match="--layout goes with --op"):
         tune_command(parser.parse_args(["tune", "--network", "lenet5", "--layout", "nhwc"]))
     work = plan(BenchSettings(ops="avgpool_fwd,conv_fwd", precision="fp32", layout="nhwc"))
     assert work.problems and all(p.layout is NHWC for _, _, p in work.problems)

@@ -332,7 +332,7 @@ def test_inputs_autocnn_cannot_take_run_pytorchs_operator_with_one_warning():
     conv = at.Conv2d(4, 8, 3, padding=1).cuda()
     plain = nn.Conv2d(4, 8, 3, padding=1).cuda()
     plain.load_state_dict(conv.state_dict())
-    x = torch.randn(2, 4, 10, 10, device="cuda").contiguous(memory_format=torch.channels_last)
+    x = torch.randn(2, 4, 10, 20, device="cuda")[..., ::2]   # a strided view
     with pytest.warns(RuntimeWarning, match="non-contiguous .* runs PyTorch's operator"):
         torch.testing.assert_close(conv(x), plain(x), rtol=0, atol=0)
     with warnings.catch_warnings():
@@ -341,6 +341,10 @@ def test_inputs_autocnn_cannot_take_run_pytorchs_operator_with_one_warning():
     fresh = at.Conv2d(4, 8, 3, padding=1).cuda()
     with pytest.warns(RuntimeWarning, match="float64 input .* runs PyTorch's operator"):
         assert fresh.double()(x.contiguous().double()).dtype == torch.float64
+    # A dense layer in channels_last: no NHWC weight gradient yet, so PyTorch's, with the kernels' reason.
+    dense = at.Conv2d(4, 8, 3, padding=1).cuda()
+    with pytest.warns(RuntimeWarning, match=r"runs PyTorch's operator: .*channels_last \(NHWC\): no conv_wgrad"):
+        dense(x.contiguous(memory_format=torch.channels_last))
 
 
 def test_a_layer_beyond_32_bit_indexing_computes_pytorchs_result_on_cuda():

@@ -387,8 +387,8 @@ def test_the_command_line_tunes_a_models_sixteen_bit_problems(no_gpu_source, mon
     seen = {}
     real = at.factory_problems
 
-    def spy(spec, shape, batch, precision):
-        seen["uses"] = real(spec, shape, batch, precision)
+    def spy(spec, shape, batch, precision, layout):
+        seen["uses"] = real(spec, shape, batch, precision, layout)
         return seen["uses"]
 
     monkeypatch.setattr(at, "factory_problems", spy)

@@ -102,7 +102,8 @@ def add_parser(sub: Any) -> None:
                         "also be given in --shape as precision=tf32")
     t.add_argument("--layout", choices=LAYOUT_NAMES, default=None,
                    help=LAYOUT_HELP + ". Applies to the problems of --op (where --shape may also say layout=nhwc) "
-                        "and --suite; the training library and autocnn.torch (--network, --torch-model) run nchw")
+                        "and --suite, and with --torch-model to the model (nhwc: it and its input in "
+                        "channels_last); the training library (--network) runs nchw")
     t.add_argument("--cudnn", action=argparse.BooleanOptionalAction, default=None,
                    help="time PyTorch/cuDNN on each tuned shape, show the ratio and keep it in the record "
                         "(TF32 off for fp32 problems, on for tf32 ones); default: on when PyTorch with CUDA "
@@ -280,9 +281,9 @@ def tune_command(args: argparse.Namespace) -> TuneCommand:
     if args.devices is not None:
         parse_devices(args.devices)
     precision = precision_named(args.precision) if args.precision else DEFAULT_PRECISION
-    if args.layout is not None and not (args.op or args.suite):
-        raise ValueError("--layout goes with --op or --suite: the training library and autocnn.torch (--network, "
-                         "--torch-model) run nchw, and --stale tunes each stale record in its own layout")
+    if args.layout is not None and not (args.op or args.suite or args.torch_model):
+        raise ValueError("--layout goes with --op, --suite or --torch-model: the training library (--network) runs "
+                         "nchw, and --stale tunes each stale record in its own layout")
     op_problem = shape_problem(args.op, args.shape, args.precision, args.layout) if args.op else None
     torch_uses = None
     if args.torch_model:
@@ -291,7 +292,8 @@ def tune_command(args: argparse.Namespace) -> TuneCommand:
         except ImportError as e:
             raise ValueError(f"--torch-model needs PyTorch (pip install 'autocnn[torch]'): {e}") from None
         # The model is built and traced on meta tensors.
-        torch_uses = autocnn_torch.factory_problems(args.torch_model, args.input_shape, args.batch, precision)
+        torch_uses = autocnn_torch.factory_problems(args.torch_model, args.input_shape, args.batch, precision,
+                                                    args.layout)
     check_seed(args.seed)
     fixed = parse_fixed(args.fix)
     if torch_uses is not None:

@@ -11,8 +11,8 @@ from autocnn.errors import InvalidProblemError
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from autocnn.precision import DEFAULT_PRECISION
 from autocnn.nn.backend import Array, Backend, KernelProblem
-from autocnn.nn.layer_base import (OwnPrecision, Shape, WeightedLayer, check_activation, check_int, check_pair,
-                                   check_padding, check_precision, init_weights)
+from autocnn.nn.layer_base import (OwnPrecision, Shape, WeightedLayer, check_activation, check_groups, check_int,
+                                   check_pair, check_padding, check_precision, init_weights)
 from autocnn.separable.execution import make_execution, separable_problems
 from autocnn.separable.rank import RankChoice, energy_rank
 from autocnn.separable.setting import OFF, SeparableSetting, ineligibility, parse_separable
@@ -24,6 +24,16 @@ class Conv2d(OwnPrecision, WeightedLayer):
 
     ``padding``: an int, (height, width) or (top, left, bottom, right) (asymmetric padding, as
     an even filter needs to keep the size: 8x8 with (4, 4, 3, 3)).
+
+    ``groups``: split the channels into that many groups, as torch.nn.Conv2d does: filter k reads
+    only the in_channels/groups channels of group k // (out_channels/groups), so the weights are
+    (out_channels, in_channels/groups, R, S); both channel counts must be multiples of it.
+    groups == in_channels is a depthwise convolution (out_channels = m * in_channels: m filters a
+    channel). ``dilation``: an int or (height, width), the spacing of the filter's taps (a 3x3
+    filter dilated by 2 spans 5x5; padding must be smaller than that span). Both are fields of the
+    layer's three kernel problems, so tuning, lookups and dispatch see them (the depthwise, igemm
+    and tc formulations serve them); a grouped or dilated layer is never separable and runs no
+    fused kernel (conv_bwd_fused, conv_pool: dense problems only).
 
     ``precision``: what this layer's three convolutions (forward, backward-data, weight gradient)
     must be as accurate as on a GPU. None (the default) takes the model's (``Sequential(...,
@@ -63,9 +73,10 @@ class Conv2d(OwnPrecision, WeightedLayer):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | Sequence[int],
                  stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, bias: bool = True,
                  activation: str = "none", name: str | None = None, precision: str | None = None,
-                 separable: Any = None, svd: SvdSettings | None = None) -> None:
+                 separable: Any = None, svd: SvdSettings | None = None, groups: int = 1,
+                 dilation: int | Sequence[int] = 1) -> None:
         super().__init__(name)
-        owner = "Conv2d"
+        owner = "Conv2d" if name is None else f"Conv2d {name!r}"
         self.precision_override = check_precision(owner, precision, inherit=True)
         self.separable_override = parse_separable(owner, separable, inherit=True)
         self._model_separable: SeparableSetting = OFF
@@ -85,21 +96,25 @@ class Conv2d(OwnPrecision, WeightedLayer):
         self.kernel_size = check_pair(owner, "kernel_size", kernel_size)
         self.stride = check_pair(owner, "stride", stride)
         self.padding = check_padding(owner, padding)
+        self.groups = check_groups(owner, groups, self.in_channels, self.out_channels)
+        self.dilation = check_pair(owner, "dilation", dilation)
         if not isinstance(bias, bool):
             raise ValueError(f"{owner}: bias must be True or False, got {bias!r}")
         self.use_bias = bias
         self.activation = check_activation(owner, activation)
-        R, S = self.kernel_size
         pt, pl, pb, pr = self.padding
         # The kernels assume every window touches the image; padding of a whole filter size would not.
-        if max(pt, pb) >= R or max(pl, pr) >= S:
+        span_h, span_w = self.filter_extent
+        if max(pt, pb) >= span_h or max(pl, pr) >= span_w:
+            spans = "" if self.dilation == (1, 1) else f" (dilated by {self.dilation}: it spans {span_h}x{span_w})"
             raise ValueError(f"{owner}: padding {self.padding} must be smaller than the kernel "
-                             f"{self.kernel_size} on every side")
+                             f"{self.kernel_size}{spans} on every side")
         if self.separable_override is not None and self.separable_override.enabled:
-            reason = ineligibility(self.separable_override, self.kernel_size, self.stride)
+            reason = self.separable_ineligibility(self.separable_override)
             if reason:
-                raise ValueError(f"{owner}: separable={separable!r} needs stride 1 and a filter of at least 2x2 "
-                                 f"(and a rank of at most min(R, S)); this layer has {reason}")
+                raise ValueError(f"{owner}: separable={separable!r} needs a dense, undilated layer (groups=1, "
+                                 f"dilation=1) of stride 1 and a filter of at least 2x2 (and a rank of at most "
+                                 f"min(R, S)); this layer has {reason}")
         self._x: Array | None = None
 
     def config_text(self) -> str:
@@ -108,6 +123,10 @@ class Conv2d(OwnPrecision, WeightedLayer):
             text += f", stride={self.stride}"
         if any(self.padding):
             text += f", padding={self.padding}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        if self.dilation != (1, 1):
+            text += f", dilation={self.dilation}"
         text += self._epilogue_text()
         if self.separable_override is not None:
             text += f", separable={self.separable_override.value()!r}"
@@ -126,7 +145,25 @@ class Conv2d(OwnPrecision, WeightedLayer):
 
     def separable_ineligibility(self, setting: SeparableSetting) -> str | None:
         """Why ``setting`` cannot apply to this layer (None when it can, or when it is off)."""
-        return ineligibility(setting, self.kernel_size, self.stride) if setting.enabled else None
+        if not setting.enabled:
+            return None
+        if self.grouped_or_dilated:
+            # The separable operations factor dense, undilated filters only.
+            what = [f"groups={self.groups}"] * (self.groups != 1) + [f"dilation={self.dilation}"] * (
+                self.dilation != (1, 1))
+            return f"{', '.join(what)} (separable kernels run dense, undilated filters)"
+        return ineligibility(setting, self.kernel_size, self.stride)
+
+    @property
+    def grouped_or_dilated(self) -> bool:
+        """Whether the layer has channel groups or dilated taps (no separable or fused form then)."""
+        return self.groups != 1 or self.dilation != (1, 1)
+
+    @property
+    def filter_extent(self) -> tuple[int, int]:
+        """The rows and columns of input one (dilated) filter window spans."""
+        (R, S), (dh, dw) = self.kernel_size, self.dilation
+        return ((R - 1) * dh + 1, (S - 1) * dw + 1)
 
     def use_model_separable(self, setting: SeparableSetting) -> None:
         """Told the model's separable setting (by Sequential, before the next build)."""
@@ -203,7 +240,8 @@ class Conv2d(OwnPrecision, WeightedLayer):
         return (self.out_channels, p.P, p.Q)
 
     def param_shapes(self) -> dict[str, Shape]:
-        shapes: dict[str, Shape] = {"weight": (self.out_channels, self.in_channels, *self.kernel_size)}
+        shapes: dict[str, Shape] = {"weight": (self.out_channels, self.in_channels // self.groups,
+                                               *self.kernel_size)}
         if self.use_bias:
             shapes["bias"] = (self.out_channels,)
         return shapes
@@ -217,8 +255,9 @@ class Conv2d(OwnPrecision, WeightedLayer):
     def _init_host(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         R, S = self.kernel_size
         shapes = self.param_shapes()
-        params = {"weight": init_weights(rng, shapes["weight"], self.in_channels * R * S,
-                                         self.out_channels * R * S, self.activation)}
+        # A filter reads its group's channels, and an input channel feeds its group's filters.
+        params = {"weight": init_weights(rng, shapes["weight"], self.in_channels // self.groups * R * S,
+                                         self.out_channels // self.groups * R * S, self.activation)}
         if self.use_bias:
             params["bias"] = np.zeros(shapes["bias"])
         return params
@@ -228,7 +267,8 @@ class Conv2d(OwnPrecision, WeightedLayer):
         R, S = self.kernel_size
         return ConvFwdProblem(N=batch_size, C=C, H=H, W=W, K=self.out_channels, R=R, S=S,
                               stride=self.stride, padding=self.padding, bias=self.use_bias,
-                              activation=self.activation, precision=self.precision)
+                              activation=self.activation, precision=self.precision, groups=self.groups,
+                              dilation=self.dilation)
 
     def make_problems(self, input_shape: Shape, batch_size: int) -> list[KernelProblem]:
         fwd = self._fwd_problem(input_shape, batch_size)
@@ -252,8 +292,9 @@ class Conv2d(OwnPrecision, WeightedLayer):
         """The one-pass backward (conv_bwd_fused: dX, dW and db from one read of dY, Scherer et al.)
         of a 2D layer that needs its input gradient: tuned beside the layer's own problems, and run
         instead of conv_bwd_data + conv_wgrad where the backend finds it tuned faster."""
-        if self.separable.enabled or not self.needs_input_grad or self.precision.sixteen_bit:
-            return []
+        if (self.separable.enabled or not self.needs_input_grad or self.precision.sixteen_bit
+                or self.grouped_or_dilated):
+            return []   # conv_bwd_fused is dense, undilated and float32
         from autocnn.kernels.conv_bwd_fused import ConvBwdFusedProblem
 
         return [ConvBwdFusedProblem(**self._fwd_problem(input_shape, batch_size).geometry(), bias=self.use_bias)]

@@ -46,6 +46,18 @@ def check_pair(owner: str, name: str, value: Any, minimum: int = 1) -> tuple[int
     return (check_int(owner, name, vals[0], minimum), check_int(owner, name, vals[1], minimum))
 
 
+def check_groups(owner: str, value: Any, in_channels: int, out_channels: int) -> int:
+    """A convolution's channel groups: an integer >= 1 dividing both channel counts."""
+    groups = check_int(owner, "groups", value, 1)
+    if in_channels % groups or out_channels % groups:
+        allowed = [g for g in range(1, min(in_channels, out_channels) + 1)
+                   if in_channels % g == 0 and out_channels % g == 0]
+        raise ValueError(f"{owner}: groups={groups} must divide in_channels={in_channels} and "
+                         f"out_channels={out_channels} (each group takes in_channels/groups channels and makes "
+                         f"out_channels/groups maps); allowed: {', '.join(map(str, allowed))}")
+    return groups
+
+
 def check_padding(owner: str, value: Any) -> tuple[int, int, int, int]:
     vals = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     if len(vals) == 1:

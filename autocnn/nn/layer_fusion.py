@@ -44,7 +44,7 @@ class ConvPoolPair:
 
 
 def conv_pool_pairs(layers: Sequence[Layer], input_shapes: Sequence[Shape], batch_size: int) -> list[ConvPoolPair]:
-    """Every Conv2d (2D, not separable) followed directly by an AvgPool2d whose fused kernel can
+    """Every Conv2d (2D, not separable, neither grouped nor dilated) followed directly by an AvgPool2d whose fused kernel can
     take the pair (``input_shapes[i]``: layer i's input shape)."""
     from autocnn.kernels.conv_pool_problems import ConvPoolFwdProblem
 
@@ -53,6 +53,8 @@ def conv_pool_pairs(layers: Sequence[Layer], input_shapes: Sequence[Shape], batc
         conv, pool = layers[i], layers[i + 1]
         if not isinstance(conv, Conv2d) or not isinstance(pool, AvgPool2d) or conv.separable.enabled:
             continue
+        if conv.grouped_or_dilated:
+            continue   # conv_pool_fwd has no grouped or dilated form: the pair stays split
         if conv.precision.sixteen_bit or pool.precision.sixteen_bit:
             continue   # the fused kernels take float32 tensors: mixed-precision layers stay split
         fwd = conv._fwd_problem(input_shapes[i], batch_size)

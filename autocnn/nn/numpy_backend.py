@@ -57,15 +57,18 @@ class NumpyBackend(Backend):
 
     def _conv_fwd(self, problem, x, w, bias, out):
         out[...] = self.reference.conv_fwd(x, w, stride=problem.stride, padding=problem.padding,
-                                           bias=bias, activation=problem.activation)
+                                           bias=bias, activation=problem.activation, groups=problem.groups,
+                                           dilation=problem.dilation)
 
     def _conv_bwd_data(self, problem, dy, w, out):
         out[...] = self.reference.conv_bwd_data(dy, w, input_hw=(problem.H, problem.W),
-                                                stride=problem.stride, padding=problem.padding)
+                                                stride=problem.stride, padding=problem.padding,
+                                                groups=problem.groups, dilation=problem.dilation)
 
     def _conv_wgrad(self, problem, x, dy, dw_out, db_out):
         dw, db = self.reference.conv_wgrad(x, dy, kernel_hw=(problem.R, problem.S), stride=problem.stride,
-                                           padding=problem.padding, bias=problem.bias)
+                                           padding=problem.padding, bias=problem.bias, groups=problem.groups,
+                                           dilation=problem.dilation)
         dw_out[...] = dw
         if db_out is not None:
             db_out[...] = db

@@ -1,6 +1,8 @@
-"""The zoo networks (the seed networks and a VGG-style one), and networks described in JSON.
+"""The zoo networks (the seed networks, a VGG-style one and two with depthwise layers), and networks
+described in JSON.
 
-Zoo networks (input -> output shapes): the seed networks of the source documents, then vgg_cifar.
+Zoo networks (input -> output shapes): the seed networks of the source documents, then vgg_cifar,
+mobilenetv2_cifar and convnext_cifar.
 
 * kriz09 -- Krizhevsky's 2009 report: 3x32x32, Conv2d 3->64 8x8 pad (4,4,3,3) logistic
   -> 64x32x32, AvgPool2d(4) -> 64x8x8, Flatten, Dense(4096, 10).
@@ -28,6 +30,17 @@ Zoo networks (input -> output shapes): the seed networks of the source documents
   Conv2d 3x3 pad 1 relu (64, 128, 256 maps) each followed by AvgPool2d(2) (32 -> 16 -> 8 -> 4),
   Flatten, Dense(4096, 256, relu), Dense(256, 10). Averaging stands in for VGG's max pooling (the
   library's pooling), and there is no batch normalisation; the benchmark trains it at batch 128.
+* mobilenetv2_cifar -- MobileNetV2-style (Sandler et al. 2018) at CIFAR size: 3x32x32, Conv2d 3->16
+  3x3 pad 1 relu, four inverted bottlenecks (1x1 expansion x6 relu, 3x3 depthwise pad 1 relu of
+  stride 2, 1, 2, 1, linear 1x1 projection: 16 -> 24 -> 24 -> 32 -> 32 maps, 32 -> 16 -> 8),
+  Conv2d 32->128 1x1 relu, AvgPool2d(8), Flatten, Dense(128, 10).
+* convnext_cifar -- ConvNeXt-style (Liu et al. 2022) at CIFAR size: 3x32x32, a 2x2 stride-2
+  patchify Conv2d 3->32 (-> 16x16), three stages of one block (7x7 depthwise pad 3, 1x1 expansion
+  x4 relu, 1x1 projection) of 32, 64, 128 maps, 2x2 stride-2 Conv2d downsampling between them
+  (16 -> 8 -> 4), AvgPool2d(4), Flatten, Dense(128, 10).
+
+  Neither has its original's normalisation layers or residual adds (autocnn.nn has neither a norm
+  layer nor a branching model): their builders' docstrings say what else differs and why.
 
 JSON networks (``network_from_json``)::
 
@@ -44,10 +57,12 @@ JSON networks (``network_from_json``)::
 
 Layer types and keys (the constructor arguments of the layer classes):
 
-* conv2d: out_channels, kernel_size (required); in_channels, stride, padding, bias, activation,
-  precision ("fp32" or "tf32": this layer's, overriding the model's, which `autocnn train/tune
-  --precision` or ``Sequential.precision`` set), separable (this layer's: false, true, a rank, "energy",
-  "energy:SHARE" or a share; see autocnn.separable.setting)
+* conv2d: out_channels, kernel_size (required); in_channels, stride, padding, groups (an integer
+  dividing both channel counts; in_channels for a depthwise layer), dilation (an integer or
+  [height, width]), bias, activation, precision ("fp32", "tf32", "bf16" or "fp16": this layer's,
+  overriding the model's, which `autocnn train/tune --precision` or ``Sequential.precision`` set),
+  separable (this layer's: false, true, a rank, "energy", "energy:SHARE" or a share; see
+  autocnn.separable.setting; not with groups or dilation)
 
 The top-level "separable" (same values) is the network's setting: every eligible conv2d without its
 own (``Sequential(separable=)``).
@@ -136,6 +151,65 @@ def _vgg_cifar() -> list[Layer]:
     return layers + [Flatten(), Dense(256 * 4 * 4, 256, activation="relu"), Dense(256, 10)]
 
 
+def _mobilenetv2_cifar() -> list[Layer]:
+    """MobileNetV2 as close as a Sequential of autocnn.nn's layers comes, sized for CIFAR-10.
+
+    Kept: the 3x3 stem; inverted bottlenecks, each a 1x1 expansion by 6 with an activation, a 3x3
+    depthwise convolution (groups == channels, stride 1 or 2) with an activation, and a 1x1
+    projection without one (the paper's linear bottleneck); a final 1x1 convolution widening the
+    features; global average pooling; a dense classifier. What differs, and why:
+
+    * no batch normalisation after each convolution: autocnn.nn has no normalisation layer, so
+      every convolution has a bias instead, and the network stays shallow enough (eleven
+      convolutions) to train from He-initialised weights without one;
+    * no residual adds around the stride-1 blocks: a Sequential model has no skip connections, so
+      the blocks whose input and output widths match (24 -> 24, 32 -> 32) run without them;
+    * ReLU for ReLU6 (the library's activations are relu, tanh and logistic; ReLU6's clipping was
+      chosen for low-precision inference, not for training);
+    * CIFAR-sized: a stride-1 stem (32x32 images, not 224x224), four bottlenecks instead of
+      seventeen (every one expanding, where the original's first does not), 128 final features
+      instead of 1,280, so that a step runs in tests on the numpy backend.
+    """
+    layers: list[Layer] = [Conv2d(3, 16, 3, padding=1, activation="relu")]
+    channels = 16
+    for out, stride in ((24, 2), (24, 1), (32, 2), (32, 1)):
+        hidden = 6 * channels
+        layers += [Conv2d(channels, hidden, 1, activation="relu"),
+                   Conv2d(hidden, hidden, 3, stride=stride, padding=1, groups=hidden, activation="relu"),
+                   Conv2d(hidden, out, 1)]
+        channels = out
+    return layers + [Conv2d(channels, 128, 1, activation="relu"), AvgPool2d(8), Flatten(), Dense(128, 10)]
+
+
+def _convnext_cifar() -> list[Layer]:
+    """ConvNeXt as close as a Sequential of autocnn.nn's layers comes, sized for CIFAR-10.
+
+    Kept: a patchify stem (a non-overlapping strided convolution); blocks of a 7x7 depthwise
+    convolution (padding 3, no activation), a 1x1 expansion by 4 with the block's one activation
+    and a 1x1 projection; 2x2 stride-2 convolutions downsampling between stages, doubling the
+    width; global average pooling; a dense classifier. What differs, and why:
+
+    * no LayerNorm (after the stem, in each block after the depthwise convolution, before each
+      downsampling and the head): autocnn.nn has no normalisation layer; every convolution has a
+      bias instead, and with one block a stage the network stays shallow enough to train without;
+    * no residual adds around the blocks, no layer scale, no stochastic depth: a Sequential model
+      has no skip connections (and the last two exist to tame those adds);
+    * ReLU for GELU (the library's activations are relu, tanh and logistic);
+    * CIFAR-sized: a 2x2 stride-2 stem (4x4 stride 4 would leave 8x8 maps of 32x32 images), three
+      stages of one block (32, 64, 128 maps) instead of four stages of 3, 3, 9 and 3 blocks (96 to
+      768 maps), so that a step runs in tests on the numpy backend.
+    """
+    layers: list[Layer] = [Conv2d(3, 32, 2, stride=2)]
+    widths = (32, 64, 128)
+    for i, width in enumerate(widths):
+        if i:
+            layers.append(Conv2d(widths[i - 1], width, 2, stride=2))
+        layers += [Conv2d(width, width, 7, padding=3, groups=width),
+                   Conv2d(width, 4 * width, 1, activation="relu"),
+                   Conv2d(4 * width, width, 1)]
+    return layers + [AvgPool2d(4), Flatten(), Dense(widths[-1], 10)]
+
+
 SPECS: dict[str, NetworkSpec] = {s.name: s for s in (
     NetworkSpec("kriz09", (3, 32, 32), "Krizhevsky 2009: one 8x8 logistic conv layer, 4x4 averaging", _kriz09),
     NetworkSpec("scherer10", (1, 256, 256), "Scherer et al. 2010, Table 1 row 1: three 8x8 stride-2 tanh convs",
@@ -150,6 +224,10 @@ SPECS: dict[str, NetworkSpec] = {s.name: s for s in (
                 "(64, 64, 64, 32 maps), 3x3 averaging after the first two", _conv4),
     NetworkSpec("vgg_cifar", (3, 32, 32), "VGG-style CIFAR: 3x3 relu convs in pairs of 64, 128, 256 maps, "
                 "2x2 averaging after each pair", _vgg_cifar),
+    NetworkSpec("mobilenetv2_cifar", (3, 32, 32), "MobileNetV2-style CIFAR: inverted bottlenecks (1x1 expand x6, "
+                "3x3 depthwise, linear 1x1 project), no batch norm or residual adds", _mobilenetv2_cifar),
+    NetworkSpec("convnext_cifar", (3, 32, 32), "ConvNeXt-style CIFAR: 2x2 patchify stem, blocks of 7x7 depthwise, "
+                "1x1 expand x4, 1x1 project; no LayerNorm or residual adds", _convnext_cifar),
 )}
 NETWORKS: tuple[str, ...] = tuple(SPECS)
 
@@ -178,15 +256,15 @@ def build_network(name: str, backend: str | Backend = "numpy", seed: int | None 
 
 # type -> (required keys, optional keys)
 _JSON_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "conv2d": (("out_channels", "kernel_size"), ("in_channels", "stride", "padding", "bias", "activation", "precision",
-                                                 "separable", "name")),
+    "conv2d": (("out_channels", "kernel_size"), ("in_channels", "stride", "padding", "groups", "dilation", "bias",
+                                                 "activation", "precision", "separable", "name")),
     "avgpool2d": (("window",), ("stride", "padding", "count_pad", "precision", "name")),
     "dense": (("out_features",), ("in_features", "bias", "activation", "precision", "name")),
     "flatten": ((), ("name",)),
     "activation": (("activation",), ("name",)),
 }
-_INT_KEYS = {"out_channels", "in_channels", "out_features", "in_features"}
-_SIZE_KEYS = {"kernel_size", "stride", "window", "padding"}
+_INT_KEYS = {"out_channels", "in_channels", "out_features", "in_features", "groups"}
+_SIZE_KEYS = {"kernel_size", "stride", "window", "padding", "dilation"}
 _BOOL_KEYS = {"bias", "count_pad"}
 _STR_KEYS = {"activation", "name", "precision"}
 

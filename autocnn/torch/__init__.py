@@ -8,9 +8,10 @@
     at.tune(model, torch.randn(64, 3, 224, 224, device="cuda"), trials=400)   # optional, longer
 
 * ``Conv2d`` and ``AvgPool2d``: torch.nn's layers (same arguments, parameters and state_dict keys)
-  running autocnn's kernels for contiguous float32, bfloat16 and float16 CUDA tensors (bf16 / fp16
-  for the 16-bit ones; ``Conv2d(..., precision="tf32")`` for float32), under torch.autocast in its
-  dtype, with the channel groups and dilation autocnn's kernels compute (depthwise layers).
+  running autocnn's kernels for float32, bfloat16 and float16 CUDA tensors (bf16 / fp16 for the
+  16-bit ones; ``Conv2d(..., precision="tf32")`` for float32), under torch.autocast in its dtype,
+  with the channel groups and dilation autocnn's kernels compute (depthwise layers), contiguous or
+  channels_last (NHWC problems, where the kernels serve the layer in NHWC: autocnn.torch.memory_formats).
 * ``convert(model, precision)``: turns every supported layer of a model into those, in place, and
   reports what it replaced, at which precision, and what it left to PyTorch, and why. At the model's first step on a
   GPU its kernels are prepared: quick-tuned where no record exists (within one budget per model,

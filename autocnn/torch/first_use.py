@@ -240,8 +240,8 @@ def _cuda_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | 
 
 
 class FirstUse:
-    """A converted model's forward pre-hook: the first call on a CUDA input of each input shape, in
-    training and in inference, and of each torch.autocast dtype (it runs inside the region, so the
+    """A converted model's forward pre-hook: the first call on a CUDA input of each input shape and
+    memory format, in training and in inference, and of each torch.autocast dtype (it runs inside the region, so the
     problems are the autocast dtype's), prepares the whole model (``prepare``, with ``convert``'s
     settings); a call it passes over (under torch.compile or a capture, with keyword arguments)
     leaves each kernel to be prepared when its layer first runs it."""
@@ -257,7 +257,9 @@ class FirstUse:
             return None
         training = module.training and torch.is_grad_enabled()
         autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
-        key = (device, training, autocast, tuple((tuple(a.shape), a.dtype, a.requires_grad) for a in args))
+        # The strides too: a channels_last input makes other (NHWC) problems than a contiguous one.
+        key = (device, training, autocast,
+               tuple((tuple(a.shape), a.stride(), a.dtype, a.requires_grad) for a in args))
         if key in self.seen:
             return None
         self.seen.add(key)

@@ -3,7 +3,8 @@
 PyTorch spells a size as an int or a pair and a convolution's padding also as "same" or "valid";
 autocnn's problems take pairs and an explicit (top, left, bottom, right) padding. This module
 turns one into the other and builds the (cached) kernel problems the operators run, with their
-channel groups, dilation and precision (the tensors' dtype decides it: autocnn.torch.dtypes). It imports
+channel groups, dilation, precision (the tensors' dtype decides it: autocnn.torch.dtypes) and layout
+(their memory format decides it: autocnn.torch.memory_formats). It imports
 no torch, so that the arithmetic the fake (meta) implementations share with the real ones is
 plain Python over ints, or over PyTorch's symbolic ints under ``torch.compile``.
 """
@@ -23,6 +24,7 @@ from autocnn.kernels.problem import (
     pool_index_extents,
 )
 from autocnn.errors import ProblemTooLargeError
+from autocnn.layout import DEFAULT_LAYOUT, Layout
 from autocnn.precision import DEFAULT_PRECISION, FLOAT32_PRECISION_NAMES, Precision, precision_named
 
 Pair = tuple[int, int]
@@ -133,12 +135,14 @@ def _conv_geometry(where: str, x_shape: Sequence[int], w_shape: Sequence[int], s
 @functools.lru_cache(maxsize=4096)
 def conv_problem(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int, ...],
                  padding: tuple[int, ...], precision: str = DEFAULT_PRECISION.name, bias: bool = False,
-                 dilation: tuple[int, ...] = (1, 1), groups: int = 1) -> Any:
+                 dilation: tuple[int, ...] = (1, 1), groups: int = 1, layout: Layout = DEFAULT_LAYOUT) -> Any:
     """The problem of one convolution operation (conv_fwd, conv_bwd_data or conv_wgrad) of the layer
-    with input ``x_shape`` and weight ``w_shape`` (K x C/groups x R x S) at ``precision`` (any of
-    autocnn's: the tensors' dtype chose it); InvalidProblemError / ValueError when the shapes or
-    arguments do not make a problem (cached: the operators ask once per call)."""
+    with input ``x_shape`` and weight ``w_shape`` (K x C/groups x R x S, logical: the same in every
+    layout) at ``precision`` (any of autocnn's: the tensors' dtype chose it), its tensors in ``layout``
+    (their memory format chose it: autocnn.torch.memory_formats); InvalidProblemError / ValueError when
+    the shapes or arguments do not make a problem (cached: the operators ask once per call)."""
     geometry = _conv_geometry(f"autocnn {op}", x_shape, w_shape, stride, padding, dilation, groups, precision)
+    geometry["layout"] = layout
     if op == "conv_fwd":
         return ConvFwdProblem(**geometry, bias=bias)
     if op == "conv_bwd_data":
@@ -150,9 +154,10 @@ def conv_problem(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], st
 
 @functools.lru_cache(maxsize=4096)
 def pool_problem(op: str, x_shape: tuple[int, ...], window: tuple[int, ...], stride: tuple[int, ...],
-                 padding: tuple[int, ...], count_pad: bool, precision: str = DEFAULT_PRECISION.name) -> Any:
-    """The problem of average pooling forward or backward over an input of ``x_shape``, at its
-    storage's ``precision`` (fp32, bf16 or fp16)."""
+                 padding: tuple[int, ...], count_pad: bool, precision: str = DEFAULT_PRECISION.name,
+                 layout: Layout = DEFAULT_LAYOUT) -> Any:
+    """The problem of average pooling forward or backward over an input of ``x_shape`` (logical), at
+    its storage's ``precision`` (fp32, bf16 or fp16), in ``layout``."""
     if len(x_shape) != 4:
         raise ValueError(f"autocnn {op}: the input must be N x C x H x W, not of shape {tuple(x_shape)}")
     if len(window) != 2 or len(stride) != 2 or len(padding) != 4:
@@ -163,7 +168,8 @@ def pool_problem(op: str, x_shape: tuple[int, ...], window: tuple[int, ...], str
     if cls is None:
         raise ValueError(f"pool_problem: op {op!r} is not avgpool_fwd or avgpool_bwd")
     return cls(N=n, C=c, H=h, W=w, window=tuple(int(v) for v in window), stride=tuple(int(v) for v in stride),
-               padding=tuple(int(v) for v in padding), count_pad=bool(count_pad), precision=precision)
+               padding=tuple(int(v) for v in padding), count_pad=bool(count_pad), precision=precision,
+               layout=layout)
 
 
 # -- layers larger than autocnn's kernels address --------------------------------------------------

@@ -5,14 +5,19 @@ keys, initialisation and repr (plus ``precision`` for the convolution), so an op
 state_dict or a hook sees no difference. ``convert`` turns existing torch.nn modules into them in
 place (``adopt``), keeping every parameter object.
 
-A call runs autocnn's operator for a contiguous float32, bfloat16 or float16 input on a CUDA
-device (or a meta one, for shape tracing), in that dtype: float32 at the layer's ``precision``
-(fp32 or tf32), 16-bit at bf16 / fp16. Under torch.autocast("cuda") the convolution casts its
-input, weight and bias to the autocast dtype first, as PyTorch's conv2d does (autocnn.torch.dtypes),
-and pooling runs in its input's dtype. Any other call runs PyTorch's own operator: on the CPU
-silently (autocnn has no CPU kernels), on a CUDA device with a warning once per layer (a float64,
-channels_last or strided input, or a precision the kernels refuse for this layer's groups or
-dilation), since there the user expected autocnn's kernels.
+A call runs autocnn's operator for a float32, bfloat16 or float16 input on a CUDA device (or a
+meta one, for shape tracing), contiguous as NCHW or as channels_last, in that dtype: float32 at the
+layer's ``precision`` (fp32 or tf32), 16-bit at bf16 / fp16; channels_last tensors (the input's or
+the weight's) make NHWC problems and channels_last outputs (autocnn.torch.memory_formats). Under
+torch.autocast("cuda") the convolution casts its input, weight and bias to the autocast dtype
+first, as PyTorch's conv2d does (autocnn.torch.dtypes), and pooling runs in its input's dtype.
+Whether the kernels serve the call is read, per call, from the layer's table of refusals at the
+call's precision and layout: a layer converted for one layout still runs PyTorch's operator for a
+call in a layout its kernels refuse (a dense layer in channels_last, whose weight gradient no NHWC
+kernel computes yet). Any other call runs PyTorch's own operator: on the CPU silently (autocnn has
+no CPU kernels), on a CUDA device with a warning once per layer (a float64 or strided input, or a
+precision or layout the kernels refuse for this layer), since there the user expected autocnn's
+kernels.
 """
 from __future__ import annotations
 
@@ -22,10 +27,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from autocnn.layout import DEFAULT_LAYOUT, Layout
 from autocnn.precision import DEFAULT_PRECISION, FP32
 from autocnn.torch.dtypes import autocast_dtype, autocast_inputs, precision_of_call
 from autocnn.torch.geometry import (check_precision, conv_beyond_index_limit, conv_padding, conv_problem, pair,
                                    pool_beyond_index_limit, pool_padding, pool_problem, size_refusal)
+from autocnn.torch.memory_formats import call_layout, in_either_layout
 from autocnn.torch.support import (check_arguments, conv_reasons, conv_refusals, pool_reasons, pool_refusals,
                                    runs_on_autocnn)
 
@@ -39,9 +46,9 @@ def _warn_fallback(module: nn.Module, x: torch.Tensor, refusal: str | None = Non
         what = (f"a {x.dtype} input" + (f" (computed in {cast} under torch.autocast)" if cast is not None else "")
                 + f" runs PyTorch's operator: {refusal}")
     else:
-        layout = "contiguous" if x.is_contiguous() else "non-contiguous (e.g. channels_last)"
+        layout = "contiguous" if in_either_layout(x) else "non-contiguous (a strided view)"
         what = (f"a {layout} {x.dtype} input of {x.dim()} dimensions runs PyTorch's operator; autocnn's kernels "
-                f"take contiguous float32, bfloat16 or float16 N x C x H x W tensors")
+                f"take float32, bfloat16 or float16 N x C x H x W tensors contiguous as NCHW or channels_last")
     warnings.warn(f"autocnn.torch.{type(module).__name__}: {what}", RuntimeWarning, stacklevel=3)
 
 
@@ -57,6 +64,10 @@ def _warn_too_large(module: nn.Module, build: Any) -> None:
 
 def _batch_shape(x: torch.Tensor) -> tuple[int, ...]:
     return tuple(x.shape) if x.dim() == 4 else (1, *x.shape)
+
+
+def _as_batch(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dim() == 4 else x.unsqueeze(0)
 
 
 def _batched(x: torch.Tensor, run: Any) -> torch.Tensor:
@@ -75,7 +86,10 @@ class Conv2d(nn.Conv2d):
     autocnn's kernels compute them (depthwise layers, groups == in_channels, have a formulation of
     their own); padding modes other than "zeros", padding not smaller than the (dilated) kernel,
     dtypes other than float32, bfloat16 and float16, and groups or dilation that no kernel computes
-    at the layer's precision are refused with a message; torch.nn.Conv2d computes those.
+    at the layer's precision are refused with a message; torch.nn.Conv2d computes those. A call on
+    channels_last tensors runs autocnn's NHWC kernels where they serve the layer, PyTorch's operator
+    with a warning otherwise (``convert`` after ``model.to(memory_format=torch.channels_last)`` leaves
+    such a layer to PyTorch instead, and says why).
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
@@ -103,7 +117,9 @@ class Conv2d(nn.Conv2d):
         if not runs_on_autocnn(xc, weight, bias):
             _warn_fallback(self, x)
             return super().forward(x)
-        refusal = self._autocnn_refusals[precision_of_call(xc.dtype, self.precision)]
+        # The layout the operator will take (channels_last where the input or the weight is), read per call.
+        layout = call_layout("autocnn.torch.Conv2d", {"x": _as_batch(xc), "weight": weight})
+        refusal = self._autocnn_refusals.at(precision_of_call(xc.dtype, self.precision), layout)
         if refusal is not None:
             _warn_fallback(self, x, refusal)
             return super().forward(x)
@@ -113,7 +129,7 @@ class Conv2d(nn.Conv2d):
         if conv_beyond_index_limit(_batch_shape(xc), weight.shape, stride, padding, dilation):
             _warn_too_large(self, lambda: conv_problem("conv_fwd", tuple(_batch_shape(xc)), tuple(weight.shape),
                                                        stride, padding, precision_of_call(xc.dtype, self.precision),
-                                                       False, dilation, self.groups))
+                                                       False, dilation, self.groups, layout))
             return super().forward(x)
         return _batched(xc, lambda b: torch.ops.autocnn.conv2d(b, weight, bias, stride, padding, dilation,
                                                                 self.groups, self.precision))
@@ -138,9 +154,9 @@ class AvgPool2d(nn.AvgPool2d):
         self._autocnn_refusals = pool_refusals(self)
 
     @classmethod
-    def adopt(cls, module: nn.AvgPool2d) -> "AvgPool2d":
-        """Turn a supported torch.nn.AvgPool2d into this class in place."""
-        check_arguments("AvgPool2d", pool_reasons(module))
+    def adopt(cls, module: nn.AvgPool2d, layout: Layout = DEFAULT_LAYOUT) -> "AvgPool2d":
+        """Turn a supported torch.nn.AvgPool2d into this class in place, for inputs of ``layout``."""
+        check_arguments("AvgPool2d", pool_reasons(module, layout))
         module.__class__ = cls
         module._autocnn_refusals = pool_refusals(module)
         return module
@@ -150,7 +166,8 @@ class AvgPool2d(nn.AvgPool2d):
         if not runs_on_autocnn(x):
             _warn_fallback(self, x)
             return super().forward(x)
-        refusal = self._autocnn_refusals[precision_of_call(x.dtype, FP32.name)]
+        layout = call_layout("autocnn.torch.AvgPool2d", {"x": _as_batch(x)})
+        refusal = self._autocnn_refusals.at(precision_of_call(x.dtype, FP32.name), layout)
         if refusal is not None:
             _warn_fallback(self, x, refusal)
             return super().forward(x)
@@ -159,7 +176,7 @@ class AvgPool2d(nn.AvgPool2d):
         padding = pool_padding(self.padding)
         if pool_beyond_index_limit(_batch_shape(x), window, stride, padding):
             _warn_too_large(self, lambda: pool_problem("avgpool_fwd", tuple(_batch_shape(x)), window, stride, padding,
-                                                       bool(self.count_include_pad)))
+                                                       bool(self.count_include_pad), FP32.name, layout))
             return super().forward(x)
         return _batched(x, lambda b: torch.ops.autocnn.avg_pool2d(b, window, stride, padding,
                                                                    bool(self.count_include_pad)))

@@ -22,11 +22,14 @@ import torch
 from torch import nn
 from torch.nn.modules.conv import _ConvNd
 
+from autocnn.layout import DEFAULT_LAYOUT, NHWC, Layout, layout_named
 from autocnn.precision import DEFAULT_PRECISION, FP32, Precision
 from autocnn.errors import ProblemTooLargeError
 from autocnn.torch.dtypes import ELEMENTS, SIXTEEN_BIT, autocast_dtype, precision_of_call
 from autocnn.torch.geometry import check_precision, conv_padding, conv_problem, pair, pool_padding, pool_problem
 from autocnn.torch.launch import forget
+from autocnn.torch.memory_formats import (as_layout, call_layout, in_either_layout, memory_format, model_layout,
+                                         tensor_layout)
 from autocnn.torch.modules import AvgPool2d, Conv2d
 from autocnn.torch.support import conv_reasons, conv_refusals, pool_reasons, pool_refusals
 
@@ -42,26 +45,31 @@ class ProblemUse:
 
 def _layer_problems(module: nn.Module, x: torch.Tensor, precision: str | None, training: bool) -> list[Any]:
     """The problems one call of a layer runs on input ``x`` (none when the call falls back to
-    PyTorch), in the dtype the layer computes in: the input's, or torch.autocast's for a convolution."""
-    if x.dim() not in (3, 4) or not x.is_contiguous():
+    PyTorch), in the dtype the layer computes in (the input's, or torch.autocast's for a convolution)
+    and the layout its tensors are in (channels_last where the input or the weight is)."""
+    if x.dim() not in (3, 4) or not in_either_layout(x):
         return []
-    shape = tuple(x.shape) if x.dim() == 4 else (1, *x.shape)
+    batch = x if x.dim() == 4 else x.unsqueeze(0)
+    shape = tuple(batch.shape)
     if isinstance(module, nn.Conv2d):
+        if not in_either_layout(module.weight):
+            return []
         cast = autocast_dtype(x)
         dtype = cast if cast is not None and x.is_floating_point() and x.dtype != torch.float64 else x.dtype
         if dtype not in ELEMENTS:
             return []
         float32 = precision or getattr(module, "precision", DEFAULT_PRECISION.name)
         prec = precision_of_call(dtype, float32)
-        if conv_refusals(module)[prec] is not None:
-            return []   # the layer runs PyTorch's operator at this precision (modules.py)
+        layout = call_layout("autocnn.torch", {"x": batch, "weight": module.weight})
+        if conv_refusals(module).at(prec, layout) is not None:
+            return []   # the layer runs PyTorch's operator at this precision and layout (modules.py)
         stride = pair("stride", module.stride)
         dilation = pair("dilation", module.dilation)
         padding = conv_padding(module.padding, module.kernel_size, module.dilation)
         w_shape = tuple(module.weight.shape)
         has_bias = module.bias is not None
         geometry = (shape, w_shape, stride, padding, prec)
-        grouping = (dilation, module.groups)
+        grouping = (dilation, module.groups, layout)
         out = [conv_problem("conv_fwd", *geometry, has_bias, *grouping)]
         if training and x.requires_grad:
             out.append(conv_problem("conv_bwd_data", *geometry, False, *grouping))
@@ -71,24 +79,27 @@ def _layer_problems(module: nn.Module, x: torch.Tensor, precision: str | None, t
     if x.dtype not in ELEMENTS:
         return []
     prec = precision_of_call(x.dtype, FP32.name)
-    if pool_refusals(module)[prec] is not None:
+    layout = call_layout("autocnn.torch", {"x": batch})
+    if pool_refusals(module).at(prec, layout) is not None:
         return []
     window = pair("kernel_size", module.kernel_size)
     stride = pair("stride", module.stride if module.stride is not None else module.kernel_size)
-    args = (shape, window, stride, pool_padding(module.padding), bool(module.count_include_pad), prec)
+    args = (shape, window, stride, pool_padding(module.padding), bool(module.count_include_pad), prec, layout)
     out = [pool_problem("avgpool_fwd", *args)]
     if training and x.requires_grad:
         out.append(pool_problem("avgpool_bwd", *args))
     return out
 
 
-def _runs_on_autocnn(module: nn.Module) -> bool:
+def _runs_on_autocnn(module: nn.Module, pools: Layout) -> bool:
+    """Whether the module is autocnn's or convert would make it so (a pooling layer's input taken to be
+    in ``pools``, the model's layout, as convert takes it)."""
     if isinstance(module, (Conv2d, AvgPool2d)):
         return True
     if type(module) is nn.Conv2d:
         return not conv_reasons(module, getattr(module, "precision", DEFAULT_PRECISION.name))
     if type(module) is nn.AvgPool2d:
-        return not pool_reasons(module)
+        return not pool_reasons(module, pools)
     return False
 
 
@@ -160,6 +171,21 @@ def _autocast_inputs(dtype: torch.dtype) -> Callable[..., Any]:
     return cast
 
 
+def _cuda_conv_layout(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
+    """A 2-D convolution's output in the memory format CUDA's gives it: channels_last where its input or
+    its weight is (cuDNN's rule, which autocnn's operators follow). PyTorch's meta convolution makes
+    every output contiguous, so that without this a trace would meet the layers after a convolution
+    PyTorch runs (one convert left, say) in NCHW where a CUDA step has them in NHWC."""
+    x, weight = inputs[0] if inputs else None, getattr(module, "weight", None)
+    if not (isinstance(output, torch.Tensor) and output.dim() == 4 and isinstance(x, torch.Tensor) and x.dim() == 4
+            and isinstance(weight, torch.Tensor) and weight.dim() == 4):
+        return None
+    layouts = (tensor_layout(x), tensor_layout(weight))
+    if any(layout is not None and layout.channels_last for layout in layouts):
+        return as_layout(output, NHWC)
+    return None
+
+
 def _autocast_parameters(model: nn.Module) -> set[str]:
     """The names of the parameters autocast casts: those of its lower-precision modules."""
     return {f"{name}.{p}" if name else p for name, m in model.named_modules() if isinstance(m, _AUTOCAST_LOWER)
@@ -177,7 +203,10 @@ def collect_problems(model: nn.Module, example_input: Any, *, precision: str | N
     (``model.to(torch.bfloat16)``) traces in its dtype either way. The trace casts the inputs and
     parameters of autocast's lower-precision modules (convolutions, linear layers); the rest run in
     their inputs' dtypes there (autocast's float32 ops, such as layer_norm, too: a pooling layer after one is
-    met at its real dtype when it first runs). With ``training`` false, forward problems only."""
+    met at its real dtype when it first runs). Each problem is in the layout of its call's tensors:
+    channels_last ones (``model.to(memory_format=torch.channels_last)`` and such an input) make NHWC
+    problems where the kernels serve the layer so (autocnn.torch.memory_formats). With ``training``
+    false, forward problems only."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"collect_problems takes a torch.nn.Module, not {type(model).__name__}")
     precision, autocast = _trace_precision(precision)
@@ -195,7 +224,10 @@ def collect_problems(model: nn.Module, example_input: Any, *, precision: str | N
                     found.setdefault(p, []).append(name)
         return record
 
-    handles = [m.register_forward_pre_hook(hook(name)) for name, m in model.named_modules() if _runs_on_autocnn(m)]
+    pools = model_layout(model)
+    handles = [m.register_forward_pre_hook(hook(name)) for name, m in model.named_modules()
+               if _runs_on_autocnn(m, pools)]
+    handles += [m.register_forward_hook(_cuda_conv_layout) for m in model.modules() if isinstance(m, nn.Conv2d)]
     state = {**{n: _meta(p) for n, p in model.named_parameters()},
              **{n: _meta(b) for n, b in model.named_buffers()}}
     if autocast is not None:
@@ -332,21 +364,28 @@ def parse_input_shape(text: str) -> tuple[int, int, int]:
 
 
 def factory_problems(spec: str, input_shape: str | Sequence[int], batch: int,
-                     precision: str | None = None) -> list[ProblemUse]:
+                     precision: str | None = None, layout: Layout | str | None = None) -> list[ProblemUse]:
     """The training-step problems of the model ``package.module:factory`` builds, at ``batch`` inputs of
-    ``input_shape`` (C,H,W): everything ``autocnn tune --torch-model`` checks before it opens a GPU."""
+    ``input_shape`` (C,H,W): everything ``autocnn tune --torch-model`` checks before it opens a GPU.
+    ``layout`` nhwc: the model and its input in channels_last, as a channels_last model runs (nchw, the
+    default: as the factory builds it, the input contiguous)."""
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ValueError(f"--batch must be a positive integer, not {batch!r}")
+    layout = DEFAULT_LAYOUT if layout is None else layout_named(layout, "--layout")
     shape = parse_input_shape(input_shape) if isinstance(input_shape, str) else tuple(input_shape)
     model = load_factory(spec)
-    return collect_problems(model, torch.empty((batch, *shape), device="meta"), precision=precision)
+    example = torch.empty((batch, *shape), device="meta")
+    if layout.channels_last:
+        model = model.to(memory_format=memory_format(layout))
+        example = example.contiguous(memory_format=memory_format(layout))
+    return collect_problems(model, example, precision=precision)
 
 
 def tune_factory(tuner: Any, spec: str, input_shape: str | Sequence[int], batch: int, trials: int,
                  timeout_s: float | None = None, precision: str | None = None,
-                 log: Callable[[str], None] | None = None) -> list[Any]:
-    """``autocnn tune --torch-model spec --input-shape C,H,W --batch N``: the model's training-step
-    kernels at that batch, tuned with the command's tuner under one budget of ``trials``."""
+                 log: Callable[[str], None] | None = None, layout: Layout | str | None = None) -> list[Any]:
+    """``autocnn tune --torch-model spec --input-shape C,H,W --batch N [--layout nhwc]``: the model's
+    training-step kernels at that batch, tuned with the command's tuner under one budget of ``trials``."""
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise ValueError(f"--trials must be a positive integer (the budget for the whole model), not {trials!r}")
-    return tune_uses(tuner, factory_problems(spec, input_shape, batch, precision), trials, timeout_s, log)
+    return tune_uses(tuner, factory_problems(spec, input_shape, batch, precision, layout), trials, timeout_s, log)
