@@ -24,7 +24,7 @@ from autocnn.layout import NHWC  # noqa: E402
 from autocnn.torch.geometry import conv_problem, pool_problem  # noqa: E402
 from autocnn.torch.memory_formats import tensor_layout  # noqa: E402
 from tests.bench_module import load_bench  # noqa: E402
-from tests.test_torch_sixteen_bit_gpu import _check, _conv64, _rel, cuda_without_tf32  # noqa: E402,F401
+from tests.torch_references import check_output, conv64, cuda_without_tf32, relative_error  # noqa: E402,F401  (autouse)
 
 pytestmark = pytest.mark.gpu
 CL = torch.channels_last
@@ -77,18 +77,18 @@ def test_a_channels_last_depthwise_layer_is_pytorchs_in_nhwc(kernel, stride, dil
     dtype = cast or torch.float32
     x_in, w_in, b_in = x.to(dtype), ours.weight.detach().to(dtype), ours.bias.detach().to(dtype)
     geometry = (tuple(ours.stride), tuple(ours.padding), tuple(ours.dilation), ours.groups)
-    refs = _conv64(x_in, w_in, b_in, *geometry, dy)
-    scales = _conv64(x_in.abs(), w_in.abs(), b_in.abs(), *geometry, dy.abs())
+    refs = conv64(x_in, w_in, b_in, *geometry, dy)
+    scales = conv64(x_in.abs(), w_in.abs(), b_in.abs(), *geometry, dy.abs())
     problems = _problems(x.shape, ours, precision)
     outputs = {"y": y, **grads}
     for name, ref in refs.items():
         # tf32's kernels meet tf32's bound; the element-wise check is for the FP32-accurate ones.
         if mode != "tf32":
-            _check(problems[name], name, outputs[name], ref, scales[name])
+            check_output(problems[name], name, outputs[name], ref, scales[name])
         bound = problems[name].precision.error_bound(reference.reduction_length(problems[name], name))
-        assert _rel(outputs[name], ref) <= bound, name
+        assert relative_error(outputs[name], ref) <= bound, name
         theirs_out = theirs_y if name == "y" else theirs[name]
-        assert _rel(theirs_out, ref) <= 4 * max(bound, 1e-5), f"{name}: PyTorch's {_rel(theirs_out, ref):.3g}"
+        assert relative_error(theirs_out, ref) <= 4 * max(bound, 1e-5), f"{name}: PyTorch's {relative_error(theirs_out, ref):.3g}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -114,8 +114,8 @@ def test_a_channels_last_pool_is_pytorchs_in_nhwc(window, stride, padding, count
     pad4 = pair(padding) * 2
     fwd = pool_problem("avgpool_fwd", tuple(x.shape), pair(window), pair(stride), pad4, count_pad,
                        "fp32" if dtype == torch.float32 else "bf16", NHWC)
-    _check(fwd, "y", y, refs["y"], scales["y"])
-    _check(fwd.with_op("avgpool_bwd"), "dx", dx, refs["dx"], scales["dx"])
+    check_output(fwd, "y", y, refs["y"], scales["y"])
+    check_output(fwd.with_op("avgpool_bwd"), "dx", dx, refs["dx"], scales["dx"])
 
 
 def test_the_operators_on_mixed_and_dense_channels_last_tensors():
@@ -132,11 +132,11 @@ def test_the_operators_on_mixed_and_dense_channels_last_tensors():
         assert tensor_layout(y) is NHWC
         dy = torch.randn(y.shape, device="cuda")
         dx = torch.ops.autocnn.conv2d_backward_data(dy, wi, [11, 9], [2, 1], [1, 1, 1, 1], [1, 1], 1, "fp32")
-        refs = _conv64(x, w, b, *geometry, dy)
-        scales = _conv64(x.abs(), w.abs(), b.abs(), *geometry, dy.abs())
+        refs = conv64(x, w, b, *geometry, dy)
+        scales = conv64(x.abs(), w.abs(), b.abs(), *geometry, dy.abs())
         args = (tuple(x.shape), tuple(w.shape), (2, 1), (1, 1, 1, 1), "fp32")
-        _check(conv_problem("conv_fwd", *args, True, (1, 1), 1, NHWC), "y", y, refs["y"], scales["y"])
-        _check(conv_problem("conv_bwd_data", *args, False, (1, 1), 1, NHWC), "dx", dx, refs["dx"], scales["dx"])
+        check_output(conv_problem("conv_fwd", *args, True, (1, 1), 1, NHWC), "y", y, refs["y"], scales["y"])
+        check_output(conv_problem("conv_bwd_data", *args, False, (1, 1), 1, NHWC), "dx", dx, refs["dx"], scales["dx"])
     before = dict(at.launch_counts())
     with pytest.raises(ValueError, match="no conv_wgrad kernel of autocnn computes it"):
         torch.ops.autocnn.conv2d_weight_grad(x.contiguous(memory_format=CL), dy, [3, 3], [2, 1], [1, 1, 1, 1],
@@ -193,7 +193,7 @@ def test_a_channels_last_training_step_under_autocast_bf16_captured_in_a_cuda_gr
         twin_step()
     torch.cuda.synchronize()
     for (name, p), q in zip(twin.named_parameters(), model.parameters()):
-        assert q.dtype == torch.float32 and _rel(q, p) <= 1e-3, name
+        assert q.dtype == torch.float32 and relative_error(q, p) <= 1e-3, name
         if q.dim() == 4:
             assert tensor_layout(q) is NHWC and q.grad.stride() == q.stride(), name
 
@@ -214,6 +214,6 @@ def test_compile_fullgraph_of_a_channels_last_model_runs_autocnns_nhwc_kernels()
     before = at.launch_counts()
     compiled(x)
     assert sum(at.launch_counts().values()) > sum(before.values())
-    assert _rel(results[1], results[0]) <= 1e-5
+    assert relative_error(results[1], results[0]) <= 1e-5
     for (name, p), q in zip(eager.named_parameters(), model.parameters()):
-        assert _rel(q.grad, p.grad) <= 1e-5 and q.grad.stride() == p.grad.stride(), name
+        assert relative_error(q.grad, p.grad) <= 1e-5 and q.grad.stride() == p.grad.stride(), name

@@ -19,41 +19,14 @@ from torch import nn  # noqa: E402
 
 import autocnn.torch as at  # noqa: E402
 from autocnn.kernels import reference  # noqa: E402
-from autocnn.measurement.measure import verify_outputs  # noqa: E402
-from autocnn.torch.dtypes import ELEMENTS  # noqa: E402
 from autocnn.torch.geometry import conv_problem, pool_problem  # noqa: E402
-from autocnn.torch.launch import as_cupy  # noqa: E402
 from tests.bench_module import load_bench  # noqa: E402
-from tests.torch_references import conv64, cuda_without_tf32  # noqa: E402,F401  (autouse)
+from tests.torch_references import check_output, conv64, cuda_without_tf32, relative_error  # noqa: E402,F401  (autouse)
 
 pytestmark = pytest.mark.gpu
 
 AUTOCAST = [torch.bfloat16, torch.float16]
 PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}   # the problems' names
-DTYPE_OF_ELEMENT = {element: dtype for dtype, element in ELEMENTS.items()}
-
-
-def _check(problem, name: str, got: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> float:
-    """One output of ``problem`` against its float64 reference: autocnn's verification (every element
-    finite, the relative error within the precision's error_bound for the output's reduction length)
-    and each element within its own rounding: |got - ref| <= output_rounding * |ref| + (n * 2^-23 +
-    2^-20) * (its sum of |terms|). ``got`` is read back as the problem's element type (a float32
-    parameter's gradient holds the 16-bit values exactly). Returns the relative error."""
-    import cupy as cp
-
-    stored = got.detach().to(DTYPE_OF_ELEMENT[problem.precision.y]).contiguous()
-    result = verify_outputs(problem, {"ref": cp.asarray(ref)}, {name: as_cupy(cp, stored)},
-                            ref={name: cp.asarray(ref)})
-    assert result.passed, f"{problem.op} {problem.shape_string()} {name}: {result.message}"
-    n = reference.reduction_length(problem, name)
-    tol = problem.precision.output_rounding * ref.abs() + (n * 2.0 ** -23 + 2.0 ** -20) * scale + 1e-30
-    worst = float(((got.double() - ref).abs() / tol).max())
-    assert worst <= 1.0, f"{problem.op} {problem.shape_string()} {name}: an element is {worst:.3g} x its bound"
-    return result.errors[name]
-
-
-def _rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
 def _problems(x_shape, conv: nn.Conv2d, precision: str) -> dict:
@@ -121,11 +94,11 @@ def test_a_converted_conv_under_autocast_is_pytorchs_conv_in_16_bits(c_in, c_out
     problems = _problems(x.shape, ours, PRECISION[cast])
     outputs = {"y": y, **grads}
     for name, ref in refs.items():
-        ours_err = _check(problems[name], name, outputs[name], ref, scales[name])
+        ours_err = check_output(problems[name], name, outputs[name], ref, scales[name])
         theirs_out = theirs_y if name == "y" else theirs[name]
         bound = problems[name].precision.error_bound(reference.reduction_length(problems[name], name))
         # PyTorch's result is of the same function (the reference's semantics are PyTorch's).
-        assert _rel(theirs_out, ref) <= 4 * bound, f"{name}: PyTorch's {_rel(theirs_out, ref):.3g}, ours {ours_err:.3g}"
+        assert relative_error(theirs_out, ref) <= 4 * bound, f"{name}: PyTorch's {relative_error(theirs_out, ref):.3g}, ours {ours_err:.3g}"
 
 
 @pytest.mark.parametrize("cast", AUTOCAST, ids=["bf16", "fp16"])
@@ -154,9 +127,9 @@ def test_a_converted_pool_under_autocast_runs_in_its_inputs_dtype(window, stride
     pad4 = (padding, padding) * 2 if isinstance(padding, int) else padding * 2
     pair = (lambda v: (v, v) if isinstance(v, int) else tuple(v))
     fwd = pool_problem("avgpool_fwd", tuple(x.shape), pair(window), pair(stride), pad4, count_pad, PRECISION[dtype])
-    _check(fwd, "y", y, refs["y"], scales["y"])
-    _check(fwd.with_op("avgpool_bwd"), "dx", x.grad, refs["dx"], scales["dx"])
-    assert _rel(expected, refs["y"]) <= 4 * fwd.precision.error_bound(reference.reduction_length(fwd, "y"))
+    check_output(fwd, "y", y, refs["y"], scales["y"])
+    check_output(fwd.with_op("avgpool_bwd"), "dx", x.grad, refs["dx"], scales["dx"])
+    assert relative_error(expected, refs["y"]) <= 4 * fwd.precision.error_bound(reference.reduction_length(fwd, "y"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -192,10 +165,10 @@ def test_depthwise_layers_match_pytorch(kernel, stride, dilation, dtype):
     problems = _problems(x.shape, ours, PRECISION[dtype])
     outputs = {"y": y, **grads}
     for name, ref in refs.items():
-        _check(problems[name], name, outputs[name], ref, scales[name])
+        check_output(problems[name], name, outputs[name], ref, scales[name])
         theirs_out = theirs_y if name == "y" else theirs[name]
         bound = problems[name].precision.error_bound(reference.reduction_length(problems[name], name))
-        assert _rel(theirs_out, ref) <= 4 * bound, f"{name}: PyTorch's {_rel(theirs_out, ref):.3g}"
+        assert relative_error(theirs_out, ref) <= 4 * bound, f"{name}: PyTorch's {relative_error(theirs_out, ref):.3g}"
 
 
 def _mobile() -> nn.Module:
@@ -251,7 +224,7 @@ def test_a_training_step_under_autocast_bf16_captured_in_a_cuda_graph_matches_ea
     torch.cuda.synchronize()
     for (name, p), q in zip(twin.named_parameters(), model.parameters()):
         assert q.dtype == torch.float32
-        assert _rel(q, p) <= 1e-3, name
+        assert relative_error(q, p) <= 1e-3, name
 
 
 def test_compile_fullgraph_under_autocast_runs_autocnns_16_bit_kernels():
@@ -276,6 +249,6 @@ def test_compile_fullgraph_under_autocast_runs_autocnns_16_bit_kernels():
         again = compiled(x)
     assert sum(at.launch_counts().values()) > sum(before.values())   # the compiled graph ran autocnn's operators
     assert results[1].dtype == again.dtype == torch.bfloat16
-    assert _rel(results[1], results[0]) <= 2.0 ** -7
+    assert relative_error(results[1], results[0]) <= 2.0 ** -7
     for (name, p), q in zip(eager.named_parameters(), model.parameters()):
-        assert q.grad.dtype == torch.float32 and _rel(q.grad, p.grad) <= 2.0 ** -6, name
+        assert q.grad.dtype == torch.float32 and relative_error(q.grad, p.grad) <= 2.0 ** -6, name
