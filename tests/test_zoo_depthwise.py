@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from autocnn import nn
+from tests.zoo_checks import small_batch_losses
 from autocnn.kernels.problem import ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from autocnn.precision import BF16
 
@@ -87,13 +88,7 @@ def test_the_expected_problems_at_batch_128():
 
 @pytest.mark.parametrize("name", NETWORKS)
 def test_learns_a_small_batch_on_the_numpy_backend(name):
-    # Eight images, two classes told apart by the sign of their mean: Adam must fit them.
-    rng = np.random.default_rng(0)
-    model = nn.build_network(name, backend=nn.NumpyBackend(blas_threads=1), seed=0)
-    model.build(8).compile(nn.Adam(2e-3))
-    y = np.array([0, 1] * 4)
-    x = (rng.standard_normal((8, 3, 32, 32)) + np.where(y == 0, -0.5, 0.5)[:, None, None, None]).astype(np.float32)
-    losses = [model.train_step(x, y).loss for _ in range(12)]
+    losses = small_batch_losses(name, 2e-3)
     assert all(np.isfinite(losses))
     assert losses[-1] < 0.5 * losses[0], losses
 

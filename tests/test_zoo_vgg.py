@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from autocnn import nn
+from tests.zoo_checks import small_batch_losses
 from autocnn.kernels.problem import AvgPoolFwdProblem, ConvBwdDataProblem, ConvFwdProblem, ConvWgradProblem
 from tests.bench_module import load_bench
 
@@ -44,13 +45,7 @@ def test_vgg_cifar_problems_at_the_benchmark_batch():
 
 
 def test_vgg_cifar_learns_a_small_batch():
-    # Eight images, two classes told apart by the sign of their mean: Adam must fit them.
-    rng = np.random.default_rng(0)
-    model = nn.build_network("vgg_cifar", backend=nn.NumpyBackend(blas_threads=1), seed=0)
-    model.build(8).compile(nn.Adam(1e-3))
-    y = np.array([0, 1] * 4)
-    x = (rng.standard_normal((8, 3, 32, 32)) + np.where(y == 0, -0.5, 0.5)[:, None, None, None]).astype(np.float32)
-    losses = [model.train_step(x, y).loss for _ in range(12)]
+    losses = small_batch_losses("vgg_cifar", 1e-3)
     assert all(np.isfinite(losses))
     assert losses[-1] < 0.5 * losses[0], losses
 
